@@ -1,0 +1,58 @@
+"""`scaling` command line: one verb per module, imported only when used (so `scaling plan` never loads JAX).
+
+Each verb's module defines `add_arguments(parser)` and `main(args) -> int`.
+A `ConfigError` anywhere becomes one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from scaling.errors import ConfigError
+
+# verb -> (module defining add_arguments/main, one-line help)
+VERBS: dict[str, tuple[str, str]] = {
+    "train": ("scaling.train", "train one run from a TOML config"),
+    "sweep": ("scaling.sweep", "run a grid of runs from an experiment TOML"),
+    "fit": ("scaling.fit", "fit a scaling law to results"),
+    "optimal": ("scaling.optimal", "compute-optimal (N, D, P) from a fitted law"),
+    "figures": ("scaling.plots", "regenerate figures and REPORT.md from results/ and fits/"),
+    "reproduce": ("scaling.reproduce", "the main job: sweep, fit, optimal precision, figures, report"),
+    "plan": ("scaling.plan", "training days and memory per GPU on a GPU cluster"),
+}
+
+
+def _top_level_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="scaling",
+        description="Precision-aware scaling-law toolkit.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="verbs:\n" + "\n".join(f"  {v:<10} {h}" for v, (_, h) in VERBS.items())
+        + "\n\nrun `scaling VERB --help` for a verb's options",
+    )
+    parser.add_argument("verb", choices=list(VERBS), metavar="VERB")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in VERBS:
+        _top_level_parser().parse_args(argv[:1] or ["--help"])  # prints help or a one-line error
+        return 2
+    verb = argv[0]
+    module_name, help_line = VERBS[verb]
+    module = importlib.import_module(module_name)
+    parser = argparse.ArgumentParser(prog=f"scaling {verb}", description=help_line)
+    module.add_arguments(parser)
+    args = parser.parse_args(argv[1:])
+    try:
+        return int(module.main(args) or 0)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
