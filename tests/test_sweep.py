@@ -1,0 +1,37 @@
+import pytest
+
+from scaling import sweep
+from scaling.errors import ConfigError
+
+
+def test_grid_product_excludes_and_includes():
+    experiment = {
+        "grid": {"model": {"size": [1, 2]}, "precision": ["fp32", "fp8", "fp4"]},
+        "exclude": [{"model.size": 2, "precision": "fp4"}],
+        "include": [{"model.size": 3, "precision": "fp8"}],
+    }
+    points = sweep.grid_points(experiment)
+    assert len(points) == 2 * 3 - 1 + 1
+    assert {"model.size": 2, "precision": "fp4"} not in points
+    assert points[-1] == {"model.size": 3, "precision": "fp8"}
+    assert points[0] == {"model.size": 1, "precision": "fp32"}
+
+
+def test_precision_table_is_a_leaf():
+    table = {"weight": {"format": "fp8_e4m3"}}
+    assert sweep.flatten({"precision": table}) == {"precision": table}
+    assert sweep.flatten({"grid": {"train": {"lr": [1, 2]}}}) == {"grid.train.lr": [1, 2]}
+
+
+def test_bad_grid_axis_names_key_and_value():
+    with pytest.raises(ConfigError, match=r"grid.train.lr: got 0.1; allowed: a non-empty list"):
+        sweep.grid_points({"grid": {"train": {"lr": 0.1}}})
+    with pytest.raises(ConfigError, match="exclude"):
+        sweep.grid_points({"exclude": {"a": 1}})
+
+
+def test_dotted_set_and_get():
+    cfg = {}
+    sweep.set_dotted(cfg, "train.lr", 0.1)
+    assert cfg == {"train": {"lr": 0.1}} and sweep.get_dotted(cfg, "train.lr") == 0.1
+    assert sweep.get_dotted(cfg, "train.nope", "d") == "d"
