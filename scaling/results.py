@@ -43,7 +43,9 @@ def rows_from_summary(summary: dict, run_id: str, sweep: str) -> list[dict]:
 
 
 def _run_dirs(root: Path) -> list[Path]:
-    return sorted(p.parent for p in root.rglob("summary.json") if not p.parent.name.startswith("."))
+    """Run directories under root; dot-directories (take-off probes, temporaries) are not results."""
+    return sorted(p.parent for p in root.rglob("summary.json")
+                  if not any(part.startswith(".") for part in p.relative_to(root).parts))
 
 
 def load(path: str | Path) -> pd.DataFrame:

@@ -18,13 +18,25 @@ has finished. Layout: <out>/<sweep>/<run_id>/{config.json, metrics.jsonl, summar
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import copy
+import ctypes
 import itertools
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from scaling._io import atomic_write_json, atomic_write_text, read_jsonl
 from scaling.errors import ConfigError
 
 EXPERIMENT_KEYS = ("grid", "include", "exclude")
@@ -129,3 +141,406 @@ def expand(path: str | Path, overrides: list[str] = ()) -> list[RunSpec]:
         run_id = config.run_id(cfg)
         specs.setdefault(run_id, RunSpec(run_id=run_id, sweep=sweep, config=cfg))
     return list(specs.values())
+
+
+# ---------------------------------------------------------------- running
+
+DONE = ("ok", "diverged")  # landed results; `failed` and `hung` runs are retried on the next sweep
+STATUSES = ("ok", "diverged", "failed", "hung")
+
+
+def finished_status(out_dir: Path) -> str | None:
+    """The status of a run that has landed (summary.json written atomically), else None."""
+    try:
+        status = json.loads((out_dir / "summary.json").read_text()).get("status", "ok")
+    except (OSError, json.JSONDecodeError):
+        return None
+    return status if status in DONE else None
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Linux: the kernel SIGKILLs this run when its sweep process dies, so a killed sweep leaves
+    no orphan writing into a run directory that the next sweep will resume."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent_pid:  # the sweep died before prctl took effect
+        os._exit(1)
+
+
+def _compilation_cache_settings() -> dict[str, str]:
+    cache = Path(os.environ.get("SCALING_CACHE", Path.home() / ".cache" / "scaling")) / "jax"
+    return {"JAX_COMPILATION_CACHE_DIR": str(cache), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+            "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+
+
+def worker_env() -> dict[str, str]:
+    """Runs share XLA's persistent compilation cache: a shape compiled once (at take-off) is loaded,
+    not recompiled, by every later run of that shape, in any process."""
+    return {**_compilation_cache_settings(), **os.environ}
+
+
+def _use_compilation_cache() -> None:
+    import jax
+
+    for name, value in _compilation_cache_settings().items():
+        value = os.environ.get(name, value)
+        kind = str if name.endswith("DIR") else float if name.endswith("SECS") else int
+        jax.config.update(name.lower(), kind(value))
+
+
+def land_failure(out_dir: Path, config: dict, status: str, reason: str, log_tail: str = "") -> dict:
+    """Land a run that could not land itself (its process died or hung): failure.json + summary.json."""
+    from scaling import health
+
+    metrics = read_jsonl(out_dir / "metrics.jsonl") if (out_dir / "metrics.jsonl").exists() else []
+    losses = [r["loss"] for r in metrics if "loss" in r]
+    step = max((r.get("step", 0) for r in metrics), default=0)
+    record = health.land_failure(out_dir, config=config, status=status, step=step, reason=reason,
+                                 last_losses=losses[-10:], telemetry=metrics[-1].get("telemetry", {}) if metrics else {})
+    if log_tail:  # the child's own traceback is in its log, not in this process
+        record["traceback"] = log_tail
+        atomic_write_json(out_dir / "failure.json", record)
+    summary = {"status": status, "reason": reason, "run_id": out_dir.name, "sweep": out_dir.parent.name,
+               "step": step, "evals": []}
+    atomic_write_json(out_dir / "summary.json", summary)
+    return summary
+
+
+def execute(spec: RunSpec, out_root: str | Path, hang_timeout: float, poll_s: float = 1.0) -> str:
+    """Run one spec in a child process, watched: returns its status ('skipped' if it had landed).
+
+    The child resumes from its own checkpoint if a previous attempt was interrupted. A run whose
+    heartbeat (metrics.jsonl, or the directory at start) is older than `hang_timeout` seconds is
+    killed and landed as `hung`; a child that dies without a summary is landed as `failed`.
+    """
+    out_dir = spec.out_dir(out_root)
+    if finished_status(out_dir):
+        return "skipped"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out_dir / "config.json", spec.config)
+    (out_dir / "summary.json").unlink(missing_ok=True)  # a retried failed/hung run lands afresh
+    log_path = out_dir / "run.log"
+    started = time.time()
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "scaling.sweep", "--worker", str(out_dir), str(os.getpid())],
+                                stdout=log, stderr=subprocess.STDOUT, env=worker_env())
+        while proc.poll() is None:
+            time.sleep(poll_s)
+            heartbeat = max(started, _mtime(out_dir / "metrics.jsonl"))
+            if time.time() - heartbeat > hang_timeout:
+                proc.kill()
+                proc.wait()
+                land_failure(out_dir, spec.config, "hung",
+                             f"no progress for {hang_timeout:.0f} s", _tail(log_path))
+                return "hung"
+    status = finished_status(out_dir) or _landed_status(out_dir)
+    if status is None:
+        land_failure(out_dir, spec.config, "failed", f"run process exited with code {proc.returncode}",
+                     _tail(log_path))
+        return "failed"
+    return status
+
+
+def _landed_status(out_dir: Path) -> str | None:
+    try:
+        return json.loads((out_dir / "summary.json").read_text()).get("status")
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def _tail(path: Path, n_bytes: int = 8000) -> str:
+    with open(path, "rb") as f:
+        f.seek(max(0, path.stat().st_size - n_bytes))
+        return f.read().decode(errors="replace")
+
+
+def _worker(out_dir: str, parent_pid: int) -> int:
+    """Child entry point: train the run whose validated config.json is in out_dir."""
+    _die_with_parent(parent_pid)
+    from scaling import train
+
+    out = Path(out_dir)
+    summary = train.run(json.loads((out / "config.json").read_text()), out)
+    return 0 if summary.get("status") in STATUSES else 1
+
+
+def _ray_task(spec: RunSpec, out_root: str, hang_timeout: float) -> tuple[str, dict[str, str]]:
+    """One Ray task = one watched run; returns its files so the driver holds them even without shared storage."""
+    status = execute(spec, out_root, hang_timeout)
+    out_dir = spec.out_dir(out_root)
+    files = {name: (out_dir / name).read_text() for name in RUN_FILES if (out_dir / name).exists()}
+    return status, files
+
+
+RUN_FILES = ("config.json", "metrics.jsonl", "summary.json", "failure.json")
+
+
+def _run_local(specs, out_root, hang_timeout, workers, on_done) -> None:
+    if workers == 0:  # in-process, sequential: compiled steps are reused in memory; no hang watchdog
+        from scaling import train
+
+        for spec in specs:
+            if finished_status(spec.out_dir(out_root)):
+                on_done(spec, "skipped")
+                continue
+            on_done(spec, train.run(spec.config, spec.out_dir(out_root)).get("status", "failed"))
+        return
+    with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
+        futures = {pool.submit(execute, s, out_root, hang_timeout): s for s in specs}
+        for future in concurrent.futures.as_completed(futures):
+            on_done(futures[future], future.result())
+
+
+def _run_ray(specs, out_root, hang_timeout, address, cpus_per_run, on_done) -> None:
+    import ray
+
+    ray.init(address=address, ignore_reinit_error=True, include_dashboard=False,
+             log_to_driver=False, configure_logging=False)
+    # max_retries: a run whose worker (or node) dies is started again elsewhere; it resumes from its checkpoint.
+    task = ray.remote(num_cpus=cpus_per_run, max_retries=3)(_ray_task)
+    pending = {task.remote(s, str(out_root), hang_timeout): s for s in specs}
+    while pending:
+        done, _ = ray.wait(list(pending), num_returns=1)
+        spec = pending.pop(done[0])
+        status, files = ray.get(done[0])
+        out_dir = spec.out_dir(out_root)
+        for name, text in files.items():  # no-op on shared storage; copies results home otherwise
+            if not (out_dir / name).exists():
+                atomic_write_text(out_dir / name, text)
+        on_done(spec, status)
+
+
+def run_sweep(specs: list[RunSpec], out_root: str | Path, *, executor: str = "local", workers: int = 1,
+              hang_timeout: float = 600.0, ray_address: str | None = None, cpus_per_run: float = 1,
+              progress: bool = True) -> dict[str, Any]:
+    """Run every spec not yet landed; returns and writes <out>/<sweep>/sweep.json (counts, slow runs)."""
+    if executor not in ("local", "ray"):
+        raise ConfigError("executor", executor, ["local", "ray"])
+    out_root = Path(out_root)
+    counts = {s: 0 for s in (*STATUSES, "skipped")}
+    total_tokens = sum(_tokens(s) for s in specs) or 1
+    with _progress(progress, total_tokens) as (bar, task_id):
+        def on_done(spec: RunSpec, status: str) -> None:
+            counts[status if status in counts else "failed"] += 1
+            bar.update(task_id, advance=_tokens(spec),
+                       description=" ".join(f"{k} {v}" for k, v in counts.items() if v))
+
+        if executor == "local":
+            _run_local(specs, out_root, hang_timeout, workers, on_done)
+        else:
+            _run_ray(specs, out_root, hang_timeout, ray_address, cpus_per_run, on_done)
+    report = {"counts": counts, "slow_runs": slow_runs(specs, out_root)}
+    for sweep in sorted({s.sweep for s in specs}):
+        atomic_write_json(out_root / sweep / "sweep.json", report)
+    return report
+
+
+def _tokens(spec: RunSpec) -> int:
+    return int(get_dotted(spec.config, "train.tokens", 1))
+
+
+@contextlib.contextmanager
+def _progress(enabled: bool, total: int):
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}% of tokens"),
+               TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
+    with Progress(*columns, disable=not enabled, transient=False) as bar:
+        yield bar, bar.add_task("starting", total=total)
+
+
+def slow_runs(specs: list[RunSpec], out_root: Path, factor: float = 0.5) -> list[dict]:
+    """The sweep's "slow node": runs with under `factor` x the median tokens/s of their peers
+    (same model shape, recipe and batch), which points at a sick machine rather than the config."""
+    peers: dict[str, list[tuple[str, float]]] = {}
+    for spec in specs:
+        try:
+            summary = json.loads((spec.out_dir(out_root) / "summary.json").read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if summary.get("status") == "ok" and summary.get("tokens_per_s"):
+            key = json.dumps([spec.config.get("model"), spec.config.get("precision"),
+                              get_dotted(spec.config, "train.batch_size")], sort_keys=True)
+            peers.setdefault(key, []).append((spec.run_id, float(summary["tokens_per_s"])))
+    flagged = []
+    for group in peers.values():
+        if len(group) >= 3:
+            median = statistics.median(t for _, t in group)
+            flagged += [{"run_id": r, "tokens_per_s": t, "peer_median": median}
+                        for r, t in group if t < factor * median]
+    return flagged
+
+
+# ---------------------------------------------------------------- take-off checks
+
+MIN_FREE_BYTES = 1 << 30
+TAKEOFF_STEPS = 2
+
+
+def shape_key(cfg: dict) -> str:
+    """Runs sharing a model shape, recipe and batch compile the same step: one take-off run covers them."""
+    return json.dumps([cfg["model"], cfg["precision"], cfg["train"]["batch_size"], cfg["data"]["source"]],
+                      sort_keys=True)
+
+
+def take_off(specs: list[RunSpec], out_root: str | Path, *, keep_going: bool = False,
+             hang_timeout: float = 600.0) -> tuple[list[RunSpec], dict[str, dict]]:
+    """Before anything runs: every corpus loads, the disk has room, and each distinct shape and
+    recipe compiles and trains TAKEOFF_STEPS steps end to end (in a watched child, which also fills
+    the compilation cache the real runs reuse). Returns the specs cleared to fly and, per shape
+    key, the take-off run's summary (its step time drives the ETA). Any failure refuses the whole
+    sweep with a one-line ConfigError, unless keep_going, which drops the affected runs instead.
+    """
+    from scaling import data
+
+    out_root = Path(out_root)
+    out_root.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(out_root).free
+    if free < MIN_FREE_BYTES:
+        raise ConfigError("--out", str(out_root), f"a disk with at least 1 GiB free (has {free / 2**20:.0f} MiB)")
+    for source in sorted({s.config["data"]["source"] for s in specs}):
+        data.load(source)  # raises ConfigError naming data.source
+    _use_compilation_cache()
+    from scaling import train
+
+    cleared, flights, failures = [], {}, []
+    for key in dict.fromkeys(shape_key(s.config) for s in specs):
+        group = [s for s in specs if shape_key(s.config) == key]
+        probe = _takeoff_spec(group[0])
+        try:  # in this process: one JAX start-up for all probes; their compiles fill the shared cache
+            summary = train.run(probe.config, probe.out_dir(out_root / ".takeoff"))
+        except Exception as error:  # noqa: BLE001 - any failure to take off is reported, not raised
+            summary = {"status": "failed", "reason": f"{type(error).__name__}: {error}"}
+        if summary.get("status") == "ok":
+            flights[key] = summary
+            cleared += group
+        else:
+            failures.append((group, f"{summary.get('reason', summary.get('status'))} ({_describe(group[0].config)})"))
+    for group, reason in failures:
+        if not keep_going:
+            raise ConfigError("take-off", group[0].run_id, f"runs that compile and train: {reason}")
+        print(f"skipping {len(group)} runs that failed take-off: {reason}")
+    return [s for s in specs if s in cleared], flights
+
+
+def _takeoff_spec(spec: RunSpec) -> RunSpec:
+    from scaling import config
+
+    cfg = copy.deepcopy(spec.config)
+    tokens_per_step = cfg["train"]["batch_size"] * cfg["model"]["seq_len"]
+    cfg["train"].update(tokens=TAKEOFF_STEPS * tokens_per_step, budgets=[1.0], schedule="wsd",
+                        checkpoint_every=0, eval_every=0, log_every=1)
+    cfg["data"]["eval_tokens"] = min(cfg["data"]["eval_tokens"], tokens_per_step)
+    cfg = config.validate(cfg)
+    return RunSpec(run_id=config.run_id(cfg), sweep=spec.sweep, config=cfg)
+
+
+def measured_seconds(specs: list[RunSpec], flights: dict[str, dict]) -> float:
+    """ETA from the take-off runs' measured step times (compilation is cached by then)."""
+    total = 0.0
+    for spec in specs:
+        flight = flights.get(shape_key(spec.config))
+        if flight and flight.get("tokens_per_s"):
+            total += 1.15 * _tokens(spec) / flight["tokens_per_s"]  # + WSD cooldown branches and evals
+    return total
+
+
+# ---------------------------------------------------------------- estimates and the CLI
+
+ASSUMED_MODEL_FLOPS_UTILISATION = 0.3  # of a plain fp32 matmul's FLOP/s; replaced by measured step times at take-off
+COMPILE_SECONDS_PER_SHAPE = 15.0
+
+
+def matmul_flops_per_s(n: int = 1024, repeats: int = 5) -> float:
+    """This machine's jitted fp32 matmul FLOP/s, the reference every estimate is scaled by."""
+    import jax
+    import jax.numpy as jnp
+
+    a = jnp.ones((n, n), jnp.float32)
+    f = jax.jit(jnp.dot)
+    f(a, a).block_until_ready()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        f(a, a).block_until_ready()
+    return 2 * n**3 * repeats / (time.perf_counter() - start)
+
+
+def estimate_seconds(specs: list[RunSpec], flops_per_s: float) -> float:
+    """Training FLOPs / (machine FLOP/s x assumed utilisation) + one compile per distinct model shape."""
+    from scaling import model
+
+    total, shapes = 0.0, set()
+    for spec in specs:
+        m = spec.config["model"]
+        cfg = model.config_for_size(m["size"], seq_len=m["seq_len"], smooth_swiglu=m["smooth_swiglu"])
+        total += model.flops_per_token(cfg) * _tokens(spec)
+        shapes.add((m["size"], m["seq_len"]))
+    return total / (flops_per_s * ASSUMED_MODEL_FLOPS_UTILISATION) + COMPILE_SECONDS_PER_SHAPE * len(shapes)
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("experiment", help="experiment TOML: a base config plus [grid] axes")
+    parser.add_argument("--out", default="results", help="results root (default: results/)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a base config key for every run (repeatable)")
+    parser.add_argument("--executor", default="local", choices=["local", "ray"])
+    parser.add_argument("--workers", type=int, default=1,
+                        help="local: concurrent runs, each a watched child process; 0 = in-process, sequential")
+    parser.add_argument("--ray-address", default=None, help="ray: cluster address (default: start a local Ray)")
+    parser.add_argument("--cpus-per-run", type=float, default=1, help="ray: CPUs reserved per run")
+    parser.add_argument("--hang-timeout", type=float, default=600,
+                        help="seconds without a metrics heartbeat before a run is stopped as hung")
+    parser.add_argument("--dry-run", action="store_true", help="print the expanded runs and an ETA, run nothing")
+    parser.add_argument("--keep-going", action="store_true",
+                        help="skip runs that fail the take-off checks instead of refusing to start")
+    parser.add_argument("--no-progress", action="store_true")
+
+
+def main(args) -> int:
+    if args.workers < 0:
+        raise ConfigError("--workers", args.workers, "an integer >= 0")
+    if args.hang_timeout <= 0:
+        raise ConfigError("--hang-timeout", args.hang_timeout, "seconds > 0")
+    specs = expand(args.experiment, args.set)
+    out_root = Path(args.out)
+    todo = [s for s in specs if not finished_status(s.out_dir(out_root))]
+    eta = estimate_seconds(todo, matmul_flops_per_s())
+    print(f"{len(specs)} runs in {specs[0].sweep if specs else '-'}: {len(specs) - len(todo)} landed, "
+          f"{len(todo)} to run, estimated {eta / 60:.1f} min")
+    if args.dry_run:
+        for spec in specs:
+            print(f"  {spec.run_id}  {'done' if spec not in todo else 'todo'}  {_describe(spec.config)}")
+        return 0
+    todo, flights = take_off(todo, out_root, keep_going=args.keep_going, hang_timeout=args.hang_timeout)
+    print(f"take-off: {len(flights)} shapes compiled and trained {TAKEOFF_STEPS} steps; "
+          f"{len(todo)} runs cleared, measured ETA {measured_seconds(todo, flights) / 60:.1f} min")
+    report = run_sweep(todo, out_root, executor=args.executor, workers=args.workers,
+                       hang_timeout=args.hang_timeout, ray_address=args.ray_address,
+                       cpus_per_run=args.cpus_per_run, progress=not args.no_progress)
+    counts = report["counts"]
+    print("landed: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+    for slow in report["slow_runs"]:
+        print(f"slow run {slow['run_id']}: {slow['tokens_per_s']:.0f} tokens/s vs peer median "
+              f"{slow['peer_median']:.0f}")
+    return 0 if counts["failed"] == counts["hung"] == 0 else 1
+
+
+def _describe(cfg: dict) -> str:
+    p = cfg["precision"] if isinstance(cfg["precision"], str) else cfg["precision"].get("name", "custom")
+    return (f"size={cfg['model']['size']} precision={p} tokens={cfg['train']['tokens']:,} "
+            f"lr={cfg['train']['lr']:g} seed={cfg['seed']}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 4 and sys.argv[1] == "--worker":
+        sys.exit(_worker(sys.argv[2], int(sys.argv[3])))
+    sys.exit("usage: python -m scaling.sweep --worker RUN_DIR PARENT_PID (internal; use `scaling sweep`)")
