@@ -52,6 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `scaling plan ... | head`: the reader left; not an error of ours
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":

@@ -12,6 +12,9 @@ An experiment file is a base config (the `scaling train` schema) plus:
     "model.size" = 3
     precision = "fp4"
 
+A grid key naming several comma-separated keys is one axis of tuples that vary together:
+    "model.size,precision" = [[2, "fp32"], [3, "bf16"], [5, "fp4"]]
+
 The run id is a stable hash of the resolved config, so running a sweep again skips what
 has finished. Layout: <out>/<sweep>/<run_id>/{config.json, metrics.jsonl, summary.json, failure.json}.
 """
@@ -89,10 +92,22 @@ def grid_points(experiment: dict) -> list[dict[str, Any]]:
     for key, values in grid.items():
         if not isinstance(values, list) or not values:
             raise ConfigError(f"grid.{key}", values, "a non-empty list of values")
+        width = len(key.split(","))
+        if width > 1 and not all(isinstance(v, list) and len(v) == width for v in values):
+            raise ConfigError(f"grid.{key}", values, f"a list of {width}-element lists (one value per key)")
     excludes = [flatten(e) for e in _tables(experiment, "exclude")]
-    points = [dict(zip(grid, combo)) for combo in itertools.product(*grid.values())]
+    points = [_unzip(dict(zip(grid, combo))) for combo in itertools.product(*grid.values())]
     points = [p for p in points if not any(_matches(p, ex) for ex in excludes)]
     return points + [flatten(inc) for inc in _tables(experiment, "include")]
+
+
+def _unzip(point: dict[str, Any]) -> dict[str, Any]:
+    """{"a,b": [1, 2]} -> {"a": 1, "b": 2}: zipped axes become ordinary keys."""
+    out = {}
+    for key, value in point.items():
+        keys = [k.strip() for k in key.split(",")]
+        out.update(zip(keys, value) if len(keys) > 1 else [(key, value)])
+    return out
 
 
 def _tables(experiment: dict, key: str) -> list[dict]:

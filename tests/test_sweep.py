@@ -35,3 +35,11 @@ def test_dotted_set_and_get():
     sweep.set_dotted(cfg, "train.lr", 0.1)
     assert cfg == {"train": {"lr": 0.1}} and sweep.get_dotted(cfg, "train.lr") == 0.1
     assert sweep.get_dotted(cfg, "train.nope", "d") == "d"
+
+
+def test_zipped_axis_varies_keys_together():
+    points = sweep.grid_points({"grid": {"seed": [0, 1], "model.size,precision": [[2, "fp32"], [5, "fp4"]]}})
+    assert points == [{"seed": 0, "model.size": 2, "precision": "fp32"}, {"seed": 0, "model.size": 5, "precision": "fp4"},
+                      {"seed": 1, "model.size": 2, "precision": "fp32"}, {"seed": 1, "model.size": 5, "precision": "fp4"}]
+    with pytest.raises(ConfigError, match="2-element lists"):
+        sweep.grid_points({"grid": {"model.size,precision": [[2, "fp32"], [5]]}})

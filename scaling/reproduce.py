@@ -1,0 +1,81 @@
+"""`scaling reproduce`: the main job, end to end, on the embedded corpus.
+
+    sweep (experiments/<preset>.toml) -> results.csv + curves.parquet -> fit (kumar law, bootstrap CIs)
+    -> compute-optimal precision -> figures + REPORT.md
+
+Everything lands under --out (default runs/<preset>/): runs/ (one directory per run), results.csv,
+curves.parquet, fit.json, figures and REPORT.md. A second run of the same command reuses every
+finished run and only refits and redraws.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from scaling.errors import ConfigError
+
+EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
+# preset -> the sweeps it runs; the first one is fitted, the others feed their own figures.
+PRESETS = {
+    "quick": ["quick.toml"],
+    "full": ["ladder.toml", "granularity.toml", "outliers.toml", "isocompute.toml"],
+}
+LAW = "kumar"
+
+
+def reproduce(preset: str, out: str | Path, *, bootstrap: int = 200, workers: int = 1,
+              hang_timeout: float = 600.0, progress: bool = True) -> Path:
+    """Run the preset and write its report; returns the path of REPORT.md."""
+    from scaling import curves, fit, report, results, sweep
+
+    if preset not in PRESETS:
+        raise ConfigError("--preset", preset, list(PRESETS))
+    out = Path(out)
+    started = time.perf_counter()
+    experiments = [EXPERIMENTS / name for name in PRESETS[preset]]
+    missing = [str(p) for p in experiments if not p.is_file()]
+    if missing:
+        raise ConfigError("--preset", preset, f"a preset whose experiment files exist (missing {missing[0]})")
+    specs = [spec for path in experiments for spec in sweep.expand(path)]  # validate everything first
+    todo = [s for s in specs if not sweep.finished_status(s.out_dir(out / "runs"))]
+    print(f"{preset}: {len(specs)} runs, {len(specs) - len(todo)} already landed")
+    if todo:
+        todo, flights = sweep.take_off(todo, out / "runs", hang_timeout=hang_timeout)
+        print(f"take-off ok: {len(flights)} shapes; measured ETA {sweep.measured_seconds(todo, flights) / 60:.1f} min")
+        sweep.run_sweep(todo, out / "runs", workers=workers, hang_timeout=hang_timeout, progress=progress)
+
+    df = results.load(out / "runs")
+    df = df[df["sweep"].isin({s.sweep for s in specs})].reset_index(drop=True)
+    results.export(df, out / "results.csv")
+    run_curves = curves.load_curves(out / "runs")
+    curves.export_curves(run_curves, out / "curves.parquet")
+
+    fitted_sweep = specs[0].sweep
+    fit_rows = df[(df["sweep"] == fitted_sweep) & (df["status"] == "ok")]
+    result = fit.fit_law(fit_rows, LAW, loss_column="val_loss", bootstrap=bootstrap)
+    held = fit.holdout_error(fit_rows, LAW, by="N", loss_column="val_loss")
+    result.heldout = {k: v for k, v in held.items() if k != "params"}
+    result.to_json(out / "fit.json")
+    path = report.write_report(df, result, out, curves=run_curves)
+    print(f"{preset}: {len(df)} rows, fit and report in {time.perf_counter() - started:.0f} s -> {path}")
+    return path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--preset", default="quick", help=f"one of {', '.join(PRESETS)} (default quick)")
+    parser.add_argument("--out", default=None, help="output directory (default runs/<preset>)")
+    parser.add_argument("--bootstrap", type=int, default=200, help="bootstrap resamples for the CIs (default 200)")
+    parser.add_argument("--workers", type=int, default=1, help="concurrent runs (default 1)")
+    parser.add_argument("--no-progress", action="store_true")
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.bootstrap < 0:
+        raise ConfigError("--bootstrap", args.bootstrap, "a count >= 0")
+    if args.workers < 0:
+        raise ConfigError("--workers", args.workers, "an integer >= 0")
+    reproduce(args.preset, args.out or Path("runs") / args.preset, bootstrap=args.bootstrap,
+              workers=args.workers, progress=not args.no_progress)
+    return 0
