@@ -14,10 +14,12 @@ Sources (`data.source` in a run config):
 
 Train/validation split: for file sources a FIXED split by file (a file is validation when
 ``sha256(relative path) mod 1000 < 20``, about 2%), so adding or removing other files never
-moves a file between splits; token arrays and the synthetic chain hold out their last 2%.
+moves a file between splits (a single file, or a few files all on one side, fall back to the
+tail split); token arrays hold out their last 2%, the synthetic chain its last 65537 tokens.
 
-Fingerprint: sha256 over the sorted (relative path, content) pairs (or the array bytes),
-recorded with the byte count in every run so results are tied to the exact text.
+Fingerprint: sha256 over sha256(relative path) || sha256(content) of every file in path order
+(for arrays: over dtype and bytes), recorded with the byte count in every run, so results are
+tied to the exact text (another Python version's stdlib is another corpus).
 File corpora are cached as .npy under ``$SCALING_CACHE`` (default ``~/.cache/scaling``),
 keyed by a stat listing (path, size, mtime) of the source, written atomically.
 """
@@ -58,6 +60,11 @@ class Corpus:
     fingerprint: str
     bytes: int
     entropy_rate: float | None = None  # nats/token; known only for the synthetic chain
+
+    def __post_init__(self) -> None:
+        # Corpora are shared (cached per process): nobody may write into them.
+        self.train.setflags(write=False)
+        self.val.setflags(write=False)
 
     def describe(self) -> dict:
         """What a run records about its data."""
@@ -142,12 +149,15 @@ def _write_cache(cache: Path, corpus: Corpus) -> None:
     try:
         cache.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=cache.parent, prefix=f".{cache.name}."))
+    except OSError:
+        return  # a read-only home: the cache is an optimisation, not a requirement
+    try:
         np.save(tmp / "train.npy", corpus.train)
         np.save(tmp / "val.npy", corpus.val)
         (tmp / "meta.json").write_text(json.dumps({"fingerprint": corpus.fingerprint, "bytes": corpus.bytes}))
         os.replace(tmp, cache)
-    except OSError:  # read-only home, or another process won the rename: the cache is optional
-        shutil.rmtree(tmp, ignore_errors=True) if "tmp" in locals() else None
+    except OSError:  # another process won the rename (its copy is complete), or the disk is full
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _tail_split(tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -214,13 +224,18 @@ def batch(tokens: np.ndarray, seed: int, step: int, batch_size: int, seq_len: in
     The offsets come from a counter-based generator keyed by (seed, step) (Philox), so batch k is
     the same whether the run got there in one go or was restarted, and costs O(batch) to draw.
     """
-    return _windows(tokens, np.random.Generator(np.random.Philox(key=[seed, step])), batch_size, seq_len)
+    return _windows(tokens, _generator(seed, step), batch_size, seq_len)
 
 
 def train_sample(tokens: np.ndarray, n_tokens: int, seq_len: int) -> np.ndarray:
     """A fixed sample of training windows (the same for every run) to measure train loss on."""
     n_windows = max(1, n_tokens // seq_len)
-    return _windows(tokens, np.random.Generator(np.random.Philox(key=[_TRAIN_SAMPLE_KEY, 0])), n_windows, seq_len)
+    return _windows(tokens, _generator(_TRAIN_SAMPLE_KEY, 0), n_windows, seq_len)
+
+
+def _generator(word0: int, word1: int) -> np.random.Generator:
+    """Philox keyed by two 64-bit words: a fresh, independent stream per (word0, word1)."""
+    return np.random.Generator(np.random.Philox(key=np.array([word0, word1], dtype=np.uint64)))
 
 
 def _windows(tokens: np.ndarray, rng: np.random.Generator, n: int, seq_len: int) -> np.ndarray:

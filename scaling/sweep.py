@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from scaling._io import atomic_write_json, atomic_write_text, read_jsonl
+from scaling.config import set_dotted
 from scaling.errors import ConfigError
 
 EXPERIMENT_KEYS = ("grid", "include", "exclude")
@@ -65,16 +66,6 @@ def flatten(table: dict, prefix: str = "") -> dict[str, Any]:
         else:
             flat[dotted] = value
     return flat
-
-
-def set_dotted(cfg: dict, dotted: str, value: Any) -> None:
-    *parents, leaf = dotted.split(".")
-    node = cfg
-    for part in parents:
-        node = node.setdefault(part, {})
-        if not isinstance(node, dict):
-            raise ConfigError(dotted, value, f"a key whose parent {part!r} is a table")
-    node[leaf] = value
 
 
 def get_dotted(cfg: dict, dotted: str, default: Any = None) -> Any:

@@ -1,0 +1,112 @@
+"""Train-step time of precision recipes relative to fp32, and model FLOP/s utilisation.
+
+    python benchmarks/bench_step.py [--size 8] [--batch 16] [--seq-len 256] [--steps 10]
+        [--recipes fp32,bf16,fp8,fp8-blockwise,mxfp4,nvfp4] [--slow-path]
+
+One process, one model shape (size 8 = width 256 by default), every recipe measured the same way:
+a jitted train step (model.grad_step + AdamW through nnx.Optimizer), compiled and warmed up, then
+the median of --steps timed steps. Prints step time, ratio to fp32 (targets: fp8 <= 0.8,
+fp8-blockwise and mxfp4 <= 1.0) and model FLOP/s = flops_per_token · tokens / step time as a
+fraction of a jitted fp32 matmul's FLOP/s at the model's largest GEMM shape (target >= 0.45).
+Timings on a shared machine are noisy; the recipes are interleaved over --rounds to even it out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from scaling import model, precision
+
+TARGETS = {"fp8": 0.8, "fp8-blockwise": 1.0, "mxfp4": 1.0}
+
+
+def matmul_flops(m: int, k: int, n: int, reps: int = 20) -> float:
+    """FLOP/s of a jitted fp32 matmul (the reference for model FLOP/s utilisation)."""
+    a = jax.random.normal(jax.random.key(0), (m, k), jnp.float32)
+    b = jax.random.normal(jax.random.key(1), (k, n), jnp.float32)
+    f = jax.jit(lambda a, b: a @ b)
+    f(a, b).block_until_ready()
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        f(a, b).block_until_ready()
+        times.append(time.perf_counter() - t)
+    return 2.0 * m * k * n / statistics.median(times)
+
+
+def make_step(cfg: model.ModelConfig, recipe: precision.Recipe):
+    m = model.Transformer(cfg, recipe, rngs=nnx.Rngs(0))
+    opt = nnx.Optimizer(m, optax.adamw(1e-3), wrt=nnx.Param)
+
+    @nnx.jit
+    def step(m, opt, tokens_BxL, key):
+        loss, grads, _ = model.grad_step(m, tokens_BxL, key)
+        opt.update(m, grads)
+        return loss
+
+    return m, opt, step
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size", type=int, default=8)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--seq-len", type=int, default=256)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--recipes", default="fp32,bf16,fp8,fp8-blockwise,mxfp4,nvfp4")
+    ap.add_argument("--slow-path", action="store_true", help="disable the exact bf16 fast path")
+    args = ap.parse_args()
+
+    cfg = model.config_for_size(args.size, seq_len=args.seq_len)
+    tokens = jax.random.randint(jax.random.key(0), (args.batch, args.seq_len + 1), 0, cfg.vocab)
+    n_tok = args.batch * args.seq_len
+    print(f"model size {args.size}: d_model {cfg.d_model}, layers {cfg.n_layers}, d_ff {cfg.d_ff}, "
+          f"N {model.param_counts(cfg)['non_embedding']:,}; batch {args.batch}x{args.seq_len} = {n_tok} tokens; "
+          f"{jax.devices()[0].device_kind}, fast path {'off' if args.slow_path else 'on'}")
+    names = args.recipes.split(",")
+    steps = {}
+    for name in names:
+        recipe = dataclasses.replace(precision.get(name), fast_path=not args.slow_path)
+        m, opt, step = make_step(cfg, recipe)
+        t = time.perf_counter()
+        jax.block_until_ready(step(m, opt, tokens, jax.random.key(0)))
+        compile_s = time.perf_counter() - t
+        steps[name] = (m, opt, step, compile_s)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    cpu: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(args.rounds):
+        for name in names:
+            m, opt, step, _ = steps[name]
+            for i in range(args.steps):
+                t, c = time.perf_counter(), time.process_time()
+                jax.block_until_ready(step(m, opt, tokens, jax.random.key(i + 1)))
+                times[name].append(time.perf_counter() - t)
+                cpu[name].append(time.process_time() - c)
+    ref_flops = matmul_flops(n_tok, cfg.d_model, 3 * cfg.d_model)
+    flops_step = model.flops_per_token(cfg) * n_tok
+    t32 = statistics.median(times["fp32"]) if "fp32" in times else None
+    c32 = statistics.median(cpu["fp32"]) if "fp32" in cpu else None
+    print(f"jitted fp32 matmul {n_tok}x{cfg.d_model}x{3 * cfg.d_model}: {ref_flops / 1e9:.1f} GFLOP/s")
+    # CPU time (all threads) is the steadier measure on a shared machine; wall time is what a user waits
+    print(f"{'recipe':15s} {'compile s':>9s} {'step ms':>9s} {'vs fp32':>8s} {'CPU ms':>9s} {'vs fp32':>8s} "
+          f"{'target':>7s} {'model GFLOP/s':>13s} {'MFU vs matmul':>13s}")
+    for name in names:
+        t, c = statistics.median(times[name]), statistics.median(cpu[name])
+        ratio = f"{t / t32:.2f}" if t32 else "-"
+        cratio = f"{c / c32:.2f}" if c32 else "-"
+        target = f"<={TARGETS[name]}" if name in TARGETS else ""
+        print(f"{name:15s} {steps[name][3]:9.1f} {t * 1e3:9.1f} {ratio:>8s} {c * 1e3:9.1f} {cratio:>8s} {target:>7s} "
+              f"{flops_step / t / 1e9:13.1f} {flops_step / t / ref_flops:13.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,250 @@
+"""Run configuration: nested TOML sections, validated against one schema, with defaults.
+
+    name = "smoke"
+    precision = "fp8"          # a preset, a format name, or a [precision] table (scaling.precision.get)
+    seed = 0
+    [model]  size, seq_len, smooth_swiglu
+    [data]   source ("stdlib" | "synthetic" | a path), eval_tokens
+    [train]  tokens (the budget D), batch_size, lr, weight_decay, warmup (fraction of steps),
+             schedule ("wsd" | "cosine"), decay (WSD cooldown fraction), budgets (WSD evaluation
+             budgets as fractions of tokens, ending at 1.0), grad_clip, eval_every, log_every,
+             checkpoint_every (steps; 0 = never)
+    [health] spike_factor, spike_window, max_saturation (in-flight thresholds)
+
+Overrides and sweep axes use dotted keys (`train.lr=1e-3`); values use TOML syntax and fall
+back to a plain string (`precision=fp4`). Every key is checked: unknown keys, wrong types and
+out-of-range values raise ConfigError naming the key, the value and what is allowed.
+`run_id` hashes the resolved config, so a config written with or without defaults gets one id.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from scaling.errors import ConfigError
+
+WSD_BUDGETS = [0.25, 0.5, 1.0]
+
+
+@dataclass(frozen=True)
+class Field:
+    default: Any
+    check: Callable[[str, Any], Any]  # (dotted key, value) -> normalised value, or raise ConfigError
+
+
+def _integer(lo: int, hi: int | None = None) -> Callable[[str, Any], int]:
+    allowed = f"an integer >= {lo}" + (f" and <= {hi}" if hi is not None else "")
+
+    def check(key: str, value: Any) -> int:
+        # 2e6 from a TOML float is a fine token count; 2.5 or true is not.
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int) or value < lo or (hi is not None and value > hi):
+            raise ConfigError(key, value, allowed)
+        return value
+
+    return check
+
+
+def _real(lo: float, hi: float | None = None, *, lo_open: bool = False, hi_open: bool = False):
+    lo_text = f"> {lo:g}" if lo_open else f">= {lo:g}"
+    hi_text = "" if hi is None else (f" and < {hi:g}" if hi_open else f" and <= {hi:g}")
+    allowed = f"a number {lo_text}{hi_text}"
+
+    def check(key: str, value: Any) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(key, value, allowed)
+        number = float(value)
+        too_low = number <= lo if lo_open else number < lo
+        too_high = hi is not None and (number >= hi if hi_open else number > hi)
+        if too_low or too_high or number != number:
+            raise ConfigError(key, value, allowed)
+        return number
+
+    return check
+
+
+def _boolean(key: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(key, value, "true or false")
+    return value
+
+
+def _choice(*options: str) -> Callable[[str, Any], str]:
+    def check(key: str, value: Any) -> str:
+        if value not in options:
+            raise ConfigError(key, value, options)
+        return value
+
+    return check
+
+
+def _name(key: str, value: Any) -> str:
+    if not isinstance(value, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", value):
+        raise ConfigError(key, value, "a name of letters, digits, '_', '.', '-'")
+    return value
+
+
+def _precision(key: str, value: Any) -> str | dict:
+    from scaling import precision  # imports JAX; only configs that get this far need it
+
+    if not isinstance(value, (str, dict)):
+        raise ConfigError(key, value, "a preset or format name, or a [precision] table")
+    precision.get(value)  # raises ConfigError naming what is wrong
+    return value
+
+
+def _source(key: str, value: Any) -> str:
+    if not isinstance(value, str) or not (value in ("stdlib", "synthetic") or Path(value).expanduser().exists()):
+        raise ConfigError(key, value, '"stdlib", "synthetic", or an existing file or directory')
+    return value
+
+
+def _budgets(key: str, value: Any) -> list[float]:
+    allowed = "an ascending list of distinct fractions in (0, 1] ending with 1.0"
+    if not isinstance(value, list) or not value:
+        raise ConfigError(key, value, allowed)
+    fractions = [_real(0.0, 1.0, lo_open=True)(key, v) for v in value]
+    if fractions != sorted(set(fractions)) or fractions[-1] != 1.0:
+        raise ConfigError(key, value, allowed)
+    return fractions
+
+
+SCHEMA: dict[str, Any] = {
+    "name": Field("run", _name),
+    "precision": Field("fp32", _precision),
+    "seed": Field(0, _integer(0, 2**31 - 1)),  # a JAX int32 PRNG seed
+    "model": {
+        "size": Field(1, _integer(1)),
+        "seq_len": Field(128, _integer(2)),
+        "smooth_swiglu": Field(False, _boolean),
+    },
+    "data": {
+        "source": Field("stdlib", _source),
+        "eval_tokens": Field(65536, _integer(1)),
+    },
+    "train": {
+        "tokens": Field(2_000_000, _integer(1)),
+        "batch_size": Field(32, _integer(1)),
+        "lr": Field(3e-3, _real(0.0, lo_open=True)),
+        "weight_decay": Field(0.1, _real(0.0)),
+        "warmup": Field(0.05, _real(0.0, 1.0, hi_open=True)),
+        "schedule": Field("wsd", _choice("wsd", "cosine")),
+        "decay": Field(0.2, _real(0.0, 1.0, lo_open=True)),
+        "budgets": Field(None, _budgets),  # default depends on the schedule (see validate)
+        "grad_clip": Field(1.0, _real(0.0)),  # 0 = no clipping
+        "eval_every": Field(0, _integer(0)),  # 0 = evaluate only at the budgets
+        "log_every": Field(10, _integer(1)),
+        "checkpoint_every": Field(100, _integer(0)),  # 0 = never
+    },
+    "health": {
+        "spike_factor": Field(3.0, _real(1.0, lo_open=True)),  # loss > factor x running median = diverged
+        "spike_window": Field(50, _integer(1)),  # losses in the running median
+        "max_saturation": Field(0.01, _real(0.0, 1.0)),  # saturated fraction above this is logged
+    },
+}
+
+
+def validate(cfg: dict) -> dict:
+    """The resolved config: defaults filled, every value checked and normalised. Raises ConfigError."""
+    if not isinstance(cfg, dict):
+        raise ConfigError("config", cfg, "a table of sections")
+    resolved = _resolve(cfg, SCHEMA, prefix="")
+    train, model = resolved["train"], resolved["model"]
+    if resolved["train"]["budgets"] is None:
+        train["budgets"] = list(WSD_BUDGETS) if train["schedule"] == "wsd" else [1.0]
+    if train["schedule"] == "cosine" and train["budgets"] != [1.0]:
+        raise ConfigError("train.budgets", train["budgets"], "[1.0] with schedule = 'cosine' (only WSD branches)")
+    tokens_per_step = train["batch_size"] * model["seq_len"]
+    steps = train["tokens"] // tokens_per_step
+    if steps < 1:
+        raise ConfigError("train.tokens", train["tokens"], f"at least batch_size x seq_len = {tokens_per_step}")
+    budget_steps = [round(f * steps) for f in train["budgets"]]
+    if budget_steps[0] < 1 or len(set(budget_steps)) != len(budget_steps):
+        raise ConfigError("train.budgets", train["budgets"],
+                          f"fractions of the {steps} steps giving distinct step counts >= 1")
+    _check_model(resolved)
+    return resolved
+
+
+def _resolve(cfg: dict, schema: dict, prefix: str) -> dict:
+    unknown = sorted(set(cfg) - set(schema))
+    if unknown:
+        where = f"the [{prefix.rstrip('.')}] keys" if prefix else "the top-level keys"
+        raise ConfigError(prefix + unknown[0], cfg[unknown[0]], f"one of {where}: {', '.join(schema)}")
+    resolved = {}
+    for key, spec in schema.items():
+        dotted = prefix + key
+        if isinstance(spec, dict):
+            section = cfg.get(key, {})
+            if not isinstance(section, dict):
+                raise ConfigError(dotted, section, f"a [{dotted}] table")
+            resolved[key] = _resolve(section, spec, dotted + ".")
+        elif key in cfg:
+            resolved[key] = spec.check(dotted, copy.deepcopy(cfg[key]))
+        else:
+            resolved[key] = copy.deepcopy(spec.default)
+    return resolved
+
+
+def _check_model(cfg: dict) -> None:
+    """The model module owns which sizes exist; let it reject what it cannot build."""
+    from scaling import model
+
+    m = cfg["model"]
+    model.config_for_size(m["size"], seq_len=m["seq_len"], smooth_swiglu=m["smooth_swiglu"])
+
+
+def run_id(cfg: dict) -> str:
+    """12 hex characters of sha256 over the canonical JSON of the resolved config."""
+    canonical = json.dumps(validate(cfg), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:12]
+
+
+def parse_value(text: str) -> Any:
+    """TOML value syntax (`3e-3`, `true`, `[0.5, 1.0]`, `"x"`), else the text itself (`fp4`)."""
+    try:
+        return tomllib.loads(f"value = {text}")["value"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def apply_overrides(cfg: dict, overrides: list[str]) -> dict:
+    """A copy of `cfg` with each `dotted.key=value` set (unknown keys are caught by validate)."""
+    cfg = copy.deepcopy(cfg)
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError("--set", item, "key=value, e.g. train.lr=1e-3")
+        set_dotted(cfg, key.strip(), parse_value(text.strip()))
+    return cfg
+
+
+def set_dotted(cfg: dict, dotted: str, value: Any) -> None:
+    """cfg["a"]["b"] = value for dotted = "a.b", creating tables on the way."""
+    *parents, leaf = dotted.split(".")
+    node = cfg
+    for part in parents:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(dotted, value, f"a key whose parent {part!r} is a table")
+    node[leaf] = value
+
+
+def load(path: str | Path, overrides: list[str] = ()) -> dict:
+    """The TOML file at `path` with `overrides` applied (not yet validated)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError("config", str(path), "an existing TOML file")
+    try:
+        cfg = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError("config", str(path), f"valid TOML ({e})") from None
+    return apply_overrides(cfg, list(overrides))

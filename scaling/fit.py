@@ -1,0 +1,680 @@
+"""Fit a scaling law to a DataFrame (Chinchilla Approach 3) with bootstrap CIs and validation.
+
+Objective (Hoffmann et al. 2022; Besiroglu et al. 2024): with theta the free params (positive ones as
+their logarithm),
+
+    J(theta) = sum_i w_i · Huber_delta( log L_hat(x_i; theta) - log L_i ),   delta = 1e-3,
+
+summed over points (a mean would scale the gradient by 1/n and make L-BFGS stop early), log L_hat
+computed as a logsumexp of the law's log-terms. Minimised by L-BFGS from every point of an
+initialisation grid, best kept.
+
+Speed: the whole grid is optimised at once in JAX (float64, exact gradients): a batched L-BFGS
+(two-loop recursion, a line search that tries a fixed ladder of step sizes in parallel) is jit'd
+and vmap'd over the starts, so 4,500 starts cost a few hundred batched evaluations instead of
+4,500 Python-level scipy runs. The best few distinct results are then polished with
+scipy L-BFGS-B (float64, the same exact JAX gradient). `reference_fit` is the plain per-start
+scipy loop it must agree with (tests and benchmarks/bench_fit.py compare them).
+
+Bootstrap: resampling units (runs, by `run_id`, or rows) with replacement is a multinomial weight
+per row, so all resamples are one batched weighted fit, started from the full-data optimum.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import itertools
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from scaling import laws
+from scaling._io import atomic_write_json
+from scaling.errors import ConfigError
+
+HUBER_DELTA = 1e-3
+# Line search: steps sigma·t for t in this ladder are tried in parallel along the L-BFGS direction, the
+# lowest objective wins. sigma (per start) is 1 (the quasi-Newton step) while steps succeed, shrinks 16x
+# below the ladder when none improves, and grows back 4x per success. Each ladder entry costs one
+# batched evaluation, so the ladder is short.
+_STEP_LADDER = (2.0, 1.0, 0.3, 0.05)
+# Columns that must be > 0 wherever a law reads them (logs are taken).
+_POSITIVE_COLUMNS = ("N", "D", "P", "P_w", "P_a", "P_g")
+
+
+# ----------------------------------------------------------------------------- data preparation
+
+@dataclass(frozen=True)
+class _Problem:
+    """A law + its fixed params + validated float64 data, in the order the optimiser sees them."""
+
+    law: laws.Law
+    free: tuple[str, ...]
+    fixed: dict[str, float]
+    x: dict[str, np.ndarray]
+    log_loss: np.ndarray
+    units: np.ndarray  # resampling unit of each row (integer codes)
+    unit_name: str  # "run_id" (rows of a run resampled together) or "row"
+
+    def params(self, theta: np.ndarray) -> dict[str, float]:
+        p = {name: float(np.exp(t) if name in self.law.positive else t) for name, t in zip(self.free, theta)}
+        return {**p, **self.fixed}
+
+    def theta(self, params: Mapping[str, float]) -> np.ndarray:
+        return np.array([np.log(params[n]) if n in self.law.positive else params[n] for n in self.free])
+
+
+def _resolve_fixed(law: laws.Law, fixed: Mapping[str, float] | None) -> dict[str, float]:
+    fixed = dict(law.fixed if fixed is None else fixed)
+    for name, value in fixed.items():
+        if name not in law.params:
+            raise ConfigError("fixed", name, f"params of law {law.name}: {', '.join(law.params)}")
+        if name in law.positive and not value > 0:
+            raise ConfigError(f"fixed.{name}", value, "> 0")
+    return {k: float(v) for k, v in fixed.items()}
+
+
+def _columns(law: laws.Law, df: pd.DataFrame, require_rows: bool = True) -> dict[str, np.ndarray]:
+    missing = [c for c in law.columns if c not in df.columns]
+    if missing:
+        raise ConfigError("columns", sorted(map(str, df.columns)), f"law {law.name} needs {', '.join(law.columns)} (missing {', '.join(missing)})")
+    x = {}
+    for c in law.columns:
+        col = pd.to_numeric(df[c], errors="coerce").to_numpy(dtype=float)
+        if np.isnan(col).any():
+            raise ConfigError(c, f"{int(np.isnan(col).sum())} NaN/non-numeric rows", "finite numbers (drop or fix those rows)")
+        if c in _POSITIVE_COLUMNS and (col <= 0).any():
+            raise ConfigError(c, float(col[col <= 0][0]), "values > 0")
+        x[c] = col
+    if "block" in x and (x["block"] < 2).any():
+        raise ConfigError("block", float(x["block"].min()), "block sizes >= 2 (the law uses log2 B)")
+    if require_rows and len(df) == 0:
+        raise ConfigError("rows", 0, "at least one row")
+    return x
+
+
+def _prepare(df: pd.DataFrame, law: str | laws.Law, fixed: Mapping[str, float] | None,
+             loss_column: str = "loss") -> _Problem:
+    law = laws.get(law) if isinstance(law, str) else law
+    if not isinstance(df, pd.DataFrame):
+        raise ConfigError("df", type(df).__name__, "a pandas DataFrame")
+    fixed = _resolve_fixed(law, fixed)
+    x = _columns(law, df)
+    if loss_column not in df.columns:
+        raise ConfigError("columns", sorted(map(str, df.columns)), f"a loss column {loss_column!r}")
+    loss = pd.to_numeric(df[loss_column], errors="coerce").to_numpy(dtype=float)
+    if np.isnan(loss).any():
+        raise ConfigError(loss_column, f"{int(np.isnan(loss).sum())} NaN rows", "finite losses (drop failed runs first)")
+    if (loss <= 0).any():
+        raise ConfigError(loss_column, float(loss[loss <= 0][0]), "losses > 0")
+    free = law.free_params(fixed)
+    if len(df) <= len(free):
+        raise ConfigError("rows", len(df), f"more than {len(free)} (the free params of {law.name}: {', '.join(free)})")
+    units = (pd.factorize(df["run_id"])[0] if "run_id" in df.columns else np.arange(len(df))).astype(np.int64)
+    return _Problem(law=law, free=free, fixed=fixed, x=x, log_loss=np.log(loss), units=units,
+                    unit_name="run_id" if "run_id" in df.columns else "row")
+
+
+def _grid(problem: _Problem, init: Mapping[str, Sequence[float]] | None) -> np.ndarray:
+    """Cartesian product of the init grids of the free params, in optimiser space (log for positive)."""
+    grid = {**problem.law.init_grid, **{k: tuple(v) for k, v in (init or {}).items()}}
+    for k in (init or {}):
+        if k not in problem.law.params:
+            raise ConfigError("init", k, f"params of law {problem.law.name}: {', '.join(problem.law.params)}")
+    axes = []
+    for name in problem.free:
+        vals = np.asarray(grid[name], dtype=float)
+        if name in problem.law.positive:
+            if (vals <= 0).any():
+                raise ConfigError(f"init.{name}", list(vals), "positive values")
+            vals = np.log(vals)
+        axes.append(vals)
+    return np.array(list(itertools.product(*axes)), dtype=float).reshape(-1, len(problem.free))
+
+
+# ----------------------------------------------------------------------------- objective (numpy + JAX)
+
+def _huber(r, delta, xp):
+    a = xp.abs(r)
+    return xp.where(a <= delta, 0.5 * r * r, delta * (a - 0.5 * delta))
+
+
+def _objective(theta, law: laws.Law, free, positive_mask, fixed, x, log_loss, weights, delta, xp):
+    natural = xp.where(positive_mask, xp.exp(theta), theta)
+    p = {name: natural[i] for i, name in enumerate(free)}
+    p.update(fixed)
+    r = law.log_predict(p, x, xp) - log_loss
+    return xp.sum(weights * _huber(r, delta, xp))
+
+
+@functools.lru_cache(maxsize=64)
+def _jax_solvers(law_name: str, free: tuple[str, ...], fixed_names: tuple[str, ...], memory: int):
+    """jit'd (value_and_grad, batched L-BFGS) for one law and set of free params (cached: compile once)."""
+    import jax
+    import jax.numpy as jnp
+
+    law = laws.get(law_name)
+    positive_mask = np.array([n in law.positive for n in free])
+    
+    def objective(theta, fixed_vals, x, log_loss, weights, delta):
+        fixed = dict(zip(fixed_names, fixed_vals))
+        return _objective(theta, law, free, positive_mask, fixed, x, log_loss, weights, delta, jnp)
+
+    value_and_grad = jax.value_and_grad(objective)
+
+    def lbfgs_one(theta0, weights, fixed_vals, x, log_loss, delta, iters):
+        def f(th):
+            return objective(th, fixed_vals, x, log_loss, weights, delta)
+
+        def vg(th):
+            return value_and_grad(th, fixed_vals, x, log_loss, weights, delta)
+
+        def direction(g, S, Y):
+            # Two-loop recursion; empty (zero) memory slots have rho = 0 and drop out.
+            sy = jnp.sum(S * Y, axis=1)
+            rho = jnp.where(sy > 0, 1.0 / jnp.where(sy > 0, sy, 1.0), 0.0)
+            q = g
+            alphas = []
+            for i in reversed(range(memory)):
+                a = rho[i] * jnp.dot(S[i], q)
+                q = q - a * Y[i]
+                alphas.append(a)
+            yy = jnp.dot(Y[-1], Y[-1])
+            # Initial Hessian scale s·y/y·y (Nocedal & Wright 7.20); before any pair, a unit-length step.
+            h0 = jnp.where(sy[-1] > 0, sy[-1] / jnp.where(yy > 0, yy, 1.0), 1.0 / (jnp.linalg.norm(g) + 1e-300))
+            r = h0 * q
+            for i, a in zip(range(memory), reversed(alphas)):
+                b = rho[i] * jnp.dot(Y[i], r)
+                r = r + S[i] * (a - b)
+            return -r
+
+        def step(carry):
+            th, v, g, S, Y, sigma = carry
+            d = direction(g, S, Y)
+            d = jnp.where(jnp.dot(d, g) < 0, d, -g / (jnp.linalg.norm(g) + 1e-300))
+            ladder = jnp.asarray(_STEP_LADDER, th.dtype)
+            candidates = th[None, :] + sigma * ladder[:, None] * d[None, :]
+            values = jax.vmap(f)(candidates)
+            values = jnp.where(jnp.isfinite(values), values, jnp.inf)
+            best = jnp.argmin(values)
+            improved = values[best] < v
+            th_new = jnp.where(improved, candidates[best], th)
+            v_new, g_new = vg(th_new)
+            s, y = th_new - th, g_new - g
+            keep = improved & (jnp.dot(s, y) > 1e-12 * jnp.dot(s, s))
+            S_new = jnp.where(keep, jnp.concatenate([S[1:], s[None]]), S)
+            Y_new = jnp.where(keep, jnp.concatenate([Y[1:], y[None]]), Y)
+            # No step improved: forget the curvature pairs so the next try is steepest descent.
+            S_new = jnp.where(improved, S_new, jnp.zeros_like(S))
+            Y_new = jnp.where(improved, Y_new, jnp.zeros_like(Y))
+            sigma = jnp.where(improved, jnp.minimum(1.0, 4.0 * sigma), sigma * ladder[-1] / 16.0)
+            return th_new, v_new, g_new, S_new, Y_new, sigma
+
+        v0, g0 = vg(theta0)
+        zeros = jnp.zeros((memory, theta0.shape[0]), theta0.dtype)
+        one = jnp.ones((), theta0.dtype)
+        # fori_loop with a traced trip count: one compilation serves every iteration budget.
+        th, v, *_ = jax.lax.fori_loop(0, iters, lambda _, c: step(c), (theta0, v0, g0, zeros, zeros, one))
+        return th, v
+
+    batched = jax.vmap(lbfgs_one, in_axes=(0, 0, None, None, None, None, None))
+    return jax.jit(value_and_grad), jax.jit(batched)
+
+
+def _jax_args(problem: _Problem):
+    fixed_names = tuple(sorted(problem.fixed))
+    fixed_vals = tuple(problem.fixed[k] for k in fixed_names)
+    return fixed_names, fixed_vals
+
+
+def _pad(a: np.ndarray, size: int, axis: int) -> np.ndarray:
+    """Pad `a` along `axis` to `size` by repeating its first slice (padding rows get weight 0 or are dropped)."""
+    extra = size - a.shape[axis]
+    return a if extra == 0 else np.concatenate([a, np.repeat(np.take(a, [0], axis=axis), extra, axis=axis)], axis=axis)
+
+
+def _batched_lbfgs(problem: _Problem, starts: np.ndarray, weights: np.ndarray, iters: int,
+                   delta: float, dtype: str = "float64", memory: int = 5) -> tuple[np.ndarray, np.ndarray]:
+    """Run L-BFGS from every row of `starts` (weights: one row of point weights per start).
+
+    dtype float32 is for ranking starts only (XLA's float32 exp/log are many times faster on CPU);
+    every reported optimum is refined in float64. Shapes are bucketed (starts in chunks of 64 or 512,
+    points padded with zero-weight copies to a multiple of 64) so a handful of compilations serve all fits.
+    """
+    import jax
+
+    fixed_names, fixed_vals = _jax_args(problem)
+    _, batched = _jax_solvers(problem.law.name, problem.free, fixed_names, memory)
+    x, log_loss, weights = _padded_data(problem, weights, dtype)
+    chunk = 64 if len(starts) <= 64 else 512
+    thetas, values = [], []
+    # Scoped: float64 inside this block only; the training code in the same process keeps its dtypes.
+    with jax.enable_x64(dtype == "float64"):
+        for lo in range(0, len(starts), chunk):
+            n = min(chunk, len(starts) - lo)
+            th, v = batched(_pad(starts[lo:lo + n], chunk, 0).astype(dtype), _pad(weights[lo:lo + n], chunk, 0),
+                            tuple(np.asarray(f, dtype) for f in fixed_vals), x, log_loss,
+                            np.asarray(delta, dtype), np.int32(iters))
+            thetas.append(np.asarray(th)[:n])
+            values.append(np.asarray(v)[:n])
+    values = np.concatenate(values)
+    return np.concatenate(thetas), np.where(np.isfinite(values), values, np.inf)
+
+
+def _padded_data(problem: _Problem, weights: np.ndarray, dtype: str):
+    """Points padded with zero-weight copies to a multiple of 64 (fewer distinct shapes to compile)."""
+    n_pad = -(-len(problem.log_loss) // 64) * 64
+    x = {k: _pad(v, n_pad, 0).astype(dtype) for k, v in problem.x.items()}
+    zeros = np.zeros(weights.shape[:-1] + (n_pad - weights.shape[-1],))
+    return x, _pad(problem.log_loss, n_pad, 0).astype(dtype), np.concatenate([weights, zeros], axis=-1).astype(dtype)
+
+
+def _polish(problem: _Problem, theta0: np.ndarray, weights: np.ndarray, delta: float, memory: int = 5):
+    """scipy L-BFGS-B in float64 from theta0 with the exact JAX gradient -> (theta, value)."""
+    import jax
+    from scipy.optimize import minimize
+
+    fixed_names, fixed_vals = _jax_args(problem)
+    value_and_grad, _ = _jax_solvers(problem.law.name, problem.free, fixed_names, memory)
+    x, log_loss, weights = _padded_data(problem, weights, "float64")
+    with jax.enable_x64(True):
+        def fun(th):
+            v, g = value_and_grad(th, fixed_vals, x, log_loss, weights, delta)
+            v = float(v)
+            return (v, np.asarray(g)) if np.isfinite(v) else (np.inf, np.zeros_like(th))
+
+        res = minimize(fun, theta0, jac=True, method="L-BFGS-B", options={"maxiter": 2000, "ftol": 1e-15, "gtol": 1e-12})
+    return res.x, float(res.fun)
+
+
+def _numpy_objective(problem: _Problem, theta: np.ndarray, delta: float = HUBER_DELTA,
+                     weights: np.ndarray | None = None) -> float:
+    positive_mask = np.array([n in problem.law.positive for n in problem.free])
+    w = np.ones_like(problem.log_loss) if weights is None else weights
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        v = _objective(np.asarray(theta, float), problem.law, problem.free, positive_mask, problem.fixed,
+                       problem.x, problem.log_loss, w, delta, np)
+    return float(v) if np.isfinite(v) else np.inf
+
+
+def _distinct_best(thetas: np.ndarray, values: np.ndarray, k: int, tol: float = 1e-3) -> list[int]:
+    """Indices of the k best results that are not duplicates of a better one (many starts converge together)."""
+    chosen: list[int] = []
+    for i in np.argsort(values):
+        if not np.isfinite(values[i]):
+            break
+        if all(np.max(np.abs(thetas[i] - thetas[j])) > tol for j in chosen):
+            chosen.append(int(i))
+        if len(chosen) == k:
+            break
+    return chosen
+
+
+# ----------------------------------------------------------------------------- results
+
+@dataclass
+class FitResult:
+    """A fitted law. `params` in natural units (fixed ones included); `ci` name -> (lo, hi) once bootstrapped.
+
+    `bootstrap` (when run): n, seed, level, unit ('run_id' or 'row'), and `samples` (name -> per-resample
+    values) so derived quantities (e.g. optimal.optimal_precision_ci) get CIs from the same resamples.
+    """
+
+    law: str
+    params: dict[str, float]
+    objective: float
+    residuals: np.ndarray
+    fixed: dict[str, float] = field(default_factory=dict)
+    ci: dict[str, tuple[float, float]] = field(default_factory=dict)
+    bootstrap: dict[str, Any] | None = None
+    data: dict[str, Any] = field(default_factory=dict)
+    heldout: dict[str, Any] | None = None
+    optimizer: dict[str, Any] = field(default_factory=dict)
+
+    def predict(self, df: pd.DataFrame) -> np.ndarray:
+        law = laws.get(self.law)
+        x = _columns(law, df, require_rows=False)
+        return np.asarray(law.predict(self.params, x, np))
+
+    @property
+    def samples(self) -> pd.DataFrame:
+        """Per-resample params (one row per bootstrap resample); empty without a bootstrap."""
+        if not self.bootstrap:
+            return pd.DataFrame(columns=list(self.params))
+        s = pd.DataFrame(self.bootstrap["samples"])
+        for k, v in self.fixed.items():
+            s[k] = v
+        return s[[p for p in laws.get(self.law).params if p in s.columns]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "law": self.law, "params": self.params, "fixed": self.fixed, "objective": self.objective,
+            "residuals": [float(r) for r in self.residuals],
+            "ci": {k: list(v) for k, v in self.ci.items()}, "bootstrap": self.bootstrap,
+            "data": self.data, "heldout": self.heldout, "optimizer": self.optimizer,
+        }
+
+    def to_json(self, path: str | Path) -> Path:
+        atomic_write_json(path, self.to_dict())
+        return Path(path)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> FitResult:
+        missing = [k for k in ("law", "params", "objective") if k not in d]
+        if missing:
+            raise ConfigError("fit json", sorted(d), f"a fit with keys law, params, objective (missing {missing})")
+        laws.get(d["law"])
+        return cls(law=d["law"], params={k: float(v) for k, v in d["params"].items()},
+                   objective=float(d["objective"]), residuals=np.asarray(d.get("residuals", []), float),
+                   fixed={k: float(v) for k, v in (d.get("fixed") or {}).items()},
+                   ci={k: (float(v[0]), float(v[1])) for k, v in (d.get("ci") or {}).items()},
+                   bootstrap=d.get("bootstrap"), data=d.get("data") or {}, heldout=d.get("heldout"),
+                   optimizer=d.get("optimizer") or {})
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> FitResult:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError("fit", str(path), "an existing fit JSON (from `scaling fit ... -o`)")
+        try:
+            return cls.from_dict(json.loads(path.read_text()))
+        except json.JSONDecodeError as e:
+            raise ConfigError("fit", str(path), f"valid JSON ({e.msg} at line {e.lineno})") from None
+
+
+def _data_summary(problem: _Problem) -> dict[str, Any]:
+    cols = {c: {"min": float(v.min()), "max": float(v.max()), "median": float(np.median(v)),
+                "n_unique": int(len(np.unique(v)))} for c, v in problem.x.items()}
+    loss = np.exp(problem.log_loss)
+    cols["loss"] = {"min": float(loss.min()), "max": float(loss.max()), "median": float(np.median(loss))}
+    return {"n_points": int(len(loss)), "n_units": int(len(np.unique(problem.units))), "columns": cols}
+
+
+# ----------------------------------------------------------------------------- fitting
+
+def fit_law(df: pd.DataFrame, law: str = "kumar", *, fixed: Mapping[str, float] | None = None,
+            init: Mapping[str, Sequence[float]] | None = None, loss_column: str = "loss",
+            delta: float = HUBER_DELTA, iters: tuple[int, int] = (30, 100), keep: float = 0.1,
+            polish: int = 5, bootstrap: int = 0, seed: int = 0, level: float = 0.95) -> FitResult:
+    """Fit `law` to df (columns: the law's columns + `loss_column`) by grid-started L-BFGS, best kept.
+
+    fixed: params held fixed (default: the law's, e.g. kumar's kappa = 3; `{}` frees them all).
+    init: per-param start values overriding the law's default grid (natural scale).
+    Schedule: every start gets iters[0] batched L-BFGS iterations (float32, for ranking), the best
+    `keep` fraction iters[1] more, then the `polish` best distinct results are refined by scipy
+    L-BFGS-B in float64 with exact gradients; the lowest float64 objective wins.
+    bootstrap: if > 0, also resample (see `bootstrap`) and fill .ci / .bootstrap.
+    """
+    problem = _prepare(df, law, fixed, loss_column)
+    starts = _grid(problem, init)
+    n = len(problem.log_loss)
+    thetas, values = _batched_lbfgs(problem, starts, np.ones((len(starts), n)), iters[0], delta, "float32")
+    survivors = np.argsort(values)[:max(polish, int(np.ceil(keep * len(starts))))]
+    thetas, values = _batched_lbfgs(problem, thetas[survivors], np.ones((len(survivors), n)), iters[1], delta, "float32")
+    if not np.isfinite(values).any():
+        raise ConfigError("fit", problem.law.name, "data the law can be evaluated on (every start gave a non-finite objective)")
+    best_theta, best_value = None, np.inf
+    for i in _distinct_best(thetas, values, polish):
+        th, v = _polish(problem, thetas[i].astype(float), np.ones(n), delta)
+        if v < best_value:
+            best_theta, best_value = th, v
+    params = problem.params(best_theta)
+    residuals = np.asarray(problem.law.log_predict(params, problem.x, np)) - problem.log_loss
+    result = FitResult(
+        law=problem.law.name, params=params, objective=best_value, residuals=residuals, fixed=problem.fixed,
+        data=_data_summary(problem),
+        optimizer={"method": "batched L-BFGS (JAX) over the init grid + scipy L-BFGS-B float64 polish",
+                   "n_starts": int(len(starts)), "iters": list(iters), "keep": keep, "polished": polish,
+                   "huber_delta": delta, "loss_column": loss_column,
+                   "init": {name: sorted({round(float(v), 12) for v in starts[:, i]}) for i, name in enumerate(problem.free)}},
+    )
+    if bootstrap:
+        _add_bootstrap(problem, result, best_theta, bootstrap, seed, level, delta)
+    return result
+
+
+def bootstrap(df: pd.DataFrame, law: str = "kumar", n: int = 1000, seed: int = 0, *, level: float = 0.95,
+              fixed: Mapping[str, float] | None = None, init: Mapping[str, Sequence[float]] | None = None,
+              loss_column: str = "loss", delta: float = HUBER_DELTA) -> FitResult:
+    """fit_law + `n` bootstrap resamples -> FitResult with percentile `ci` at `level` and per-resample
+    `samples` (FitResult.samples), from which derived quantities get CIs (optimal.optimal_precision_ci).
+
+    Resampling unit: runs (rows sharing `run_id`, if that column exists), else rows. A resample is a
+    multinomial count per unit, i.e. a weight per row; all resamples are re-optimised together
+    (batched L-BFGS, float64) from the full-data optimum.
+    """
+    return fit_law(df, law, fixed=fixed, init=init, loss_column=loss_column, delta=delta,
+                   bootstrap=n, seed=seed, level=level)
+
+
+BOOTSTRAP_ITERS = 60
+
+
+def _add_bootstrap(problem: _Problem, result: FitResult, best_theta: np.ndarray, n: int, seed: int,
+                   level: float, delta: float) -> None:
+    if not 0 < level < 1:
+        raise ConfigError("level", level, "a probability in (0, 1)")
+    rng = np.random.default_rng(seed)
+    n_units = int(problem.units.max()) + 1
+    counts = rng.multinomial(n_units, np.full(n_units, 1.0 / n_units), size=n)  # (resamples, units)
+    weights = counts[:, problem.units].astype(float)  # (resamples, rows)
+    thetas, values = _batched_lbfgs(problem, np.repeat(best_theta[None], n, axis=0), weights,
+                                    BOOTSTRAP_ITERS, delta, "float64")
+    ok = np.isfinite(values)
+    samples = {name: [float(problem.params(t)[name]) for t in thetas[ok]] for name in problem.free}
+    tail = 100 * (1 - level) / 2
+    result.ci = {name: (float(np.percentile(v, tail)), float(np.percentile(v, 100 - tail)))
+                 for name, v in samples.items()}
+    result.bootstrap = {
+        "n": n, "seed": seed, "level": level, "unit": problem.unit_name,
+        "n_units": n_units, "failed": int((~ok).sum()), "iters": BOOTSTRAP_ITERS,
+        "median": {name: float(np.median(v)) for name, v in samples.items()},
+        "se": {name: float(np.std(v, ddof=1)) for name, v in samples.items()},
+        "samples": samples,
+    }
+
+
+def reference_fit(df: pd.DataFrame, law: str = "chinchilla", *, starts: np.ndarray | None = None,
+                  fixed: Mapping[str, float] | None = None, init: Mapping[str, Sequence[float]] | None = None,
+                  loss_column: str = "loss", delta: float = HUBER_DELTA) -> dict[str, Any]:
+    """The plain method fit_law must agree with: scipy L-BFGS-B from each start in a Python loop, numpy
+    objective, finite-difference gradients (as in Besiroglu et al.'s code), best kept.
+
+    starts: rows of optimiser-space starts (default: the law's full grid). Returns params, objective, theta.
+    """
+    from scipy.optimize import minimize
+
+    problem = _prepare(df, law, fixed, loss_column)
+    starts = _grid(problem, init) if starts is None else np.asarray(starts, float)
+    best = None
+    for s in starts:
+        res = minimize(lambda th: _numpy_objective(problem, th, delta), s, method="L-BFGS-B")
+        if np.isfinite(res.fun) and (best is None or res.fun < best.fun):
+            best = res
+    return {"params": problem.params(best.x), "objective": float(best.fun), "theta": best.x}
+
+
+def grid_starts(df: pd.DataFrame, law: str, *, fixed: Mapping[str, float] | None = None,
+                init: Mapping[str, Sequence[float]] | None = None, loss_column: str = "loss") -> np.ndarray:
+    """The optimiser-space starts fit_law uses (rows; positive params as logs), e.g. for reference_fit."""
+    return _grid(_prepare(df, law, fixed, loss_column), init)
+
+
+def objective(df: pd.DataFrame, law: str, params: Mapping[str, float], *, loss_column: str = "loss",
+              delta: float = HUBER_DELTA) -> float:
+    """J(params) on df: the summed Huber loss on log residuals that fit_law minimises."""
+    law_obj = laws.get(law)
+    missing = [p for p in law_obj.params if p not in params]
+    if missing:
+        raise ConfigError("params", sorted(params), f"values for every param of {law}: missing {missing}")
+    problem = _prepare(df, law_obj, {}, loss_column)
+    return _numpy_objective(problem, problem.theta(params), delta)
+
+
+# ----------------------------------------------------------------------------- validation
+
+def _split_key(df: pd.DataFrame, by: str) -> np.ndarray:
+    if by == "N":
+        return pd.to_numeric(df["N"]).to_numpy(float)
+    if by == "compute":
+        return 6.0 * pd.to_numeric(df["N"]).to_numpy(float) * pd.to_numeric(df["D"]).to_numpy(float)
+    raise ConfigError("by", by, ["N", "compute"])
+
+
+def mean_abs_rel_error(predicted: np.ndarray, actual: np.ndarray) -> float:
+    """mean |predicted - actual| / actual."""
+    return float(np.mean(np.abs(np.asarray(predicted) - np.asarray(actual)) / np.asarray(actual)))
+
+
+def holdout_error(df: pd.DataFrame, law: str = "kumar", *, by: str = "N", frac: float = 0.2,
+                  loss_column: str = "loss", **fit_kwargs: Any) -> dict[str, Any]:
+    """Extrapolation test: hold out the largest values of `by` (N, or compute 6·N·D) that together hold at
+    most `frac` of the rows (at least the largest value: with a few discrete sizes, the largest size),
+    fit on the rest, predict the held-out losses.
+    Returns mare (mean absolute relative error of the held-out loss), threshold, n_train, n_test, params.
+    """
+    key = _split_key(df, by)
+    values, counts = np.unique(key, return_counts=True)
+    share = np.cumsum(counts[::-1]) / len(key)  # share of rows at or above each value, largest first
+    threshold = float(values[::-1][max(0, int(np.searchsorted(share, frac, side="right")) - 1)])
+    test = key >= threshold
+    if test.all() or not test.any():
+        raise ConfigError("frac", frac, f"a fraction leaving both training and held-out rows ({by} has {len(np.unique(key))} values)")
+    train_df, test_df = df[~test], df[test]
+    fitted = fit_law(train_df, law, loss_column=loss_column, **fit_kwargs)
+    actual = pd.to_numeric(test_df[loss_column]).to_numpy(float)
+    return {"by": by, "threshold": threshold, "n_train": int((~test).sum()), "n_test": int(test.sum()),
+            "mare": mean_abs_rel_error(fitted.predict(test_df), actual), "params": fitted.params}
+
+
+def leave_one_size_out(df: pd.DataFrame, law: str = "kumar", *, loss_column: str = "loss",
+                       **fit_kwargs: Any) -> pd.DataFrame:
+    """For each distinct N: fit on the other sizes, predict this one. Columns N, n_test, mare."""
+    rows = []
+    for n in np.unique(pd.to_numeric(df["N"]).to_numpy(float)):
+        mask = df["N"].to_numpy(float) == n
+        fitted = fit_law(df[~mask], law, loss_column=loss_column, **fit_kwargs)
+        actual = pd.to_numeric(df[mask][loss_column]).to_numpy(float)
+        rows.append({"N": n, "n_test": int(mask.sum()), "mare": mean_abs_rel_error(fitted.predict(df[mask]), actual)})
+    return pd.DataFrame(rows)
+
+
+def aic(result: FitResult) -> float:
+    """AIC from a Gaussian likelihood of the log residuals: n·log(RSS/n) + 2k, k = free params.
+    (The fit itself is robust Huber; AIC is for ranking laws on the same data only.)"""
+    r = np.asarray(result.residuals)
+    k = len([p for p in result.params if p not in result.fixed])
+    return float(len(r) * np.log(np.sum(r * r) / len(r)) + 2 * k)
+
+
+def compare_laws(df: pd.DataFrame, laws_to_compare: Sequence[str] = ("chinchilla", "kumar"), *,
+                 by: str = "N", frac: float = 0.2, loss_column: str = "loss", **fit_kwargs: Any) -> pd.DataFrame:
+    """Fit each law on the same data; one row per law: n_params, objective, rmse_log, aic, heldout_mare
+    (holdout_error with `by`/`frac`). Lower aic and heldout_mare are better. An `init` grid applies
+    to every law that has those params."""
+    rows = []
+    init = fit_kwargs.pop("init", None) or {}
+    for name in laws_to_compare:
+        law_init = {k: v for k, v in init.items() if k in laws.get(name).params}
+        fitted = fit_law(df, name, loss_column=loss_column, init=law_init, **fit_kwargs)
+        held = holdout_error(df, name, by=by, frac=frac, loss_column=loss_column, init=law_init, **fit_kwargs)
+        rows.append({"law": name, "n_params": len([p for p in fitted.params if p not in fitted.fixed]),
+                     "objective": fitted.objective,
+                     "rmse_log": float(np.sqrt(np.mean(np.asarray(fitted.residuals) ** 2))),
+                     "aic": aic(fitted), "heldout_mare": held["mare"]})
+    return pd.DataFrame(rows)
+
+
+# ----------------------------------------------------------------------------- CLI: scaling fit
+
+def load_results(path: str | Path) -> pd.DataFrame:
+    """A results CSV / Parquet file, or a results directory (via scaling.results.load)."""
+    path = Path(path)
+    if path.is_dir():
+        try:
+            from scaling import results
+        except ImportError:
+            raise ConfigError("RESULTS", str(path), "a .csv or .parquet file (directories need scaling.results)") from None
+        return results.load(path)
+    if not path.is_file():
+        raise ConfigError("RESULTS", str(path), "an existing .csv / .parquet file or results directory")
+    if path.suffix == ".csv":
+        return pd.read_csv(path)
+    if path.suffix == ".parquet":
+        return pd.read_parquet(path)
+    raise ConfigError("RESULTS", str(path), "a .csv or .parquet file or a results directory")
+
+
+def _runs_to_fit(df: pd.DataFrame, loss_column: str | None) -> tuple[pd.DataFrame, str]:
+    """Only runs that landed (`status` ok, if present); loss column: given, else `loss`, else `val_loss`."""
+    if "status" in df.columns:
+        df = df[df["status"] == "ok"]
+    if loss_column is None:
+        loss_column = next((c for c in ("loss", "val_loss") if c in df.columns), "loss")
+    return df.reset_index(drop=True), loss_column
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("results", metavar="RESULTS", help="results .csv / .parquet file or results directory")
+    parser.add_argument("--law", default="kumar", help=f"law to fit: {', '.join(laws.names())} (default kumar)")
+    parser.add_argument("-o", "--output", required=True, help="where to write the fit JSON, e.g. fits/NAME.json")
+    parser.add_argument("--bootstrap", type=int, default=0, metavar="N", help="bootstrap resamples for CIs (e.g. 1000)")
+    parser.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+    parser.add_argument("--loss-column", default=None, help="loss column (default: loss, else val_loss)")
+    parser.add_argument("--fix", action="append", default=[], metavar="NAME=VALUE",
+                        help="hold a param fixed (repeatable); default: the law's (kumar: kappa=3); --fix none frees all")
+    parser.add_argument("--holdout", choices=["N", "compute"], default=None,
+                        help="also record the held-out error (fit on the smaller 80%% by N or compute)")
+
+
+def _parse_fixed(items: Sequence[str]) -> dict[str, float] | None:
+    if not items:
+        return None
+    if items == ["none"]:
+        return {}
+    fixed = {}
+    for item in items:
+        name, _, value = item.partition("=")
+        try:
+            fixed[name] = float(value)
+        except ValueError:
+            raise ConfigError("--fix", item, "NAME=VALUE with a number, or none") from None
+    return fixed
+
+
+def _print_fit(result: FitResult) -> None:
+    width = max(len(k) for k in result.params)
+    print(f"law {result.law}: {result.data.get('n_points')} points, objective {result.objective:.6g}")
+    header = f"  {'param':<{width}}  {'value':>12}"
+    if result.ci:
+        header += f"  {'ci lo':>12}  {'ci hi':>12}"
+    print(header)
+    for k, v in result.params.items():
+        line = f"  {k:<{width}}  {v:>12.5g}"
+        if k in result.ci:
+            line += f"  {result.ci[k][0]:>12.5g}  {result.ci[k][1]:>12.5g}"
+        elif k in result.fixed:
+            line += "  (fixed)"
+        print(line)
+    if result.heldout:
+        print(f"  held-out (by {result.heldout['by']}): mean abs rel error {result.heldout['mare']:.4%}")
+
+
+def main(args: argparse.Namespace) -> int:
+    df, loss_column = _runs_to_fit(load_results(args.results), args.loss_column)
+    if args.bootstrap < 0:
+        raise ConfigError("--bootstrap", args.bootstrap, "a count >= 0")
+    fixed = _parse_fixed(args.fix)
+    result = fit_law(df, args.law, fixed=fixed, loss_column=loss_column, bootstrap=args.bootstrap, seed=args.seed)
+    if args.holdout:
+        held = holdout_error(df, args.law, by=args.holdout, fixed=fixed, loss_column=loss_column)
+        result.heldout = {k: v for k, v in held.items() if k != "params"}
+    result.to_json(args.output)
+    _print_fit(result)
+    print(f"wrote {args.output}")
+    return 0

@@ -1,0 +1,218 @@
+"""Scaling-law forms L(N, D, P, ...): each a small pure function of named params, plus a registry.
+
+A law is written as the *log-terms* of a sum of positive terms, L = sum_k exp(t_k), so the
+fitter predicts log L = logsumexp_k t_k without overflow (A·N^-alpha is computed as
+log A - alpha·log N). The function takes `p` (param name -> value, natural scale) and `x`
+(column name -> array) and an array namespace `xp` (numpy or jax.numpy), so the same code
+is evaluated by numpy (prediction, optimal precision) and by jit/vmap'd JAX (fitting).
+
+Register a new form in a few lines:
+
+    @laws.register(params=("E", "A", "alpha"), positive=("E", "A"), columns=("N",),
+                   init_grid={"E": [1.0, 2.0], "A": [10.0, 1e3], "alpha": [0.2, 0.5]})
+    def my_law(p, x, xp):
+        '''L = E + A·N^-alpha'''
+        return [xp.log(p["E"]), xp.log(p["A"]) - p["alpha"] * xp.log(x["N"])]
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from scaling.errors import ConfigError
+
+LogTerms = Callable[[Mapping[str, Any], Mapping[str, Any], Any], Sequence[Any]]
+
+
+@dataclass(frozen=True)
+class Law:
+    """A registered law form.
+
+    params: all parameter names (including ones a fit may hold fixed, such as kumar's kappa).
+    positive: params constrained > 0; the fitter optimises their logarithm.
+    columns: DataFrame columns the law reads (besides `loss`).
+    init_grid: param -> starting values (natural scale); the fitter starts from their product.
+    fixed: params held fixed by default (name -> value); pass `fixed={}` to fit_law to free them.
+    """
+
+    name: str
+    log_terms: LogTerms
+    params: tuple[str, ...]
+    positive: frozenset[str]
+    columns: tuple[str, ...]
+    init_grid: Mapping[str, tuple[float, ...]]
+    fixed: Mapping[str, float] = field(default_factory=dict)
+    doc: str = ""
+
+    def free_params(self, fixed: Mapping[str, float]) -> tuple[str, ...]:
+        return tuple(p for p in self.params if p not in fixed)
+
+    def log_predict(self, p: Mapping[str, Any], x: Mapping[str, Any], xp: Any = np) -> Any:
+        """log L = logsumexp of the law's log-terms (stable for any magnitude of the terms)."""
+        terms = [t + xp.zeros_like(x[self.columns[0]]) for t in self.log_terms(p, x, xp)]
+        stacked = xp.stack(terms)
+        m = xp.max(stacked, axis=0)
+        return m + xp.log(xp.sum(xp.exp(stacked - m), axis=0))
+
+    def predict(self, p: Mapping[str, Any], x: Mapping[str, Any], xp: Any = np) -> Any:
+        return xp.exp(self.log_predict(p, x, xp))
+
+
+_REGISTRY: dict[str, Law] = {}
+
+
+def register(
+    params: Sequence[str],
+    columns: Sequence[str],
+    init_grid: Mapping[str, Iterable[float]],
+    positive: Iterable[str] = (),
+    fixed: Mapping[str, float] | None = None,
+    name: str | None = None,
+) -> Callable[[LogTerms], LogTerms]:
+    """Decorator: register `fn(p, x, xp) -> list of log-terms` as a law named `name or fn.__name__`."""
+
+    def decorate(fn: LogTerms) -> LogTerms:
+        law_name = name or fn.__name__
+        grid = {k: tuple(float(v) for v in vals) for k, vals in init_grid.items()}
+        missing = [p for p in params if p not in grid]
+        if missing:
+            raise ConfigError(f"laws.{law_name}.init_grid", sorted(grid), f"a grid for every param, missing {missing}")
+        pos = frozenset(positive)
+        for p in pos:
+            if any(v <= 0 for v in grid[p]):
+                raise ConfigError(f"laws.{law_name}.init_grid.{p}", grid[p], "positive values (param is positive)")
+        _REGISTRY[law_name] = Law(
+            name=law_name, log_terms=fn, params=tuple(params), positive=pos, columns=tuple(columns),
+            init_grid=grid, fixed=dict(fixed or {}), doc=(fn.__doc__ or "").strip(),
+        )
+        return fn
+
+    return decorate
+
+
+def get(name: str) -> Law:
+    if name not in _REGISTRY:
+        raise ConfigError("law", name, sorted(_REGISTRY))
+    return _REGISTRY[name]
+
+
+def names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def _exp_grid(logs: Iterable[float]) -> list[float]:
+    return [math.exp(v) for v in logs]
+
+
+# Besiroglu et al. 2024 / Hoffmann et al. 2022 grid: alpha, beta in {0, .5, ..., 2}, log E in
+# {-1, -.5, ..., 1}, log A, log B in {0, 5, ..., 25}: 5·5·5·6·6 = 4,500 starts.
+CHINCHILLA_GRID = {
+    "E": _exp_grid([-1.0, -0.5, 0.0, 0.5, 1.0]),
+    "A": _exp_grid([0.0, 5.0, 10.0, 15.0, 20.0, 25.0]),
+    "B": _exp_grid([0.0, 5.0, 10.0, 15.0, 20.0, 25.0]),
+    "alpha": [0.0, 0.5, 1.0, 1.5, 2.0],
+    "beta": [0.0, 0.5, 1.0, 1.5, 2.0],
+}
+
+
+@register(params=("E", "A", "B", "alpha", "beta"), positive=("E", "A", "B"), columns=("N", "D"),
+          init_grid=CHINCHILLA_GRID)
+def chinchilla(p, x, xp):
+    """Hoffmann et al. 2022: L = E + A·N^-alpha + B·D^-beta."""
+    return [xp.log(p["E"]), xp.log(p["A"]) - p["alpha"] * xp.log(x["N"]),
+            xp.log(p["B"]) - p["beta"] * xp.log(x["D"])]
+
+
+# Smaller than Chinchilla's grid per axis (gamma adds an axis): 3·4·4·3·3·4 = 1,728 starts.
+_KUMAR_GRID = {
+    "E": _exp_grid([-1.0, 0.0, 1.0]),
+    "A": _exp_grid([0.0, 5.0, 10.0, 20.0]),
+    "B": _exp_grid([0.0, 5.0, 10.0, 20.0]),
+    "alpha": [0.1, 0.5, 1.0],
+    "beta": [0.1, 0.5, 1.0],
+    "gamma": [0.5, 1.0, 2.0, 4.0],
+}
+
+
+def log_precision_factor(P, gamma, kappa, xp):
+    """log (1 - e^(-P/gamma))^kappa, via expm1 so small P/gamma keeps its digits."""
+    return kappa * xp.log(-xp.expm1(-P / gamma))
+
+
+@register(params=("E", "A", "B", "alpha", "beta", "gamma", "kappa"),
+          positive=("E", "A", "B", "gamma", "kappa"), columns=("N", "D", "P"),
+          init_grid={**_KUMAR_GRID, "kappa": [1.0, 3.0]}, fixed={"kappa": 3.0})
+def kumar(p, x, xp):
+    """Kumar et al. 2024, one precision P shared by the quantised tensors:
+    L = E + A·N_eff^-alpha + B·D^-beta,  N_eff = N·(1 - e^(-P/gamma))^kappa.
+
+    kappa = number of tensor roles sharing P (3: weights, activations, gradients), fixed by default.
+    At fixed compute C ∝ N·D·P the sweet spot maximises (1 - e^(-P/gamma))^kappa / P:
+    P* = gamma·x with e^x - 1 = kappa·x (kappa = 3: x ≈ 1.904); for kappa <= 1 there is no
+    interior optimum and the lowest allowed P wins.
+    """
+    log_n_eff = xp.log(x["N"]) + log_precision_factor(x["P"], p["gamma"], p["kappa"], xp)
+    return [xp.log(p["E"]), xp.log(p["A"]) - p["alpha"] * log_n_eff,
+            xp.log(p["B"]) - p["beta"] * xp.log(x["D"])]
+
+
+@register(params=("E", "A", "B", "alpha", "beta", "gamma_w", "gamma_a", "gamma_g"),
+          positive=("E", "A", "B", "gamma_w", "gamma_a", "gamma_g"),
+          columns=("N", "D", "P_w", "P_a", "P_g"),
+          init_grid={**{k: v for k, v in _KUMAR_GRID.items() if k != "gamma"},
+                     "A": _exp_grid([0.0, 10.0, 20.0]), "B": _exp_grid([0.0, 10.0, 20.0]),
+                     "gamma_w": [1.0, 3.0], "gamma_a": [1.0, 3.0], "gamma_g": [1.0, 3.0]})
+def kumar_roles(p, x, xp):
+    """Kumar et al. 2024 with one precision per tensor role (weights, activations, gradients):
+    L = E + A·N_eff^-alpha + B·D^-beta,
+    N_eff = N·(1 - e^(-P_w/gamma_w))·(1 - e^(-P_a/gamma_a))·(1 - e^(-P_g/gamma_g)).
+    """
+    log_n_eff = xp.log(x["N"])
+    for role in ("w", "a", "g"):
+        log_n_eff = log_n_eff + log_precision_factor(x[f"P_{role}"], p[f"gamma_{role}"], 1.0, xp)
+    return [xp.log(p["E"]), xp.log(p["A"]) - p["alpha"] * log_n_eff,
+            xp.log(p["B"]) - p["beta"] * xp.log(x["D"])]
+
+
+@register(params=("n", "d", "eps", "alpha", "beta", "gamma", "delta", "nu"),
+          positive=("n", "d", "eps", "gamma"), columns=("N", "D", "ebits", "mbits", "block"),
+          init_grid={"n": _exp_grid([0.0, 5.0, 10.0]), "d": _exp_grid([0.0, 5.0, 10.0]),
+                     "eps": _exp_grid([-1.0, 0.0, 1.0]), "alpha": [0.2, 0.5], "beta": [0.2, 0.5],
+                     "gamma": _exp_grid([5.0, 10.0, 15.0, 20.0]), "delta": [0.0, 2.0],
+                     "nu": [0.0, 2.0]})
+def sun(p, x, xp):
+    """Sun et al. 2025, floating-point quantised training (E exponent bits, M mantissa bits, B block size):
+    L = n·N^-alpha + d·D^-beta + eps + (D^beta / N^alpha)·log2(B) / (gamma·(E+0.5)^delta·(M+0.5)^nu).
+
+    The last term grows with D: at fixed N (and format) the loss is minimal at the critical data size
+    D_crit = (d·gamma·N^alpha·(E+0.5)^delta·(M+0.5)^nu / log2 B)^(1/(2·beta)); more data beyond it hurts.
+    Needs B >= 2 (log2 B > 0); B = 1 would make the precision term vanish.
+    """
+    log_n, log_d = xp.log(x["N"]), xp.log(x["D"])
+    precision_term = (p["beta"] * log_d - p["alpha"] * log_n + xp.log(xp.log2(x["block"]))
+                      - xp.log(p["gamma"]) - p["delta"] * xp.log(x["ebits"] + 0.5)
+                      - p["nu"] * xp.log(x["mbits"] + 0.5))
+    return [xp.log(p["n"]) - p["alpha"] * log_n, xp.log(p["d"]) - p["beta"] * log_d,
+            xp.log(p["eps"]), precision_term]
+
+
+def sun_critical_data_size(p: Mapping[str, float], N, ebits, mbits, block):
+    """D where dL/dD = 0 for the sun law: -beta·d·D^(-beta-1) + beta·K·D^(beta-1)/N^alpha = 0,
+    K = log2 B / (gamma·(E+0.5)^delta·(M+0.5)^nu)  =>  D_crit = (d·N^alpha / K)^(1/(2·beta))."""
+    k = np.log2(block) / (p["gamma"] * (ebits + 0.5) ** p["delta"] * (mbits + 0.5) ** p["nu"])
+    return (p["d"] * np.asarray(N, dtype=float) ** p["alpha"] / k) ** (1.0 / (2.0 * p["beta"]))
+
+
+def kumar_sweet_spot_x(kappa: float) -> float:
+    """Positive root x of e^x - 1 = kappa·x (the sweet spot is P* = gamma·x); none for kappa <= 1."""
+    if kappa <= 1:
+        raise ConfigError("kappa", kappa, "> 1 (for kappa <= 1 the lowest allowed precision is optimal)")
+    from scipy.optimize import brentq
+
+    # f(x) = e^x - 1 - kappa·x is negative just right of 0 (f'(0) = 1 - kappa < 0) and positive for
+    # large x; the bracket's upper end 2·log(kappa) + 2 is past the root for any kappa > 1.
+    return brentq(lambda x: math.expm1(x) - kappa * x, 1e-9, 2 * math.log(kappa) + 2, xtol=1e-14)

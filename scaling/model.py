@@ -1,0 +1,370 @@
+"""Decoder-only transformer (Flax NNX) whose every dense projection runs the recipe's quantised matmul.
+
+Pre-norm blocks: x += Attn(RMSNorm(x)); x += MLP(RMSNorm(x)); final RMSNorm; untied output head.
+Attention: causal multi-head with RoPE; MLP: SwiGLU, optionally Smooth-SwiGLU (Fishman et al. 2024).
+Tensor names carry their shapes (nanodo style): B batch, L length, D d_model, H heads, K head_dim,
+F d_ff, V vocab.
+
+Train-step API (stable; `scaling.train` calls exactly these, all under the caller's nnx.jit):
+
+    loss_fn(model, tokens_BxL, key=None) -> (loss, aux)
+    grad_step(model, tokens_BxL, key) -> (loss, grads: nnx.State of nnx.Param, telemetry)
+    eval_loss(model, tokens_BxL) -> loss            (no quantisation-state update)
+
+`tokens_BxL` holds L = seq_len + 1 tokens per row: the model reads tokens[:, :-1] and predicts
+tokens[:, 1:], so the loss is next-token cross-entropy (fp32) over B·seq_len positions.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from scaling import formats, precision
+from scaling.precision import QdotState, Recipe, RecipeStructure
+
+# ---------------------------------------------------------------------------------------------
+# Config and the size ladder
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    d_model: int
+    n_layers: int
+    n_heads: int
+    d_ff: int
+    vocab: int = 256  # byte tokens
+    seq_len: int = 256
+    smooth_swiglu: bool = False
+    rope_base: float = 10_000.0
+    init_std: float = 0.02  # N(0, 0.02²) init; output projections additionally / sqrt(2·n_layers)
+    norm_eps: float = 1e-6
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    def __post_init__(self) -> None:
+        if self.d_model % self.n_heads or self.head_dim % 2:
+            raise ValueError(f"d_model={self.d_model} must split into n_heads={self.n_heads} even-sized heads")
+
+
+def config_for_size(size: int, *, vocab: int = 256, seq_len: int = 256, smooth_swiglu: bool = False) -> ModelConfig:
+    """The ladder: one knob -> width, depth, heads (OLMo-ladder style: a formula, not a table).
+
+        d_model  = 32·size
+        n_layers = 2 + size // 2
+        n_heads  = max(2, d_model // 32)          (head_dim 32; 16 at size 1)
+        d_ff     = 8/3·d_model rounded up to a multiple of 32 (SwiGLU keeps ~8·d² MLP params;
+                   multiples of 32 tile MX blocks)
+
+    Non-embedding N = n_layers·(4·d² + 3·d·d_ff + 2·d) + d, from ~25k (size 1) to ~4.8M (size 8);
+    see the README table. Sizes beyond 8 follow the same formula.
+    """
+    if not isinstance(size, int) or size < 1:
+        from scaling.errors import ConfigError
+
+        raise ConfigError("model.size", size, "an integer >= 1")
+    d = 32 * size
+    d_ff = 32 * math.ceil(8 * d / 3 / 32)
+    return ModelConfig(d_model=d, n_layers=2 + size // 2, n_heads=max(2, d // 32), d_ff=d_ff,
+                       vocab=vocab, seq_len=seq_len, smooth_swiglu=smooth_swiglu)
+
+
+def param_counts(cfg: ModelConfig) -> dict[str, int]:
+    """N (non-embedding: every parameter except the embedding table and the output head, what
+    Kaplan et al. and Kumar et al. fit on) and the total.
+
+    per layer: attention 4·d² (fused QKV 3d² + out d²), MLP 3·d·d_ff (up, gate, down), 2 RMSNorm
+    gains d each; plus the final norm d. Embedding V·d and untied head d·V are the rest.
+    """
+    d, f, L, V = cfg.d_model, cfg.d_ff, cfg.n_layers, cfg.vocab
+    non_embedding = L * (4 * d * d + 3 * d * f + 2 * d) + d
+    return {"non_embedding": non_embedding, "total": non_embedding + 2 * V * d}
+
+
+def flops_per_token(cfg: ModelConfig) -> float:
+    """Training FLOPs per token (forward + backward = 3 × forward), Chinchilla's convention
+    (Hoffmann et al. 2022, App. F):
+
+        6·(N_matmul + d·V)  +  12·n_layers·seq_len·d_model
+
+    N_matmul = n_layers·(4·d² + 3·d·d_ff) are the dense-projection weights (each does 2 FLOPs
+    per token forward), d·V the output head; the embedding lookup, norms, softmax and RoPE are
+    not counted. Attention scores Q·Kᵀ and the weighted sum P·V cost 2·T·d each per token and
+    layer forward, over the full T×T (no causal discount), hence 3·4 = 12·n_layers·T·d.
+    """
+    d, f, L, V, T = cfg.d_model, cfg.d_ff, cfg.n_layers, cfg.vocab, cfg.seq_len
+    n_matmul = L * (4 * d * d + 3 * d * f)
+    return float(6 * (n_matmul + d * V) + 12 * L * T * d)
+
+
+# ---------------------------------------------------------------------------------------------
+# Variables for quantisation state
+# ---------------------------------------------------------------------------------------------
+
+
+class FormatVector(nnx.Variable):
+    """A role's element format as numbers [mbits, emin, emax, max]: a runtime value, so models
+    that differ only in format share one compiled step."""
+
+
+class AmaxHistory(nnx.Variable):
+    """Delayed scaling: amax of the last H steps of one forward role (newest first)."""
+
+
+class GradSink(nnx.Variable):
+    """Carrier for the grad role: [grad telemetry (4), grad amax history (H)]. The forward pass
+    reads the history; the backward pass returns the new one as this variable's "gradient",
+    which grad_step writes back (overwrite-with-gradient)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Layers
+# ---------------------------------------------------------------------------------------------
+
+
+def _sensitive(x: jax.Array, structure: RecipeStructure) -> jax.Array:
+    """Precision-sensitive op output: fp32, or rounded through bf16 if the recipe says so."""
+    return x if structure.fp32_sensitive_ops else x.astype(jnp.bfloat16).astype(jnp.float32)
+
+
+class RMSNorm(nnx.Module):
+    def __init__(self, d: int, eps: float):
+        self.scale = nnx.Param(jnp.ones((d,), jnp.float32))
+        self.eps = eps
+
+    def __call__(self, x_BxLxD: jax.Array) -> jax.Array:
+        ms = jnp.mean(jnp.square(x_BxLxD), axis=-1, keepdims=True)
+        return x_BxLxD * jax.lax.rsqrt(ms + self.eps) * self.scale[...]
+
+
+class QDense(nnx.Module):
+    """y = x·W through `precision.qdot_apply`, owning this layer's delayed-scaling state."""
+
+    def __init__(self, d_in: int, d_out: int, structure: RecipeStructure, *, std: float, rngs: nnx.Rngs):
+        self.kernel = nnx.Param(std * jax.random.normal(rngs.params(), (d_in, d_out), jnp.float32))
+        for role in ("weight", "activation"):
+            s = getattr(structure, role)
+            if s is not None and s.scaling == "delayed":
+                setattr(self, f"hist_{role}", AmaxHistory(jnp.zeros((s.amax_history,), jnp.float32)))
+        sg = structure.grad
+        if sg is not None and not structure.forward_only:
+            h = sg.amax_history if sg.scaling == "delayed" else 0
+            self.grad_sink = GradSink(jnp.zeros((4 + h,), jnp.float32))
+
+    def __call__(self, x: jax.Array, ctx: "_Ctx", *, smooth_K: jax.Array | None = None) -> jax.Array:
+        w = self.kernel[...]
+        st = ctx.structure
+        hist = {r: getattr(self, f"hist_{r}")[...] for r in ("weight", "activation") if hasattr(self, f"hist_{r}")}
+        sink = self.grad_sink[...] if hasattr(self, "grad_sink") else jnp.zeros((4,), jnp.float32)
+        state = QdotState(fmt=ctx.fmt, hist=hist, grad_sink=sink)
+        y, telem, new_hist = precision.qdot_apply(x, w, st, state, ctx.next_key(), smooth_K)
+        if ctx.update_state:
+            for r, h in new_hist.items():
+                getattr(self, f"hist_{r}")[...] = h
+        ctx.record(telem)
+        return y
+
+
+class _Ctx:
+    """Per-call context threaded through the layers: formats, structure, PRNG, telemetry sink."""
+
+    def __init__(self, structure: RecipeStructure, fmt: dict, key: jax.Array | None, update_state: bool):
+        self.structure, self.fmt, self.update_state = structure, fmt, update_state
+        self._key, self._count = key, 0
+        self.telemetry: dict[str, list[jax.Array]] = {}
+
+    def next_key(self) -> jax.Array | None:
+        if self._key is None:
+            return None
+        self._count += 1
+        return jax.random.fold_in(self._key, self._count)
+
+    def record(self, telem: dict) -> None:
+        for role, v in telem.items():
+            self.telemetry.setdefault(role, []).append(v)
+
+
+def _rope(x_BxLxHxK: jax.Array, base: float) -> jax.Array:
+    """Rotary position embedding (rotate-half form) over positions 0..L-1."""
+    L, K = x_BxLxHxK.shape[1], x_BxLxHxK.shape[3]
+    inv_freq = base ** (-jnp.arange(0, K // 2, dtype=jnp.float32) * 2.0 / K)
+    angle_LxK2 = jnp.arange(L, dtype=jnp.float32)[:, None] * inv_freq[None, :]
+    cos, sin = jnp.cos(angle_LxK2)[None, :, None, :], jnp.sin(angle_LxK2)[None, :, None, :]
+    x1, x2 = x_BxLxHxK[..., : K // 2], x_BxLxHxK[..., K // 2 :]
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+
+class Attention(nnx.Module):
+    def __init__(self, cfg: ModelConfig, structure: RecipeStructure, *, rngs: nnx.Rngs):
+        d = cfg.d_model
+        self.cfg = cfg
+        self.qkv = QDense(d, 3 * d, structure, std=cfg.init_std, rngs=rngs)
+        self.out = QDense(d, d, structure, std=cfg.init_std / math.sqrt(2 * cfg.n_layers), rngs=rngs)
+
+    def __call__(self, x_BxLxD: jax.Array, ctx: _Ctx) -> jax.Array:
+        B, L, D = x_BxLxD.shape
+        H, K = self.cfg.n_heads, self.cfg.head_dim
+        qkv_BxLx3D = self.qkv(x_BxLxD, ctx)
+        q_BxLxHxK, k_BxLxHxK, v_BxLxHxK = (t.reshape(B, L, H, K) for t in jnp.split(qkv_BxLx3D, 3, axis=-1))
+        q_BxLxHxK = _rope(q_BxLxHxK, self.cfg.rope_base)
+        k_BxLxHxK = _rope(k_BxLxHxK, self.cfg.rope_base)
+        sat = ctx.structure.attention
+        if sat is not None:  # attention matmul inputs, quantised along each matmul's reduction axis
+            fa = ctx.fmt["attention"]
+            q_BxLxHxK = precision.fake_quant_along(q_BxLxHxK, sat, fa, 3, ctx.next_key())
+            k_BxLxHxK = precision.fake_quant_along(k_BxLxHxK, sat, fa, 3, ctx.next_key())
+            v_BxLxHxK = precision.fake_quant_along(v_BxLxHxK, sat, fa, 1, ctx.next_key())
+        logits_BxHxLxL = jnp.einsum("blhk,bmhk->bhlm", q_BxLxHxK, k_BxLxHxK) / math.sqrt(K)
+        causal_LxL = jnp.tril(jnp.ones((L, L), bool))
+        logits_BxHxLxL = jnp.where(causal_LxL, logits_BxHxLxL, -1e30)
+        probs_BxHxLxL = _sensitive(jax.nn.softmax(logits_BxHxLxL, axis=-1), ctx.structure)
+        if sat is not None:
+            probs_BxHxLxL = precision.fake_quant_along(probs_BxHxLxL, sat, ctx.fmt["attention"], 3, ctx.next_key())
+        o_BxLxHxK = jnp.einsum("bhlm,bmhk->blhk", probs_BxHxLxL, v_BxLxHxK)
+        return self.out(o_BxLxHxK.reshape(B, L, D), ctx)
+
+
+class MLP(nnx.Module):
+    """SwiGLU: down( up(x) ⊙ silu(gate(x)) ).
+
+    Smooth-SwiGLU (Fishman et al. 2024): the product h_BxLxF gets a per-channel power-of-two scale
+    s_F = 2^-round(log2 amax_F(h)) before it is quantised as the down-projection input, and the
+    scale is undone on the quantised values: ĥ = Q(h·s)/s, y = ĥ·Q(W_down). Every channel of h·s
+    has amax ≈ 1, so one outlier channel no longer sets the scale of all others; at full
+    precision ĥ = h exactly (powers of two). s is a stop-gradient function of the current batch.
+    """
+
+    def __init__(self, cfg: ModelConfig, structure: RecipeStructure, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        self.up_gate = QDense(cfg.d_model, 2 * cfg.d_ff, structure, std=cfg.init_std, rngs=rngs)
+        self.down = QDense(cfg.d_ff, cfg.d_model, structure, std=cfg.init_std / math.sqrt(2 * cfg.n_layers), rngs=rngs)
+
+    def __call__(self, x_BxLxD: jax.Array, ctx: _Ctx) -> tuple[jax.Array, jax.Array]:
+        up_BxLxF, gate_BxLxF = jnp.split(self.up_gate(x_BxLxD, ctx), 2, axis=-1)
+        h_BxLxF = up_BxLxF * jax.nn.silu(gate_BxLxF)
+        h_max = jnp.max(jnp.abs(h_BxLxF))
+        if self.cfg.smooth_swiglu:
+            amax_F = jax.lax.stop_gradient(jnp.max(jnp.abs(h_BxLxF), axis=(0, 1)))
+            s_F = formats.pow2(-jnp.round(jnp.log2(jnp.where(amax_F > 0, amax_F, 1.0))).astype(jnp.int32))
+            return self.down(h_BxLxF, ctx, smooth_K=s_F), h_max
+        return self.down(h_BxLxF, ctx), h_max
+
+
+class Block(nnx.Module):
+    def __init__(self, cfg: ModelConfig, structure: RecipeStructure, *, rngs: nnx.Rngs):
+        self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.attn = Attention(cfg, structure, rngs=rngs)
+        self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.mlp = MLP(cfg, structure, rngs=rngs)
+
+    def __call__(self, x_BxLxD: jax.Array, ctx: _Ctx) -> tuple[jax.Array, jax.Array]:
+        st = ctx.structure
+        x_BxLxD = _sensitive(x_BxLxD + self.attn(_sensitive(self.attn_norm(x_BxLxD), st), ctx), st)
+        y_BxLxD, h_max = self.mlp(_sensitive(self.mlp_norm(x_BxLxD), st), ctx)
+        return _sensitive(x_BxLxD + y_BxLxD, st), h_max
+
+
+class Transformer(nnx.Module):
+    """Decoder-only LM. Holds only the recipe's static structure plus its formats as Variables,
+    so the compiled program depends on shapes and granularity, not on the element formats."""
+
+    def __init__(self, cfg: ModelConfig, recipe: Recipe | str | dict, *, rngs: nnx.Rngs):
+        recipe = precision.get(recipe)
+        structure = recipe.structure()
+        self.cfg, self.structure = cfg, structure
+        d, V = cfg.d_model, cfg.vocab
+        self.embed = nnx.Param(jax.random.normal(rngs.params(), (V, d), jnp.float32))  # unit-variance rows
+        self.blocks = nnx.List([Block(cfg, structure, rngs=rngs) for _ in range(cfg.n_layers)])
+        self.final_norm = RMSNorm(d, cfg.norm_eps)
+        head_structure = structure if not structure.high_precision_embed else RecipeStructure()
+        self.head = QDense(d, V, head_structure, std=cfg.init_std, rngs=rngs)
+        for role, vec in recipe.formats().items():
+            setattr(self, f"format_{role}", FormatVector(vec))
+
+    def formats(self) -> dict[str, jax.Array]:
+        return {r: getattr(self, f"format_{r}")[...] for r in precision.ROLES if hasattr(self, f"format_{r}")}
+
+    def __call__(self, tokens_BxL: jax.Array, *, key: jax.Array | None = None, update_state: bool = True) -> tuple[jax.Array, dict]:
+        """Logits for every position (fp32) and aux = {'telemetry': forward roles' per-layer stats,
+        'act_max': (n_layers,) max |residual| after each block, 'swiglu_max': (n_layers,)}."""
+        st = self.structure
+        ctx = _Ctx(st, self.formats(), key, update_state)
+        emb = self.embed[...]
+        if not st.high_precision_embed and st.weight is not None:
+            emb = precision.fake_quant_along(emb, st.weight, ctx.fmt["weight"], 1)
+        x_BxLxD = jnp.take(emb, tokens_BxL, axis=0)
+        act_max, swiglu_max = [], []
+        for block in self.blocks:
+            x_BxLxD, h_max = block(x_BxLxD, ctx)
+            act_max.append(jnp.max(jnp.abs(x_BxLxD)))
+            swiglu_max.append(h_max)
+        x_BxLxD = _sensitive(self.final_norm(x_BxLxD), st)
+        head_ctx = ctx if not st.high_precision_embed else _Ctx(RecipeStructure(), {}, None, False)
+        logits_BxLxV = self.head(x_BxLxD, head_ctx)
+        aux = {"telemetry": ctx.telemetry, "act_max": jnp.stack(act_max), "swiglu_max": jnp.stack(swiglu_max)}
+        return logits_BxLxV, aux
+
+
+# ---------------------------------------------------------------------------------------------
+# Loss, gradient step, evaluation
+# ---------------------------------------------------------------------------------------------
+
+
+def _cross_entropy(logits_BxLxV: jax.Array, targets_BxL: jax.Array) -> jax.Array:
+    logz_BxL = jax.nn.logsumexp(logits_BxLxV, axis=-1)
+    picked_BxL = jnp.take_along_axis(logits_BxLxV, targets_BxL[..., None], axis=-1)[..., 0]
+    return jnp.mean(logz_BxL - picked_BxL)
+
+
+def _aggregate(per_layer: list[jax.Array]) -> dict[str, jax.Array]:
+    """Layers' [amax, frac_saturated, frac_underflow, snr_db] -> max amax, mean of the rest."""
+    t = jnp.stack(per_layer)
+    return {"amax": jnp.max(t[:, 0]), "frac_saturated": jnp.mean(t[:, 1]),
+            "frac_underflow": jnp.mean(t[:, 2]), "snr_db": jnp.mean(t[:, 3])}
+
+
+def loss_fn(model: Transformer, tokens_BxL: jax.Array, key: jax.Array | None = None, *, update_state: bool = True) -> tuple[jax.Array, dict]:
+    """Next-token cross-entropy (fp32, mean over B·(L-1) positions) and aux: telemetry of the
+    forward roles aggregated over layers, act_max and swiglu_max per layer."""
+    inputs_BxL, targets_BxL = tokens_BxL[:, :-1], tokens_BxL[:, 1:]
+    logits_BxLxV, aux = model(inputs_BxL, key=key, update_state=update_state)
+    loss = _cross_entropy(_sensitive(logits_BxLxV, model.structure), targets_BxL)
+    telemetry = {role: _aggregate(v) for role, v in aux["telemetry"].items()}
+    return loss, {"telemetry": telemetry, "act_max": aux["act_max"], "swiglu_max": aux["swiglu_max"]}
+
+
+def grad_step(model: Transformer, tokens_BxL: jax.Array, key: jax.Array) -> tuple[jax.Array, nnx.State, dict]:
+    """Loss, gradients of the nnx.Param leaves, telemetry. Delayed-scaling histories (forward
+    roles: updated during the forward pass; grad role: returned by the backward pass through
+    GradSink) are written back into `model` in place.
+
+    telemetry = {role: {amax, frac_saturated, frac_underflow, snr_db}} for the quantised roles
+    (grad stats from the dgrad quantisation of dY), plus 'act_max' and 'swiglu_max' per layer.
+    """
+    def f(m: Transformer):
+        return loss_fn(m, tokens_BxL, key)
+
+    wrt = nnx.DiffState(0, nnx.Any(nnx.Param, GradSink))
+    (loss, aux), grads_and_sinks = nnx.value_and_grad(f, argnums=wrt, has_aux=True)(model)
+    grads, sink_cts = nnx.split_state(grads_and_sinks, nnx.Param, GradSink)
+    nnx.update(model, sink_cts)
+    telemetry = dict(aux["telemetry"])
+    sink_leaves = jax.tree.leaves(sink_cts)
+    if sink_leaves:
+        telemetry["grad"] = _aggregate([leaf[:4] for leaf in sink_leaves])
+    telemetry["act_max"] = aux["act_max"]
+    telemetry["swiglu_max"] = aux["swiglu_max"]
+    return loss, grads, telemetry
+
+
+def eval_loss(model: Transformer, tokens_BxL: jax.Array) -> jax.Array:
+    """Validation loss: nearest rounding, no quantisation-state update."""
+    return loss_fn(model, tokens_BxL, None, update_state=False)[0]

@@ -1,0 +1,826 @@
+"""Every figure of the report, from results, curves and a fitted law alone (`scaling figures`).
+
+One function per figure; each takes DataFrames / a fit and an output path stem, writes
+<stem>.png and <stem>.pdf (atomically) and returns a `Figure` (paths and a caption written from
+the data). `make_figures` runs them all: a figure whose input is absent is skipped with a
+one-line note; malformed input (a table without the columns it must have, a fit file that
+does not parse) raises `ConfigError`.
+
+  1 sweet_spot          loss vs P at fixed compute C, each P at its cost-model-optimal (N, D):
+                        L*(P; C) = min_{N·D = C / ((6/16)·P)} L(N, D, P), the fitted curve, its
+                        bootstrap band (2.5-97.5 percentiles over the per-resample parameter sets)
+                        and measured runs whose cost (6/16)·N·D·P lies within a factor 1.25 of C
+  2 iso_loss            L(N, C / ((6/16)·N·P), P) over (N, P) at fixed C, with the frontier N*(P)
+  3 fitted_vs_observed  predicted vs measured loss, y = x, held-out points marked
+  4 training_curves     training loss vs tokens per recipe, one panel per model size
+  5 granularity_format  final validation loss per scaling granularity × format × scale timing
+  6 amax_distributions  per-tensor amax vs per-block amax quantiles over training, per role
+  7 outliers            largest activation magnitude and loss with and without Smooth-SwiGLU
+  8 cluster_table       training days on GPU clusters from `scaling.plan`
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")  # figures are files; never open a window (CI, ssh, Ray workers)
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import seaborn as sns  # noqa: E402
+
+from scaling import curves as curves_lib  # noqa: E402
+from scaling.errors import ConfigError  # noqa: E402
+
+PRECISION_ORDER = ("FP32", "BF16", "FP16", "FP8", "FP6", "FP4")
+PALETTE = dict(zip(PRECISION_ORDER, sns.color_palette("colorblind", len(PRECISION_ORDER))))
+GRANULARITY_ORDER = ("tensor", "channel", "block", "block2d", "mx", "nvfp4")
+LOSS_LABEL = "validation loss (nats/token)"
+COST_MODEL = "C = (6/16)·N·D·P (16-bit FLOPs)"
+# Measured runs count as "at compute C" when their cost is within this factor of C: model sizes
+# come from a discrete size knob, so a cost-model ladder (FP32 at N, FP16 at 2N, ...) is never exact.
+COMPUTE_MATCH_FACTOR = 1.25
+# The continuous precision grid of the sweet-spot curve (bits, log-spaced) and the named precisions.
+P_GRID = np.geomspace(3.0, 32.0, 48)
+NAMED_BITS = {"FP32": 32, "BF16": 16, "FP8": 8, "FP6": 6, "FP4": 4}
+RESULTS_REQUIRED = ("run_id", "N", "D", "P", "val_loss")
+# Published compute-optimal precision ranges (bits): shaded in figure 1, compared with in REPORT.md.
+# Kumar et al. 2024, "Scaling Laws for Precision"; Sun et al. 2025, "Scaling Laws for Floating-Point
+# Quantization Training".
+PUBLISHED = {"Kumar et al. 2024": (7.0, 8.0), "Sun et al. 2025": (4.0, 8.0)}
+
+
+@dataclass(frozen=True)
+class Figure:
+    """A written figure: its number, file stem, the PNG and PDF paths and a caption from the data."""
+
+    number: int
+    title: str
+    png: Path
+    pdf: Path
+    caption: str
+
+
+@dataclass(frozen=True)
+class Skipped:
+    number: int
+    title: str
+    reason: str
+
+
+TITLES = {
+    1: "Sweet spot: loss vs precision at fixed compute",
+    2: "Iso-loss contours over (N, P) at fixed compute",
+    3: "Fitted vs observed loss",
+    4: "Training curves per precision and size",
+    5: "Scaling granularity × format",
+    6: "amax per tensor vs per block over training",
+    7: "Outliers with and without Smooth-SwiGLU",
+    8: "Training time on GPU clusters",
+}
+STEMS = {1: "fig1_sweet_spot", 2: "fig2_iso_loss", 3: "fig3_fit_vs_observed", 4: "fig4_training_curves",
+         5: "fig5_granularity_format", 6: "fig6_amax", 7: "fig7_outliers", 8: "fig8_cluster_time"}
+
+
+# ---------------------------------------------------------------------------------------------
+# Labels, colours, saving
+# ---------------------------------------------------------------------------------------------
+
+
+def precision_label(bits: float, fmt: Any = None, recipe: Any = None) -> str:
+    """FP32 / BF16 / FP16 / FP8 / FP6 / FP4 from a run's bits and format; INTk and 'P-bit' otherwise."""
+    names = f"{fmt or ''} {recipe or ''}".lower()
+    if bits is None or (isinstance(bits, float) and math.isnan(bits)):
+        return "unknown"
+    bits = float(bits)
+    if "int" in names:
+        return f"INT{bits:g}"
+    if bits == 16:
+        return "FP16" if "fp16" in names else "BF16"
+    if bits in (32, 8, 6, 4):
+        return f"FP{bits:g}"
+    return f"{bits:g}-bit"
+
+
+def with_precision(df: pd.DataFrame) -> pd.DataFrame:
+    """A copy with a `precision` label column (see `precision_label`)."""
+    df = df.copy()
+    fmt = df["format"] if "format" in df.columns else pd.Series([None] * len(df), index=df.index)
+    rec = df["recipe"] if "recipe" in df.columns else pd.Series([None] * len(df), index=df.index)
+    df["precision"] = [precision_label(p, f, r) for p, f, r in zip(df["P"], fmt, rec)]
+    return df
+
+
+def precision_order(labels: Iterable[str]) -> list[str]:
+    """Named precisions in PRECISION_ORDER first, the rest (INT4, 12-bit, ...) by bits descending."""
+    labels = set(labels)
+    known = [p for p in PRECISION_ORDER if p in labels]
+
+    def bits(label: str) -> float:
+        digits = "".join(ch for ch in label if ch.isdigit() or ch == ".")
+        return float(digits) if digits else 0.0
+
+    return known + sorted(labels - set(known), key=lambda s: (-bits(s), s))
+
+
+def palette_for(labels: Iterable[str]) -> dict[str, Any]:
+    order = precision_order(labels)
+    extra = iter(sns.color_palette("dark", max(1, len(order))))
+    return {label: PALETTE[label] if label in PALETTE else next(extra) for label in order}
+
+
+def recipe_palette(df: pd.DataFrame) -> tuple[list[str], dict[str, Any]]:
+    """Recipes ordered by bits descending; recipes of one precision family share its colour in shades."""
+    runs = with_precision(df.drop_duplicates("recipe"))
+    fam = palette_for(runs["precision"])
+    order, colours = [], {}
+    for label in fam:
+        recipes = sorted(runs.loc[runs["precision"] == label, "recipe"].astype(str))
+        shades = sns.dark_palette(fam[label], n_colors=len(recipes) + 1, reverse=True)[: len(recipes)] \
+            if len(recipes) > 1 else [fam[label]]
+        for recipe, shade in zip(recipes, shades):
+            order.append(recipe)
+            colours[recipe] = shade
+    return order, colours
+
+
+def _save(fig: plt.Figure, stem: Path) -> tuple[Path, Path]:
+    """<stem>.png and <stem>.pdf, each written to a temp file in the same directory then renamed."""
+    stem = Path(stem)
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for ext in ("png", "pdf"):
+        path = stem.with_suffix(f".{ext}")
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        os.close(fd)
+        try:
+            fig.savefig(tmp, format=ext, dpi=150, bbox_inches="tight")
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        paths.append(path)
+    plt.close(fig)
+    return paths[0], paths[1]
+
+
+def _figure(number: int, stem: Path, fig: plt.Figure, caption: str) -> Figure:
+    png, pdf = _save(fig, stem)
+    return Figure(number, TITLES[number], png, pdf, caption)
+
+
+def _bits_axis(ax: plt.Axes, lo: float, hi: float) -> None:
+    ax.set_xscale("log", base=2)
+    ticks = [t for t in (3, 4, 5, 6, 8, 10, 12, 16, 24, 32) if lo <= t <= hi]
+    ax.set_xticks(ticks)
+    ax.set_xticklabels([str(t) for t in ticks])
+    ax.minorticks_off()
+    ax.set_xlim(lo, hi)
+
+
+def _fmt(x: float) -> str:
+    """3 significant digits, exponent without '+': 1.2e+18 -> '1.2e18'."""
+    return f"{x:.3g}".replace("e+", "e")
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs: results, fit adapters, compute budgets
+# ---------------------------------------------------------------------------------------------
+
+
+def validate_results(df: pd.DataFrame, source: str = "results") -> pd.DataFrame:
+    """Rows that landed `ok` with a finite loss; malformed tables raise ConfigError."""
+    missing = [c for c in RESULTS_REQUIRED if c not in df.columns]
+    if missing:
+        raise ConfigError(f"{source} columns", sorted(map(str, df.columns)), f"a results table with {', '.join(RESULTS_REQUIRED)}")
+    for col in ("N", "D", "P", "val_loss"):
+        if len(df) and not pd.api.types.is_numeric_dtype(df[col]):
+            raise ConfigError(f"{source} column {col}", str(df[col].dtype), "numbers")
+    ok = df if "status" not in df.columns else df[df["status"].fillna("ok") == "ok"]
+    return ok[np.isfinite(ok["val_loss"].astype(float))].reset_index(drop=True)
+
+
+def cost(N: Any, D: Any, P: Any) -> Any:
+    """Training cost in 16-bit FLOP units under scaling.optimal's default cost model, (6/16)·N·D·P."""
+    from scaling import optimal
+
+    return optimal.Cost().compute(N, D, P)
+
+
+def default_budgets(results: pd.DataFrame) -> list[float]:
+    """Compute budgets to report at: the distinct budgets of an iso-compute sweep when there is one
+    (costs grouped within COMPUTE_MATCH_FACTOR), else the largest cost any run reached."""
+    if results.empty:
+        return []
+    costs = np.asarray(cost(results["N"], results["D"], results["P"]), float)
+    iso = results["sweep"].astype(str).str.contains("isocompute").to_numpy() if "sweep" in results.columns else None
+    if iso is not None and iso.any():
+        budgets: list[list[float]] = []
+        for c in np.sort(costs[iso]):
+            if budgets and c / budgets[-1][0] <= COMPUTE_MATCH_FACTOR:
+                budgets[-1].append(c)
+            else:
+                budgets.append([c])
+        return [float(np.exp(np.mean(np.log(b)))) for b in budgets]
+    return [float(costs.max())]
+
+
+def param_samples(fit: Any) -> list[dict]:
+    """The bootstrap's per-resample parameter sets (empty when the fit was made without a bootstrap)."""
+    samples = getattr(fit, "samples", None)
+    return [] if samples is None or len(samples) == 0 else samples.to_dict("records")
+
+
+def precision_grid(fit: Any) -> np.ndarray:
+    """Bits to draw L*(P) at: log-spaced in 3-32 bits, or the integers 3..32 for laws on (E, M) bits."""
+    from scaling import laws
+
+    if {"ebits", "mbits"} <= set(laws.get(fit.law).columns):
+        return np.arange(3.0, 33.0)
+    return P_GRID
+
+
+def precision_term(fit: Any) -> bool:
+    """Whether the law sees precision at all (columns P, P_w/P_a/P_g or E/M bits): without it the
+    cost model alone would pick the fewest bits, which says nothing about a sweet spot."""
+    from scaling import laws
+
+    return bool({"P", "P_w", "P_a", "P_g", "ebits", "mbits"} & set(laws.get(fit.law).columns))
+
+
+def optimum(fit: Any, compute: float, precisions: Sequence[float] | None = None, params: dict | None = None) -> dict:
+    """scaling.optimal.optimal_precision: the best (P, N, D, loss) and the per_precision table."""
+    from scaling import optimal
+
+    return optimal.optimal_precision(fit, compute=compute, precisions=None if precisions is None else list(precisions),
+                                     params=params)
+
+
+def loss_vs_precision(fit: Any, compute: float, bits: Sequence[float] | None = None, params: dict | None = None) -> pd.DataFrame:
+    """L*(P; C): for each P the cost-model-optimal N, D and loss (scaling.optimal's per_precision table)."""
+    bits = precision_grid(fit) if bits is None else bits
+    table = optimum(fit, compute, bits, params)["per_precision"]
+    return table.sort_values("P").reset_index(drop=True)
+
+
+def bootstrap_band(fit: Any, compute: float, bits: Sequence[float] | None = None, max_samples: int = 100,
+                   level: float = 0.95) -> pd.DataFrame | None:
+    """Pointwise band of L*(P; C) over the per-resample parameter sets: columns P, lo, hi (None: no bootstrap)."""
+    bits = np.sort(np.asarray(precision_grid(fit) if bits is None else bits, float))
+    samples = param_samples(fit)[:max_samples]
+    if len(samples) < 2:
+        return None
+    stack = np.vstack([loss_vs_precision(fit, compute, bits, params)["loss"].to_numpy(float) for params in samples])
+    tail = (1 - level) / 2 * 100
+    return pd.DataFrame({"P": bits, "lo": np.nanpercentile(stack, tail, axis=0),
+                         "hi": np.nanpercentile(stack, 100 - tail, axis=0)})
+
+
+def optimal_p_interval(fit: Any, compute: float, max_samples: int = 200) -> tuple[float, float] | None:
+    """Bootstrap interval of the continuous optimal precision P* at `compute` (scaling.optimal.optimal_precision_ci
+    over the first `max_samples` resamples: each costs a full optimisation); None without a bootstrap."""
+    from scaling import optimal
+
+    if len(param_samples(fit)) < 2:
+        return None
+    return optimal.optimal_precision_ci(fit, compute, max_samples=max_samples)["P"]
+
+
+def measured_at(results: pd.DataFrame, compute: float) -> pd.DataFrame:
+    """Runs whose cost lies within COMPUTE_MATCH_FACTOR of `compute`: mean, sd (0 for one seed) and count
+    of the loss per precision and (N, D)."""
+    if results is None or results.empty:
+        return pd.DataFrame(columns=["precision", "P", "N", "D", "loss", "sd", "n"])
+    c = np.asarray(cost(results["N"], results["D"], results["P"]), float)
+    near = results[np.abs(np.log(c / compute)) <= math.log(COMPUTE_MATCH_FACTOR)]
+    if near.empty:
+        return pd.DataFrame(columns=["precision", "P", "N", "D", "loss", "sd", "n"])
+    near = with_precision(near)
+    grouped = near.groupby(["precision", "P", "N", "D"], as_index=False)["val_loss"]
+    out = grouped.agg(loss="mean", sd="std", n="count")
+    return out.fillna({"sd": 0.0})
+
+
+def best_measured(measured: pd.DataFrame) -> pd.DataFrame:
+    """Per precision, the measured (N, D) with the lowest mean loss at that budget."""
+    if measured.empty:
+        return measured
+    return measured.loc[measured.groupby("precision")["loss"].idxmin()].reset_index(drop=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# 1-3: the law
+# ---------------------------------------------------------------------------------------------
+
+
+def sweet_spot(fit: Any, computes: Sequence[float], stem: str | Path, *, results: pd.DataFrame | None = None) -> Figure:
+    """Figure 1: L*(P; C) for each budget C, its bootstrap band, the optimum and measured runs."""
+    computes = list(computes)
+    fig, axes = plt.subplots(1, len(computes), figsize=(5.2 * len(computes), 4.2), squeeze=False)
+    captions = []
+    for ax, compute in zip(axes[0], computes):
+        curve = loss_vs_precision(fit, compute)
+        band = bootstrap_band(fit, compute)
+        best = optimum(fit, compute)
+        ax.plot(curve["P"], curve["loss"], color="0.15", lw=2, label=f"fitted law ({fit.law})")
+        if band is not None:
+            ax.fill_between(band["P"], band["lo"], band["hi"], color="0.6", alpha=0.35, label="95% bootstrap band")
+        named = loss_vs_precision(fit, compute, list(NAMED_BITS.values()))
+        for label, bits in NAMED_BITS.items():
+            row = named[named["P"] == bits]
+            ax.scatter(row["P"], row["loss"], s=45, color=PALETTE[label], edgecolor="k", zorder=3,
+                       marker="o", label=f"{label} (law)")
+        ax.axvline(best["P"], color="tab:red", ls="--", lw=1.2, label=f"optimum P* = {best['P']:.2g} bits")
+        for i, (name, (lo, hi)) in enumerate(PUBLISHED.items()):
+            ax.axvspan(lo, hi, color=("tab:green", "tab:purple")[i % 2], alpha=0.08, label=f"{name}: {lo:g}–{hi:g} bits")
+        measured = measured_at(results, compute) if results is not None else pd.DataFrame()
+        if not measured.empty:
+            # each precision's best measured size at this budget, mean ± sd over seeds; other sizes faded
+            ax.scatter(measured["P"], measured["loss"], s=14, color="0.45", alpha=0.5, zorder=3,
+                       label="measured, other sizes")
+            for label, grp in best_measured(measured).groupby("precision"):
+                ax.errorbar(grp["P"], grp["loss"], yerr=grp["sd"], fmt="D", ms=7, mfc=PALETTE.get(label, "0.5"),
+                            mec="k", ecolor="k", capsize=3, label=f"{label} measured (best size)", zorder=4)
+        _bits_axis(ax, 3, 32)
+        ax.set_xlabel("precision P (bits)")
+        ax.set_ylabel(LOSS_LABEL)
+        ax.set_title(f"C = {_fmt(compute)} FLOPs (16-bit units)")
+        captions.append(f"at C = {_fmt(compute)} the fitted optimum is P* = {best['P']:.3g} bits "
+                        f"(N = {_fmt(best['N'])}, D = {_fmt(best['D'])}); "
+                        f"{len(measured)} measured precision/size points within ×{COMPUTE_MATCH_FACTOR:g} of C")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=min(4, len(labels)), fontsize=8,
+               frameon=False)
+    fig.suptitle(f"{TITLES[1]}\neach P at its compute-optimal N, D under {COST_MODEL}", fontsize=10)
+    fig.tight_layout()
+    return _figure(1, Path(stem), fig, "; ".join(captions) + ".")
+
+
+
+def iso_loss(fit: Any, compute: float, stem: str | Path) -> Figure:
+    """Figure 2: L(N, C/((6/16)·N·P), P) over (N, P) at fixed C; the frontier N*(P) and the optimum."""
+    from scaling import optimal
+
+    best = optimum(fit, compute)
+    frontier = loss_vs_precision(fit, compute)
+    n_lo = min(frontier["N"].min(), best["N"]) / 10
+    n_hi = max(frontier["N"].max(), best["N"]) * 10
+    n_grid = np.geomspace(n_lo, n_hi, 120)
+    p_grid = precision_grid(fit)
+    grid = optimal.iso_loss(fit, compute, n_grid, p_grid).pivot(index="P", columns="N", values="loss")
+    NN, PP = np.meshgrid(grid.columns.to_numpy(float), grid.index.to_numpy(float))
+    loss = grid.to_numpy(float)
+    fig, ax = plt.subplots(figsize=(6.4, 4.8))
+    lo, hi = np.nanmin(loss), np.nanpercentile(loss, 90)
+    levels = np.linspace(lo, hi, 14)
+    filled = ax.contourf(NN, PP, np.minimum(loss, hi), levels=levels, cmap="viridis_r")
+    lines = ax.contour(NN, PP, loss, levels=levels[1::2], colors="white", linewidths=0.6)
+    ax.clabel(lines, fmt="%.3g", fontsize=7)
+    fig.colorbar(filled, ax=ax, label=LOSS_LABEL, format="%.3g")
+    ax.plot(frontier["N"], frontier["P"], color="tab:red", lw=2, label="compute-optimal N*(P)")
+    ax.scatter([best["N"]], [best["P"]], marker="*", s=220, color="tab:red", edgecolor="k", zorder=4,
+               label=f"optimum: P* = {best['P']:.2g} bits, N = {_fmt(best['N'])}")
+    ax.set_xscale("log")
+    ax.set_yscale("log", base=2)
+    ticks = [3, 4, 6, 8, 12, 16, 32]
+    ax.set_yticks(ticks)
+    ax.set_yticklabels([str(t) for t in ticks])
+    ax.minorticks_off()
+    ax.set_xlabel("non-embedding parameters N")
+    ax.set_ylabel("precision P (bits)")
+    ax.set_title(f"{TITLES[2]}\nC = {_fmt(compute)} FLOPs (16-bit units), D = C / ((6/16)·N·P) tokens", fontsize=10)
+    ax.legend(loc="lower left", fontsize=8)
+    fig.tight_layout()
+    caption = (f"iso-loss contours of the fitted {fit.law} law at C = {_fmt(compute)}; the red line is the best N for each P, "
+               f"the star the overall optimum (P* = {best['P']:.3g} bits, loss {best['loss']:.4g}).")
+    return _figure(2, Path(stem), fig, caption)
+
+
+def heldout_mask(fit: Any, results: pd.DataFrame) -> np.ndarray | None:
+    """Which result rows the fit's held-out test predicted (None when the fit records no held-out test).
+
+    scaling.fit.holdout_error holds out the rows whose split key (N, or compute 6·N·D) is >= threshold.
+    """
+    heldout = getattr(fit, "heldout", None)
+    if not heldout or "threshold" not in heldout:
+        return None
+    by = heldout.get("by", "N")
+    key = results["N"].to_numpy(float) * (6.0 * results["D"].to_numpy(float) if by == "compute" else 1.0)
+    return key >= float(heldout["threshold"])
+
+
+def heldout_predictions(fit: Any, results: pd.DataFrame, mask: np.ndarray | None) -> np.ndarray:
+    """The law's prediction per row: the full fit, except held-out rows when the fit kept the params of its
+    held-out fit (fitted without those rows), which then predicts them — the extrapolation test itself."""
+    predicted = np.asarray(fit.predict(results), float)
+    params = (getattr(fit, "heldout", None) or {}).get("params")
+    if mask is not None and mask.any() and params:
+        extrapolating = dataclasses.replace(fit, params={**fit.params, **params})
+        predicted[mask] = np.asarray(extrapolating.predict(results[mask]), float)
+    return predicted
+
+
+def fitted_vs_observed(fit: Any, results: pd.DataFrame, stem: str | Path, heldout: np.ndarray | None = None) -> Figure:
+    """Figure 3: the law's prediction against every measured loss; held-out points hollow."""
+    df = with_precision(results)
+    df["heldout"] = np.zeros(len(df), bool) if heldout is None else np.asarray(heldout, bool)
+    df["predicted"] = heldout_predictions(fit, df, heldout)
+    # without the held-out fit's params the held-out rows can only be shown with the full fit's prediction
+    extrapolated = bool((getattr(fit, "heldout", None) or {}).get("params"))
+    held_label = " (held out)" if extrapolated else " (held-out set, full-fit prediction)"
+    palette = palette_for(df["precision"])
+    fig, ax = plt.subplots(figsize=(5.4, 5.0))
+    for label in palette:
+        for held, marker in ((False, "o"), (True, "s")):
+            part = df[(df["precision"] == label) & (df["heldout"] == held)]
+            if part.empty:
+                continue
+            ax.scatter(part["val_loss"], part["predicted"], s=30, marker=marker,
+                       facecolor="none" if held else palette[label], edgecolor=palette[label], linewidth=1.3,
+                       label=f"{label}{held_label if held else ''}")
+    lo = float(min(df["val_loss"].min(), df["predicted"].min()))
+    hi = float(max(df["val_loss"].max(), df["predicted"].max()))
+    pad = 0.03 * (hi - lo or 1.0)
+    ax.plot([lo - pad, hi + pad], [lo - pad, hi + pad], color="0.3", ls="--", lw=1, label="y = x")
+    rel = np.abs(df["predicted"] / df["val_loss"] - 1)
+    text = f"mean |rel. error|: fitted {rel[~df['heldout']].mean():.2%}"
+    if df["heldout"].any():
+        recorded = fit.heldout.get("mare")
+        if extrapolated:
+            text += f", held out {rel[df['heldout']].mean():.2%}"
+        if recorded is not None:
+            text += f"; the fit's held-out test: {recorded:.2%}"
+    ax.text(0.03, 0.97, text, transform=ax.transAxes, va="top", fontsize=8)
+    ax.set_xlabel(f"observed {LOSS_LABEL}")
+    ax.set_ylabel(f"fitted {LOSS_LABEL}")
+    ax.set_title(f"{TITLES[3]} ({fit.law} law, {len(df)} points)", fontsize=10)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    caption = text + (" (no held-out split recorded in the fit)" if heldout is None else "") + "."
+    return _figure(3, Path(stem), fig, caption)
+
+
+# ---------------------------------------------------------------------------------------------
+# 4-7: training dynamics
+# ---------------------------------------------------------------------------------------------
+
+
+def _size_label(n: float) -> str:
+    return f"N = {n / 1e6:.3g}M" if n >= 1e5 else f"N = {n / 1e3:.3g}k"
+
+
+def training_curves(curves: pd.DataFrame, stem: str | Path) -> Figure:
+    """Figure 4: training loss vs tokens, one colour per recipe, one panel per size (mean ± sd over seeds)."""
+    df = curves.dropna(subset=["loss", "tokens", "N", "recipe"]).copy()
+    df["panel"] = [_size_label(n) for n in df["N"]]
+    panels = [_size_label(n) for n in sorted(df["N"].unique())]
+    order, colours = recipe_palette(df)
+    grid = sns.relplot(data=df, x="tokens", y="loss", hue="recipe", hue_order=order, palette=colours, col="panel",
+                       col_order=panels, col_wrap=min(3, len(panels)), kind="line", errorbar="sd",
+                       height=3.2, aspect=1.2, facet_kws={"sharey": False})
+    grid.set(xscale="log")
+    grid.set_axis_labels("tokens seen", "training loss (nats/token)")
+    grid.set_titles("{col_name}")
+    grid.figure.suptitle(TITLES[4], y=1.03)
+    caption = f"{df['run_id'].nunique()} runs, {len(order)} recipes, {len(panels)} model sizes; lines are the mean over seeds, bands ± 1 sd."
+    return _figure(4, Path(stem), grid.figure, caption)
+
+
+def final_rows(results: pd.DataFrame) -> pd.DataFrame:
+    """Each run's row at the largest token budget it evaluated."""
+    return results.sort_values("D").groupby("run_id", as_index=False).tail(1)
+
+
+def granularity_format(results: pd.DataFrame, stem: str | Path) -> Figure:
+    """Figure 5: final validation loss per granularity (x) and precision (colour), one panel per scale timing."""
+    df = with_precision(final_rows(results))
+    df = df[df["P"].isin([8, 6, 4])]
+    # only the sizes where the scaling scheme was actually varied (a ladder adds nothing here)
+    schemes = df.groupby("N")[["granularity", "scaling"]].apply(lambda g: len(g.drop_duplicates()))
+    df = df[df["N"].isin(schemes[schemes > 1].index)]
+    order = [g for g in GRANULARITY_ORDER if g in set(df["granularity"])] + \
+        sorted(set(df["granularity"]) - set(GRANULARITY_ORDER))
+    timings = [t for t in ("current", "delayed") if t in set(df["scaling"])] + sorted(set(df["scaling"]) - {"current", "delayed"})
+    palette = palette_for(df["precision"])
+    row = "panel_N" if df["N"].nunique() > 1 else None
+    row_order = [_size_label(n) for n in sorted(df["N"].unique())] if row else None
+    if row:
+        df["panel_N"] = [_size_label(n) for n in df["N"]]
+    grid = sns.catplot(data=df, x="granularity", y="val_loss", order=order, hue="precision", hue_order=list(palette),
+                       palette=palette, col="scaling", col_order=timings, row=row, row_order=row_order, kind="point", errorbar="sd",
+                       dodge=0.3, markers="o", linestyles="none", height=3.4, aspect=1.2, sharey="row")
+    grid.set_axis_labels("scaling granularity", f"final {LOSS_LABEL}")
+    grid.set_titles("{col_name} scaling" if row is None else "{row_name}, {col_name} scaling")
+    grid.figure.suptitle(TITLES[5], y=1.03)
+    best = df.loc[df["val_loss"].idxmin()]
+    caption = (f"{df['run_id'].nunique()} runs; lowest final loss {best['val_loss']:.4g} with {best['precision']} "
+               f"{best['granularity']} ({best['scaling']} scaling); points are means over seeds, bars ± 1 sd.")
+    return _figure(5, Path(stem), grid.figure, caption)
+
+
+def amax_distributions(amax: pd.DataFrame, stem: str | Path) -> Figure:
+    """Figure 6: per-tensor amax and per-block amax quantiles vs tokens, one panel per tensor role.
+
+    `amax` is the tidy table of curves.amax_long (role, granularity, stat, amax per run and step);
+    lines are the median over runs, bands the interquartile range. The y axis is symlog so a
+    per-block amax of exactly 0 (an all-zero block) is drawn, not dropped.
+    """
+    df = amax.copy()
+    x = "tokens" if "tokens" in df.columns and df["tokens"].notna().all() else "step"
+    df["series"] = np.where(df["granularity"] == "tensor", "per tensor (amax)", "per block: " + df["stat"].astype(str))
+    series = ["per tensor (amax)"] + sorted(s for s in df["series"].unique() if s != "per tensor (amax)")
+    roles = [r for r in ("weight", "activation", "grad", "attention") if r in set(df["role"])]
+    roles += sorted(set(df["role"]) - set(roles))
+    grid = sns.relplot(data=df, x=x, y="amax", hue="series", hue_order=[s for s in series if s in set(df["series"])],
+                       col="role", col_order=roles, kind="line", estimator="median", errorbar=("pi", 50),
+                       height=3.2, aspect=1.15, facet_kws={"sharey": False})
+    for role, ax in grid.axes_dict.items():
+        values = df.loc[df["role"] == role, "amax"]
+        positive = values[values > 0]
+        if (values == 0).any() and len(positive):  # zeros have no log: linear below the smallest nonzero
+            ax.set_yscale("symlog", linthresh=float(positive.min()))
+            ax.set_ylim(bottom=0)  # a magnitude: no negative half
+        elif len(positive):
+            ax.set_yscale("log")
+        ax.set_xscale("log")
+    grid.set_axis_labels("tokens seen" if x == "tokens" else "training step", "amax (absolute value, linear units)")
+    grid.set_titles("{col_name}")
+    grid.figure.suptitle(TITLES[6], y=1.03)
+    tensor = df[df["granularity"] == "tensor"]["amax"]
+    block = df[df["granularity"] == "block"]["amax"]
+    caption = (f"per-tensor amax ranges {tensor.min():.3g}–{tensor.max():.3g}" if len(tensor) else "no per-tensor amax logged")
+    caption += (f"; per-block amax ranges {block.min():.3g}–{block.max():.3g}, {np.mean(block == 0):.1%} of logged block "
+                f"statistics are exactly 0" if len(block) else "; per-block amax quantiles were not logged")
+    return _figure(6, Path(stem), grid.figure, caption + ".")
+
+
+# Largest-activation columns, best first: the SwiGLU product (the down-projection input, where Fishman et al.
+# 2024 find the outliers that Smooth-SwiGLU tames; logged before the smoothing scale), the residual
+# stream, the quantised activation role.
+OUTLIER_COLUMNS = {"swiglu_max": "largest |SwiGLU output| (linear units)",
+                   "act_max": "largest |residual activation| (linear units)",
+                   "activation_amax": "largest |GEMM input activation| (linear units)"}
+
+
+def outlier_column(curves: pd.DataFrame) -> str | None:
+    """The curve column holding the largest activation magnitude (see OUTLIER_COLUMNS)."""
+    return next((c for c in OUTLIER_COLUMNS if c in curves.columns and curves[c].notna().any()), None)
+
+
+def outliers(curves: pd.DataFrame, stem: str | Path) -> Figure:
+    """Figure 7: largest activation magnitude (top) and training loss (bottom) vs tokens, Smooth-SwiGLU on/off."""
+    column = outlier_column(curves)
+    df = curves.dropna(subset=[column, "tokens", "recipe", "smooth_swiglu"]).copy()
+    df["Smooth-SwiGLU"] = np.where(df["smooth_swiglu"].astype(bool), "on", "off")
+    order, colours = recipe_palette(df)
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(6.8, 6.4), sharex=True)
+    for ax, y, label in ((top, column, OUTLIER_COLUMNS[column]), (bottom, "loss", "training loss (nats/token)")):
+        sns.lineplot(data=df, x="tokens", y=y, hue="recipe", hue_order=order, palette=colours, style="Smooth-SwiGLU",
+                     style_order=["off", "on"], errorbar="sd", ax=ax, legend=ax is top)
+        ax.set_xscale("log")
+        ax.set_ylabel(label)
+        ax.set_xlabel("tokens seen")
+    top.set_yscale("log")
+    top.legend(fontsize=7, ncol=2)
+    top.set_title(TITLES[7], fontsize=10)
+    fig.tight_layout()
+    peaks = df.groupby("Smooth-SwiGLU")[column].max()
+    caption = f"peak {OUTLIER_COLUMNS[column].split(' (')[0]} " + ", ".join(f"{_fmt(v)} with Smooth-SwiGLU {k}" for k, v in peaks.items())
+    final = final_loss_by(df, "Smooth-SwiGLU")
+    caption += "; final training loss " + ", ".join(f"{v:.4g} ({k})" for k, v in final.items()) + "."
+    return _figure(7, Path(stem), fig, caption)
+
+
+def final_loss_by(curves: pd.DataFrame, column: str) -> pd.Series:
+    last = curves.sort_values("step").groupby("run_id").tail(1)
+    return last.groupby(column)["loss"].mean()
+
+
+# ---------------------------------------------------------------------------------------------
+# 8: cluster time
+# ---------------------------------------------------------------------------------------------
+
+# Published training FLOPs of reference models (the talk's table, issue #6); inputs, not results.
+REFERENCE_RUNS = {"DeepSeek-V3": 3.4e24, "Kimi K2": 2.98e24, "GPT-4": 2.1e25}
+CLUSTERS = (1024, 5000, 10000)
+# The budget at which the fitted law's per-precision optima are put on a cluster: a cluster-scale
+# run (DeepSeek-V3's), since our CPU budgets would take microseconds there.
+CLUSTER_COMPUTE = REFERENCE_RUNS["DeepSeek-V3"]
+
+
+def cluster_time_table(fit: Any = None, compute: float = CLUSTER_COMPUTE, gpus: Sequence[int] = CLUSTERS,
+                       gpu: str = "h100") -> pd.DataFrame:
+    """Days on `gpus` GPUs (scaling.plan): the reference runs in BF16 and FP8, and, given a fit, its
+    compute-optimal (N, D) per precision at `compute` run at the hardware format for P bits."""
+    from scaling import plan
+
+    rows = []
+    for name, flops in REFERENCE_RUNS.items():
+        for precision in ("bf16", "fp8"):
+            rows.append({"run": name, "P (bits)": None, "hardware": precision, "N": None, "D": None, "FLOPs": flops,
+                         **{f"days @ {k:,} GPUs": plan.train_days(flops, k, gpu=gpu, precision=precision) for k in gpus}})
+    if fit is not None and precision_term(fit):
+        best = optimum(fit, compute, sorted(NAMED_BITS.values(), reverse=True))
+        for point in best["per_precision"].sort_values("P", ascending=False).to_dict("records"):
+            precision = plan.precision_for_bits(float(point["P"]), gpu)
+            flops = plan.training_flops(float(point["N"]), float(point["D"]))
+            rows.append({"run": f"law optimum, P = {point['P']:g}", "P (bits)": point["P"], "hardware": precision,
+                         "N": point["N"], "D": point["D"], "FLOPs": flops,
+                         **{f"days @ {k:,} GPUs": plan.train_days(flops, k, gpu=gpu, precision=precision) for k in gpus}})
+    table = pd.DataFrame(rows)
+    table.attrs["gpu"] = plan.get_gpu(gpu).name
+    return table
+
+
+def _cell(v: Any) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "–"
+    if isinstance(v, (int, float, np.floating, np.integer)):
+        return _fmt(float(v)) if abs(v) >= 1e4 else f"{float(v):.3g}"
+    return str(v)
+
+
+def table_cells(table: pd.DataFrame) -> list[list[str]]:
+    """Every cell as text: numbers in 3 significant figures, missing values as '–'."""
+    return [[_cell(v) for v in row] for row in table.itertuples(index=False)]
+
+
+def table_markdown(table: pd.DataFrame) -> str:
+    """A GitHub markdown table of `table_cells`."""
+    header = "| " + " | ".join(map(str, table.columns)) + " |"
+    rule = "| " + " | ".join("---" for _ in table.columns) + " |"
+    return "\n".join([header, rule, *("| " + " | ".join(row) + " |" for row in table_cells(table))])
+
+
+def cluster_table(table: pd.DataFrame, stem: str | Path) -> Figure:
+    """Figure 8: the cluster-time table drawn as a table."""
+    fig, ax = plt.subplots(figsize=(1.35 * len(table.columns) + 1, 0.36 * len(table) + 1.2))
+    ax.axis("off")
+    drawn = ax.table(cellText=table_cells(table), colLabels=list(table.columns), loc="center", cellLoc="center")
+    drawn.auto_set_font_size(False)
+    drawn.set_fontsize(8)
+    drawn.scale(1.0, 1.3)
+    gpu = table.attrs.get("gpu", "GPU")
+    ax.set_title(f"{TITLES[8]}: days on {gpu} clusters (scaling.plan efficiency model)", fontsize=10)
+    fig.tight_layout()
+    return _figure(8, Path(stem), fig, f"days of training on {gpu} clusters from scaling.plan; FLOPs = 6·N·D.")
+
+
+# ---------------------------------------------------------------------------------------------
+# All figures
+# ---------------------------------------------------------------------------------------------
+
+
+def make_figures(results: pd.DataFrame | None, fit: Any, out_dir: str | Path, *, curves: pd.DataFrame | None = None,
+                 computes: Sequence[float] | None = None, plan_table: pd.DataFrame | None = None
+                 ) -> list[Figure | Skipped]:
+    """Every figure whose inputs are present, in number order; a `Skipped` (with its reason) for the rest."""
+    out_dir = Path(out_dir)
+    results = validate_results(results) if results is not None else None
+    curves = curves_lib.validate_curves(curves) if curves is not None else None
+    computes = list(computes) if computes else (default_budgets(results) if results is not None else [])
+    stem = {n: out_dir / s for n, s in STEMS.items()}
+    law_missing = _need(fit=fit, computes=computes) or (
+        None if precision_term(fit) else f"the {fit.law} law has no precision term")
+    jobs: list[tuple[int, str | None, Callable[[], Figure]]] = [
+        (1, law_missing, lambda: sweet_spot(fit, computes, stem[1], results=results)),
+        (2, law_missing, lambda: iso_loss(fit, computes[-1], stem[2])),
+        (3, _need(fit=fit, results=results), lambda: fitted_vs_observed(fit, results, stem[3], heldout_mask(fit, results))),
+        (4, _need_curves(curves, ("tokens", "N", "recipe")), lambda: training_curves(curves, stem[4])),
+        (5, _need_granularity(results), lambda: granularity_format(results, stem[5])),
+        (6, _need_amax(curves), lambda: amax_distributions(curves_lib.amax_long(curves), stem[6])),
+        (7, _need_outliers(curves), lambda: outliers(curves, stem[7])),
+        (8, None, lambda: cluster_table(plan_table if plan_table is not None else cluster_time_table(fit), stem[8])),
+    ]
+    made: list[Figure | Skipped] = []
+    for number, missing, draw in jobs:
+        made.append(Skipped(number, TITLES[number], missing) if missing else draw())
+    return made
+
+
+def _need(**inputs: Any) -> str | None:
+    absent = [name for name, value in inputs.items() if value is None or (hasattr(value, "__len__") and len(value) == 0)]
+    words = {"fit": "no fitted law (--fit)", "computes": "no compute budget (no results and no --compute)",
+             "results": "no results"}
+    return "; ".join(words[a] for a in absent) or None
+
+
+def _need_curves(curves: pd.DataFrame | None, columns: Sequence[str]) -> str | None:
+    if curves is None or curves.empty:
+        return "no per-step curves (--curves)"
+    missing = [c for c in columns if c not in curves.columns or curves[c].isna().all()]
+    return f"curves lack {', '.join(missing)}" if missing else None
+
+
+def _need_granularity(results: pd.DataFrame | None) -> str | None:
+    if results is None or results.empty or "granularity" not in results.columns or "scaling" not in results.columns:
+        return "no results with granularity and scaling columns"
+    low = results[results["P"].isin([8, 6, 4])]
+    if low.empty or low.groupby("N")[["granularity", "scaling"]].apply(lambda g: len(g.drop_duplicates())).max() < 2:
+        return "results have no model size trained with two or more scaling schemes at FP8/FP6/FP4"
+    return None
+
+
+def _need_amax(curves: pd.DataFrame | None) -> str | None:
+    missing = _need_curves(curves, ())
+    if missing:
+        return missing
+    if curves_lib.amax_long(curves).empty:
+        return "curves carry no amax telemetry (<role>_amax, <role>_block_amax_<stat>)"
+    return None
+
+
+def _need_outliers(curves: pd.DataFrame | None) -> str | None:
+    missing = _need_curves(curves, ("tokens", "smooth_swiglu", "recipe"))
+    if missing:
+        return missing
+    if outlier_column(curves) is None:
+        return f"curves carry no activation magnitude ({', '.join(OUTLIER_COLUMNS)})"
+    if curves["smooth_swiglu"].dropna().astype(bool).nunique() < 2:
+        return "curves have no runs both with and without Smooth-SwiGLU"
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI: scaling figures
+# ---------------------------------------------------------------------------------------------
+
+
+def load_fit(path: str | Path) -> Any:
+    """A fitted law from fits/NAME.json; an unreadable or malformed file is a ConfigError."""
+    from scaling import fit
+
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError("fit", str(path), "an existing fitted-law JSON file (fits/NAME.json)")
+    try:
+        return fit.FitResult.from_json(path)
+    except ConfigError:
+        raise
+    except (ValueError, KeyError, TypeError) as e:  # a JSON that parses but is not a fit
+        raise ConfigError("fit", str(path), f"a fitted-law JSON written by `scaling fit` ({type(e).__name__}: {e})") from e
+
+
+def load_results(path: str | Path) -> pd.DataFrame:
+    from scaling import results
+
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError("results", str(path), "an existing results directory, .csv or .parquet")
+    try:
+        return results.load(path)
+    except (ValueError, OSError) as e:
+        raise ConfigError("results", str(path), f"a results directory, .csv or .parquet ({e})") from e
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = ("Regenerate every figure and REPORT.md from results and a fitted law (no training). "
+                          "Example: scaling figures --results results/ladder.csv --curves results/ladder_curves.parquet "
+                          "--fit fits/ladder.json --out paper_figures/")
+    parser.add_argument("--results", help="results directory, or a committed .csv / .parquet summary (required)")
+    parser.add_argument("--curves", help="per-step curves: a results directory with metrics.jsonl, or a .csv / .parquet "
+                        "(default: the --results directory's own metrics.jsonl files)")
+    parser.add_argument("--fit", help="fitted law JSON (fits/NAME.json); without it figures 1-3 are skipped")
+    parser.add_argument("--compute", nargs="+", help="compute budgets C in 16-bit FLOPs (default: from the results)")
+    parser.add_argument("--out", default="paper_figures", help="output directory for the figures and REPORT.md")
+
+
+def main(args: argparse.Namespace) -> int:
+    from scaling import report
+
+    if not args.results:
+        raise ConfigError("results", args.results, "a results directory, .csv or .parquet (--results)")
+    results = load_results(args.results)
+    curves = None
+    if args.curves:
+        if not Path(args.curves).exists():
+            raise ConfigError("curves", args.curves, "an existing results directory, .csv or .parquet")
+        curves = curves_lib.load_curves(args.curves)
+    elif Path(args.results).is_dir():  # run directories carry their own metrics.jsonl
+        curves = curves_lib.load_curves(args.results)
+        curves = curves if not curves.empty else None
+    fit = load_fit(args.fit) if args.fit else None
+    computes = None
+    if args.compute:
+        computes = []
+        for text in args.compute:
+            try:
+                value = float(text)
+            except ValueError:
+                value = float("nan")
+            if not (math.isfinite(value) and value > 0):
+                raise ConfigError("compute", text, "a positive number of FLOPs, e.g. 1e18")
+            computes.append(value)
+    path = report.write_report(results, fit, args.out, curves=curves, compute=computes)
+    print(f"wrote {path}")
+    return 0

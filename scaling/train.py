@@ -1,0 +1,585 @@
+"""One training run: data -> model(precision recipe) -> AdamW -> health checks -> metrics and summary.
+
+    scaling train CONFIG.toml [--set key=value ...] [--out DIR]
+
+Writes DIR/{config.json, metrics.jsonl, summary.json} (and failure.json if the run did not end
+`ok`), with Orbax checkpoints in DIR/checkpoints/ while it runs (the latest two; removed once the
+run has landed). Nothing is written until the config, the corpus and the model are known to be
+valid; a finished run is not re-run; an interrupted run resumes from its last checkpoint.
+
+Optimiser: AdamW (b1 = 0.9, b2 = 0.95, eps = 1e-8) with decoupled weight decay on matrices
+(embeddings included, norm scales not), global-norm gradient clipping, and a step-dependent
+learning rate passed into the update (so one compiled step serves every schedule and branch):
+
+    warmup        f_w(t) = min(1, (t + 1) / W)                                W = warmup x steps
+    cosine        lr(t) = lr f_w(t) (1 + cos(pi clip((t - W) / (T - W), 0, 1))) / 2
+    WSD           lr(t) = lr f_w(t) min(1, (E_b - t) / (E_b - C_b))       (linear cooldown to 0)
+
+For WSD each evaluation budget b (a fraction of `train.tokens`) ends at step E_b and leaves the
+constant-LR trunk at C_b = E_b - max(1, round(decay E_b)). The trunk is trained once; at each C_b
+a cooldown branch runs from a copy of the trunk's state to E_b and is evaluated, and the trunk
+continues where it was (Hägele et al. 2024; OLMo-core's ladder). The last budget (1.0) is the trunk's own end.
+Cost: T (1 - decay) + decay sum_b E_b steps instead of sum_b E_b for separate runs; for budgets
+[0.25, 0.5, 1.0] and decay 0.2 that is 1.15 T instead of 1.75 T, 34% fewer tokens.
+
+Evaluation at each budget: mean loss over the fixed validation windows (`data.eval_tokens`
+contiguous tokens of the held-out split) and over a fixed sample of training windows of the same
+size. summary.json's `telemetry` is the mean, over the logged trunk steps, of each role's
+quantisation statistics (amax, saturated and underflow fractions, SNR) and activation maxima.
+
+Data and randomness are pure functions of (seed, step): batch t is `data.batch(train, seed, t)`,
+the step key is fold_in(key(seed), t). A branch step t sees what the trunk's step t would, and a
+resumed run sees exactly what the uninterrupted one did, so both reach bit-identical losses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import math
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from scaling import config as config_lib
+from scaling import data, health
+from scaling._io import append_jsonl, atomic_write_json
+from scaling.errors import ConfigError
+
+ADAM_B1, ADAM_B2, ADAM_EPS = 0.9, 0.95, 1e-8
+KEEP_CHECKPOINTS = 2
+FINAL_STATUSES = ("ok", "diverged")  # a run that landed with these is not re-run (failed may be transient)
+
+
+# ---------------------------------------------------------------- the plan: steps, budgets, schedule
+
+
+@dataclass(frozen=True)
+class Budget:
+    fraction: float
+    end: int  # E_b: steps trained when this budget is evaluated
+    cooldown_start: int  # C_b: where its cooldown leaves the trunk (WSD); unused by cosine
+
+
+@dataclass(frozen=True)
+class Plan:
+    steps: int
+    tokens_per_step: int
+    warmup_steps: int
+    schedule: str
+    lr: float
+    budgets: tuple[Budget, ...]
+
+    @property
+    def final(self) -> Budget:
+        return self.budgets[-1]
+
+    def tokens_trained(self) -> int:
+        """Tokens through the optimiser: the trunk plus every cooldown branch."""
+        branches = sum(b.end - b.cooldown_start for b in self.budgets[:-1])
+        return (self.steps + branches) * self.tokens_per_step
+
+    def tokens_separate_runs(self) -> int:
+        """Tokens the same budgets would cost as separate runs."""
+        return sum(b.end for b in self.budgets) * self.tokens_per_step
+
+
+def plan_for(cfg: dict) -> Plan:
+    train = cfg["train"]
+    tokens_per_step = train["batch_size"] * cfg["model"]["seq_len"]
+    steps = train["tokens"] // tokens_per_step
+    budgets = []
+    for fraction in train["budgets"]:
+        end = round(fraction * steps)
+        cooldown = max(1, round(train["decay"] * end)) if train["schedule"] == "wsd" else 0
+        budgets.append(Budget(fraction, end, end - cooldown))
+    return Plan(steps=steps, tokens_per_step=tokens_per_step, warmup_steps=round(train["warmup"] * steps),
+                schedule=train["schedule"], lr=train["lr"], budgets=tuple(budgets))
+
+
+def learning_rate(plan: Plan, step: int, budget: Budget) -> float:
+    """The learning rate of training step `step` (0-based) on the way to `budget` (formulas above)."""
+    warm = min(1.0, (step + 1) / plan.warmup_steps) if plan.warmup_steps else 1.0
+    if plan.schedule == "cosine":
+        span = max(1, budget.end - plan.warmup_steps)
+        progress = min(1.0, max(0.0, (step - plan.warmup_steps) / span))
+        return plan.lr * warm * 0.5 * (1.0 + math.cos(math.pi * progress))
+    cool = min(1.0, (budget.end - step) / (budget.end - budget.cooldown_start))
+    return plan.lr * warm * cool
+
+
+def optimizer_tx(train: dict):
+    """AdamW whose learning rate is an argument of each update (`learning_rate=`), not a schedule."""
+    return _optimizer_tx(train["grad_clip"], train["weight_decay"])
+
+
+@functools.lru_cache(maxsize=None)
+def _optimizer_tx(grad_clip: float, weight_decay: float):
+    # Cached: the transformation is part of the optimiser's static graph definition, so equal
+    # settings must give the identical object for runs in one process to share a compiled step.
+    import jax
+    import optax
+
+    def scale_by_learning_rate_arg() -> optax.GradientTransformationExtraArgs:
+        def update(updates, state, params=None, *, learning_rate, **extra):
+            return jax.tree.map(lambda u: -learning_rate * u, updates), state
+
+        return optax.GradientTransformationExtraArgs(lambda params: optax.EmptyState(), update)
+
+    return optax.chain(
+        optax.clip_by_global_norm(grad_clip) if grad_clip > 0 else optax.identity(),
+        optax.scale_by_adam(b1=ADAM_B1, b2=ADAM_B2, eps=ADAM_EPS),
+        optax.add_decayed_weights(weight_decay, mask=lambda p: jax.tree.map(lambda x: x.ndim >= 2, p)),
+        scale_by_learning_rate_arg(),
+    )
+
+
+# ---------------------------------------------------------------- compiled steps (shared across runs)
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled():
+    """The jitted train and eval steps. Graph definitions are static arguments, so runs of the same
+    model shape and recipe structure in one process share one compilation."""
+    import jax
+    import optax
+    from flax import nnx
+
+    from scaling import model as model_lib
+
+    if jax.config.jax_compilation_cache_dir is None:  # unless the user chose one: a run's compile is
+        # tens of seconds for quantised recipes, and the next run of the same shapes can skip it
+        jax.config.update("jax_compilation_cache_dir", str(data.cache_dir() / "jax"))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+
+    @functools.partial(jax.jit, static_argnums=(0, 1))
+    def train_step(model_def, opt_def, state, tokens_BxL1, seed, step, lr):
+        model = nnx.merge(model_def, state["model"])
+        optimizer = nnx.merge(opt_def, state["optimizer"])
+        key = jax.random.fold_in(jax.random.key(seed), step)
+        loss, grads, telemetry = model_lib.grad_step(model, tokens_BxL1, key)
+        grad_norm = optax.tree.norm(grads)
+        optimizer.update(model, grads, learning_rate=lr)
+        return {"model": nnx.state(model), "optimizer": nnx.state(optimizer)}, loss, grad_norm, telemetry
+
+    @functools.partial(jax.jit, static_argnums=0)
+    def eval_loss(model_def, model_state, tokens_BxL1):
+        return model_lib.eval_loss(nnx.merge(model_def, model_state), tokens_BxL1)
+
+    @functools.partial(jax.jit, static_argnums=(0, 1, 2))
+    def init(model_cfg, recipe, tx, seed):
+        # One compiled initialiser instead of one eager dispatch (and compile) per weight matrix.
+        model = model_lib.Transformer(model_cfg, recipe, rngs=nnx.Rngs(jax.random.key(seed)))
+        optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
+        return {"model": nnx.state(model), "optimizer": nnx.state(optimizer)}
+
+    return train_step, eval_loss, init
+
+
+def _graph_defs(model_cfg, recipe, tx, seed):
+    """The static graph definitions of the model and its optimiser (traced, never computed)."""
+    from flax import nnx
+
+    from scaling import model as model_lib
+
+    model = model_lib.Transformer(model_cfg, recipe, rngs=nnx.Rngs(seed))
+    optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
+    return nnx.graphdef(model), nnx.graphdef(optimizer)
+
+
+# ---------------------------------------------------------------- setup (everything that can be wrong)
+
+
+@dataclass
+class Setup:
+    cfg: dict
+    plan: Plan
+    corpus: data.Corpus
+    recipe: Any
+    model_cfg: Any
+    val_windows: np.ndarray
+    train_windows: np.ndarray
+
+
+def prepare(cfg: dict) -> Setup:
+    """Validate and load everything a run needs; raises ConfigError before anything is written."""
+    from scaling import model as model_lib
+    from scaling import precision
+
+    cfg = config_lib.validate(cfg)
+    corpus = data.load(cfg["data"]["source"])
+    seq_len, eval_tokens = cfg["model"]["seq_len"], cfg["data"]["eval_tokens"]
+    if corpus.train.size < seq_len + 1:
+        raise ConfigError("model.seq_len", seq_len, f"at most {corpus.train.size - 1} for this corpus")
+    model_cfg = model_lib.config_for_size(cfg["model"]["size"], vocab=corpus.vocab, seq_len=seq_len,
+                                          smooth_swiglu=cfg["model"]["smooth_swiglu"])
+    return Setup(cfg=cfg, plan=plan_for(cfg), corpus=corpus, recipe=precision.get(cfg["precision"]),
+                 model_cfg=model_cfg, val_windows=data.eval_windows(corpus.val, eval_tokens, seq_len),
+                 train_windows=data.train_sample(corpus.train, eval_tokens, seq_len))
+
+
+# ---------------------------------------------------------------- the run
+
+
+@dataclass
+class Progress:
+    """Everything besides the arrays that a resumed run needs (saved as JSON in each checkpoint)."""
+
+    step: int = 0  # trunk steps done
+    evals: list[dict] = field(default_factory=list)  # one per finished budget
+    recent_losses: list[float] = field(default_factory=list)  # the spike detector's window
+    telemetry_sum: dict = field(default_factory=dict)  # summed over logged trunk steps
+    telemetry_count: int = 0
+    tokens_trained: int = 0  # trunk + branches
+    timed_s: float = 0.0  # wall time of training steps after the first (compile) one
+    timed_tokens: int = 0
+    compile_s: float = 0.0
+    eval_s: float = 0.0
+    wall_s: float = 0.0  # over all attempts
+    attempts: int = 0
+
+
+def run(cfg: dict, out_dir: str | Path, echo: Callable[[str], None] | None = None) -> dict:
+    """Train one run into `out_dir` and return its summary (also written to summary.json).
+
+    A run stopped by a health check returns a summary with status `diverged`; any other exception
+    writes failure.json and a `failed` summary, then propagates.
+    """
+    out_dir = Path(out_dir)
+    cfg = config_lib.validate(cfg)
+    finished = _finished_summary(out_dir, cfg)
+    if finished is not None:
+        return finished
+    setup = prepare(cfg)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out_dir / "config.json", setup.cfg)
+    (out_dir / health.FAILURE_FILE).unlink(missing_ok=True)  # a stale record of an earlier failed attempt
+    trainer = None
+    try:
+        trainer = _Trainer(setup, out_dir, echo or (lambda line: None))
+        return trainer.train()
+    except health.RunStopped as stop:
+        return trainer.land(stop.status, stop.step, stop.reason, None)
+    except Exception as error:
+        reason = f"{type(error).__name__}: {error}"
+        if trainer is not None:
+            trainer.land("failed", trainer.progress.step, reason, error)
+        else:  # the model or optimiser could not be built: no step, no losses
+            health.land_failure(out_dir, config=setup.cfg, status="failed", step=0, reason=reason,
+                                last_losses=[], telemetry={}, error=error)
+            atomic_write_json(out_dir / "summary.json", {"status": "failed", "reason": reason, "step": 0,
+                                                          "run_id": config_lib.run_id(setup.cfg), "evals": []})
+        raise
+
+
+def _finished_summary(out_dir: Path, cfg: dict) -> dict | None:
+    """The summary of a run already finished in `out_dir` with this config, else None.
+    A directory holding a different config is refused (it would mix two runs' logs)."""
+    import json
+
+    config_file = out_dir / "config.json"
+    if not config_file.is_file():
+        if out_dir.exists() and any(out_dir.iterdir()):
+            raise ConfigError("--out", str(out_dir), "a new or empty directory, or one holding a run of this config")
+        return None
+    if json.loads(config_file.read_text()) != cfg:
+        raise ConfigError("--out", str(out_dir), "a new or empty directory, or one holding a run of this config")
+    summary_file = out_dir / "summary.json"
+    if summary_file.is_file():
+        summary = json.loads(summary_file.read_text())
+        if summary.get("status") in FINAL_STATUSES:
+            return summary
+    return None
+
+
+class _Trainer:
+    def __init__(self, setup: Setup, out_dir: Path, echo: Callable[[str], None]):
+        import jax
+        from flax import nnx
+
+        from scaling import model as model_lib
+
+        self.setup, self.cfg, self.plan, self.out_dir, self.echo = setup, setup.cfg, setup.plan, out_dir, echo
+        self.started = time.perf_counter()
+        self.compiled = False  # per attempt: a resumed run compiles again
+        self.progress = Progress()
+        self.last_telemetry: dict = {}
+        self.last_losses: list[float] = []
+        h = self.cfg["health"]
+        self.monitor = health.LossMonitor(h["spike_factor"], h["spike_window"], self.plan.warmup_steps)
+        self.train_step, self.eval_step, init = _compiled()
+        tx = optimizer_tx(self.cfg["train"])
+        self.model_def, self.opt_def = nnx.eval_shape(lambda: _graph_defs(setup.model_cfg, setup.recipe, tx, 0))
+        self.state = init(setup.model_cfg, setup.recipe, tx, self.cfg["seed"])
+        self.param_counts = model_lib.param_counts(setup.model_cfg)
+        self.flops_per_token = float(model_lib.flops_per_token(setup.model_cfg))
+        self.checkpoints = self._checkpoint_manager()
+        self.metrics_file = out_dir / "metrics.jsonl"
+        self._jax = jax
+
+    # -- checkpoints
+
+    def _checkpoint_manager(self):
+        import orbax.checkpoint as ocp
+
+        if not self.cfg["train"]["checkpoint_every"]:
+            return None
+        options = ocp.CheckpointManagerOptions(max_to_keep=KEEP_CHECKPOINTS, enable_async_checkpointing=False)
+        return ocp.CheckpointManager((self.out_dir / "checkpoints").absolute(), options=options)
+
+    def _save(self) -> None:
+        import orbax.checkpoint as ocp
+
+        self.progress.wall_s += self._elapsed()
+        self.checkpoints.save(self.progress.step, args=ocp.args.Composite(
+            state=ocp.args.StandardSave(self.state),
+            progress=ocp.args.JsonSave(dataclasses.asdict(self.progress))))
+
+    def _restore(self) -> None:
+        import orbax.checkpoint as ocp
+
+        if self.checkpoints is None or self.checkpoints.latest_step() is None:
+            return
+        step = self.checkpoints.latest_step()
+        abstract = self._jax.tree.map(ocp.utils.to_shape_dtype_struct, self.state)
+        restored = self.checkpoints.restore(step, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(abstract), progress=ocp.args.JsonRestore()))
+        self.state = restored.state
+        self.progress = Progress(**restored.progress)
+        self.monitor.recent.extend(self.progress.recent_losses)
+        self._log({"event": "resumed", "step": step, "tokens": step * self.plan.tokens_per_step})
+        self.echo(f"resumed from the checkpoint at step {step}")
+
+    def _elapsed(self) -> float:
+        """Wall time since the last call (accumulated into progress.wall_s)."""
+        now = time.perf_counter()
+        elapsed, self.started = now - self.started, now
+        return elapsed
+
+    # -- the loop
+
+    def train(self) -> dict:
+        self._restore()
+        self.progress.attempts += 1
+        plan, train_cfg = self.plan, self.cfg["train"]
+        done = {e["fraction"] for e in self.progress.evals}
+        branches = [b for b in plan.budgets[:-1] if b.fraction not in done]
+        while self.progress.step < plan.steps:
+            step = self.progress.step
+            for budget in [b for b in branches if b.cooldown_start == step]:
+                self._branch(budget)
+                branches.remove(budget)
+            self.state, loss = self._step(self.state, step, plan.final, phase="trunk")
+            self.progress.step = step + 1
+            if train_cfg["eval_every"] and self.progress.step % train_cfg["eval_every"] == 0:
+                self._evaluate(self.state, self.progress.step, budget=None)
+            if (train_cfg["checkpoint_every"] and self.progress.step % train_cfg["checkpoint_every"] == 0
+                    and self.progress.step < plan.steps):
+                self.progress.recent_losses = list(self.monitor.recent)
+                self._save()
+        self.progress.evals.append(self._evaluate(self.state, plan.steps, budget=plan.final))
+        return self._write_summary("ok", reason=None)
+
+    def _branch(self, budget: Budget) -> None:
+        """The cooldown to `budget` from the trunk's current state; the trunk state is untouched
+        (arrays are immutable and steps are not donated, so keeping the reference is the snapshot)."""
+        state = self.state
+        for step in range(budget.cooldown_start, budget.end):
+            state, _ = self._step(state, step, budget, phase="cooldown")
+        self.progress.evals.append(self._evaluate(state, budget.end, budget=budget))
+
+    def _step(self, state, step: int, budget: Budget, phase: str):
+        plan = self.plan
+        lr = learning_rate(plan, step, budget)
+        tokens = data.batch(self.setup.corpus.train, self.cfg["seed"], step, self.cfg["train"]["batch_size"],
+                            self.cfg["model"]["seq_len"])
+        started = time.perf_counter()
+        state, loss, grad_norm, telemetry = self.train_step(self.model_def, self.opt_def, state, tokens,
+                                                            self.cfg["seed"], step, np.float32(lr))
+        loss = float(loss)  # waits for the step: the timing below is the step's
+        seconds = time.perf_counter() - started
+        if not self.compiled:
+            self.compiled = True
+            self.progress.compile_s += seconds
+        else:
+            self.progress.timed_s += seconds
+            self.progress.timed_tokens += plan.tokens_per_step
+        self.progress.tokens_trained += plan.tokens_per_step
+        self.last_losses = (self.last_losses + [loss])[-20:]
+        self.monitor.check(step, loss, trunk=phase == "trunk")
+        done = step + 1
+        if done % self.cfg["train"]["log_every"] == 0 or done == budget.end or step == 0:
+            telemetry = _to_python(self._jax.device_get(telemetry))
+            self.last_telemetry = telemetry
+            record = {"step": done, "tokens": done * plan.tokens_per_step, "phase": phase, "loss": loss,
+                      "lr": lr, "grad_norm": float(grad_norm), "tokens_per_s": self._throughput(),
+                      "telemetry": telemetry}
+            if phase == "cooldown":
+                record["budget"] = budget.end * plan.tokens_per_step
+            else:
+                self.progress.telemetry_sum = _tree_add(self.progress.telemetry_sum, telemetry)
+                self.progress.telemetry_count += 1
+            self._log(record)
+            for event in health.saturation_events(telemetry, self.cfg["health"]["max_saturation"]):
+                self._log({"step": done, "phase": phase, **event})
+            self.echo(f"{phase:8s} step {done:6d}  loss {loss:.4f}  lr {lr:.2e}  "
+                      f"{record['tokens_per_s']:.0f} tok/s")
+        return state, loss
+
+    def _throughput(self) -> float:
+        return self.progress.timed_tokens / self.progress.timed_s if self.progress.timed_s else 0.0
+
+    def _evaluate(self, state, step: int, budget: Budget | None) -> dict:
+        """Mean loss over the fixed validation windows and the fixed train sample."""
+        started = time.perf_counter()
+        val_loss = self._mean_loss(state, self.setup.val_windows)
+        train_loss = self._mean_loss(state, self.setup.train_windows)
+        self.progress.eval_s += time.perf_counter() - started
+        record = {"D": step * self.plan.tokens_per_step, "step": step, "val_loss": val_loss,
+                  "train_loss": train_loss}
+        if budget is not None:
+            record["fraction"] = budget.fraction
+        self._log({"event": "eval", "tokens": record["D"], **record})
+        self.echo(f"eval     step {step:6d}  val_loss {val_loss:.4f}  train_loss {train_loss:.4f}")
+        for value, name in ((val_loss, "validation loss"), (train_loss, "train loss")):
+            if not math.isfinite(value):
+                raise health.RunStopped("diverged", step, f"{name} is {value}")
+        return record
+
+    def _mean_loss(self, state, windows: np.ndarray) -> float:
+        """Windows in chunks of batch_size; each chunk's mean weighted by its window count."""
+        chunk = self.cfg["train"]["batch_size"]
+        total = 0.0
+        for start in range(0, len(windows), chunk):
+            part = windows[start:start + chunk]
+            total += float(self.eval_step(self.model_def, state["model"], part)) * len(part)
+        return total / len(windows)
+
+    def _log(self, record: dict) -> None:
+        append_jsonl(self.metrics_file, record)
+
+    # -- landing
+
+    def _write_summary(self, status: str, reason: str | None) -> dict:
+        setup, plan, progress = self.setup, self.plan, self.progress
+        self.progress.wall_s += self._elapsed()
+        evals = sorted(progress.evals, key=lambda e: e["D"])
+        final = evals[-1] if evals and evals[-1]["step"] == plan.steps else {}
+        telemetry = ({k: _tree_scale(v, 1.0 / progress.telemetry_count) for k, v in progress.telemetry_sum.items()}
+                     if progress.telemetry_count else {})
+        summary = {
+            "status": status,
+            "reason": reason,
+            "name": self.cfg["name"],
+            "run_id": config_lib.run_id(self.cfg),
+            "val_loss": final.get("val_loss"),
+            "train_loss": final.get("train_loss"),
+            "N": int(self.param_counts["non_embedding"]),
+            "N_total": int(self.param_counts["total"]),
+            "D": final.get("D", progress.step * plan.tokens_per_step),
+            "step": final.get("step", progress.step),
+            "steps": plan.steps,
+            "size": self.cfg["model"]["size"],
+            "lr": self.cfg["train"]["lr"],
+            "tokens": self.cfg["train"]["tokens"],
+            "seed": self.cfg["seed"],
+            "smooth_swiglu": self.cfg["model"]["smooth_swiglu"],
+            **_recipe_columns(setup.recipe),
+            "recipe_detail": setup.recipe.describe(),
+            "flops_per_token": self.flops_per_token,
+            "tokens_per_s": self._throughput(),
+            "wall_s": progress.wall_s,
+            "compile_s": progress.compile_s,
+            "eval_s": progress.eval_s,
+            "attempts": progress.attempts,
+            "corpus": setup.corpus.describe(),
+            "entropy_rate": setup.corpus.entropy_rate,
+            "telemetry": telemetry,
+            "evals": evals,
+            "ladder": {
+                "schedule": plan.schedule,
+                "budgets": [b.fraction for b in plan.budgets],
+                "tokens_trained": progress.tokens_trained,
+                "tokens_planned": plan.tokens_trained(),
+                "tokens_separate_runs": plan.tokens_separate_runs(),
+                "saved_fraction": 1.0 - plan.tokens_trained() / plan.tokens_separate_runs(),
+            },
+        }
+        atomic_write_json(self.out_dir / "summary.json", summary)
+        if status in FINAL_STATUSES:  # checkpoints exist to resume; a landed run never will
+            shutil.rmtree(self.out_dir / "checkpoints", ignore_errors=True)
+        return summary
+
+    def land(self, status: str, step: int, reason: str, error: BaseException | None) -> dict:
+        health.land_failure(self.out_dir, config=self.cfg, status=status, step=step, reason=reason,
+                            last_losses=self.last_losses, telemetry=self.last_telemetry, error=error)
+        self.echo(f"{status} at step {step}: {reason}")
+        return self._write_summary(status, reason)
+
+
+def _recipe_columns(recipe) -> dict:
+    """The results-table columns describing a recipe: its bits P, and the weight role's element
+    format, granularity, scaling and block (the forward GEMM's; other roles are in recipe_detail)."""
+    from scaling import formats, precision
+
+    spec = recipe.weight
+    columns = {"recipe": recipe.name, "P": recipe.bits, "bits_w": recipe.bits_w, "bits_a": recipe.bits_a,
+               "bits_g": recipe.bits_g}
+    if spec is None:
+        return {**columns, "format": "fp32", "granularity": "none", "scaling": "none", "block": None,
+                "ebits": 8, "mbits": 23}
+    fmt = formats.get(spec.format)
+    structure = precision.role_structure(spec)
+    return {**columns, "format": spec.format, "granularity": structure.granularity, "scaling": structure.scaling,
+            "block": structure.block or None, "ebits": getattr(fmt, "ebits", None),
+            "mbits": getattr(fmt, "mbits", None)}
+
+
+def _to_python(tree: Any) -> Any:
+    if isinstance(tree, dict):
+        return {str(k): _to_python(v) for k, v in tree.items()}
+    return float(np.asarray(tree)) if np.ndim(tree) == 0 else np.asarray(tree, dtype=float).tolist()
+
+
+def _tree_add(total: Any, tree: Any) -> Any:
+    if isinstance(tree, dict):
+        return {k: _tree_add(total.get(k) if isinstance(total, dict) else None, v) for k, v in tree.items()}
+    if total is None:
+        return tree
+    if isinstance(tree, list):
+        return (np.asarray(total) + np.asarray(tree)).tolist()
+    return total + tree
+
+
+def _tree_scale(tree: Any, factor: float) -> Any:
+    if isinstance(tree, dict):
+        return {k: _tree_scale(v, factor) for k, v in tree.items()}
+    if isinstance(tree, list):
+        return (np.asarray(tree) * factor).tolist()
+    return tree * factor
+
+
+# ---------------------------------------------------------------- CLI
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("config", help="run config (TOML); schema in scaling/config.py")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a dotted key, TOML value syntax (e.g. --set precision=fp4 --set train.lr=1e-3)")
+    parser.add_argument("--out", help="run directory (default: runs/<name>/<run_id>)")
+
+
+def main(args: argparse.Namespace) -> int:
+    cfg = config_lib.validate(config_lib.load(args.config, args.set))
+    out_dir = Path(args.out) if args.out else Path("runs") / cfg["name"] / config_lib.run_id(cfg)
+    summary = run(cfg, out_dir, echo=print)
+    for e in summary["evals"]:
+        print(f"D={e['D']:>10d}  val_loss={e['val_loss']:.4f}  train_loss={e['train_loss']:.4f}")
+    print(f"{summary['status']}: N={summary['N']} P={summary['P']} recipe={summary['recipe']} "
+          f"{summary['tokens_per_s']:.0f} tok/s, {summary['wall_s']:.1f} s -> {out_dir}")
+    return 0 if summary["status"] == "ok" else 1

@@ -1,0 +1,123 @@
+import json
+from pathlib import Path
+
+import pytest
+
+from scaling import cli, config
+from scaling.errors import ConfigError
+
+
+def test_defaults_are_filled_and_validate_is_idempotent():
+    cfg = config.validate({"name": "x", "train": {"lr": 1e-3}})
+    assert cfg["train"]["lr"] == 1e-3 and cfg["train"]["batch_size"] == 32
+    assert cfg["train"]["budgets"] == [0.25, 0.5, 1.0] and cfg["precision"] == "fp32"
+    assert cfg["model"] == {"size": 1, "seq_len": 128, "smooth_swiglu": False}
+    assert config.validate(cfg) == cfg
+    # cosine runs cannot branch: their default budget is the end only
+    assert config.validate({"train": {"schedule": "cosine"}})["train"]["budgets"] == [1.0]
+
+
+def test_run_id_hashes_the_resolved_config():
+    short = {"name": "x", "train": {"lr": 1e-3}}
+    explicit = config.validate(short)
+    assert config.run_id(short) == config.run_id(explicit)
+    assert len(config.run_id(short)) == 12 and int(config.run_id(short), 16) >= 0
+    assert config.run_id({"name": "x", "train": {"lr": 2e-3}}) != config.run_id(short)
+    # integral floats from the command line (2e6) resolve to the same config as integers
+    assert config.run_id({"train": {"tokens": 2e6}}) == config.run_id({"train": {"tokens": 2_000_000}})
+
+
+@pytest.mark.parametrize("override, key, allowed", [
+    ("train.lr=-1", "train.lr", "a number > 0"),
+    ("train.lrr=0.1", "train.lrr", "one of the [train] keys"),
+    ("colour=1", "colour", "one of the top-level keys"),
+    ("model.size=0", "model.size", "an integer >= 1"),
+    ("model.size=1.5", "model.size", "an integer >= 1"),
+    ("model.smooth_swiglu=1", "model.smooth_swiglu", "true or false"),
+    ("train.schedule=linear", "train.schedule", "one of wsd, cosine"),
+    ("train.budgets=[0.5, 0.25, 1.0]", "train.budgets", "ascending"),
+    ("train.budgets=[0.25, 0.5]", "train.budgets", "ending with 1.0"),
+    ("train.warmup=1.0", "train.warmup", "< 1"),
+    ("train.tokens=100", "train.tokens", "at least batch_size x seq_len = 4096"),
+    ("seed=-1", "seed", "an integer >= 0"),
+    ("data.source=/no/such/path", "data.source", "existing file or directory"),
+    ("precision=fp5", "precision", "a preset"),
+    ("health.spike_factor=1", "health.spike_factor", "> 1"),
+])
+def test_bad_values_name_key_value_and_what_is_allowed(override, key, allowed):
+    with pytest.raises(ConfigError) as err:
+        config.validate(config.apply_overrides({}, [override]))
+    assert err.value.key == key
+    assert str(err.value).startswith(f"{key}: got ")
+    assert allowed in err.value.allowed
+
+
+def test_cosine_with_branch_budgets_is_refused():
+    with pytest.raises(ConfigError, match="train.budgets.*cosine"):
+        config.validate({"train": {"schedule": "cosine", "budgets": [0.5, 1.0]}})
+
+
+def test_budgets_must_give_distinct_steps():
+    # 4096 tokens per step, 10 steps: 0.01 and 0.02 both round to 0 steps
+    with pytest.raises(ConfigError, match="distinct step counts"):
+        config.validate({"train": {"tokens": 40960, "budgets": [0.01, 0.02, 1.0]}})
+
+
+def test_override_values_use_toml_syntax_with_string_fallback():
+    assert config.parse_value("3e-3") == 0.003
+    assert config.parse_value("2_000") == 2000
+    assert config.parse_value("true") is True
+    assert config.parse_value("[0.5, 1.0]") == [0.5, 1.0]
+    assert config.parse_value('"fp8"') == "fp8"
+    assert config.parse_value("fp4") == "fp4"
+    assert config.parse_value("/data/corpus") == "/data/corpus"
+    cfg = config.apply_overrides({"train": {"lr": 1.0}}, ["train.lr=0.5", "precision=fp4", "model.size=2"])
+    assert cfg == {"train": {"lr": 0.5}, "precision": "fp4", "model": {"size": 2}}
+    with pytest.raises(ConfigError, match="--set"):
+        config.apply_overrides({}, ["train.lr"])
+    with pytest.raises(ConfigError, match="parent 'precision' is a table"):
+        config.apply_overrides({"precision": "fp8"}, ["precision.weight=fp4"])
+
+
+def test_load_reads_toml_and_applies_overrides(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text('name = "t"\nprecision = "fp8"\n[train]\nlr = 1e-3\nbatch_size = 8\n')
+    cfg = config.validate(config.load(path, ["train.batch_size=4"]))
+    assert (cfg["name"], cfg["precision"], cfg["train"]["lr"], cfg["train"]["batch_size"]) == ("t", "fp8", 1e-3, 4)
+    bad = tmp_path / "bad.toml"
+    bad.write_text("name = \n")
+    with pytest.raises(ConfigError, match="valid TOML"):
+        config.load(bad)
+    with pytest.raises(ConfigError, match="existing TOML file"):
+        config.load(tmp_path / "missing.toml")
+
+
+def test_precision_table_is_accepted_and_checked():
+    table = {"base": "fp8", "grad": {"format": "fp8_e5m2", "granularity": "channel"}}
+    assert config.validate({"precision": table})["precision"] == table
+    with pytest.raises(ConfigError, match="precision.weight.format"):
+        config.validate({"precision": {"weight": {"format": "fp9_e9m9"}}})
+
+
+def test_cli_bad_value_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys):
+    path = tmp_path / "run.toml"
+    path.write_text('name = "t"\n[data]\nsource = "synthetic"\n')
+    out = tmp_path / "run"
+    code = cli.main(["train", str(path), "--set", "train.lr=-1", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err == "error: train.lr: got -1; allowed: a number > 0\n"
+    assert not out.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.toml"]
+
+
+def test_config_json_of_a_run_round_trips():
+    cfg = config.validate({"precision": {"base": "fp8", "name": "mine"}})
+    assert config.validate(json.loads(json.dumps(cfg))) == cfg
+
+
+def test_shipped_smoke_config_is_valid_and_small():
+    cfg = config.validate(config.load(Path(__file__).resolve().parents[1] / "experiments" / "smoke.toml"))
+    assert cfg["data"]["source"] == "stdlib" and cfg["model"]["size"] == 1
+    steps = cfg["train"]["tokens"] // (cfg["train"]["batch_size"] * cfg["model"]["seq_len"])
+    assert steps == 400

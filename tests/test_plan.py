@@ -1,0 +1,337 @@
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from scaling import plan
+from scaling.errors import ConfigError
+
+# Issue #6: training days on H100 (dense BF16 989 TFLOP/s) from the talk.
+ISSUE_TABLE = {
+    "DeepSeek-V3": (3.4e24, {1024: 97, 5000: 22, 10000: 13}),
+    "Kimi K2": (2.98e24, {1024: 85, 5000: 19, 10000: 11}),
+    "GPT-4": (2.1e25, {1024: 602, 5000: 137, 10000: 80}),
+}
+
+
+@pytest.mark.parametrize("model", ISSUE_TABLE)
+def test_default_efficiency_reproduces_issue_table_within_5_percent(model):
+    flops, days_by_gpus = ISSUE_TABLE[model]
+    for gpus, days in days_by_gpus.items():
+        assert plan.train_days(flops, gpus) == pytest.approx(days, rel=0.05), (model, gpus)
+
+
+def test_days_formula_with_fixed_mfu():
+    # 3.4e24 / (1024 * 989e12 * 86400) = 38.86 days at 100% MFU; 40% MFU -> 97.1 days
+    assert plan.train_days(3.4e24, 1024, mfu=1.0) == pytest.approx(3.4e24 / (1024 * 989e12 * 86400))
+    assert plan.train_days(3.4e24, 1024, mfu=0.4) == pytest.approx(97.15, abs=0.01)
+    # B200 FP4 peak 9000 TFLOP/s dense
+    assert plan.train_days(9e15 * 86400, 1, gpu="b200", precision="fp4", mfu=1.0) == pytest.approx(1.0)
+
+
+def test_spec_sheet_peaks():
+    assert plan.get_gpu("h100").peak("bf16") == 989e12
+    assert plan.get_gpu("h100").peak("fp8") == 1979e12
+    assert plan.get_gpu("h200").peak_tflops == plan.get_gpu("h100").peak_tflops
+    assert plan.get_gpu("a100").peak("fp16") == 312e12
+    assert plan.get_gpu("b200").peak("bf16") == 2250e12 and plan.get_gpu("b200").peak("fp8") == 4500e12
+    with pytest.raises(ConfigError, match="precision: got 'fp8'"):
+        plan.get_gpu("a100").peak("fp8")
+    with pytest.raises(ConfigError, match="precision: got 'fp4'"):
+        plan.train_days(1e24, 1024, gpu="h100", precision="fp4")
+
+
+def test_mfu_falls_with_cluster_size_and_fp8_keeps_part_of_its_2x_peak():
+    bf16 = [plan.model_flops_utilization(k) for k in (8, 1024, 5000, 10000, 100000)]
+    assert all(a > b for a, b in zip(bf16, bf16[1:]))
+    assert bf16[1] == pytest.approx(0.417 / (1 + 1024 / 30000))
+    speedup = {k: plan.train_days(1e24, k) / plan.train_days(1e24, k, precision="fp8") for k in (1024, 10000)}
+    # (1 + K/K0) / (0.4 + 0.6/r + K/K0), r = 1979/989: 1.41x at 1,024 GPUs, 1.29x at 10,000 (< 2x peak)
+    assert speedup[1024] == pytest.approx((1 + 1024 / 30000) / (0.4 + 0.6 * 989 / 1979 + 1024 / 30000))
+    assert 1.25 < speedup[10000] < speedup[1024] < 1.5
+    # FP32 on TF32 tensor cores is slower than BF16
+    assert plan.train_days(1e24, 1024, precision="tf32") > plan.train_days(1e24, 1024)
+
+
+@pytest.mark.parametrize(
+    "bits, gpu, expected",
+    [(4, "b200", "fp4"), (4, "h100", "fp8"), (4, "a100", "bf16"), (4.5, "b200", "fp8"), (6, "h100", "fp8"),
+     (8, "b200", "fp8"), (8, "a100", "bf16"), (12, "h100", "bf16"), (16, "h100", "bf16"), (32, "h100", "tf32")],
+)
+def test_precision_for_bits(bits, gpu, expected):
+    assert plan.precision_for_bits(bits, gpu) == expected
+
+
+# -- memory ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "layout, bytes_per_gpu",
+    [
+        (plan.Layout(dp=8, zero=0), 7e9 * 16),  # 2 + 2 + 4 + 8 bytes/param replicated: 112 GB
+        (plan.Layout(dp=8, zero=1), 7e9 * (2 + 2 + 12 / 8)),  # 38.5 GB
+        (plan.Layout(dp=8, zero=2), 7e9 * (2 + 14 / 8)),  # 26.25 GB
+        (plan.Layout(dp=8, zero=3), 7e9 * 16 / 8),  # 14 GB
+        (plan.Layout(dp=2, tp=2, pp=2, zero=1), 7e9 / 4 * (2 + 2 + 12 / 2)),  # 17.5 GB
+    ],
+)
+def test_model_state_memory_hand_computed(layout, bytes_per_gpu):
+    mem = plan.memory_per_gpu(7e9, layout, "bf16")
+    assert mem.total - mem.activations == pytest.approx(bytes_per_gpu)
+
+
+def test_fp32_recipe_has_no_separate_master_copy():
+    mem = plan.memory_per_gpu(1e9, plan.Layout(), "fp32")
+    assert (mem.weights, mem.gradients, mem.master_weights, mem.optimizer_moments) == (4e9, 4e9, 0, 8e9)
+
+
+def test_activations_korthikanti_formula():
+    shape = plan.ModelShape(layers=24, hidden=4096, heads=32, seq_len=2048, micro_batch=1)
+    sbh = 2048 * 1 * 4096
+    # BF16, no recompute: s*b*h*(34 + 5*a*s/h) = sbh * (34 + 80) per layer
+    assert plan.activation_bytes_per_layer(shape, "bf16", "none") == sbh * (34 + 5 * 32 * 2048 / 4096)
+    # FP8 caching of the 7 sbh GEMM inputs saves 7 bytes per sbh element
+    assert plan.activation_bytes_per_layer(shape, "fp8", "none") == sbh * (27 + 80)
+    assert plan.activation_bytes_per_layer(shape, "bf16", "selective") == sbh * 34
+    assert plan.activation_bytes_per_layer(shape, "bf16", "full") == sbh * 2
+    # sequence parallel with tp=4 divides everything by 4
+    assert plan.activation_bytes_per_layer(shape, "bf16", "none", tp=4) == sbh * 114 / 4
+    # 1F1B: the first stage holds L layers' worth of activations whatever pp is
+    for pp in (1, 4):
+        mem = plan.memory_per_gpu(7e9, plan.Layout(tp=2, pp=pp), "bf16", shape, "selective")
+        assert mem.activations == 24 * sbh * 34 / 2
+    assert mem.gib()["activations"] == pytest.approx(24 * sbh * 34 / 2 / 2**30)
+
+
+def test_shape_from_params_matches_parameter_count():
+    shape = plan.ModelShape.for_params(7e9)
+    assert shape.hidden % 128 == 0 and shape.heads == shape.hidden // 128
+    assert 12 * shape.layers * shape.hidden**2 == pytest.approx(7e9, rel=0.05)
+    assert 100 <= shape.hidden / shape.layers <= 160
+
+
+def test_memory_fits_uses_spec_sheet_capacity():
+    states_80gb = plan.memory_per_gpu(5e9, plan.Layout(dp=8, zero=0), "bf16", recompute="full")  # 80 GB of states
+    assert not states_80gb.fits("h100") and states_80gb.fits("h200")
+
+
+@pytest.mark.parametrize("text", ["dp=8,tp=x", "dp=8,foo=1", "dp=8,dp=2", "zero=4,dp=1", "dp=0", "tp=3"])
+def test_bad_layouts_are_config_errors(text):
+    with pytest.raises(ConfigError, match="layout"):
+        plan.parse_layout(text, gpus=16)
+
+
+def test_layout_dp_defaults_to_gpus_over_model_parallel():
+    assert plan.parse_layout("tp=8,pp=4,zero=1", gpus=1024) == plan.Layout(dp=32, tp=8, pp=4, zero=1)
+
+
+# -- reliability -------------------------------------------------------------------------------
+
+
+def test_llama3_failure_rate_round_trip():
+    assert plan.expected_interruptions(54, 16384) == pytest.approx(419)
+    assert plan.GPU_MTBF_HOURS / 16384 == pytest.approx(3.09, abs=0.01)  # one job failure every ~3 h
+
+
+def _simulate_checkpoint_restart(rng, segments, mtbf, tau, ckpt, restart):
+    """Wall time per segment of tau compute + ckpt write; a failure loses the segment and costs a restart."""
+    need = np.full(segments, tau + ckpt)  # first attempt starts right after the previous checkpoint
+    wall = np.zeros(segments)
+    pending = np.arange(segments)
+    while pending.size:
+        fail_at = rng.exponential(mtbf, pending.size)
+        done = fail_at >= need[pending]
+        wall[pending] += np.where(done, need[pending], fail_at)
+        need[pending] = restart + tau + ckpt  # later attempts must also survive the restart
+        pending = pending[~done]
+    return wall
+
+
+def test_checkpoint_goodput_matches_monte_carlo():
+    rng = np.random.default_rng(0)
+    mtbf, tau, ckpt, restart = 3.0, 1.0, 0.2, 0.5  # hours; failures are frequent so the test has teeth
+    wall = _simulate_checkpoint_restart(rng, 200_000, mtbf, tau, ckpt, restart)
+    simulated = tau / wall.mean()
+    # delta method: se(tau/mean) = goodput * se(mean)/mean
+    se = simulated * wall.std() / math.sqrt(wall.size) / wall.mean()
+    predicted = plan.checkpoint_goodput(mtbf, tau, ckpt, restart)
+    assert 0.5 < predicted < 0.7  # far from 1: a wrong formula cannot hide
+    assert abs(simulated - predicted) < 4 * se, (simulated, predicted, se)
+    assert 4 * se < 0.005  # the check resolves 0.5%-level errors
+
+
+def test_daly_interval_is_the_optimum_of_the_exact_goodput():
+    mtbf, ckpt, restart = plan.GPU_MTBF_HOURS / 10000, 5 / 60, 20 / 60
+    daly = plan.optimal_checkpoint_interval(mtbf, ckpt)
+    assert daly == pytest.approx(math.sqrt(2 * ckpt * mtbf), rel=0.1)  # Young's first-order value
+    grid = np.linspace(0.05, 5.0, 2000)
+    best = max(plan.checkpoint_goodput(mtbf, t, ckpt, restart) for t in grid)
+    assert plan.checkpoint_goodput(mtbf, daly, ckpt, restart) == pytest.approx(best, abs=1e-4)
+
+
+def _simulate_drop_replica(rng, replicas, mtbf_replica, repair, stall, horizon):
+    """Fraction of full throughput: live replicas / n, zero while any failure's stall window is open."""
+    cycles = int(3 * horizon / (mtbf_replica + repair)) + 50
+    up = rng.exponential(mtbf_replica, (replicas, cycles))
+    starts = np.concatenate([np.zeros((replicas, 1)), np.cumsum(up + repair, axis=1)[:, :-1]], axis=1)
+    # stationary start: drop a uniform slice of the first cycle so replicas are out of phase
+    offset = rng.uniform(0, mtbf_replica + repair, (replicas, 1))
+    fail = (starts + up - offset).ravel()
+    times = np.concatenate([fail, fail + repair, fail + stall])
+    d_live = np.concatenate([-np.ones_like(fail), np.ones_like(fail), np.zeros_like(fail)])
+    d_stall = np.concatenate([np.ones_like(fail), np.zeros_like(fail), -np.ones_like(fail)])
+    order = np.argsort(times)
+    times, d_live, d_stall = times[order], d_live[order], d_stall[order]
+    live = replicas + np.cumsum(d_live)
+    stalled = np.cumsum(d_stall) > 0
+    start = np.clip(times, 0, horizon)
+    end = np.clip(np.append(times[1:], horizon), 0, horizon)
+    return float(np.sum((end - start) * live / replicas * ~stalled)) / horizon
+
+
+def test_drop_replica_goodput_matches_monte_carlo():
+    rng = np.random.default_rng(1)
+    gpus, replica_gpus, gpu_mtbf, repair, stall = 128, 8, 80.0, 2.5, 0.1  # m = 10 h per replica
+    samples = np.array([_simulate_drop_replica(rng, gpus // replica_gpus, gpu_mtbf / replica_gpus, repair, stall, 500.0)
+                        for _ in range(60)])
+    simulated, se = samples.mean(), samples.std(ddof=1) / math.sqrt(samples.size)
+    predicted = plan.drop_replica_goodput(gpus, replica_gpus, gpu_mtbf, repair, stall)
+    assert predicted == pytest.approx(0.8 * (1 - 0.1 / 12.5) ** 15)
+    assert abs(simulated - predicted) < 4 * se, (simulated, predicted, se)
+    assert 4 * se < 0.005  # resolves the 0.7% bias of the cruder A * exp(-n q) approximation
+
+
+def test_drop_replica_beats_checkpoint_restart_at_scale():
+    run = plan.plan_run(3.4e24, 10000)
+    assert run.drop_replica_goodput > run.checkpoint_goodput
+    assert run.checkpoint_days > run.drop_replica_days > run.days
+
+
+# -- tie to the science ------------------------------------------------------------------------
+
+
+def test_plan_optimum_maps_bits_to_hardware_and_counts_6nd():
+    point = {"P": 4, "N": 1e9, "D": 2e10, "loss": 3.1}
+    on_b200 = plan.plan_optimum(point, [1024], gpu="b200")
+    on_h100 = plan.plan_optimum(point, [1024], gpu="h100")
+    assert (on_b200.hardware_precision, on_h100.hardware_precision) == ("fp4", "fp8")
+    assert on_b200.flops == 1.2e20
+    assert on_b200.runs[0].days == pytest.approx(plan.train_days(1.2e20, 1024, "b200", "fp4"))
+
+
+class _PowerLawFit:
+    """A FitResult-like stand-in: optimal loss E + k * C^-g has a closed-form inverse."""
+
+    law, params = "power", {"E": 1.7, "k": 400.0, "g": 0.15}
+
+    def predict(self, compute):
+        return self.params["E"] + self.params["k"] * compute ** -self.params["g"]
+
+
+def _optimize(fit_result, compute):
+    return {"loss": fit_result.predict(compute)}
+
+
+def test_compute_for_target_loss_inverts_the_optimal_loss():
+    fit = _PowerLawFit()
+    target = 2.2
+    exact = (fit.params["k"] / (target - fit.params["E"])) ** (1 / fit.params["g"])
+    assert plan.compute_for_target_loss(fit, target, _optimize) == pytest.approx(exact, rel=2e-3)
+    with pytest.raises(ConfigError, match="target-loss"):
+        plan.compute_for_target_loss(fit, 1.69, _optimize)  # below the irreducible loss
+
+
+# -- CLI ---------------------------------------------------------------------------------------
+
+
+def _cli(*argv):
+    return subprocess.run([sys.executable, "-m", "scaling.cli", "plan", *argv], capture_output=True, text=True)
+
+
+def test_cli_prints_the_issue_table():
+    proc = _cli("--flops", "3.4e24", "--gpus", "1024", "5000", "10000")
+    assert proc.returncode == 0, proc.stderr
+    rows = [line.split() for line in proc.stdout.splitlines() if line.strip().split(" ")[0].replace(",", "").isdigit()]
+    days = {int(r[0].replace(",", "")): float(r[2]) for r in rows}
+    assert days == pytest.approx({1024: 97, 5000: 22, 10000: 13}, rel=0.05)
+    assert "989" in proc.stdout
+
+
+def test_cli_memory_breakdown():
+    proc = _cli("--params", "7e9", "--layout", "dp=8,tp=1,pp=1,zero=3", "--recompute", "full")
+    assert proc.returncode == 0, proc.stderr
+    gib = {line.split()[0]: float(line.split()[1]) for line in proc.stdout.splitlines() if line.strip().endswith("GiB")
+           and not line.strip().startswith(("fits", "does"))}
+    assert gib["weights"] == pytest.approx(7e9 * 2 / 8 / 2**30, abs=0.01)
+    assert gib["weights"] + gib["gradients"] + gib["master_weights"] + gib["optimizer_moments"] == pytest.approx(14e9 / 2**30, abs=0.02)
+
+
+@pytest.mark.parametrize(
+    "argv, key",
+    [
+        (["--flops", "lots"], "flops"),
+        (["--flops", "1e24", "--gpus", "0"], "gpus"),
+        (["--flops", "1e24", "--gpu", "v100"], "gpu"),
+        (["--flops", "1e24", "--gpu", "a100", "--precision", "fp8"], "precision"),
+        (["--params", "7e9", "--layout", "dp=8,zero=7"], "layout.zero"),
+        ([], "plan"),
+    ],
+)
+def test_cli_bad_arguments_are_one_line_errors(argv, key):
+    proc = _cli(*argv)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith(f"error: {key}:"), proc.stderr
+
+
+# Kumar et al. 2024 form with kappa = 3: the sweet spot is P* = gamma * 1.904 = 4.76 bits.
+KUMAR_PARAMS = {"E": 1.7, "A": 400.0, "B": 1500.0, "alpha": 0.34, "beta": 0.28, "gamma": 2.5, "kappa": 3.0}
+
+
+@pytest.fixture
+def kumar_fit_json(tmp_path):
+    from scaling import fit
+
+    path = tmp_path / "kumar.json"
+    fit.FitResult(law="kumar", params=KUMAR_PARAMS, objective=0.0, residuals=np.array([])).to_json(path)
+    return path
+
+
+def test_cli_plans_the_compute_optimum_of_a_fitted_law(kumar_fit_json, capsys):
+    from scaling import cli, fit, optimal
+
+    best = optimal.optimal_precision(fit.FitResult.from_json(kumar_fit_json), compute=1e22)
+    assert best["P"] == pytest.approx(2.5 * 1.904, abs=0.01)
+    flops = 6 * best["N"] * best["D"]  # hardware FLOPs; optimal's compute counts P/16 of them
+    # 4.76 bits need an 8-bit format (FP4 is too narrow); the A100 has none below BF16
+    for gpu, fmt, p4_fmt in (("b200", "fp8", "fp4"), ("h100", "fp8", "fp8"), ("a100", "bf16", "bf16")):
+        argv = ["plan", "--fit", str(kumar_fit_json), "--compute", "1e22", "--gpus", "1024", "--gpu", gpu,
+                "--layout", "tp=8,zero=1"]
+        assert cli.main(argv) == 0
+        out = capsys.readouterr().out
+        assert f"optimum P={best['P']:.3g} bits -> {fmt}" in out
+        optimum_row = out.split("optimum P=")[1].splitlines()[3].split()
+        assert float(optimum_row[2]) == pytest.approx(plan.train_days(flops, 1024, gpu, fmt), rel=1e-3)
+        assert "Layout(dp=128, tp=8, pp=1, zero=1)" in out
+        rows = {float(line.split()[0]): line.split() for line in out.split("days@1024")[1].split("\n\n")[0].strip().splitlines()}
+        assert sorted(rows) == [4, 6, 8, 16, 32]
+        assert (rows[4][1], rows[16][1], rows[32][1]) == (p4_fmt, "bf16", "tf32")
+        table = best["per_precision"].set_index("P")
+        assert float(rows[4][6]) == pytest.approx(
+            plan.train_days(6 * table.loc[4, "N"] * table.loc[4, "D"], 1024, gpu, p4_fmt), rel=1e-2)
+
+
+@pytest.mark.slow
+def test_cli_target_loss_finds_the_compute_that_reaches_it(kumar_fit_json, capsys):
+    from scaling import cli, fit, optimal
+
+    assert cli.main(["plan", "--fit", str(kumar_fit_json), "--target-loss", "2.3", "--gpus", "1024"]) == 0
+    compute = float(capsys.readouterr().out.split("compute ")[1].split()[0])
+    fit_result = fit.FitResult.from_json(kumar_fit_json)
+    assert optimal.optimal_precision(fit_result, compute=compute)["loss"] == pytest.approx(2.3, abs=2e-3)
+    assert optimal.optimal_precision(fit_result, compute=compute / 1.05)["loss"] > 2.3
+    assert cli.main(["plan", "--fit", str(kumar_fit_json), "--target-loss", "1.5"]) == 2  # below E = 1.7
+    assert capsys.readouterr().err.startswith("error: target-loss:")
+    assert cli.main(["plan", "--fit", str(kumar_fit_json.parent / "missing.json"), "--compute", "1e22"]) == 2
+    assert capsys.readouterr().err.startswith("error: fit:")
