@@ -18,6 +18,7 @@ import statistics
 import time
 
 import jax
+import numpy as np
 import optax
 import torch
 import torch.nn.functional as F
@@ -101,7 +102,7 @@ def main() -> None:
     # PyTorch: same model and batch, eager, AdamW
     tm = TorchLM(cfg)
     topt = torch.optim.AdamW(tm.parameters(), lr=1e-3)
-    tt = torch.as_tensor(jax.device_get(tokens_np)).long()
+    tt = torch.tensor(np.array(tokens_np), dtype=torch.long)
 
     def torch_step():
         topt.zero_grad(set_to_none=True)

@@ -9,15 +9,17 @@ summed over points (a mean would scale the gradient by 1/n and make L-BFGS stop 
 computed as a logsumexp of the law's log-terms. Minimised by L-BFGS from every point of an
 initialisation grid, best kept.
 
-Speed: the whole grid is optimised at once in JAX (float64, exact gradients): a batched L-BFGS
-(two-loop recursion, a line search that tries a fixed ladder of step sizes in parallel) is jit'd
-and vmap'd over the starts, so 4,500 starts cost a few hundred batched evaluations instead of
-4,500 Python-level scipy runs. The best few distinct results are then polished with
-scipy L-BFGS-B (float64, the same exact JAX gradient). `reference_fit` is the plain per-start
+Speed: the whole grid is optimised at once in JAX with exact gradients: a batched L-BFGS (two-loop
+recursion, a line search that tries a short ladder of step sizes in parallel) is jit'd and vmap'd
+over the starts, so 4,500 starts cost a few hundred batched evaluations instead of 4,500
+Python-level scipy runs. This stage only ranks the starts, so it runs in float32 (XLA's float32
+exp/log are many times faster on CPU): all starts a few iterations, the best tenth many more. The
+best few distinct results are then polished by scipy L-BFGS-B in float64 with the float64 JAX
+gradient, and the lowest float64 objective is reported. `reference_fit` is the plain per-start
 scipy loop it must agree with (tests and benchmarks/bench_fit.py compare them).
 
 Bootstrap: resampling units (runs, by `run_id`, or rows) with replacement is a multinomial weight
-per row, so all resamples are one batched weighted fit, started from the full-data optimum.
+per row, so all resamples are one batched weighted float64 fit, started from the full-data optimum.
 """
 
 from __future__ import annotations
@@ -160,7 +162,7 @@ def _jax_solvers(law_name: str, free: tuple[str, ...], fixed_names: tuple[str, .
 
     law = laws.get(law_name)
     positive_mask = np.array([n in law.positive for n in free])
-    
+
     def objective(theta, fixed_vals, x, log_loss, weights, delta):
         fixed = dict(zip(fixed_names, fixed_vals))
         return _objective(theta, law, free, positive_mask, fixed, x, log_loss, weights, delta, jnp)
@@ -168,6 +170,7 @@ def _jax_solvers(law_name: str, free: tuple[str, ...], fixed_names: tuple[str, .
     value_and_grad = jax.value_and_grad(objective)
 
     def lbfgs_one(theta0, weights, fixed_vals, x, log_loss, delta, iters):
+        tiny = jnp.finfo(theta0.dtype).tiny  # keeps 1/|g| finite at a zero gradient
         def f(th):
             return objective(th, fixed_vals, x, log_loss, weights, delta)
 
@@ -186,7 +189,7 @@ def _jax_solvers(law_name: str, free: tuple[str, ...], fixed_names: tuple[str, .
                 alphas.append(a)
             yy = jnp.dot(Y[-1], Y[-1])
             # Initial Hessian scale s·y/y·y (Nocedal & Wright 7.20); before any pair, a unit-length step.
-            h0 = jnp.where(sy[-1] > 0, sy[-1] / jnp.where(yy > 0, yy, 1.0), 1.0 / (jnp.linalg.norm(g) + 1e-300))
+            h0 = jnp.where(sy[-1] > 0, sy[-1] / jnp.where(yy > 0, yy, 1.0), 1.0 / (jnp.linalg.norm(g) + tiny))
             r = h0 * q
             for i, a in zip(range(memory), reversed(alphas)):
                 b = rho[i] * jnp.dot(Y[i], r)
@@ -196,7 +199,7 @@ def _jax_solvers(law_name: str, free: tuple[str, ...], fixed_names: tuple[str, .
         def step(carry):
             th, v, g, S, Y, sigma = carry
             d = direction(g, S, Y)
-            d = jnp.where(jnp.dot(d, g) < 0, d, -g / (jnp.linalg.norm(g) + 1e-300))
+            d = jnp.where(jnp.dot(d, g) < 0, d, -g / (jnp.linalg.norm(g) + tiny))
             ladder = jnp.asarray(_STEP_LADDER, th.dtype)
             candidates = th[None, :] + sigma * ladder[:, None] * d[None, :]
             values = jax.vmap(f)(candidates)

@@ -423,11 +423,13 @@ def _lowbias32(h: jax.Array) -> jax.Array:
 
 
 def _hash_uniform(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
-    """U[0, 1) on a 2^-24 grid from a counter-based hash of (element index, key). ~10x cheaper
-    on CPU than jax.random.uniform's threefry, which would dominate a low-precision step."""
+    """U[0, 1) on a 2^-24 grid from a counter-based hash of (element index XOR a 32-bit seed
+    drawn from `key`): lowbias32 is a bijection with full avalanche, so distinct (index, seed)
+    give independent-looking draws. ~20x cheaper on CPU than jax.random.uniform's threefry,
+    which would otherwise dominate a low-precision train step."""
     seed = jax.random.bits(key, (), jnp.uint32)
     idx = jax.lax.iota(jnp.uint32, math.prod(shape)).reshape(shape)
-    return (_lowbias32(_lowbias32(idx) ^ seed) >> 8).astype(jnp.float32) * (2.0**-24)
+    return (_lowbias32(idx ^ seed) >> 8).astype(jnp.float32) * (2.0**-24)
 
 
 def stochastic_round(a: jax.Array, fmt: jax.Array, key: jax.Array) -> jax.Array:

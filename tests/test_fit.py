@@ -6,6 +6,7 @@ import json
 import math
 from pathlib import Path
 
+import jax.numpy as jnp
 import numpy as np
 import pandas as pd
 import pytest
@@ -63,7 +64,7 @@ def test_reproduces_besiroglu_chinchilla_fit():
     Besiroglu et al. 2024 report (bootstrap SE): A 482.01 (124.52), B 2085.43 (1293.28), E 1.817 (0.026),
     alpha 0.3478 (0.0154), beta 0.3658 (0.0206). Same estimator, same data: the two optima can differ only
     by optimiser tolerance on a nearly flat (piecewise-linear Huber) objective, never by sampling noise.
-    So we demand agreement to 0.25 SE: 16x tighter than a 95% CI (+-2 SE) and still loose enough for
+    So we demand agreement to 0.25 SE: 8x tighter than the half-width of a 95% CI (2 SE), still loose enough for
     the tolerance of two different L-BFGS implementations. Measured: within 0.07 SE on every param.
     """
     published = dict(A=(482.01, 124.52), B=(2085.43, 1293.28), E=(1.817, 0.026), alpha=(0.3478, 0.0154), beta=(0.3658, 0.0206))
@@ -85,6 +86,7 @@ def test_same_optimum_as_the_plain_per_start_scipy_loop():
     # and (1, 20, 0, 0, 0) lead the scipy loop to the global optimum, the others stop short of it.
     init = {"E": [math.exp(-0.5), math.exp(1)], "A": [math.exp(10), math.exp(20)], "B": [1.0], "alpha": [0.0, 1.0], "beta": [0.0]}
     ours = fit.fit_law(df, "chinchilla", init=init)
+    assert jnp.zeros(1).dtype == jnp.float32  # float64 was scoped to the fit, not flipped globally
     ref = fit.reference_fit(df, "chinchilla", starts=fit.grid_starts(df, "chinchilla", init=init))
     assert ours.objective <= ref["objective"] * (1 + 1e-6)
     for name in ("E", "alpha", "beta"):
@@ -94,12 +96,12 @@ def test_same_optimum_as_the_plain_per_start_scipy_loop():
 
 # --------------------------------------------------------------------------- parameter recovery
 
-# Tolerances. With 1% multiplicative noise the estimator itself scatters: relative bootstrap SEs measured
-# on exactly these designs (100 resamples) are <= 2.6% for E, exponents, delta, nu; <= 3.9% for kumar's
-# gammas; 3-15% for the prefactors A, B, n, d and sun's gamma (they trade off against the exponents:
-# d log A ≈ log N · d alpha). We allow >= 3 SE: 8%, 12% and 50%. The measured errors of these fits are
-# all within 2.2 SE (largest: synthetic chinchilla B, -32% at SE 14.6%). A wrong basin or an early stop
-# misses by far more (e.g. sun on a narrower design: gamma off by +185%).
+# Tolerances. With 1% multiplicative noise the estimator itself scatters. Measured on exactly these
+# designs (100 bootstrap resamples each): relative SEs <= 2.4% for E, exponents, delta, nu; <= 3.8% for
+# the gammas; <= 9.7% for the prefactors A, B, n, d and sun's gamma (they trade off against the
+# exponents: d log A ≈ log N · d alpha). The errors of these seeds: <= 3.4%, <= 6.1%, <= 17% (at most
+# 3 SE). Tolerances 8%, 12%, 50% are >= 3 of the largest SE and >= 2x the largest error in each class;
+# a wrong basin or an early stop misses by far more (sun on a narrower design: gamma off by +185%).
 EXPONENT_TOL, GAMMA_TOL, PREFACTOR_TOL = 0.08, 0.12, 0.50
 SUN = dict(SUN, gamma=20.0)
 
@@ -110,12 +112,14 @@ def _check_recovery(result, truth, prefactors):
         assert result.params[name] == pytest.approx(value, rel=tol), (name, result.params[name], value)
 
 
+@pytest.mark.slow
 def test_recovers_chinchilla_params():
     df = synthetic("chinchilla", CHINCHILLA, {"N": list(np.geomspace(1e7, 1e11, 16)), "D": list(np.geomspace(1e9, 1e13, 16))})
     init = {k: v for k, v in SMALL_KUMAR_INIT.items() if k != "gamma"}
     _check_recovery(fit.fit_law(df, "chinchilla", init=init), CHINCHILLA, {"A", "B"})
 
 
+@pytest.mark.slow
 def test_recovers_kumar_params_and_bootstrap_covers_them():
     df = kumar_data()
     result = fit.bootstrap(df, "kumar", n=120, seed=1, init=SMALL_KUMAR_INIT, level=0.99)
@@ -129,6 +133,7 @@ def test_recovers_kumar_params_and_bootstrap_covers_them():
         assert lo <= result.params[name] <= hi
 
 
+@pytest.mark.slow
 def test_recovers_kumar_roles_params():
     grid = {"N": [1e7, 1e8, 1e9], "D": [1e9, 1e10, 1e11], "P_w": [2, 4, 8], "P_a": [2, 4, 8], "P_g": [2, 4, 8]}
     df = synthetic("kumar_roles", KUMAR_ROLES, grid)
@@ -146,6 +151,7 @@ def sun_data(seed=0):  # 4 sizes x 4 budgets x 8 formats x 2 block sizes = 256 r
     return df
 
 
+@pytest.mark.slow
 def test_recovers_sun_params():
     init = {"n": [10.0, 1e3], "d": [10.0, 1e3], "eps": [1.0], "alpha": [0.2, 0.5], "beta": [0.2, 0.5],
             "gamma": [10.0, 1e3], "delta": [0.5], "nu": [1.0]}
@@ -153,6 +159,7 @@ def test_recovers_sun_params():
     _check_recovery(result, SUN, {"n", "d", "gamma"})
 
 
+@pytest.mark.slow
 def test_kappa_can_be_fitted():
     df = synthetic("kumar", {**KUMAR, "kappa": 2.0}, {"N": SIZES, "D": TOKENS, "P": [2, 3, 4, 6, 8, 16]}, noise=0.002)
     result = fit.fit_law(df, "kumar", fixed={}, init={**SMALL_KUMAR_INIT, "kappa": [1.0, 3.0]})
@@ -161,6 +168,7 @@ def test_kappa_can_be_fitted():
 
 # --------------------------------------------------------------------------- validation helpers
 
+@pytest.mark.slow
 def test_holdout_compare_and_leave_one_size_out():
     df = kumar_data()
     quick = dict(init=SMALL_KUMAR_INIT, polish=1)
@@ -185,6 +193,7 @@ def test_aic_hand_computed():
 
 # --------------------------------------------------------------------------- JSON round trip
 
+@pytest.mark.slow
 def test_json_round_trip(tmp_path):
     df = kumar_data()
     result = fit.fit_law(df, "kumar", init=SMALL_KUMAR_INIT, bootstrap=20, seed=3)
@@ -233,6 +242,7 @@ def test_more_bad_inputs():
 
 # --------------------------------------------------------------------------- CLI
 
+@pytest.mark.slow
 def test_cli_fit_writes_a_fit_and_prints_a_table(tmp_path, capsys):
     df = synthetic("chinchilla", CHINCHILLA, {"N": [1e7, 1e8, 1e9], "D": [1e9, 1e10, 1e11]})
     df["status"] = "ok"

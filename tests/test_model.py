@@ -13,7 +13,7 @@ from flax import nnx
 
 from scaling import model, precision
 
-TINY = model.ModelConfig(d_model=32, n_layers=2, n_heads=2, d_ff=64, vocab=64, seq_len=16)
+TINY = model.ModelConfig(d_model=32, n_layers=1, n_heads=2, d_ff=64, vocab=64, seq_len=16)
 
 
 def _tokens(cfg=TINY, batch=2, seed=0):

@@ -1,7 +1,6 @@
 """The compute-optimal precision: kumar's sweet-spot maths, brute force, cost model, CIs, contours, CLI."""
 
 import numpy as np
-import pandas as pd
 import pytest
 
 from scaling import cli, laws, optimal
