@@ -4,6 +4,9 @@
     python paper_figures/make_figures.py --results results/ladder.csv --curves results/ladder_curves.parquet \
         --fit fits/ladder.json --out paper_figures/
 
+The defaults are the committed reference study: the full ladder's files when they exist, else
+the quick preset's (`scaling reproduce --preset quick --out .` writes those).
+
 Same as `scaling figures` with the committed files as defaults. Without curves or a fit, the figures
 that need them are listed as skipped in REPORT.md; missing results, or any malformed input, is an
 error (exit code 2).
@@ -21,10 +24,11 @@ sys.path.insert(0, str(ROOT))  # run from a fresh clone without installing the p
 from scaling import plots  # noqa: E402
 from scaling.errors import ConfigError  # noqa: E402
 
+STUDY = "ladder" if (ROOT / "results" / "ladder.csv").exists() else "quick"
 DEFAULTS = {
-    "results": ROOT / "results" / "ladder.csv",
-    "curves": ROOT / "results" / "ladder_curves.parquet",
-    "fit": ROOT / "fits" / "ladder.json",
+    "results": ROOT / "results" / f"{STUDY}.csv",
+    "curves": ROOT / "results" / f"{STUDY}_curves.parquet",
+    "fit": ROOT / "fits" / f"{STUDY}.json",
     "out": ROOT / "paper_figures",
 }
 

@@ -93,8 +93,8 @@ def load_curves(path: str | Path) -> pd.DataFrame:
     elif path.is_dir():
         frames = []
         for metrics in sorted(path.rglob("metrics.jsonl")):
-            if metrics.parent.name.startswith("."):
-                continue
+            if any(part.startswith(".") for part in metrics.relative_to(path).parts):
+                continue  # take-off probes (.takeoff/) and temporaries are not runs
             try:
                 frames.append(curve_of_run(metrics.parent))
             except (OSError, json.JSONDecodeError) as e:

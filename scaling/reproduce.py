@@ -3,9 +3,11 @@
     sweep (experiments/<preset>.toml) -> results.csv + curves.parquet -> fit (kumar law, bootstrap CIs)
     -> compute-optimal precision -> figures + REPORT.md
 
-Everything lands under --out (default runs/<preset>/): runs/ (one directory per run), results.csv,
-curves.parquet, fit.json, figures and REPORT.md. A second run of the same command reuses every
-finished run and only refits and redraws.
+Everything lands under --out (default runs/<preset>/) in the repository's own layout:
+runs/ (one directory per run), results/<sweep>.csv and results/<sweep>_curves.parquet (small
+summaries), fits/<sweep>.json, and paper_figures/ (figures and REPORT.md). So
+`scaling reproduce --preset quick --out .` regenerates the committed reference files. A second run
+of the same command reuses every finished run and only refits and redraws.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ PRESETS = {
 LAW = "kumar"
 
 
-def reproduce(preset: str, out: str | Path, *, bootstrap: int = 200, workers: int = 1,
+def reproduce(preset: str, out: str | Path, *, bootstrap: int = 100, workers: int = 1,
               hang_timeout: float = 600.0, progress: bool = True) -> Path:
     """Run the preset and write its report; returns the path of REPORT.md."""
     from scaling import curves, fit, report, results, sweep
@@ -46,19 +48,20 @@ def reproduce(preset: str, out: str | Path, *, bootstrap: int = 200, workers: in
         print(f"take-off ok: {len(flights)} shapes; measured ETA {sweep.measured_seconds(todo, flights) / 60:.1f} min")
         sweep.run_sweep(todo, out / "runs", workers=workers, hang_timeout=hang_timeout, progress=progress)
 
+    fitted_sweep = specs[0].sweep
     df = results.load(out / "runs")
     df = df[df["sweep"].isin({s.sweep for s in specs})].reset_index(drop=True)
-    results.export(df, out / "results.csv")
+    results.export(df, out / "results" / f"{fitted_sweep}.csv")
     run_curves = curves.load_curves(out / "runs")
-    curves.export_curves(run_curves, out / "curves.parquet")
+    run_curves = run_curves[run_curves["sweep"].isin(set(df["sweep"]))].reset_index(drop=True)
+    curves.export_curves(run_curves, out / "results" / f"{fitted_sweep}_curves.parquet")
 
-    fitted_sweep = specs[0].sweep
     fit_rows = df[(df["sweep"] == fitted_sweep) & (df["status"] == "ok")]
     result = fit.fit_law(fit_rows, LAW, loss_column="val_loss", bootstrap=bootstrap)
     held = fit.holdout_error(fit_rows, LAW, by="N", loss_column="val_loss")
     result.heldout = {k: v for k, v in held.items() if k != "params"}
-    result.to_json(out / "fit.json")
-    path = report.write_report(df, result, out, curves=run_curves)
+    result.to_json(out / "fits" / f"{fitted_sweep}.json")
+    path = report.write_report(df, result, out / "paper_figures", curves=run_curves)
     print(f"{preset}: {len(df)} rows, fit and report in {time.perf_counter() - started:.0f} s -> {path}")
     return path
 
@@ -66,7 +69,7 @@ def reproduce(preset: str, out: str | Path, *, bootstrap: int = 200, workers: in
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preset", default="quick", help=f"one of {', '.join(PRESETS)} (default quick)")
     parser.add_argument("--out", default=None, help="output directory (default runs/<preset>)")
-    parser.add_argument("--bootstrap", type=int, default=200, help="bootstrap resamples for the CIs (default 200)")
+    parser.add_argument("--bootstrap", type=int, default=100, help="bootstrap resamples for the CIs (default 100)")
     parser.add_argument("--workers", type=int, default=1, help="concurrent runs (default 1)")
     parser.add_argument("--no-progress", action="store_true")
 

@@ -57,3 +57,10 @@ def test_export_round_trip(tmp_path):
 def test_missing_path_errors(tmp_path):
     with pytest.raises(FileNotFoundError):
         results.load(tmp_path / "nope")
+
+
+def test_takeoff_probes_are_not_results(tmp_path):
+    evals = [{"D": 100, "step": 1, "val_loss": 3.0, "train_loss": 3.1}]
+    atomic_write_json(tmp_path / "sw" / "aaa" / "summary.json", _summary("aaa", evals))
+    atomic_write_json(tmp_path / ".takeoff" / "sw" / "probe" / "summary.json", _summary("probe", evals))
+    assert results.load(tmp_path).run_id.tolist() == ["aaa"]
