@@ -176,7 +176,9 @@ def _die_with_parent(parent_pid: int) -> None:
 
 
 def _compilation_cache_settings() -> dict[str, str]:
-    cache = Path(os.environ.get("SCALING_CACHE", Path.home() / ".cache" / "scaling")) / "jax"
+    from scaling import data
+
+    cache = data.cache_dir() / "jax"  # where train.run puts it too
     return {"JAX_COMPILATION_CACHE_DIR": str(cache), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
             "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
 
