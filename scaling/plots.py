@@ -164,7 +164,9 @@ def _save(fig: plt.Figure, stem: Path) -> tuple[Path, Path]:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         os.close(fd)
         try:
-            fig.savefig(tmp, format=ext, dpi=150, bbox_inches="tight")
+            # no creation date: regenerated figures differ only where the data do
+            metadata = {"CreationDate": None} if ext == "pdf" else {}
+            fig.savefig(tmp, format=ext, dpi=150, bbox_inches="tight", metadata=metadata)
             os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
