@@ -675,8 +675,7 @@ def main(args: argparse.Namespace) -> int:
     fixed = _parse_fixed(args.fix)
     result = fit_law(df, args.law, fixed=fixed, loss_column=loss_column, bootstrap=args.bootstrap, seed=args.seed)
     if args.holdout:
-        held = holdout_error(df, args.law, by=args.holdout, fixed=fixed, loss_column=loss_column)
-        result.heldout = {k: v for k, v in held.items() if k != "params"}
+        result.heldout = holdout_error(df, args.law, by=args.holdout, fixed=fixed, loss_column=loss_column)
     result.to_json(args.output)
     _print_fit(result)
     print(f"wrote {args.output}")

@@ -58,8 +58,8 @@ def reproduce(preset: str, out: str | Path, *, bootstrap: int = 100, workers: in
 
     fit_rows = df[(df["sweep"] == fitted_sweep) & (df["status"] == "ok")]
     result = fit.fit_law(fit_rows, LAW, loss_column="val_loss", bootstrap=bootstrap)
-    held = fit.holdout_error(fit_rows, LAW, by="N", loss_column="val_loss")
-    result.heldout = {k: v for k, v in held.items() if k != "params"}
+    # keep the held-out fit's params: figure 3 then shows what it actually predicted
+    result.heldout = fit.holdout_error(fit_rows, LAW, by="N", loss_column="val_loss")
     result.to_json(out / "fits" / f"{fitted_sweep}.json")
     path = report.write_report(df, result, out / "paper_figures", curves=run_curves)
     print(f"{preset}: {len(df)} rows, fit and report in {time.perf_counter() - started:.0f} s -> {path}")
