@@ -243,7 +243,7 @@ def execute(spec: RunSpec, out_root: str | Path, hang_timeout: float, poll_s: fl
                 land_failure(out_dir, spec.config, "hung",
                              f"no progress for {hang_timeout:.0f} s", _tail(log_path))
                 return "hung"
-    status = finished_status(out_dir) or _landed_status(out_dir)
+    status = _landed_status(out_dir)
     if status is None:
         land_failure(out_dir, spec.config, "failed", f"run process exited with code {proc.returncode}",
                      _tail(log_path))
