@@ -120,7 +120,7 @@ class AmaxHistory(nnx.Variable):
 
 
 class GradSink(nnx.Variable):
-    """Carrier for the grad role: [grad telemetry (4), grad amax history (H)]. The forward pass
+    """Carrier for the grad role: [grad telemetry (precision.TELEMETRY_SIZE), grad amax history (H)]. The forward pass
     reads the history; the backward pass returns the new one as this variable's "gradient",
     which grad_step writes back (overwrite-with-gradient)."""
 
@@ -157,13 +157,13 @@ class QDense(nnx.Module):
         sg = structure.grad
         if sg is not None and not structure.forward_only:
             h = sg.amax_history if sg.scaling == "delayed" else 0
-            self.grad_sink = GradSink(jnp.zeros((4 + h,), jnp.float32))
+            self.grad_sink = GradSink(jnp.zeros((precision.TELEMETRY_SIZE + h,), jnp.float32))
 
     def __call__(self, x: jax.Array, ctx: "_Ctx", *, smooth_K: jax.Array | None = None) -> jax.Array:
         w = self.kernel[...]
         st = ctx.structure
         hist = {r: getattr(self, f"hist_{r}")[...] for r in ("weight", "activation") if hasattr(self, f"hist_{r}")}
-        sink = self.grad_sink[...] if hasattr(self, "grad_sink") else jnp.zeros((4,), jnp.float32)
+        sink = self.grad_sink[...] if hasattr(self, "grad_sink") else jnp.zeros((precision.TELEMETRY_SIZE,), jnp.float32)
         state = QdotState(fmt=ctx.fmt, hist=hist, grad_sink=sink)
         y, telem, new_hist = precision.qdot_apply(x, w, st, state, ctx.next_key(), smooth_K)
         if ctx.update_state:
@@ -324,11 +324,13 @@ def _cross_entropy(logits_BxLxV: jax.Array, targets_BxL: jax.Array) -> jax.Array
     return jnp.mean(logz_BxL - picked_BxL)
 
 
-def _aggregate(per_layer: list[jax.Array]) -> dict[str, jax.Array]:
-    """Layers' [amax, frac_saturated, frac_underflow, snr_db] -> max amax, mean of the rest."""
+def _aggregate(per_layer: list[jax.Array]) -> dict[str, Any]:
+    """Layers' precision.TELEMETRY_FIELDS -> the largest amax, mean fractions and SNR, and the
+    block amax spread over all layers' blocks (min of mins, median of medians, max of maxes)."""
     t = jnp.stack(per_layer)
     return {"amax": jnp.max(t[:, 0]), "frac_saturated": jnp.mean(t[:, 1]),
-            "frac_underflow": jnp.mean(t[:, 2]), "snr_db": jnp.mean(t[:, 3])}
+            "frac_underflow": jnp.mean(t[:, 2]), "snr_db": jnp.mean(t[:, 3]),
+            "block_amax": {"min": jnp.min(t[:, 4]), "p50": jnp.median(t[:, 5]), "max": jnp.max(t[:, 6])}}
 
 
 def loss_fn(model: Transformer, tokens_BxL: jax.Array, key: jax.Array | None = None, *, update_state: bool = True) -> tuple[jax.Array, dict]:
@@ -346,7 +348,7 @@ def grad_step(model: Transformer, tokens_BxL: jax.Array, key: jax.Array) -> tupl
     roles: updated during the forward pass; grad role: returned by the backward pass through
     GradSink) are written back into `model` in place.
 
-    telemetry = {role: {amax, frac_saturated, frac_underflow, snr_db}} for the quantised roles
+    telemetry = {role: {amax, frac_saturated, frac_underflow, snr_db, block_amax: {min, p50, max}}} for the quantised roles
     (grad stats from the dgrad quantisation of dY), plus 'act_max' and 'swiglu_max' per layer.
     """
     def f(m: Transformer):
@@ -359,7 +361,7 @@ def grad_step(model: Transformer, tokens_BxL: jax.Array, key: jax.Array) -> tupl
     telemetry = dict(aux["telemetry"])
     sink_leaves = jax.tree.leaves(sink_cts)
     if sink_leaves:
-        telemetry["grad"] = _aggregate([leaf[:4] for leaf in sink_leaves])
+        telemetry["grad"] = _aggregate([leaf[:precision.TELEMETRY_SIZE] for leaf in sink_leaves])
     telemetry["act_max"] = aux["act_max"]
     telemetry["swiglu_max"] = aux["swiglu_max"]
     return loss, grads, telemetry

@@ -349,8 +349,11 @@ def _validate(recipe: Recipe, key: str) -> None:
 # Operands of a GEMM, quantised along its reduction axis (quant.quantize with a runtime format)
 # ---------------------------------------------------------------------------------------------
 
-TELEMETRY_FIELDS = ("amax", "frac_saturated", "frac_underflow", "snr_db")
+TELEMETRY_FIELDS = ("amax", "frac_saturated", "frac_underflow", "snr_db",
+                    "block_amax_min", "block_amax_p50", "block_amax_max")
+TELEMETRY_SIZE = len(TELEMETRY_FIELDS)
 TELEMETRY_ROWS = 256  # telemetry fractions/SNR are estimated on <= this many evenly strided rows
+TELEMETRY_BLOCK = 32  # block amax statistics use 32-wide blocks along the reduction axis (MX's)
 
 
 class Operand(NamedTuple):
@@ -362,7 +365,7 @@ class Operand(NamedTuple):
         length nb = ceil(n / block).
     fold: the block scales may be multiplied into the values exactly (MX: powers of two; NVFP4:
         an E4M3 scale times an E2M1 value has <= 6 significant bits).
-    telemetry: [amax, frac_saturated, frac_underflow, snr_db] or None.
+    telemetry: the TELEMETRY_FIELDS vector or None.
     history: the updated amax history (delayed scaling) or None.
     """
 
@@ -393,11 +396,24 @@ def _rows(a: jax.Array | None, stride: int) -> jax.Array | None:
     return a if (a is None or a.ndim == 0 or a.shape[0] == 1 or stride == 1) else a[::stride]
 
 
+def _block_amax_stats(xs: jax.Array, axis: int) -> jax.Array:
+    """[min, median, max] over the amax of TELEMETRY_BLOCK-wide blocks along the reduction axis,
+    whatever the recipe's own granularity: what a just-in-time per-block scale would see, beside
+    the per-tensor amax (a trailing partial block is left out; a short axis is one block)."""
+    a = jnp.abs(xs if axis == 1 else xs.T)
+    n = a.shape[1]
+    k = TELEMETRY_BLOCK if n >= TELEMETRY_BLOCK else n
+    nb = n // k
+    blocks = jnp.max(a[:, : nb * k].reshape(a.shape[0], nb, k), axis=-1)
+    return jnp.stack([jnp.min(blocks), jnp.median(blocks), jnp.max(blocks)])
+
+
 def _telemetry(x: jax.Array, op: Operand, amax: jax.Array, fmax: jax.Array, axis: int, block: int) -> jax.Array:
-    """[amax (exact), frac_saturated (|x / scale| > max), frac_underflow (non-zero x quantised to
-    0), snr_db (10·log10 Σx² / Σ(x - x̂)²)], the last three on every (M // 256)-th row when the
-    operand is quantised along its columns (activations, gradients): a few per cent of the
-    quantisation's own cost instead of several times it."""
+    """TELEMETRY_FIELDS: [amax (exact), frac_saturated (|x / scale| > max), frac_underflow (non-zero
+    x quantised to 0), snr_db (10·log10 Σx² / Σ(x - x̂)²), block amax min / median / max
+    (`_block_amax_stats`)], all but amax on every (M // 256)-th row when the operand is quantised
+    along its columns (activations, gradients): a few per cent of the quantisation's own cost
+    instead of several times it."""
     stride = max(1, x.shape[0] // TELEMETRY_ROWS) if axis == 1 else 1
     sub = Operand(_rows(op.values, stride), _rows(op.outer, stride), _rows(op.blocks, stride), op.fold, None, None)
     xs = _rows(x, stride)
@@ -410,7 +426,8 @@ def _telemetry(x: jax.Array, op: Operand, amax: jax.Array, fmax: jax.Array, axis
     sig = jnp.sum(jnp.square(xs * norm))
     err = jnp.sum(jnp.square((xs - xhat) * norm))
     snr = jnp.where(err > 0, 10.0 * jnp.log10(jnp.maximum(sig, 1e-30) / jnp.where(err > 0, err, 1.0)), jnp.inf)
-    return jnp.stack([amax, saturated, underflow.astype(jnp.float32), snr]).astype(jnp.float32)
+    head = jnp.stack([amax, saturated, underflow.astype(jnp.float32), snr])
+    return jnp.concatenate([head, _block_amax_stats(xs, axis)]).astype(jnp.float32)
 
 
 def _lowbias32(h: jax.Array) -> jax.Array:
@@ -568,7 +585,7 @@ class QdotState(NamedTuple):
 
     fmt: role -> format vector (see `format_vector`) for the quantised roles.
     hist: 'weight' / 'activation' -> amax history (delayed scaling, newest first), else absent.
-    grad_sink: zeros(4 + H_g); the backward pass returns [grad telemetry (4), new grad-role
+    grad_sink: zeros(TELEMETRY_SIZE + H_g); the backward pass returns [grad telemetry, new grad-role
         history (H_g)] as its cotangent ("overwrite with gradient", as Flax's fp8_ops).
     """
 
@@ -650,14 +667,14 @@ def _qdot_bwd(res, cts):
     k_g1, k_w, k_a, k_g2 = _keys(key_data, 1, 4)
     sg, sw, sa = st.grad, st.weight, st.activation
     sink = jnp.zeros_like(state.grad_sink)
-    hist_g = state.grad_sink[4:] if (sg is not None and sg.scaling == "delayed") else None
+    hist_g = state.grad_sink[TELEMETRY_SIZE:] if (sg is not None and sg.scaling == "delayed") else None
     # dgrad: dX (M×K) = Q(dY; along N) · Q(W; along N)ᵀ
     g_n = None
     if sg is not None:
         g_n = quantise_operand(dy, sg, state.fmt["grad"], 1, key=k_g1, history=hist_g, with_telemetry=True)
-        sink = sink.at[:4].set(g_n.telemetry)
+        sink = sink.at[:TELEMETRY_SIZE].set(g_n.telemetry)
         if g_n.history is not None:
-            sink = sink.at[4:].set(g_n.history)
+            sink = sink.at[TELEMETRY_SIZE:].set(g_n.history)
     w_n = _restored(b_saved)
     if sw is not None and w_n is None:  # same scale as the forward (delayed: pre-update history)
         w_n = quantise_operand(w, sw, state.fmt["weight"], 1, key=k_w, history=state.hist.get("weight"))
@@ -684,7 +701,7 @@ def qdot_state(recipe: Recipe, structure: RecipeStructure | None = None) -> Qdot
     sg = structure.grad
     h_g = sg.amax_history if (sg is not None and sg.scaling == "delayed") else 0
     fmt = {r: v for r, v in recipe.formats().items() if r in GEMM_ROLES}
-    return QdotState(fmt=fmt, hist=hist, grad_sink=jnp.zeros((4 + h_g,), jnp.float32))
+    return QdotState(fmt=fmt, hist=hist, grad_sink=jnp.zeros((TELEMETRY_SIZE + h_g,), jnp.float32))
 
 
 def qdot_apply(x_MxK: jax.Array, w_KxN: jax.Array, structure: RecipeStructure, state: QdotState,

@@ -252,15 +252,44 @@ def test_delayed_scaling_histories_evolve():
     assert qkv.hist_activation[...].shape == (H,) and float(jnp.abs(qkv.hist_activation[...]).max()) == 0
     tokens = jax.random.randint(jax.random.key(0), (2, TINY.seq_len + 1), 0, TINY.vocab)
     _, _, tel1 = step(m, tokens, jax.random.key(1))
-    h1_a, h1_w, h1_g = qkv.hist_activation[...], qkv.hist_weight[...], qkv.grad_sink[...][4:]
+    h1_a, h1_w, h1_g = qkv.hist_activation[...], qkv.hist_weight[...], qkv.grad_sink[...][precision.TELEMETRY_SIZE:]
     assert float(h1_a[0]) == pytest.approx(float(tel1["activation"]["amax"]), rel=0.5)
     assert float(h1_a[0]) > 0 and float(h1_w[0]) > 0 and float(h1_g[0]) > 0
     assert float(jnp.abs(h1_a[1:]).max()) == 0
     tokens2 = jax.random.randint(jax.random.key(7), (2, TINY.seq_len + 1), 0, TINY.vocab)
     step(m, tokens2, jax.random.key(2))
-    h2_a, h2_g = qkv.hist_activation[...], qkv.grad_sink[...][4:]
+    h2_a, h2_g = qkv.hist_activation[...], qkv.grad_sink[...][precision.TELEMETRY_SIZE:]
     assert float(h2_a[1]) == float(h1_a[0]) and float(h2_g[1]) == float(h1_g[0])
     assert float(h2_a[0]) != float(h1_a[0])
     # evaluation reads but never writes the histories
     nnx.jit(model.eval_loss)(m, tokens)
     np.testing.assert_array_equal(qkv.hist_activation[...], h2_a)
+
+
+def test_block_amax_telemetry_sees_blocks_the_tensor_amax_hides():
+    """Per-block amax statistics (32-wide blocks along the reduction axis) beside the per-tensor
+    amax: a zero block gives min 0, the largest block is the tensor amax, the median is exact."""
+    rows, k = 4, 96  # 3 blocks of 32 per row
+    block_amax = np.array([[0.0, 1.0, 2.0], [3.0, 4.0, 5.0], [6.0, 7.0, 8.0], [9.0, 10.0, 400.0]], np.float32)
+    x = np.zeros((rows, k), np.float32)
+    for r in range(rows):
+        for b in range(3):
+            x[r, 32 * b + (r + b) % 32] = -block_amax[r, b] if b % 2 else block_amax[r, b]
+    s = precision.role_structure(quant.QuantSpec("fp8_e4m3"))
+    fmt = precision.format_vector("fp8_e4m3")
+    tel = dict(zip(precision.TELEMETRY_FIELDS, np.asarray(precision.quantise_operand(jnp.asarray(x), s, fmt, 1, with_telemetry=True).telemetry)))
+    assert tel["amax"] == 400.0
+    assert (tel["block_amax_min"], tel["block_amax_p50"], tel["block_amax_max"]) == (0.0, np.median(block_amax), 400.0)
+    # along axis 0 (a weight K x N) the blocks run down the columns: the transpose gives the same stats
+    tel_t = np.asarray(precision.quantise_operand(jnp.asarray(x.T), s, fmt, 0, with_telemetry=True).telemetry)
+    np.testing.assert_array_equal(tel_t[4:], [tel["block_amax_min"], tel["block_amax_p50"], tel["block_amax_max"]])
+
+
+def test_grad_step_reports_block_amax_per_role():
+    m = model.Transformer(TINY, "fp8", rngs=nnx.Rngs(0))
+    tokens = jax.random.randint(jax.random.key(0), (2, TINY.seq_len + 1), 0, TINY.vocab)
+    _, _, tel = nnx.jit(model.grad_step)(m, tokens, jax.random.key(1))
+    for role in ("weight", "activation", "grad"):
+        b = {k: float(v) for k, v in tel[role]["block_amax"].items()}
+        assert 0.0 <= b["min"] <= b["p50"] <= b["max"] <= float(tel[role]["amax"]) * (1 + 1e-6), (role, b)
+        assert b["min"] < b["max"]
