@@ -298,18 +298,23 @@ def optimal_p_interval(fit: Any, compute: float, max_samples: int = 200) -> tupl
     return optimal.optimal_precision_ci(fit, compute, max_samples=max_samples)["P"]
 
 
-def measured_at(results: pd.DataFrame, compute: float) -> pd.DataFrame:
+def measured_at(results: pd.DataFrame, compute: float, fit: Any = None) -> pd.DataFrame:
     """Runs whose cost lies within COMPUTE_MATCH_FACTOR of `compute`: mean, sd (0 for one seed) and count
-    of the loss per precision and (N, D)."""
+    of the loss per precision and (N, D); with `fit`, also `law`: the fitted law at those runs' own
+    (N, D, P), the like-for-like prediction the direct test compares against."""
+    columns = ["precision", "P", "N", "D", "loss", "sd", "n"] + (["law"] if fit is not None else [])
     if results is None or results.empty:
-        return pd.DataFrame(columns=["precision", "P", "N", "D", "loss", "sd", "n"])
+        return pd.DataFrame(columns=columns)
     c = np.asarray(cost(results["N"], results["D"], results["P"]), float)
     near = results[np.abs(np.log(c / compute)) <= math.log(COMPUTE_MATCH_FACTOR)]
     if near.empty:
-        return pd.DataFrame(columns=["precision", "P", "N", "D", "loss", "sd", "n"])
+        return pd.DataFrame(columns=columns)
     near = with_precision(near)
-    grouped = near.groupby(["precision", "P", "N", "D"], as_index=False)["val_loss"]
-    out = grouped.agg(loss="mean", sd="std", n="count")
+    if fit is not None:
+        near = near.assign(law=np.asarray(fit.predict(near), float))
+    grouped = near.groupby(["precision", "P", "N", "D"], as_index=False)
+    out = grouped.agg(loss=("val_loss", "mean"), sd=("val_loss", "std"), n=("val_loss", "count"),
+                      **({"law": ("law", "mean")} if fit is not None else {}))
     return out.fillna({"sd": 0.0})
 
 
@@ -345,14 +350,18 @@ def sweet_spot(fit: Any, computes: Sequence[float], stem: str | Path, *, results
         ax.axvline(best["P"], color="tab:red", ls="--", lw=1.2, label=f"optimum P* = {best['P']:.2g} bits")
         for i, (name, (lo, hi)) in enumerate(PUBLISHED.items()):
             ax.axvspan(lo, hi, color=("tab:green", "tab:purple")[i % 2], alpha=0.08, label=f"{name}: {lo:g}–{hi:g} bits")
-        measured = measured_at(results, compute) if results is not None else pd.DataFrame()
+        measured = measured_at(results, compute, fit) if results is not None else pd.DataFrame()
         if not measured.empty:
             # each precision's best measured size at this budget, mean ± sd over seeds; other sizes faded
             ax.scatter(measured["P"], measured["loss"], s=14, color="0.45", alpha=0.5, zorder=3,
                        label="measured, other sizes")
-            for label, grp in best_measured(measured).groupby("precision"):
+            best_runs = best_measured(measured)
+            for label, grp in best_runs.groupby("precision"):
                 ax.errorbar(grp["P"], grp["loss"], yerr=grp["sd"], fmt="D", ms=7, mfc=PALETTE.get(label, "0.5"),
                             mec="k", ecolor="k", capsize=3, label=f"{label} measured (best size)", zorder=4)
+            # the direct test: the law at each measured run's own (N, D, P)
+            ax.scatter(best_runs["P"], best_runs["law"], s=60, facecolor="none", edgecolor="tab:red", lw=1.3,
+                       zorder=5, label="law at the measured N, D")
         _bits_axis(ax, 3, 32)
         ax.set_xlabel("precision P (bits)")
         ax.set_ylabel(LOSS_LABEL)

@@ -145,13 +145,14 @@ def sweet_spot(fit: Any, ok: pd.DataFrame, computes: Sequence[float]) -> tuple[s
                      f"D = {_fmt(best['D'])}, predicted loss {best['loss']:.4g}.\n")
         table = plots.loss_vs_precision(fit, compute, sorted(plots.NAMED_BITS.values(), reverse=True))
         table = table.sort_values("P", ascending=False)
-        measured = plots.measured_at(ok, compute)
+        measured = plots.measured_at(ok, compute, fit)
         best_runs = plots.best_measured(measured)
         rows = []
         for point in table.to_dict("records"):
             mine = best_runs[best_runs["P"] == point["P"]]
             rows.append({"P (bits)": f"{point['P']:g}", "N* (params)": point["N"], "D* (tokens)": point["D"],
-                         "law loss": point["loss"], "best measured loss": _measured_cell(mine)})
+                         "law loss at N*, D*": point["loss"], "best measured loss": _measured_cell(mine),
+                         "law loss at that run's N, D": mine["law"].iloc[0] if len(mine) else None})
         parts.append(_markdown(pd.DataFrame(rows)))
         if best_runs["precision"].nunique() == 1:
             parts.append(f"\nDirect test: only {best_runs['precision'].iloc[0]} was measured within "

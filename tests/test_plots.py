@@ -213,6 +213,12 @@ def test_measured_points_are_those_at_the_budget():
                                 for c in plots.cost(ok["N"], ok["D"], ok["P"]))
     row = measured[(measured["P"] == 8) & (measured["N"] == 1e6)].iloc[0]
     assert row["loss"] == pytest.approx(ok[(ok.P == 8) & (ok.N == 1e6) & (ok.D == 5e6)]["val_loss"].item())
+    # with a fit: the law at each group's own (N, D, P), for the like-for-like direct test
+    law = fake_fit(5.0, n_samples=0)
+    with_law = plots.measured_at(ok, compute, law)
+    run = ok[(ok.P == 8) & (ok.N == 1e6) & (ok.D == 5e6)]
+    got = with_law[(with_law["P"] == 8) & (with_law["N"] == 1e6)]["law"].item()
+    assert got == pytest.approx(float(law.predict(run)[0])) and "law" not in measured.columns
 
 
 def test_malformed_results_are_an_error():
