@@ -203,8 +203,14 @@ def _check_model(cfg: dict) -> None:
 
 
 def run_id(cfg: dict) -> str:
-    """12 hex characters of sha256 over the canonical JSON of the resolved config."""
-    canonical = json.dumps(validate(cfg), sort_keys=True, separators=(",", ":"))
+    """12 hex characters of sha256 over the canonical JSON of the resolved config. A recipe file is
+    hashed by what it says, not where it is: editing it gives new runs, moving it does not."""
+    resolved = validate(cfg)
+    if isinstance(resolved.get("precision"), str) and resolved["precision"].endswith(".toml"):
+        from scaling import precision
+
+        resolved = {**resolved, "precision": precision.get(resolved["precision"]).describe()}
+    canonical = json.dumps(resolved, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()[:12]
 
 

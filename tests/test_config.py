@@ -121,3 +121,14 @@ def test_shipped_smoke_config_is_valid_and_small():
     assert cfg["data"]["source"] == "stdlib" and cfg["model"]["size"] == 1
     steps = cfg["train"]["tokens"] // (cfg["train"]["batch_size"] * cfg["model"]["seq_len"])
     assert steps == 400
+
+
+def test_recipe_file_is_hashed_by_content_not_path(tmp_path):
+    recipe = '[precision]\nname = "mine"\nweight = "fp8_e4m3"\nactivation = "fp8_e4m3"\ngrad = "fp8_e5m2"\n'
+    a, b = tmp_path / "a.toml", tmp_path / "sub" / "b.toml"
+    b.parent.mkdir()
+    a.write_text(recipe)
+    b.write_text(recipe)
+    assert config.run_id({"precision": str(a)}) == config.run_id({"precision": str(b)})
+    b.write_text(recipe.replace('grad = "fp8_e5m2"', 'grad = "fp8_e4m3"'))
+    assert config.run_id({"precision": str(a)}) != config.run_id({"precision": str(b)})
