@@ -246,14 +246,17 @@ def _windows(tokens: np.ndarray, rng: np.random.Generator, n: int, seq_len: int)
 
 
 def eval_windows(tokens: np.ndarray, eval_tokens: int, seq_len: int) -> np.ndarray:
-    """Held-out windows: contiguous, non-overlapping, from the start of the split; int32 [n, seq_len + 1].
+    """Held-out windows spread evenly over the whole split, non-overlapping; int32 [n, seq_len + 1].
 
-    Window i covers tokens[i*L : i*L + L + 1], so consecutive windows share one token and every
-    token after the first is predicted exactly once: n * L = eval_tokens // L * L targets.
+    n = eval_tokens // L windows; window i covers tokens[i*s : i*s + L + 1] with stride
+    s = (size - 1) // n >= L, so no target is predicted twice and every part of the split is
+    sampled (its first files alone can be far from typical: on the stdlib corpus the first 64k
+    validation bytes compress to 0.21 of their size, the whole split to 0.23, train text to 0.25).
+    Asking for the whole split gives s = L: contiguous windows sharing one token.
     """
     n = eval_tokens // seq_len
     if n < 1 or n * seq_len + 1 > tokens.size:
         raise ConfigError("data.eval_tokens", eval_tokens,
                           f"between {seq_len} (model.seq_len) and {tokens.size - 1} (the validation split)")
-    starts = np.arange(n) * seq_len
+    starts = np.arange(n) * ((tokens.size - 1) // n)
     return tokens[starts[:, None] + np.arange(seq_len + 1)].astype(np.int32)

@@ -109,12 +109,16 @@ def test_batches_are_a_pure_function_of_seed_and_step():
     assert starts.min() < 2_000 and starts.max() > 98_000 - 16
 
 
-def test_eval_windows_are_contiguous_and_non_overlapping():
+def test_eval_windows_span_the_split_without_overlap():
     tokens = np.arange(1000, dtype=np.int64)
     windows = data.eval_windows(tokens, eval_tokens=100, seq_len=16)
     assert windows.shape == (6, 17)  # 100 // 16 windows, 96 predicted tokens
-    assert np.array_equal(windows[:, 0], np.arange(6) * 16)
-    assert np.array_equal(windows[:-1, -1], windows[1:, 0])  # one shared token, no overlap in targets
+    assert np.array_equal(windows[:, 0], np.arange(6) * (999 // 6))  # evenly spread over the split
+    assert windows[-1, -1] > 800 and np.all(np.diff(windows, axis=1) == 1)
+    assert np.all(windows[1:, 1] > windows[:-1, -1])  # no target predicted twice
+    # the whole split: contiguous windows sharing one token
+    whole = data.eval_windows(tokens[:97], eval_tokens=96, seq_len=16)
+    assert np.array_equal(whole[:-1, -1], whole[1:, 0]) and whole[-1, -1] == 96
     with pytest.raises(ConfigError, match="data.eval_tokens"):
         data.eval_windows(tokens, eval_tokens=2000, seq_len=16)
     sample = data.train_sample(tokens, 64, 16)
