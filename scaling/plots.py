@@ -50,6 +50,9 @@ COST_MODEL = "C = (6/16)·N·D·P (16-bit FLOPs)"
 # Measured runs count as "at compute C" when their cost is within this factor of C: model sizes
 # come from a discrete size knob, so a cost-model ladder (FP32 at N, FP16 at 2N, ...) is never exact.
 COMPUTE_MATCH_FACTOR = 1.25
+# Sweeps that feed one figure each (experiments/<name>.toml); every other sweep is the main study
+# (the ladder, or quick), which the law is fitted on and figures 3, 4 and 6 show.
+PURPOSE_SWEEPS = {"granularity": 5, "outliers": 7, "isocompute": 1}
 # The continuous precision grid of the sweet-spot curve (bits, log-spaced) and the named precisions.
 P_GRID = np.geomspace(3.0, 32.0, 48)
 NAMED_BITS = {"FP32": 32, "BF16": 16, "FP8": 8, "FP6": 6, "FP4": 4}
@@ -593,6 +596,8 @@ def outliers(curves: pd.DataFrame, stem: str | Path) -> Figure:
     column = outlier_column(curves)
     df = curves.dropna(subset=[column, "tokens", "recipe", "smooth_swiglu"]).copy()
     df["Smooth-SwiGLU"] = np.where(df["smooth_swiglu"].astype(bool), "on", "off")
+    if "base_lr" in df.columns and df["base_lr"].nunique() > 1:  # one line per recipe and learning rate
+        df["recipe"] = df["recipe"].astype(str) + ", lr " + df["base_lr"].map(lambda v: f"{v:g}")
     order, colours = recipe_palette(df)
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(6.8, 6.4), sharex=True)
     for ax, y, label in ((top, column, OUTLIER_COLUMNS[column]), (bottom, "loss", "training loss (nats/token)")):
@@ -692,6 +697,33 @@ def cluster_table(table: pd.DataFrame, stem: str | Path) -> Figure:
 # ---------------------------------------------------------------------------------------------
 
 
+def study_part(df: pd.DataFrame | None, part: str) -> pd.DataFrame | None:
+    """The rows of one part of a multi-sweep study (a `sweep` column names each row's sweep):
+    'main' (every sweep not in PURPOSE_SWEEPS), 'law' (main + isocompute: plain recipes the law
+    speaks about), or a PURPOSE_SWEEPS name. Tables without a `sweep` column, or without any row of
+    the part asked for, are returned whole: a single sweep is its own main study."""
+    if df is None or "sweep" not in df.columns:
+        return df
+    names = df["sweep"].astype(str)
+    if part == "main":
+        mask = ~names.isin(list(PURPOSE_SWEEPS))
+    elif part == "law":
+        mask = ~names.isin([n for n in PURPOSE_SWEEPS if n != "isocompute"])
+    elif part in PURPOSE_SWEEPS:
+        mask = names == part
+    else:
+        raise ValueError(f"study part {part!r}: one of main, law, {', '.join(PURPOSE_SWEEPS)}")
+    return df[mask].reset_index(drop=True) if mask.any() else df
+
+
+def with_base_lr(curves: pd.DataFrame, results: pd.DataFrame | None) -> pd.DataFrame:
+    """Curves with each run's configured learning rate (`base_lr`, from the results table): the
+    curves' own `lr` column is the scheduled value at each step."""
+    if results is None or "lr" not in results.columns or "run_id" not in curves.columns:
+        return curves
+    return curves.assign(base_lr=curves["run_id"].map(results.drop_duplicates("run_id").set_index("run_id")["lr"]))
+
+
 def make_figures(results: pd.DataFrame | None, fit: Any, out_dir: str | Path, *, curves: pd.DataFrame | None = None,
                  computes: Sequence[float] | None = None, plan_table: pd.DataFrame | None = None
                  ) -> list[Figure | Skipped]:
@@ -701,16 +733,24 @@ def make_figures(results: pd.DataFrame | None, fit: Any, out_dir: str | Path, *,
     curves = curves_lib.validate_curves(curves) if curves is not None else None
     computes = list(computes) if computes else (default_budgets(results) if results is not None else [])
     stem = {n: out_dir / s for n, s in STEMS.items()}
+    # each figure reads its own part of a multi-sweep study (see study_part)
+    main, law_rows = study_part(results, "main"), study_part(results, "law")
+    grain = study_part(results, "granularity")
+    main_curves = study_part(curves, "main")
+    outlier_curves = study_part(curves, "outliers")
+    if outlier_curves is not None:
+        outlier_curves = with_base_lr(outlier_curves, results)
+    amax_curves = main_curves if _need_amax(main_curves) is None else curves
     law_missing = _need(fit=fit, computes=computes) or (
         None if precision_term(fit) else f"the {fit.law} law has no precision term")
     jobs: list[tuple[int, str | None, Callable[[], Figure]]] = [
-        (1, law_missing, lambda: sweet_spot(fit, computes, stem[1], results=results)),
+        (1, law_missing, lambda: sweet_spot(fit, computes, stem[1], results=law_rows)),
         (2, law_missing, lambda: iso_loss(fit, computes[-1], stem[2])),
-        (3, _need(fit=fit, results=results), lambda: fitted_vs_observed(fit, results, stem[3], heldout_mask(fit, results))),
-        (4, _need_curves(curves, ("tokens", "N", "recipe")), lambda: training_curves(curves, stem[4])),
-        (5, _need_granularity(results), lambda: granularity_format(results, stem[5])),
-        (6, _need_amax(curves), lambda: amax_distributions(curves_lib.amax_long(curves), stem[6])),
-        (7, _need_outliers(curves), lambda: outliers(curves, stem[7])),
+        (3, _need(fit=fit, results=main), lambda: fitted_vs_observed(fit, main, stem[3], heldout_mask(fit, main))),
+        (4, _need_curves(main_curves, ("tokens", "N", "recipe")), lambda: training_curves(main_curves, stem[4])),
+        (5, _need_granularity(grain), lambda: granularity_format(grain, stem[5])),
+        (6, _need_amax(amax_curves), lambda: amax_distributions(curves_lib.amax_long(amax_curves), stem[6])),
+        (7, _need_outliers(outlier_curves), lambda: outliers(outlier_curves, stem[7])),
         (8, None, lambda: cluster_table(plan_table if plan_table is not None else cluster_time_table(fit), stem[8])),
     ]
     made: list[Figure | Skipped] = []

@@ -90,8 +90,8 @@ def what_was_run(all_rows: pd.DataFrame, ok: pd.DataFrame, corpus: str | None) -
     recipes = ", ".join(sorted(map(str, labelled["recipe"].dropna().unique()))) if "recipe" in labelled.columns else "–"
     lines = [
         f"- Runs: {len(runs)} ({', '.join(f'{n} {s}' for s, n in statuses.items())}); "
-        f"{len(ok)} (run, token budget) points with a finite validation loss enter the fit and figures.",
-        f"- Sweeps: {', '.join(sorted(map(str, all_rows['sweep'].dropna().unique()))) if 'sweep' in all_rows else '–'}.",
+        f"{len(ok)} (run, token budget) points with a finite validation loss.",
+        f"- Sweeps: {_sweeps(all_rows, ok)}.",
         f"- Model sizes: {ok['N'].nunique()} distinct, N = {_span(ok['N'])} non-embedding parameters.",
         f"- Token budgets: {ok['D'].nunique()} distinct, D = {_span(ok['D'])} tokens; "
         f"tokens per parameter D/N = {_span(ok['D'] / ok['N'])}.",
@@ -100,6 +100,18 @@ def what_was_run(all_rows: pd.DataFrame, ok: pd.DataFrame, corpus: str | None) -
         f"- Corpus: {corpus or 'not recorded in the results table'}.",
     ]
     return "\n".join(lines)
+
+
+def _sweeps(all_rows: pd.DataFrame, ok: pd.DataFrame) -> str:
+    """Each sweep with its run count and what it feeds (plots.study_part: the main study is fitted)."""
+    if "sweep" not in all_rows.columns:
+        return "–"
+    runs = all_rows.drop_duplicates("run_id")["sweep"].astype(str).value_counts()
+    role = {name: f"figure {n}" for name, n in plots.PURPOSE_SWEEPS.items()}
+    role["isocompute"] = "figure 1 and the direct test"
+    main = sorted(set(runs.index) - set(plots.PURPOSE_SWEEPS))
+    return "; ".join(f"{name} ({runs[name]} runs, {role.get(name, 'fitted; figures 1-4, 6' if name in main else '')})"
+                     for name in main + sorted(set(runs.index) - set(main)))
 
 
 def fitted_law(fit: Any) -> str:
@@ -265,6 +277,7 @@ def write_report(results_df: pd.DataFrame, fit_result: Any, out_dir: str | Path,
     """Make every figure into `out_dir` and write out_dir/REPORT.md; returns the report's path."""
     out_dir = Path(out_dir)
     ok = plots.validate_results(results_df)
+    fitted, law_rows = plots.study_part(ok, "main"), plots.study_part(ok, "law")  # see plots.study_part
     computes = ([compute] if isinstance(compute, (int, float)) else list(compute)) if compute is not None \
         else plots.default_budgets(ok)
     table = plan_table if plan_table is not None else plots.cluster_time_table(fit_result)
@@ -283,13 +296,13 @@ def write_report(results_df: pd.DataFrame, fit_result: Any, out_dir: str | Path,
     found: list[dict] = []
     heldout = None
     if fit_result is not None and not ok.empty:
-        error_text, heldout = heldout_error(fit_result, ok)
+        error_text, heldout = heldout_error(fit_result, fitted)
         sections += ["## Fitted law", "", fitted_law(fit_result), "", error_text, ""]
         if not plots.precision_term(fit_result):
             sections += [f"The `{fit_result.law}` law has no precision term, so it cannot locate a sweet spot; "
                          "fit a precision-aware law (`scaling fit --law kumar`).", ""]
         elif computes:
-            text, found = sweet_spot(fit_result, ok, computes)
+            text, found = sweet_spot(fit_result, law_rows, computes)
             sections += ["## The sweet spot", "",
                          f"Cost model {plots.COST_MODEL}: at one budget FP16 trains a 2× larger model than FP32, "
                          "FP8 4×, FP4 8× (same tokens).", "", text,
@@ -313,7 +326,7 @@ def write_report(results_df: pd.DataFrame, fit_result: Any, out_dir: str | Path,
                  f"compute-optimal (N, D) per precision at C = {_fmt(plots.CLUSTER_COMPUTE)} (DeepSeek-V3's budget): an "
                  "extrapolation far beyond the measured sizes.", "", plots.table_markdown(table), ""]
     if not ok.empty:
-        sections += ["## Limitations", "", limitations(ok, fit_result, found, heldout), ""]
+        sections += ["## Limitations", "", limitations(fitted, fit_result, found, heldout), ""]
     path = out_dir / "REPORT.md"
     atomic_write_text(path, "\n".join(sections))
     return path

@@ -333,3 +333,19 @@ def test_heldout_caption_reports_the_extrapolation(tmp_path):
     rel = np.abs(plots.heldout_predictions(law, ok, mask) / ok["val_loss"] - 1)
     assert f"fitted {rel[~mask].mean():.2%}, held out {rel[mask].mean():.2%}; the fit's held-out test: 1.20%" in figure.caption
     valid_image(figure.png)
+
+
+def test_each_figure_reads_its_own_sweep():
+    df = pd.DataFrame({"run_id": list("abcde"), "sweep": ["ladder", "ladder", "granularity", "isocompute", "outliers"],
+                       "lr": [1e-2, 1e-2, 1e-2, 1e-2, 3e-2]})
+    assert list(plots.study_part(df, "main")["run_id"]) == ["a", "b"]
+    assert list(plots.study_part(df, "law")["run_id"]) == ["a", "b", "d"]
+    assert list(plots.study_part(df, "granularity")["run_id"]) == ["c"]
+    # a single sweep is its own main study; a part with no rows falls back to the whole table
+    only = df[df["sweep"] == "granularity"]
+    assert plots.study_part(only, "main").equals(only) and plots.study_part(df.drop(columns="sweep"), "outliers") is not None
+    assert len(plots.study_part(df[df["sweep"] == "ladder"], "outliers")) == 2
+    with pytest.raises(ValueError, match="study part"):
+        plots.study_part(df, "everything")
+    curves_df = pd.DataFrame({"run_id": ["e", "e", "a"], "lr": [0.0, 3e-2, 1e-2]})
+    assert list(plots.with_base_lr(curves_df, df)["base_lr"]) == [3e-2, 3e-2, 1e-2]
