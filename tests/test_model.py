@@ -114,7 +114,10 @@ def test_grad_step_api():
     assert jax.tree.structure(grads) == jax.tree.structure(params)
     assert float(loss) == pytest.approx(math.log(TINY.vocab), abs=0.1)
     for role in ("weight", "activation", "grad"):
-        assert set(tel[role]) == {"amax", "frac_saturated", "frac_underflow", "snr_db"}
+        assert set(tel[role]) == {"amax", "frac_saturated", "frac_underflow", "snr_db", "block_amax"}
+        blocks = tel[role]["block_amax"]
+        # per-block amaxes bracket within the per-tensor amax
+        assert 0 <= float(blocks["min"]) <= float(blocks["p50"]) <= float(blocks["max"]) <= float(tel[role]["amax"]) * (1 + 1e-6)
         assert 15 < float(tel[role]["snr_db"]) < 40  # E4M3/E5M2: ~31 / ~25 dB
     assert tel["act_max"].shape == tel["swiglu_max"].shape == (TINY.n_layers,)
     # the fp32 recipe's grad_step is plain autodiff of loss_fn
