@@ -263,12 +263,20 @@ def precision_term(fit: Any) -> bool:
     return bool({"P", "P_w", "P_a", "P_g", "ebits", "mbits"} & set(laws.get(fit.law).columns))
 
 
-def optimum(fit: Any, compute: float, precisions: Sequence[float] | None = None, params: dict | None = None) -> dict:
+def optimum(fit: Any, compute: float, precisions: Sequence[float] | None = None, params: dict | None = None,
+            n_range: tuple[float, float] = (1.0, np.inf)) -> dict:
     """scaling.optimal.optimal_precision: the best (P, N, D, loss) and the per_precision table."""
     from scaling import optimal
 
     return optimal.optimal_precision(fit, compute=compute, precisions=None if precisions is None else list(precisions),
-                                     params=params)
+                                     params=params, n_range=n_range)
+
+
+def fitted_sizes(fit: Any) -> tuple[float, float] | None:
+    """The (smallest, largest) N the law was fitted on, from the fit's data summary; None if not recorded."""
+    data = (fit.get("data") if isinstance(fit, dict) else getattr(fit, "data", None)) or {}
+    n = data.get("columns", {}).get("N", {})
+    return (float(n["min"]), float(n["max"])) if "min" in n and "max" in n else None
 
 
 def loss_vs_precision(fit: Any, compute: float, bits: Sequence[float] | None = None, params: dict | None = None) -> pd.DataFrame:

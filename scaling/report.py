@@ -154,11 +154,19 @@ def sweet_spot(fit: Any, ok: pd.DataFrame, computes: Sequence[float]) -> tuple[s
         ci_text = f" (95% bootstrap CI {ci[0]:.3g}–{ci[1]:.3g} bits)" if ci else " (no bootstrap CI)"
         parts.append(f"### C = {_fmt(compute)} FLOPs (16-bit units)\n\n"
                      f"Compute-optimal precision **P* = {best['P']:.3g} bits**{ci_text}, at N = {_fmt(best['N'])}, "
-                     f"D = {_fmt(best['D'])}, predicted loss {best['loss']:.4g}.\n")
+                     f"D = {_fmt(best['D'])}, predicted loss {best['loss']:.4g}.")
+        sizes = plots.fitted_sizes(fit)
+        if sizes and not sizes[0] <= best["N"] <= sizes[1]:
+            inside = plots.optimum(fit, compute, n_range=sizes)
+            found[-1]["P_within_sizes"] = float(inside["P"])
+            parts.append(extrapolation_check(best, inside, sizes))
+        parts.append("")
         table = plots.loss_vs_precision(fit, compute, sorted(plots.NAMED_BITS.values(), reverse=True))
         table = table.sort_values("P", ascending=False)
         measured = plots.measured_at(ok, compute, fit)
         best_runs = plots.best_measured(measured)
+        if best_runs["precision"].nunique() > 1:
+            found[-1]["measured_best"] = best_runs.loc[best_runs["loss"].idxmin()].to_dict()
         rows = []
         for point in table.to_dict("records"):
             mine = best_runs[best_runs["P"] == point["P"]]
@@ -183,6 +191,16 @@ def sweet_spot(fit: Any, ok: pd.DataFrame, computes: Sequence[float]) -> tuple[s
                      f"{max(f['P'] for f in found):.3g} bits.")
         parts.append("")
     return "\n".join(parts), found
+
+
+def extrapolation_check(best: dict, inside: dict, sizes: tuple[float, float]) -> str:
+    """The law's optimum N lies outside the fitted sizes: say how far, and what the law picks inside them."""
+    factor = max(sizes[0] / best["N"], best["N"] / sizes[1])
+    verdict = ("the same precision, so P* does not hinge on the extrapolation" if abs(inside["P"] - best["P"]) < 0.5 else
+               "a different precision: P* hinges on extrapolating the size term, and these data do not determine it")
+    return (f"This N lies ×{factor:,.0f} outside the model sizes the law was fitted on ({_fmt(sizes[0])}–{_fmt(sizes[1])}). "
+            f"Restricted to those sizes, the law's optimum is P = {inside['P']:.3g} bits (N = {_fmt(inside['N'])}, "
+            f"D = {_fmt(inside['D'])}, predicted loss {inside['loss']:.4g}): {verdict}.")
 
 
 def direct_test(best_runs: pd.DataFrame, law_winner: str, n_runs: int) -> str:
@@ -219,7 +237,22 @@ def comparison(found: list[dict]) -> str:
     lines = []
     for f in found:
         for name, (lo, hi) in plots.PUBLISHED.items():
-            lines.append(f"- At C = {_fmt(f['compute'])}: " + compare_with_range(f["P"], f["ci"], name, lo, hi))
+            at = f"- At C = {_fmt(f['compute'])}: "
+            inside = f.get("P_within_sizes")
+            if inside is not None and abs(inside - f["P"]) >= 0.5:
+                lines.append(at + f"the law's P* = {f['P']:.3g} bits is {position(f['P'], lo, hi)} the {lo:g}–{hi:g} bit "
+                             f"range of {name}, but restricted to the fitted model sizes it is {inside:.3g} bits, "
+                             f"{position(inside, lo, hi)} it: the law's sweet spot rests on extrapolating N, so the fit "
+                             "neither confirms nor contradicts that range.")
+            else:
+                lines.append(at + compare_with_range(f["P"], f["ci"], name, lo, hi))
+        measured = f.get("measured_best")
+        if measured is not None:
+            seeds = int(measured["n"])
+            where = "; ".join(f"{position(measured['P'], lo, hi)} the {lo:g}–{hi:g} bits of {name}"
+                              for name, (lo, hi) in plots.PUBLISHED.items())
+            lines.append(f"- Measured directly at C = {_fmt(f['compute'])}, the lowest loss is {measured['precision']} "
+                         f"({measured['P']:g} bits, {seeds} seed{'s' if seeds > 1 else ''}): {where}.")
     return "\n".join(lines)
 
 
@@ -237,6 +270,15 @@ def limitations(ok: pd.DataFrame, fit: Any | None, found: list[dict], heldout: f
         sentences.append(f"The median tokens-per-parameter ratio is {ratio:.3g}, {side} Chinchilla's compute-optimal "
                          f"≈{CHINCHILLA_TOKENS_PER_PARAM:g}; Kumar et al. find the cost of low precision grows with D/N, so "
                          "the sweet spot depends on where the runs sit on this axis.")
+    last = ok[ok["D"] == ok["D"].max()]
+    biggest = last[last["N"] == last["N"].max()].groupby("recipe")["val_loss"].mean()
+    best = last.groupby(["recipe", "N"])["val_loss"].mean().groupby("recipe").min()
+    worse = [p for p in biggest.index if ok["N"].nunique() > 1 and biggest[p] > best[p] + 1e-9]
+    if worse:
+        sentences.append(f"At the largest token budget the largest model ({_fmt(last['N'].max())}) is worse than a smaller "
+                         f"one at {len(worse)} of {len(biggest)} precisions: at these few tokens per parameter (and one "
+                         "learning rate for every width) more parameters do not buy lower loss, the regime where "
+                         "low precision's gain, a larger model for the same compute, is worth least.")
     bits = sorted(ok["P"].dropna().unique())
     sentences.append(f"{len(bits)} distinct precision{'s' if len(bits) != 1 else ''} were measured "
                      f"({', '.join(f'{b:g}' for b in bits)} bits)" + (
@@ -252,6 +294,11 @@ def limitations(ok: pd.DataFrame, fit: Any | None, found: list[dict], heldout: f
         if wide:
             sentences.append(f"The bootstrap CI of P* is wider than 2 bits at {len(wide)} of {len(found)} budgets: "
                              "the data do not pin the sweet spot down to one format.")
+        floor = float(fit.params.get("E", math.inf))
+        if floor < 1e-3:
+            sentences.append(f"The irreducible loss E went to ≈0 ({floor:.2g}): the runs are far from the loss plateau, "
+                             "so E, and with it the law's trade-off between size and tokens away from the data, is "
+                             "not identified.")
         if heldout is not None:
             sentences.append(f"The held-out (extrapolation) error is {heldout:.2%} of the loss; differences between "
                              "precisions smaller than that are within the law's error.")

@@ -117,3 +117,50 @@ def test_direct_test_judges_the_gap_by_the_seeds():
     single = runs.assign(n=[1, 3])
     assert "single seed" in report.direct_test(single, "FP4", 4)
     assert "was not measured" in report.direct_test(runs, "FP6", 6)
+
+
+def test_sweet_spot_flags_an_optimum_outside_the_fitted_sizes():
+    from scaling import fit, optimal, plots
+
+    from test_plots import fake_fit
+
+    ok = plots.validate_results(fake_results(p_star=5.0))
+    law, compute = fake_fit(5.0, n_samples=0).to_dict(), 1.5e13
+    best = optimal.optimal_precision(law, compute=compute)
+    inside_text, _ = report.sweet_spot(fit.FitResult.from_dict(
+        {**law, "data": {"columns": {"N": {"min": best["N"] / 2, "max": best["N"] * 2}}}}), ok, [compute])
+    assert "outside the model sizes" not in inside_text
+    sizes = (best["N"] * 10, best["N"] * 100)  # the law's optimum lies 10x below the smallest fitted size
+    text, found = report.sweet_spot(fit.FitResult.from_dict(
+        {**law, "data": {"columns": {"N": {"min": sizes[0], "max": sizes[1]}}}}), ok, [compute])
+    bounded = optimal.optimal_precision(law, compute=compute, n_range=sizes)
+    assert bounded["N"] == pytest.approx(sizes[0], rel=1e-6)
+    assert "This N lies ×10 outside the model sizes the law was fitted on" in text
+    assert f"Restricted to those sizes, the law's optimum is P = {bounded['P']:.3g} bits" in text
+    assert found[0]["P_within_sizes"] == pytest.approx(bounded["P"])
+    hinges = abs(bounded["P"] - best["P"]) >= 0.5
+    assert ("P* hinges on extrapolating the size term" in text) == hinges
+    assert ("neither confirms nor contradicts" in report.comparison(found)) == hinges
+    # the measured winner at the budget is placed against each published range
+    found[0]["measured_best"] = {"precision": "FP8", "P": 8.0, "n": 2}
+    assert (f"- Measured directly at C = {report._fmt(compute)}, the lowest loss is FP8 (8 bits, 2 seeds): inside the "
+            "7–8 bits of Kumar et al. 2024; inside the 4–8 bits of Sun et al. 2025." in report.comparison(found))
+
+
+def test_limitations_name_a_size_axis_without_gain_and_an_unidentified_floor():
+    from scaling import plots
+
+    from test_plots import fake_fit
+
+    ok = plots.validate_results(fake_results(p_star=5.0))
+    law = fake_fit(5.0, n_samples=0)
+    text = report.limitations(ok, law, [], None)
+    assert "is worse than a smaller one" not in text and "went to ≈0" not in text
+    # the largest model at the largest budget loses to a smaller one at one precision; E at its floor
+    last = (ok["D"] == ok["D"].max()) & (ok["N"] == ok["N"].max()) & (ok["recipe"] == ok["recipe"].iloc[0])
+    ok.loc[last, "val_loss"] += 10.0
+    law.params["E"] = 1e-8
+    n_recipes = ok.loc[ok["D"] == ok["D"].max()].query("N == N.max()")["recipe"].nunique()
+    text = report.limitations(ok, law, [], None)
+    assert f"is worse than a smaller one at 1 of {n_recipes} precisions" in text
+    assert "The irreducible loss E went to ≈0 (1e-08)" in text
