@@ -540,7 +540,8 @@ def granularity_format(results: pd.DataFrame, stem: str | Path) -> Figure:
         df["panel_N"] = [_size_label(n) for n in df["N"]]
     grid = sns.catplot(data=df, x="granularity", y="val_loss", order=order, hue="precision", hue_order=list(palette),
                        palette=palette, col="scaling", col_order=timings, row=row, row_order=row_order, kind="point", errorbar="sd",
-                       dodge=0.3, markers="o", linestyles="none", height=3.4, aspect=1.2, sharey="row")
+                       dodge=0.3, markers="o", linestyles="none", height=3.4, aspect=1.2,
+                       sharey="row" if row else True)  # "row" sharing with a single row draws nothing (seaborn 0.13)
     grid.set_axis_labels("scaling granularity", f"final {LOSS_LABEL}")
     grid.set_titles("{col_name} scaling" if row is None else "{row_name}, {col_name} scaling")
     grid.figure.suptitle(TITLES[5], y=1.03)
@@ -600,23 +601,30 @@ def outlier_column(curves: pd.DataFrame) -> str | None:
 
 
 def outliers(curves: pd.DataFrame, stem: str | Path) -> Figure:
-    """Figure 7: largest activation magnitude (top) and training loss (bottom) vs tokens, Smooth-SwiGLU on/off."""
+    """Figure 7: largest activation magnitude (top row) and training loss (bottom row) vs tokens, one column
+    per recipe (and learning rate, when the sweep varies it), Smooth-SwiGLU off and on in each panel."""
     column = outlier_column(curves)
     df = curves.dropna(subset=[column, "tokens", "recipe", "smooth_swiglu"]).copy()
     df["Smooth-SwiGLU"] = np.where(df["smooth_swiglu"].astype(bool), "on", "off")
-    if "base_lr" in df.columns and df["base_lr"].nunique() > 1:  # one line per recipe and learning rate
+    if "base_lr" in df.columns and df["base_lr"].nunique() > 1:  # one column per recipe and learning rate
         df["recipe"] = df["recipe"].astype(str) + ", lr " + df["base_lr"].map(lambda v: f"{v:g}")
-    order, colours = recipe_palette(df)
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(6.8, 6.4), sharex=True)
-    for ax, y, label in ((top, column, OUTLIER_COLUMNS[column]), (bottom, "loss", "training loss (nats/token)")):
-        sns.lineplot(data=df, x="tokens", y=y, hue="recipe", hue_order=order, palette=colours, style="Smooth-SwiGLU",
-                     style_order=["off", "on"], errorbar="sd", ax=ax, legend=ax is top)
-        ax.set_xscale("log")
-        ax.set_ylabel(label)
-        ax.set_xlabel("tokens seen")
-    top.set_yscale("log")
-    top.legend(fontsize=7, ncol=2)
-    top.set_title(TITLES[7], fontsize=10)
+    order, _ = recipe_palette(df)
+    colours = {"off": "#4d4d4d", "on": "#d62728"}
+    fig, axes = plt.subplots(2, len(order), figsize=(3.2 * len(order) + 0.6, 5.6), sharex=True, sharey="row",
+                             squeeze=False)
+    for j, recipe in enumerate(order):
+        part = df[df["recipe"] == recipe]
+        for i, (y, label) in enumerate(((column, OUTLIER_COLUMNS[column]), ("loss", "training loss (nats/token)"))):
+            ax = axes[i, j]
+            sns.lineplot(data=part, x="tokens", y=y, hue="Smooth-SwiGLU", hue_order=["off", "on"], palette=colours,
+                         errorbar="sd", ax=ax, legend=(i, j) == (0, len(order) - 1))
+            ax.set_xscale("log")
+            ax.set_ylabel(label if j == 0 else "")
+            ax.set_xlabel("tokens seen" if i == 1 else "")
+            if i == 0:
+                ax.set_yscale("log")
+                ax.set_title(recipe, fontsize=9)
+    fig.suptitle(TITLES[7], fontsize=10)
     fig.tight_layout()
     peaks = df.groupby("Smooth-SwiGLU")[column].max()
     caption = f"peak {OUTLIER_COLUMNS[column].split(' (')[0]} " + ", ".join(f"{_fmt(v)} with Smooth-SwiGLU {k}" for k, v in peaks.items())

@@ -156,7 +156,7 @@ def sweet_spot(fit: Any, ok: pd.DataFrame, computes: Sequence[float]) -> tuple[s
                      f"Compute-optimal precision **P* = {best['P']:.3g} bits**{ci_text}, at N = {_fmt(best['N'])}, "
                      f"D = {_fmt(best['D'])}, predicted loss {best['loss']:.4g}.")
         sizes = plots.fitted_sizes(fit)
-        if sizes and not sizes[0] <= best["N"] <= sizes[1]:
+        if sizes and sizes[0] < sizes[1] and not sizes[0] <= best["N"] <= sizes[1]:
             inside = plots.optimum(fit, compute, n_range=sizes)
             found[-1]["P_within_sizes"] = float(inside["P"])
             parts.append(extrapolation_check(best, inside, sizes))

@@ -50,16 +50,21 @@ def reproduce(preset: str, out: str | Path, *, bootstrap: int = 100, workers: in
 
     fitted_sweep = specs[0].sweep
     df = results.load(out / "runs")
-    df = df[df["sweep"].isin({s.sweep for s in specs})].reset_index(drop=True)
+    # the preset's own runs only: a run left in the same folder by an older grid is not part of the study
+    wanted = {s.run_id for s in specs}
+    df = df[df["run_id"].isin(wanted)].reset_index(drop=True)
     results.export(df, out / "results" / f"{fitted_sweep}.csv")
     run_curves = curves.load_curves(out / "runs")
-    run_curves = run_curves[run_curves["sweep"].isin(set(df["sweep"]))].reset_index(drop=True)
+    run_curves = run_curves[run_curves["run_id"].isin(wanted)].reset_index(drop=True)
     curves.export_curves(run_curves, out / "results" / f"{fitted_sweep}_curves.parquet")
 
     fit_rows = df[(df["sweep"] == fitted_sweep) & (df["status"] == "ok")]
     result = fit.fit_law(fit_rows, LAW, loss_column="val_loss", bootstrap=bootstrap)
     # keep the held-out fit's params: figure 3 then shows what it actually predicted
-    result.heldout = fit.holdout_error(fit_rows, LAW, by="N", loss_column="val_loss")
+    if fit_rows["N"].nunique() > 1:
+        result.heldout = fit.holdout_error(fit_rows, LAW, by="N", loss_column="val_loss")
+    else:
+        print(f"{preset}: one model size, so no held-out extrapolation test")
     result.to_json(out / "fits" / f"{fitted_sweep}.json")
     path = report.write_report(df, result, out / "paper_figures", curves=run_curves)
     print(f"{preset}: {len(df)} rows, fit and report in {time.perf_counter() - started:.0f} s -> {path}")

@@ -349,3 +349,24 @@ def test_each_figure_reads_its_own_sweep():
         plots.study_part(df, "everything")
     curves_df = pd.DataFrame({"run_id": ["e", "e", "a"], "lr": [0.0, 3e-2, 1e-2]})
     assert list(plots.with_base_lr(curves_df, df)["base_lr"]) == [3e-2, 3e-2, 1e-2]
+
+
+def test_granularity_figure_draws_every_run_at_a_single_size(tmp_path, monkeypatch):
+    # one size only (a real granularity sweep): every axis must show the points, not an empty frame
+    results = fake_results(p_star=5.0)
+    results = results[(results["N"] == results["N"].min()) & results["P"].isin([8, 4])].copy()
+    results.loc[results["P"] == 8, ["granularity", "scaling"]] = ["block", "delayed"]
+    drawn = {}
+
+    def keep(fig, stem):
+        drawn["axes"] = [ax for ax in fig.axes if ax.get_title()]
+        return stem.with_suffix(".png"), stem.with_suffix(".pdf")
+
+    monkeypatch.setattr(plots, "_save", keep)
+    plots.granularity_format(results, tmp_path / "fig5")
+    final = plots.final_rows(results)
+    for ax in drawn["axes"]:
+        lo, hi = ax.get_ylim()
+        shown = [y for line in ax.lines for y in line.get_ydata() if np.isfinite(y)]
+        assert shown and lo <= min(shown) and max(shown) <= hi
+    assert len(drawn["axes"]) == 2 and lo <= final["val_loss"].min() and final["val_loss"].max() <= hi

@@ -140,3 +140,42 @@ def test_bad_grid_value_names_the_grid_point(tmp_path):
     assert proc.returncode == 2
     assert "train.lr: got -2" in proc.stderr and "grid point" in proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_reproduce_reuses_landed_runs_and_reports_only_the_presets_own(tmp_path, monkeypatch, capsys):
+    import shutil
+
+    import pandas as pd
+
+    from scaling import reproduce
+
+    # the smoke grid with 4 WSD budgets: 3 runs, 12 points, enough for the 6 free params of the law
+    experiments = tmp_path / "experiments"
+    experiments.mkdir()
+    (experiments / "repro.toml").write_text(SMOKE.read_text().replace('name = "smoke_sweep"', 'name = "repro"')
+                                            .replace("budgets = [0.5, 1.0]", "budgets = [0.25, 0.5, 0.75, 1.0]"))
+    monkeypatch.setattr(reproduce, "EXPERIMENTS", experiments)
+    monkeypatch.setitem(reproduce.PRESETS, "repro", ["repro.toml"])
+    out = tmp_path / "study"
+    reproduce.reproduce("repro", out, bootstrap=4, progress=False)
+    assert "repro: 3 runs, 0 already landed" in capsys.readouterr().out
+
+    # a run an older grid left in the same sweep folder: not part of the preset, so not of the study
+    first = next(p for p in (out / "runs" / "repro").iterdir() if (p / "summary.json").is_file())
+    stale = out / "runs" / "repro" / "0123456789ab"
+    shutil.copytree(first, stale)
+    summary = json.loads((stale / "summary.json").read_text())
+    (stale / "summary.json").write_text(json.dumps({**summary, "run_id": stale.name}))
+    landed = {p: p.stat().st_mtime_ns for p in (out / "runs" / "repro").glob("*/summary.json") if p.parent != stale}
+
+    report = reproduce.reproduce("repro", out, bootstrap=4, progress=False)
+    assert "repro: 3 runs, 3 already landed" in capsys.readouterr().out  # nothing retrained
+    assert {p: p.stat().st_mtime_ns for p in landed} == landed
+    table = pd.read_csv(out / "results" / "repro.csv")
+    assert set(table["run_id"]) == {s.run_id for s in sweep.expand(experiments / "repro.toml")}
+    assert set(pd.read_parquet(out / "results" / "repro_curves.parquet")["run_id"]) == set(table["run_id"])
+    fitted = json.loads((out / "fits" / "repro.json").read_text())
+    assert fitted["law"] == "kumar" and fitted["data"]["n_points"] == len(table) == 12
+    text = report.read_text()
+    assert report == out / "paper_figures" / "REPORT.md" and "**P* = " in text
+    assert (out / "paper_figures" / "fig1_sweet_spot.png").stat().st_size > 0
