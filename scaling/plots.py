@@ -395,8 +395,9 @@ def iso_loss(fit: Any, compute: float, stem: str | Path) -> Figure:
 
     best = optimum(fit, compute)
     frontier = loss_vs_precision(fit, compute)
-    n_lo = min(frontier["N"].min(), best["N"]) / 10
-    n_hi = max(frontier["N"].max(), best["N"]) * 10
+    sizes = fitted_sizes(fit)
+    n_lo = min(frontier["N"].min(), best["N"], *(sizes or ())) / 10
+    n_hi = max(frontier["N"].max(), best["N"], *(sizes or ())) * 10
     n_grid = np.geomspace(n_lo, n_hi, 120)
     p_grid = precision_grid(fit)
     grid = optimal.iso_loss(fit, compute, n_grid, p_grid).pivot(index="P", columns="N", values="loss")
@@ -409,6 +410,8 @@ def iso_loss(fit: Any, compute: float, stem: str | Path) -> Figure:
     lines = ax.contour(NN, PP, loss, levels=levels[1::2], colors="white", linewidths=0.6)
     ax.clabel(lines, fmt="%.3g", fontsize=7)
     fig.colorbar(filled, ax=ax, label=LOSS_LABEL, format="%.3g")
+    if sizes:  # where the law is a measurement, not an extrapolation
+        ax.axvspan(*sizes, facecolor="none", edgecolor="k", hatch="//", lw=0.8, alpha=0.5, label="model sizes fitted")
     ax.plot(frontier["N"], frontier["P"], color="tab:red", lw=2, label="compute-optimal N*(P)")
     ax.scatter([best["N"]], [best["P"]], marker="*", s=220, color="tab:red", edgecolor="k", zorder=4,
                label=f"optimum: P* = {best['P']:.2g} bits, N = {_fmt(best['N'])}")
@@ -424,7 +427,8 @@ def iso_loss(fit: Any, compute: float, stem: str | Path) -> Figure:
     ax.legend(loc="lower left", fontsize=8)
     fig.tight_layout()
     caption = (f"iso-loss contours of the fitted {fit.law} law at C = {_fmt(compute)}; the red line is the best N for each P, "
-               f"the star the overall optimum (P* = {best['P']:.3g} bits, loss {best['loss']:.4g}).")
+               f"the star the overall optimum (P* = {best['P']:.3g} bits, loss {best['loss']:.4g})"
+               + (f"; hatched: the model sizes the law was fitted on ({_fmt(sizes[0])}–{_fmt(sizes[1])})." if sizes else "."))
     return _figure(2, Path(stem), fig, caption)
 
 
