@@ -370,3 +370,14 @@ def test_granularity_figure_draws_every_run_at_a_single_size(tmp_path, monkeypat
         shown = [y for line in ax.lines for y in line.get_ydata() if np.isfinite(y)]
         assert shown and lo <= min(shown) and max(shown) <= hi
     assert len(drawn["axes"]) == 2 and lo <= final["val_loss"].min() and final["val_loss"].max() <= hi
+
+
+def test_iso_loss_marks_the_fitted_sizes(tmp_path):
+    from scaling import fit
+
+    law = fake_fit(5.0, n_samples=0).to_dict()
+    with_sizes = fit.FitResult.from_dict({**law, "data": {"columns": {"N": {"min": 3e5, "max": 2e6}}}})
+    assert plots.fitted_sizes(with_sizes) == (3e5, 2e6) and plots.fitted_sizes(law) is None
+    made = plots.iso_loss(with_sizes, 1.5e13, tmp_path / "fig2")
+    assert made.caption.endswith("hatched: the model sizes the law was fitted on (3e05–2e06).")
+    valid_image(made.png)
