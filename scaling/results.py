@@ -21,7 +21,7 @@ COLUMNS = [
     "smooth_swiglu", "seed", "train_loss", "val_loss", "status", "wall_s", "tokens_per_s",
 ]
 # Run-level extras that fits and figures use (the floating-point law needs ebits/mbits/block).
-EXTRAS = ["size", "lr", "tokens", "ebits", "mbits", "block", "flops_per_token", "step"]
+EXTRAS = ["size", "lr", "tokens", "ebits", "mbits", "block", "flops_per_token", "step", "corpus"]
 TELEMETRY_METRICS = ["amax", "frac_saturated", "frac_underflow", "snr_db"]
 
 
@@ -30,6 +30,9 @@ def rows_from_summary(summary: dict, run_id: str, sweep: str) -> list[dict]:
     base = {k: summary.get(k) for k in COLUMNS + EXTRAS if k in summary}
     base.update(run_id=summary.get("run_id", run_id), sweep=summary.get("sweep", sweep))
     base.setdefault("status", "ok")
+    corpus = summary.get("corpus")
+    if isinstance(corpus, dict):  # which data: the source and the first 12 hex digits of its fingerprint
+        base["corpus"] = f"{corpus.get('source', '?')} {str(corpus.get('fingerprint', ''))[:12]}".strip()
     for role, metrics in (summary.get("telemetry") or {}).items():
         if isinstance(metrics, dict):
             for metric in TELEMETRY_METRICS:

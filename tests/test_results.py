@@ -22,7 +22,8 @@ def test_one_row_per_run_and_budget(tmp_path):
     evals = [{"D": 100, "step": 1, "val_loss": 3.0, "train_loss": 3.1},
              {"D": 200, "step": 2, "val_loss": 2.5, "train_loss": 2.6}]
     atomic_write_json(tmp_path / "sw" / "aaa" / "summary.json", _summary("aaa", evals))
-    atomic_write_json(tmp_path / "sw" / "bbb" / "summary.json", _summary("bbb", evals[:1], P=4))
+    atomic_write_json(tmp_path / "sw" / "bbb" / "summary.json", _summary(
+        "bbb", evals[:1], P=4, corpus={"source": "stdlib", "fingerprint": "b27681494f2ffe6815ee", "bytes": 10}))
     (tmp_path / "sw" / "ccc").mkdir()  # crashed before landing: no summary, no row
     (tmp_path / "sw" / "ccc" / "config.json").write_text("{}")
     df = results.load(tmp_path / "sw")
@@ -33,6 +34,8 @@ def test_one_row_per_run_and_budget(tmp_path):
     assert aaa["val_loss"].tolist() == [3.0, 2.5] and aaa["D"].tolist() == [100, 200]
     assert df.loc[df.run_id == "bbb", "P"].item() == 4
     assert (df["activation_amax"] == 3.0).all()
+    assert df.loc[df.run_id == "bbb", "corpus"].item() == "stdlib b27681494f2f"  # which data, for the report
+    assert df.loc[df.run_id == "aaa", "corpus"].isna().all()
 
 
 def test_no_duplicate_rows_and_unreadable_summary_is_skipped(tmp_path):
