@@ -576,7 +576,7 @@ def amax_distributions(amax: pd.DataFrame, stem: str | Path) -> Figure:
         positive = values[values > 0]
         if (values == 0).any() and len(positive):  # zeros have no log: linear below the smallest nonzero
             ax.set_yscale("symlog", linthresh=float(positive.min()))
-            ax.set_ylim(bottom=0)  # a magnitude: no negative half
+            ax.set_ylim(bottom=-0.3 * float(positive.min()))  # a magnitude: only a margin below 0, so a line at 0 shows
         elif len(positive):
             ax.set_yscale("log")
         ax.set_xscale("log")
