@@ -5,7 +5,8 @@
     seed = 0
     [model]  size, seq_len, smooth_swiglu
     [data]   source ("stdlib" | "synthetic" | a path), eval_tokens
-    [train]  tokens (the budget D), batch_size, lr, weight_decay, warmup (fraction of steps),
+    [train]  tokens (the budget D), batch_size, lr (a number, or "auto": the ladder's tuned rate for
+             model.size, scaling.model.ladder_lr), weight_decay, warmup (fraction of steps),
              schedule ("wsd" | "cosine"), decay (WSD cooldown fraction), budgets (WSD evaluation
              budgets as fractions of tokens, ending at 1.0), grad_clip, eval_every, log_every,
              checkpoint_every (steps; 0 = never)
@@ -71,6 +72,15 @@ def _real(lo: float, hi: float | None = None, *, lo_open: bool = False, hi_open:
     return check
 
 
+def _learning_rate(key: str, value: Any) -> float | str:
+    if value == "auto":
+        return value  # resolved from model.size in validate()
+    try:
+        return _real(0.0, lo_open=True)(key, value)
+    except ConfigError:
+        raise ConfigError(key, value, 'a number > 0, or "auto" (the tuned rate for model.size)') from None
+
+
 def _boolean(key: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise ConfigError(key, value, "true or false")
@@ -133,7 +143,7 @@ SCHEMA: dict[str, Any] = {
     "train": {
         "tokens": Field(2_000_000, _integer(1)),
         "batch_size": Field(32, _integer(1)),
-        "lr": Field(3e-3, _real(0.0, lo_open=True)),
+        "lr": Field(3e-3, _learning_rate),
         "weight_decay": Field(0.1, _real(0.0)),
         "warmup": Field(0.05, _real(0.0, 1.0, hi_open=True)),
         "schedule": Field("wsd", _choice("wsd", "cosine")),
@@ -171,6 +181,10 @@ def validate(cfg: dict) -> dict:
         raise ConfigError("train.budgets", train["budgets"],
                           f"fractions of the {steps} steps giving distinct step counts >= 1")
     _check_model(resolved)
+    if train["lr"] == "auto":  # resolved here, so a run's config, id and results hold the number
+        from scaling import model
+
+        train["lr"] = model.ladder_lr(resolved["model"]["size"])
     return resolved
 
 

@@ -77,6 +77,19 @@ def config_for_size(size: int, *, vocab: int = 256, seq_len: int = 256, smooth_s
                        vocab=vocab, seq_len=seq_len, smooth_swiglu=smooth_swiglu)
 
 
+# The ladder's AdamW peak learning rate falls with width: lr = 1.6e-2 · (32 / d_model)^1.2.
+# Fitted to the optimum of each size in experiments/lr.toml (sizes 1-5, FP32, 655k tokens, WSD;
+# results/lr.csv): 1.5e-2, 7.5e-3, 4.7e-3, 2.7e-3, 2.3e-3 at d_model 32..160. With one LR for every
+# width the largest sizes trained worse than smaller ones and the law saw no gain from N.
+LR_AT_WIDTH_32 = 1.6e-2
+LR_WIDTH_EXPONENT = 1.2
+
+
+def ladder_lr(size: int) -> float:
+    """The tuned peak learning rate of a ladder size (`train.lr = "auto"`)."""
+    return LR_AT_WIDTH_32 * (32 / config_for_size(size).d_model) ** LR_WIDTH_EXPONENT
+
+
 def param_counts(cfg: ModelConfig) -> dict[str, int]:
     """N (non-embedding: every parameter except the embedding table and the output head, what
     Kaplan et al. and Kumar et al. fit on) and the total.

@@ -27,6 +27,20 @@ def test_run_id_hashes_the_resolved_config():
     assert config.run_id({"train": {"tokens": 2e6}}) == config.run_id({"train": {"tokens": 2_000_000}})
 
 
+def test_auto_learning_rate_is_the_ladder_rate_resolved_into_the_config():
+    from scaling import model
+
+    rates = [config.validate({"model": {"size": s}, "train": {"lr": "auto"}})["train"]["lr"] for s in (1, 2, 4, 5)]
+    assert rates == [model.ladder_lr(s) for s in (1, 2, 4, 5)]
+    assert rates[0] == pytest.approx(1.6e-2) and rates[2] == pytest.approx(1.6e-2 / 4**1.2)
+    assert rates == sorted(rates, reverse=True)  # wider models take smaller steps
+    # the id hashes the number, so "auto" and the rate it resolves to are the same run
+    auto = {"model": {"size": 4}, "train": {"lr": "auto"}}
+    assert config.run_id(auto) == config.run_id({"model": {"size": 4}, "train": {"lr": rates[2]}})
+    with pytest.raises(ConfigError, match='train.lr: got \'fast\'.*"auto"'):
+        config.validate({"train": {"lr": "fast"}})
+
+
 @pytest.mark.parametrize("override, key, allowed", [
     ("train.lr=-1", "train.lr", "a number > 0"),
     ("train.lrr=0.1", "train.lrr", "one of the [train] keys"),
@@ -106,7 +120,7 @@ def test_cli_bad_value_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys):
     code = cli.main(["train", str(path), "--set", "train.lr=-1", "--out", str(out)])
     err = capsys.readouterr().err
     assert code == 2
-    assert err == "error: train.lr: got -1; allowed: a number > 0\n"
+    assert err == 'error: train.lr: got -1; allowed: a number > 0, or "auto" (the tuned rate for model.size)\n'
     assert not out.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.toml"]
 
