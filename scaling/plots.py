@@ -223,20 +223,17 @@ def cost(N: Any, D: Any, P: Any) -> Any:
 
 
 def default_budgets(results: pd.DataFrame) -> list[float]:
-    """Compute budgets to report at: the distinct budgets of an iso-compute sweep when there is one
-    (costs grouped within COMPUTE_MATCH_FACTOR), else the largest cost any run reached."""
+    """Compute budgets to report at: with an iso-compute sweep, one per token budget D of its
+    same-tokens half (every precision at its cost-model size for the same D; the budget is the
+    geometric mean of their costs, since the sizes match the cost model only roughly), else the
+    largest cost any run reached."""
     if results.empty:
         return []
-    costs = np.asarray(cost(results["N"], results["D"], results["P"]), float)
-    iso = results["sweep"].astype(str).str.contains("isocompute").to_numpy() if "sweep" in results.columns else None
-    if iso is not None and iso.any():
-        budgets: list[list[float]] = []
-        for c in np.sort(costs[iso]):
-            if budgets and c / budgets[-1][0] <= COMPUTE_MATCH_FACTOR:
-                budgets[-1].append(c)
-            else:
-                budgets.append([c])
-        return [float(np.exp(np.mean(np.log(b)))) for b in budgets]
+    costs = pd.Series(np.asarray(cost(results["N"], results["D"], results["P"]), float), index=results.index)
+    if "sweep" in results.columns and (results["sweep"].astype(str) == "isocompute").any():
+        iso = results["sweep"].astype(str) == "isocompute"
+        by_tokens = np.log(costs[iso]).groupby(results.loc[iso, "D"]).mean()
+        return [float(c) for c in np.exp(by_tokens.sort_index())]
     return [float(costs.max())]
 
 
@@ -717,6 +714,12 @@ def cluster_table(table: pd.DataFrame, stem: str | Path) -> Figure:
 # ---------------------------------------------------------------------------------------------
 
 
+def sweep_family(sweeps: pd.Series) -> pd.Series:
+    """Sweep names with the direct test's two halves as one: `isocompute` (every precision at its
+    cost-model size, same tokens) and `isocompute_law` (at the law's optimal N, D) are `isocompute`."""
+    return sweeps.astype(str).str.replace(r"^isocompute.*$", "isocompute", regex=True)
+
+
 def study_part(df: pd.DataFrame | None, part: str) -> pd.DataFrame | None:
     """The rows of one part of a multi-sweep study (a `sweep` column names each row's sweep):
     'main' (every sweep not in PURPOSE_SWEEPS), 'law' (main + isocompute: plain recipes the law
@@ -724,7 +727,7 @@ def study_part(df: pd.DataFrame | None, part: str) -> pd.DataFrame | None:
     the part asked for, are returned whole: a single sweep is its own main study."""
     if df is None or "sweep" not in df.columns:
         return df
-    names = df["sweep"].astype(str)
+    names = sweep_family(df["sweep"])
     if part == "main":
         mask = ~names.isin(list(PURPOSE_SWEEPS))
     elif part == "law":

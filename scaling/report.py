@@ -106,10 +106,13 @@ def _sweeps(all_rows: pd.DataFrame, ok: pd.DataFrame) -> str:
     """Each sweep with its run count and what it feeds (plots.study_part: the main study is fitted)."""
     if "sweep" not in all_rows.columns:
         return "–"
-    runs = all_rows.drop_duplicates("run_id")["sweep"].astype(str).value_counts()
-    role = {name: f"figure {n}" for name, n in plots.PURPOSE_SWEEPS.items()}
-    role["isocompute"] = "figure 1 and the direct test"
-    main = sorted(set(runs.index) - set(plots.PURPOSE_SWEEPS))
+    sweeps = all_rows.drop_duplicates("run_id")["sweep"].astype(str)
+    runs = sweeps.value_counts()
+    family = dict(zip(sweeps, plots.sweep_family(sweeps)))
+    role = {name: f"figure {plots.PURPOSE_SWEEPS[family[name]]}" for name in runs.index if family[name] in plots.PURPOSE_SWEEPS}
+    role["isocompute"] = "figure 1 and the direct test: each precision at its cost-model size, same tokens"
+    role["isocompute_law"] = "figure 1 and the direct test: each precision at the law's optimal N, D"
+    main = sorted(name for name in runs.index if family[name] not in plots.PURPOSE_SWEEPS)
     return "; ".join(f"{name} ({runs[name]} runs, {role.get(name, 'fitted; figures 1-4, 6' if name in main else '')})"
                      for name in main + sorted(set(runs.index) - set(main)))
 

@@ -199,8 +199,16 @@ def test_cost_model_and_budgets():
     assert plots.default_budgets(ok) == [pytest.approx(6 / 16 * 2e6 * 1.25e7 * 32)]
     iso = ok.assign(sweep=np.where(ok["D"] == 5e6, "isocompute", "ladder"))
     iso = iso[(iso["sweep"] == "ladder") | ((iso["P"] == 32) & (iso["N"] == 2e5)) | ((iso["P"] == 16) & (iso["N"] == 5e5))]
-    # FP32 at 2e5 and BF16 at 5e5 cost 1.2e13 and 1.5e13: one budget (within ×1.25), their geometric mean
+    # FP32 at 2e5 and BF16 at 5e5 cost 1.2e13 and 1.5e13: one budget (same tokens), their geometric mean
     assert plots.default_budgets(iso) == [pytest.approx(math.sqrt(1.2e13 * 1.5e13))]
+    # one budget per token budget of the same-tokens half, however far the matched sizes are off the cost
+    # model; the law-optimal half (other tokens) adds none
+    two = pd.concat([iso, iso[iso["sweep"] == "isocompute"].assign(D=1.25e7),
+                     iso[iso["sweep"] == "isocompute"].assign(sweep="isocompute_law", D=2e6)])
+    two.loc[(two["sweep"] == "isocompute") & (two["P"] == 16), "N"] *= 1.3  # BF16 at 2.6x FP32's size
+    c = lambda N, D, P: 6 / 16 * N * D * P  # noqa: E731
+    assert plots.default_budgets(two) == [pytest.approx(math.sqrt(c(2e5, 5e6, 32) * c(6.5e5, 5e6, 16))),
+                                          pytest.approx(math.sqrt(c(2e5, 1.25e7, 32) * c(6.5e5, 1.25e7, 16)))]
 
 
 def test_measured_points_are_those_at_the_budget():
@@ -336,10 +344,13 @@ def test_heldout_caption_reports_the_extrapolation(tmp_path):
 
 
 def test_each_figure_reads_its_own_sweep():
-    df = pd.DataFrame({"run_id": list("abcde"), "sweep": ["ladder", "ladder", "granularity", "isocompute", "outliers"],
-                       "lr": [1e-2, 1e-2, 1e-2, 1e-2, 3e-2]})
+    df = pd.DataFrame({"run_id": list("abcdef"),
+                       "sweep": ["ladder", "ladder", "granularity", "isocompute", "outliers", "isocompute_law"],
+                       "lr": [1e-2, 1e-2, 1e-2, 1e-2, 3e-2, 1e-2]})
     assert list(plots.study_part(df, "main")["run_id"]) == ["a", "b"]
-    assert list(plots.study_part(df, "law")["run_id"]) == ["a", "b", "d"]
+    # both halves of the direct test (cost-model sizes, the law's own N, D) are iso-compute runs
+    assert list(plots.study_part(df, "law")["run_id"]) == ["a", "b", "d", "f"]
+    assert list(plots.study_part(df, "isocompute")["run_id"]) == ["d", "f"]
     assert list(plots.study_part(df, "granularity")["run_id"]) == ["c"]
     # a single sweep is its own main study; a part with no rows falls back to the whole table
     only = df[df["sweep"] == "granularity"]

@@ -1,6 +1,7 @@
 """The sweep end to end on the smoke grid: both executors, re-runs, crash safety, bad input."""
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -179,3 +180,45 @@ def test_reproduce_reuses_landed_runs_and_reports_only_the_presets_own(tmp_path,
     text = report.read_text()
     assert report == out / "paper_figures" / "REPORT.md" and "**P* = " in text
     assert (out / "paper_figures" / "fig1_sweet_spot.png").stat().st_size > 0
+
+
+def test_law_optimal_runs_spend_the_budget_where_the_law_says():
+    """The direct test's second half: each iso-compute recipe at the ladder size the fitted law
+    prefers at the same budget, its tokens what that budget affords (whole steps)."""
+    import pandas as pd
+
+    from scaling import config, model, optimal, plots, reproduce
+    from test_plots import fake_fit, kumar_loss
+
+    base = {"name": "isocompute", "model": {"size": 2, "seq_len": 64}, "data": {"source": "synthetic"},
+            "train": {"tokens": 1_310_720, "batch_size": 16, "lr": "auto", "budgets": [0.5, 1.0]}}
+    specs, rows = [], []
+    for size, recipe, P in [(2, "fp32", 32), (4, "fp8", 8), (5, "mxfp4", 4)]:
+        cfg = config.validate({**base, "precision": recipe, "model": {**base["model"], "size": size}})
+        spec = sweep.RunSpec(run_id=config.run_id(cfg), sweep="isocompute", config=cfg)
+        specs.append(spec)
+        N = model.param_counts(model.config_for_size(size))["non_embedding"]
+        for D in (655_360, 1_310_720):
+            rows.append(dict(run_id=spec.run_id, sweep="isocompute", recipe=recipe, N=N, D=D, P=P, status="ok",
+                             val_loss=float(kumar_loss(N, D, P, gamma=5.0 / 1.9038))))
+    df = pd.DataFrame(rows)
+    law = fake_fit(5.0, n_samples=0)  # sweet spot P* = 5 bits
+    planned = reproduce.law_optimal_specs(law, df, specs)
+    budgets = plots.default_budgets(df)
+    assert len(budgets) == 2 and len(planned) == 6 and {s.sweep for s in planned} == {"isocompute_law"}
+    n_of = {s: model.param_counts(model.config_for_size(s))["non_embedding"] for s in reproduce.LAW_SIZES}
+    for spec in planned:
+        cfg = spec.config
+        size, tokens, P = cfg["model"]["size"], cfg["train"]["tokens"], {"fp32": 32, "fp8": 8, "mxfp4": 4}[cfg["precision"]]
+        assert cfg["seed"] == 0 and cfg["train"]["budgets"] == [1.0] and cfg["train"]["lr"] == model.ladder_lr(size)
+        assert spec.run_id == config.run_id(cfg) and tokens % (16 * 64) == 0
+        # the run spends one of the budgets (to a step of 1,024 tokens)...
+        cost = float(optimal.Cost().compute(n_of[size], tokens, P))
+        compute = min(budgets, key=lambda c: abs(math.log(cost / c)))
+        assert abs(float(optimal.Cost().tokens(n_of[size], compute, P)) - tokens) <= 512
+        # ...at the ladder size where the law predicts the lowest loss for that budget
+        losses = {s: float(kumar_loss(n, optimal.Cost().tokens(n, compute, P), P, gamma=5.0 / 1.9038))
+                  for s, n in n_of.items()}
+        assert size == min(losses, key=losses.get)
+    # no landed iso-compute runs: nothing to plan
+    assert reproduce.law_optimal_specs(law, df.iloc[:0], specs) == []
