@@ -170,6 +170,7 @@ def sweet_spot(fit: Any, ok: pd.DataFrame, computes: Sequence[float]) -> tuple[s
         best_runs = plots.best_measured(measured)
         if best_runs["precision"].nunique() > 1:
             found[-1]["measured_best"] = best_runs.loc[best_runs["loss"].idxmin()].to_dict()
+            found[-1]["measured"] = best_runs
         rows = []
         for point in table.to_dict("records"):
             mine = best_runs[best_runs["P"] == point["P"]]
@@ -236,27 +237,83 @@ def _measured_cell(rows: pd.DataFrame) -> str:
     return f"{r['loss']:.4g}{spread} (N = {_fmt(r['N'])}, {int(r['n'])} seed{'s' if r['n'] > 1 else ''})"
 
 
-def comparison(found: list[dict]) -> str:
-    lines = []
+def summary(found: list[dict], law: str) -> str:
+    """The findings in a few sentences: the law's sweet spot and its CI, what the direct test measured
+    at each budget (winner, runner-up, whether the gap exceeds the seeds' spread), and both against
+    the published ranges."""
+    if not found:
+        return "No compute budget to report at, so no sweet spot."
+    stars = {round(f["P"], 2) for f in found}
+    f0 = found[0]
+    ci = f" (95% bootstrap CI {f0['ci'][0]:.3g}–{f0['ci'][1]:.3g} bits)" if f0["ci"] else " (no bootstrap CI)"
+    if len(stars) == 1:
+        where = f"at all {len(found)} budgets" if len(found) > 1 else f"at C = {_fmt(f0['compute'])}"
+        lines = [f"- **The fitted `{law}` law puts the compute-optimal precision at P* = {f0['P']:.3g} bits**{ci}, "
+                 f"the same {where}."]
+    else:
+        lines = [f"- The fitted `{law}` law's compute-optimal precision ranges "
+                 f"{min(f['P'] for f in found):.3g}–{max(f['P'] for f in found):.3g} bits across the {len(found)} budgets."]
+    inside = [f for f in found if f.get("P_within_sizes") is not None and abs(f["P_within_sizes"] - f["P"]) >= 0.5]
+    if inside:
+        lines.append(f"- At {len(inside)} of {len(found)} budgets that optimum needs a model size outside the fitted "
+                     "ones, and restricted to the fitted sizes the law picks another precision: the sweet spot rests on "
+                     "extrapolating N.")
     for f in found:
+        runs = f.get("measured")
+        if runs is None:
+            continue
+        ranked = runs.sort_values("loss").reset_index(drop=True)
+        first, second = ranked.iloc[0], ranked.iloc[1]
+        text = (f"- **Measured directly at C = {_fmt(f['compute'])}** (each precision at its best measured size for "
+                f"that budget): {first['precision']} has the lowest loss, {_mean_sd(first)}, ahead of "
+                f"{second['precision']}, {_mean_sd(second)}")
+        gap = float(second["loss"] - first["loss"])
+        if min(first["n"], second["n"]) >= 2:
+            se = math.sqrt(first["sd"] ** 2 / first["n"] + second["sd"] ** 2 / second["n"])
+            text += (f": a gap of {gap:.3g} nats/token, {'more' if gap > 2 * se else 'less'} than twice its standard "
+                     f"error ({se:.2g}).")
+        else:
+            text += f": a gap of {gap:.3g} nats/token with a single seed on one side, so no error bar to judge it by."
+        order = " < ".join(f"{r['precision']} {r['loss']:.4g}" for _, r in ranked.iterrows())
+        lines.append(text + f" All: {order}.")
+    if inside:
+        lines.append("- Against the published sweet spots: the law's P* rests on extrapolating N, so it neither confirms "
+                     "nor contradicts them; the direct measurements above are the evidence (see the comparison below).")
+    else:
+        lines.append("- Against the published sweet spots: " + " ".join(
+            compare_with_range(f0["P"], f0["ci"], name, lo, hi) for name, (lo, hi) in plots.PUBLISHED.items()))
+    return "\n".join(lines)
+
+
+def _mean_sd(row: pd.Series) -> str:
+    return f"{row['loss']:.4g} ± {row['sd']:.2g} ({int(row['n'])} seeds)" if row["n"] > 1 else f"{row['loss']:.4g} (1 seed)"
+
+
+def comparison(found: list[dict]) -> str:
+    """The law's P* and each budget's measured winner against the published ranges; a sentence that
+    holds at several budgets is written once, naming them."""
+    sentences: dict[str, list[str]] = {}
+    for f in found:
+        at = _fmt(f["compute"])
         for name, (lo, hi) in plots.PUBLISHED.items():
-            at = f"- At C = {_fmt(f['compute'])}: "
             inside = f.get("P_within_sizes")
             if inside is not None and abs(inside - f["P"]) >= 0.5:
-                lines.append(at + f"the law's P* = {f['P']:.3g} bits is {position(f['P'], lo, hi)} the {lo:g}–{hi:g} bit "
-                             f"range of {name}, but restricted to the fitted model sizes it is {inside:.3g} bits, "
-                             f"{position(inside, lo, hi)} it: the law's sweet spot rests on extrapolating N, so the fit "
-                             "neither confirms nor contradicts that range.")
+                text = (f"the law's P* = {f['P']:.3g} bits is {position(f['P'], lo, hi)} the {lo:g}–{hi:g} bit "
+                        f"range of {name}, but restricted to the fitted model sizes it is {inside:.3g} bits, "
+                        f"{position(inside, lo, hi)} it: the law's sweet spot rests on extrapolating N, so the fit "
+                        "neither confirms nor contradicts that range.")
             else:
-                lines.append(at + compare_with_range(f["P"], f["ci"], name, lo, hi))
+                text = "the law's " + compare_with_range(f["P"], f["ci"], name, lo, hi)
+            sentences.setdefault(text, []).append(at)
         measured = f.get("measured_best")
         if measured is not None:
             seeds = int(measured["n"])
             where = "; ".join(f"{position(measured['P'], lo, hi)} the {lo:g}–{hi:g} bits of {name}"
                               for name, (lo, hi) in plots.PUBLISHED.items())
-            lines.append(f"- Measured directly at C = {_fmt(f['compute'])}, the lowest loss is {measured['precision']} "
-                         f"({measured['P']:g} bits, {seeds} seed{'s' if seeds > 1 else ''}): {where}.")
-    return "\n".join(lines)
+            text = (f"measured directly, the lowest loss is {measured['precision']} ({measured['P']:g} bits, "
+                    f"{seeds} seed{'s' if seeds > 1 else ''}): {where}.")
+            sentences.setdefault(text, []).append(at)
+    return "\n".join(f"- At C = {', '.join(budgets)}: {text}" for text, budgets in sentences.items())
 
 
 def limitations(ok: pd.DataFrame, fit: Any | None, found: list[dict], heldout: float | None) -> str:
@@ -353,6 +410,7 @@ def write_report(results_df: pd.DataFrame, fit_result: Any, out_dir: str | Path,
                          "fit a precision-aware law (`scaling fit --law kumar`).", ""]
         elif computes:
             text, found = sweet_spot(fit_result, law_rows, computes)
+            sections[4:4] = ["## Summary", "", summary(found, fit_result.law), ""]
             sections += ["## The sweet spot", "",
                          f"Cost model {plots.COST_MODEL}: at one budget FP16 trains a 2× larger model than FP32, "
                          "FP8 4×, FP4 8× (same tokens).", "", text,

@@ -143,7 +143,7 @@ def test_sweet_spot_flags_an_optimum_outside_the_fitted_sizes():
     assert ("neither confirms nor contradicts" in report.comparison(found)) == hinges
     # the measured winner at the budget is placed against each published range
     found[0]["measured_best"] = {"precision": "FP8", "P": 8.0, "n": 2}
-    assert (f"- Measured directly at C = {report._fmt(compute)}, the lowest loss is FP8 (8 bits, 2 seeds): inside the "
+    assert (f"- At C = {report._fmt(compute)}: measured directly, the lowest loss is FP8 (8 bits, 2 seeds): inside the "
             "7–8 bits of Kumar et al. 2024; inside the 4–8 bits of Sun et al. 2025." in report.comparison(found))
 
 
@@ -164,3 +164,29 @@ def test_limitations_name_a_size_axis_without_gain_and_an_unidentified_floor():
     text = report.limitations(ok, law, [], None)
     assert f"is worse than a smaller one at 1 of {n_recipes} precisions" in text
     assert "The irreducible loss E went to ≈0 (1e-08)" in text
+
+
+def test_summary_states_the_law_the_direct_test_and_the_published_ranges():
+    measured = pd.DataFrame({"precision": ["FP32", "FP8", "FP4"], "P": [32.0, 8.0, 4.0], "N": [1e5, 4e5, 8e5],
+                             "D": [1e6] * 3, "loss": [1.60, 1.50, 1.52], "sd": [0.01, 0.01, 0.02], "n": [2, 2, 1]})
+    found = [{"compute": 1e12, "P": 5.0, "ci": (4.5, 5.6)},
+             {"compute": 2e12, "P": 5.0, "ci": (4.5, 5.6), "measured": measured,
+              "measured_best": measured.iloc[1].to_dict()}]
+    text = report.summary(found, "kumar")
+    assert "**The fitted `kumar` law puts the compute-optimal precision at P* = 5 bits** (95% bootstrap CI 4.5–5.6 bits), " \
+           "the same at all 2 budgets." in text
+    # the direct test at the second budget only: FP8 wins, FP4 (one seed) is next, so the gap has no error bar
+    assert "Measured directly at C = 2e12" in text and "Measured directly at C = 1e12" not in text
+    assert "FP8 has the lowest loss, 1.5 ± 0.01 (2 seeds), ahead of FP4, 1.52 (1 seed): a gap of 0.02 nats/token " \
+           "with a single seed on one side" in text
+    assert "All: FP8 1.5 < FP4 1.52 < FP32 1.6." in text
+    assert "5 bits is below the 7–8 bit range of Kumar et al. 2024, and so is its whole 95% CI 4.5–5.6 bits" in text
+    assert "5 bits is inside the 4–8 bit range of Sun et al. 2025" in text
+    # with seeds on both sides the gap is judged against twice its standard error
+    two = measured.assign(n=2)
+    judged = report.summary([{**found[1], "measured": two}], "kumar")
+    se = (0.01 ** 2 / 2 + 0.02 ** 2 / 2) ** 0.5
+    assert f"a gap of 0.02 nats/token, less than twice its standard error ({se:.2g})." in judged
+    # a sentence that holds at several budgets is written once, naming them
+    comparison = report.comparison(found)
+    assert comparison.count("Kumar et al. 2024") == 2 and "- At C = 1e12, 2e12: the law's P* = 5 bits" in comparison
