@@ -26,7 +26,7 @@ EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
 # preset -> the sweeps it runs; the first one is fitted, the others feed their own figures.
 PRESETS = {
     "quick": ["quick.toml"],
-    "full": ["ladder.toml", "granularity.toml", "outliers.toml", "isocompute.toml"],
+    "full": ["ladder.toml", "isocompute.toml", "granularity.toml", "outliers.toml"],
 }
 LAW = "kumar"
 ISOCOMPUTE, LAW_SWEEP = "isocompute", "isocompute_law"
