@@ -503,19 +503,39 @@ def _size_label(n: float) -> str:
 
 
 def training_curves(curves: pd.DataFrame, stem: str | Path) -> Figure:
-    """Figure 4: training loss vs tokens, one colour per recipe, one panel per size (mean ± sd over seeds)."""
-    df = curves.dropna(subset=["loss", "tokens", "N", "recipe"]).copy()
+    """Figure 4: training loss vs tokens, one colour per recipe, one panel per size (mean ± sd over seeds).
+
+    Each run's logged loss is smoothed by a centred moving average over 1/20 of its points (the
+    per-batch noise at these batch sizes is larger than the gaps between precisions); the y-axis
+    starts after the first tenth of training, where the recipes separate. Circles are the
+    validation losses the curves hold (each run's evaluations of its trunk, after its cooldown)."""
+    df = curves.dropna(subset=["loss", "tokens", "N", "recipe"]).sort_values(["run_id", "tokens"]).copy()
+    df["smoothed"] = df.groupby("run_id")["loss"].transform(
+        lambda s: s.rolling(max(1, len(s) // 20), center=True, min_periods=1).mean())
     df["panel"] = [_size_label(n) for n in df["N"]]
     panels = [_size_label(n) for n in sorted(df["N"].unique())]
     order, colours = recipe_palette(df)
-    grid = sns.relplot(data=df, x="tokens", y="loss", hue="recipe", hue_order=order, palette=colours, col="panel",
+    grid = sns.relplot(data=df, x="tokens", y="smoothed", hue="recipe", hue_order=order, palette=colours, col="panel",
                        col_order=panels, col_wrap=min(3, len(panels)), kind="line", errorbar="sd",
-                       height=3.2, aspect=1.2, facet_kws={"sharey": False})
-    grid.set(xscale="log")
-    grid.set_axis_labels("tokens seen", "training loss (nats/token)")
+                       height=3.2, aspect=1.2, facet_kws={"sharey": False, "sharex": False})
+    evals = df.dropna(subset=["val_loss"]) if "val_loss" in df.columns else df.iloc[:0]
+    for panel, ax in grid.axes_dict.items():
+        mine = df[df["panel"] == panel]
+        late = mine[mine["tokens"] >= 0.1 * mine["tokens"].max()]["smoothed"]
+        points = evals[evals["panel"] == panel]
+        for recipe, grp in points.groupby("recipe"):
+            ax.scatter(grp["tokens"], grp["val_loss"], s=18, color=colours.get(recipe, "0.5"), edgecolor="k",
+                       linewidth=0.5, zorder=3)
+        values = pd.concat([late, points["val_loss"]])
+        if len(values):
+            pad = 0.03 * (values.max() - values.min() + 1e-9)
+            ax.set_ylim(values.min() - pad, values.max() + pad)
+    grid.set_axis_labels("tokens seen", "training loss, smoothed (nats/token)")
     grid.set_titles("{col_name}")
     grid.figure.suptitle(TITLES[4], y=1.03)
-    caption = f"{df['run_id'].nunique()} runs, {len(order)} recipes, {len(panels)} model sizes; lines are the mean over seeds, bands ± 1 sd."
+    caption = (f"{df['run_id'].nunique()} runs, {len(order)} recipes, {len(panels)} model sizes; lines are the "
+               "training loss (moving average over 1/20 of each run), mean over seeds with ± 1 sd bands; circles "
+               "are validation losses (after the cooldown).")
     return _figure(4, Path(stem), grid.figure, caption)
 
 
