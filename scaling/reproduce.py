@@ -1,7 +1,8 @@
 """`scaling reproduce`: the main job, end to end, on the embedded corpus.
 
-    sweep (experiments/<preset>.toml) -> results.csv + curves.parquet -> fit (kumar law, bootstrap CIs)
-    -> compute-optimal precision -> figures + REPORT.md
+    sweep (experiments/<preset>.toml) -> fit (kumar law, bootstrap CIs) -> with an iso-compute sweep,
+    each of its recipes also at the law's optimal (N, D) (law_optimal_specs) -> results.csv +
+    curves.parquet -> compute-optimal precision -> figures + REPORT.md
 
 Everything lands under --out (default runs/<preset>/) in the repository's own layout:
 runs/ (one directory per run), results/<sweep>.csv and results/<sweep>_curves.parquet (small
