@@ -147,6 +147,48 @@ def heldout_error(fit: Any, ok: pd.DataFrame) -> tuple[str, float | None]:
     return text, float(heldout["mare"])
 
 
+def precision_gaps(ok: pd.DataFrame) -> pd.DataFrame:
+    """Loss minus the FP32 run's at the same size, tokens and seed, for every other precision:
+    columns precision, N, D, gap (nats/token). Empty without FP32 runs to pair with."""
+    labelled = plots.with_precision(ok)
+    keys = ["N", "D"] + (["seed"] if "seed" in ok.columns else [])
+    base = labelled[labelled["precision"] == "FP32"].groupby(keys)["val_loss"].mean().rename("fp32")
+    others = labelled[labelled["precision"] != "FP32"].join(base, on=keys, how="inner")
+    return others.assign(gap=others["val_loss"] - others["fp32"])[["precision", "N", "D", "gap"]].reset_index(drop=True)
+
+
+def cost_of_precision(ok: pd.DataFrame, fit: Any) -> str:
+    """How much each precision loses to FP32 at each token budget (mean over sizes), and whether the
+    lowest precision's loss grows with tokens per parameter: the kumar form (precision lowers the
+    effective N only) predicts a gap that does not depend on D."""
+    gaps = precision_gaps(ok)
+    if gaps.empty:
+        return ""
+    table = gaps.groupby(["precision", "D"])["gap"].mean().unstack("D")
+    table = table.loc[plots.precision_order(table.index)]
+    rows = [{"precision": name, **{f"D = {_fmt(d)}": f"{v:+.3f}" for d, v in row.items() if not math.isnan(v)}}
+            for name, row in table.iterrows()]
+    text = ["Validation loss minus the FP32 run's at the same size, tokens and seed (nats/token), mean over "
+            "model sizes:", "", _markdown(pd.DataFrame(rows))]
+    lowest = table.index[-1]
+    mine = gaps[gaps["precision"] == lowest]
+    if mine.groupby("N")["D"].nunique().max() > 1:
+        # least squares within each size (size fixed effects): how the gap moves with D at a fixed N
+        centred = mine.assign(log_d=np.log2(mine["D"]))
+        centred[["log_d", "gap"]] -= centred.groupby("N")[["log_d", "gap"]].transform("mean")
+        slope = float((centred["log_d"] * centred["gap"]).sum() / (centred["log_d"] ** 2).sum())
+        first, last = table.loc[lowest].dropna().iloc[[0, -1]]
+        text += ["", f"{lowest}'s gap goes from {first:+.3f} at the fewest tokens to {last:+.3f} at the most; at a fixed "
+                 f"model size it {'grows' if slope > 0 else 'shrinks'} by {abs(slope):.3f} nats/token per doubling of "
+                 "the tokens."]
+        if fit is not None and fit.law == "kumar" and slope > 0:
+            text[-1] += (" The kumar law lowers only the effective parameter count, so its gap does not change with D: "
+                         "a gap that grows with D (as Kumar et al. found for post-training quantisation) means the law "
+                         "understates low precision's cost for long training and overstates it for short, and the "
+                         "sweet spot is likely to move to more bits at higher tokens per parameter than ours.")
+    return "\n".join(text)
+
+
 def sweet_spot(fit: Any, ok: pd.DataFrame, computes: Sequence[float]) -> tuple[str, list[dict]]:
     """Per budget: the law's optimum with its bootstrap CI, the per-precision table and the measured runs."""
     found, parts = [], []
@@ -405,6 +447,9 @@ def write_report(results_df: pd.DataFrame, fit_result: Any, out_dir: str | Path,
     if fit_result is not None and not ok.empty:
         error_text, heldout = heldout_error(fit_result, fitted)
         sections += ["## Fitted law", "", fitted_law(fit_result), "", error_text, ""]
+        gap_text = cost_of_precision(fitted, fit_result)
+        if gap_text:
+            sections += ["## The cost of low precision, by tokens", "", gap_text, ""]
         if not plots.precision_term(fit_result):
             sections += [f"The `{fit_result.law}` law has no precision term, so it cannot locate a sweet spot; "
                          "fit a precision-aware law (`scaling fit --law kumar`).", ""]

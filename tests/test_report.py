@@ -190,3 +190,28 @@ def test_summary_states_the_law_the_direct_test_and_the_published_ranges():
     # a sentence that holds at several budgets is written once, naming them
     comparison = report.comparison(found)
     assert comparison.count("Kumar et al. 2024") == 2 and "- At C = 1e12, 2e12: the law's P* = 5 bits" in comparison
+
+
+def test_cost_of_precision_pairs_runs_with_fp32_and_measures_the_trend_in_tokens():
+    from scaling import fit
+
+    rows = []
+    for N in (1e5, 4e5):
+        for i, D in enumerate((1e6, 2e6, 4e6)):
+            base = 3.0 - 0.1 * i - (0.2 if N > 1e5 else 0.0)
+            for P, recipe, gap in ((32, "fp32", 0.0), (8, "fp8", 0.004), (4, "mxfp4", 0.03 + 0.05 * i)):
+                rows.append(dict(run_id=f"{recipe}-{N:g}", N=N, D=D, P=P, recipe=recipe, format=recipe, seed=0,
+                                 val_loss=base + gap))
+    ok = pd.DataFrame(rows)
+    gaps = report.precision_gaps(ok)
+    assert len(gaps) == 12 and set(gaps["precision"]) == {"FP8", "FP4"}
+    assert gaps[gaps["precision"] == "FP8"]["gap"].to_numpy() == pytest.approx([0.004] * 6)
+    law = fit.FitResult.from_dict({"law": "kumar", "params": {}, "fixed": {}, "objective": 0.0})
+    text = report.cost_of_precision(ok, law)
+    assert "| FP8 | +0.004 | +0.004 | +0.004 |" in text and "| FP4 | +0.030 | +0.080 | +0.130 |" in text
+    # +0.05 per doubling of D at either size
+    assert "FP4's gap goes from +0.030 at the fewest tokens to +0.130 at the most; at a fixed model size it grows " \
+           "by 0.050 nats/token per doubling of the tokens." in text
+    assert "its gap does not change with D" in text
+    # no FP32 to pair with: no section
+    assert report.cost_of_precision(ok[ok["P"] != 32], law) == ""
