@@ -265,7 +265,7 @@ def direct_test(best_runs: pd.DataFrame, law_winner: str, n_runs: int) -> str:
     rival = rival.iloc[0]
     gap = float(rival["loss"] - winner["loss"])
     if min(winner["n"], rival["n"]) < 2:
-        return text + f" by {gap:.3g} nats/token, with a single seed on one side: no error bar to judge it by."
+        return text + f" by {gap:.3g} nats/token, with a single run on one side: no error bar to judge it by."
     se = math.sqrt(winner["sd"] ** 2 / winner["n"] + rival["sd"] ** 2 / rival["n"])
     judged = "more" if gap > 2 * se else "less"
     return text + f" by {gap:.3g} nats/token, {judged} than twice its standard error ({se:.2g})."
@@ -276,7 +276,7 @@ def _measured_cell(rows: pd.DataFrame) -> str:
         return "–"
     r = rows.iloc[0]
     spread = f" ± {r['sd']:.2g}" if r["n"] > 1 else ""
-    return f"{r['loss']:.4g}{spread} (N = {_fmt(r['N'])}, {int(r['n'])} seed{'s' if r['n'] > 1 else ''})"
+    return f"{r['loss']:.4g}{spread} (N = {_fmt(r['N'])}, {int(r['n'])} run{'s' if r['n'] > 1 else ''})"
 
 
 def summary(found: list[dict], law: str) -> str:
@@ -315,7 +315,7 @@ def summary(found: list[dict], law: str) -> str:
             text += (f": a gap of {gap:.3g} nats/token, {'more' if gap > 2 * se else 'less'} than twice its standard "
                      f"error ({se:.2g}).")
         else:
-            text += f": a gap of {gap:.3g} nats/token with a single seed on one side, so no error bar to judge it by."
+            text += f": a gap of {gap:.3g} nats/token with a single run on one side, so no error bar to judge it by."
         order = " < ".join(f"{r['precision']} {r['loss']:.4g}" for _, r in ranked.iterrows())
         lines.append(text + f" All: {order}.")
     if inside:
@@ -328,7 +328,7 @@ def summary(found: list[dict], law: str) -> str:
 
 
 def _mean_sd(row: pd.Series) -> str:
-    return f"{row['loss']:.4g} ± {row['sd']:.2g} ({int(row['n'])} seeds)" if row["n"] > 1 else f"{row['loss']:.4g} (1 seed)"
+    return f"{row['loss']:.4g} ± {row['sd']:.2g} ({int(row['n'])} runs)" if row["n"] > 1 else f"{row['loss']:.4g} (1 run)"
 
 
 def comparison(found: list[dict]) -> str:
@@ -349,11 +349,11 @@ def comparison(found: list[dict]) -> str:
             sentences.setdefault(text, []).append(at)
         measured = f.get("measured_best")
         if measured is not None:
-            seeds = int(measured["n"])
+            n_runs = int(measured["n"])
             where = "; ".join(f"{position(measured['P'], lo, hi)} the {lo:g}–{hi:g} bits of {name}"
                               for name, (lo, hi) in plots.PUBLISHED.items())
             text = (f"measured directly, the lowest loss is {measured['precision']} ({measured['P']:g} bits, "
-                    f"{seeds} seed{'s' if seeds > 1 else ''}): {where}.")
+                    f"{n_runs} run{'s' if n_runs > 1 else ''}): {where}.")
             sentences.setdefault(text, []).append(at)
     return "\n".join(f"- At C = {', '.join(budgets)}: {text}" for text, budgets in sentences.items())
 

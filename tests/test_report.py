@@ -115,7 +115,7 @@ def test_direct_test_judges_the_gap_by_the_seeds():
     noisy = runs.assign(sd=[0.1, 0.1])  # 2·SE = 0.163 > 0.05
     assert "less than twice its standard error (0.082)" in report.direct_test(noisy, "FP4", 6)
     single = runs.assign(n=[1, 3])
-    assert "single seed" in report.direct_test(single, "FP4", 4)
+    assert "single run" in report.direct_test(single, "FP4", 4)
     assert "was not measured" in report.direct_test(runs, "FP6", 6)
 
 
@@ -143,7 +143,7 @@ def test_sweet_spot_flags_an_optimum_outside_the_fitted_sizes():
     assert ("neither confirms nor contradicts" in report.comparison(found)) == hinges
     # the measured winner at the budget is placed against each published range
     found[0]["measured_best"] = {"precision": "FP8", "P": 8.0, "n": 2}
-    assert (f"- At C = {report._fmt(compute)}: measured directly, the lowest loss is FP8 (8 bits, 2 seeds): inside the "
+    assert (f"- At C = {report._fmt(compute)}: measured directly, the lowest loss is FP8 (8 bits, 2 runs): inside the "
             "7–8 bits of Kumar et al. 2024; inside the 4–8 bits of Sun et al. 2025." in report.comparison(found))
 
 
@@ -177,8 +177,8 @@ def test_summary_states_the_law_the_direct_test_and_the_published_ranges():
            "the same at all 2 budgets." in text
     # the direct test at the second budget only: FP8 wins, FP4 (one seed) is next, so the gap has no error bar
     assert "Measured directly at C = 2e12" in text and "Measured directly at C = 1e12" not in text
-    assert "FP8 has the lowest loss, 1.5 ± 0.01 (2 seeds), ahead of FP4, 1.52 (1 seed): a gap of 0.02 nats/token " \
-           "with a single seed on one side" in text
+    assert "FP8 has the lowest loss, 1.5 ± 0.01 (2 runs), ahead of FP4, 1.52 (1 run): a gap of 0.02 nats/token " \
+           "with a single run on one side" in text
     assert "All: FP8 1.5 < FP4 1.52 < FP32 1.6." in text
     assert "5 bits is below the 7–8 bit range of Kumar et al. 2024, and so is its whole 95% CI 4.5–5.6 bits" in text
     assert "5 bits is inside the 4–8 bit range of Sun et al. 2025" in text
