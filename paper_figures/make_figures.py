@@ -4,8 +4,8 @@
     python paper_figures/make_figures.py --results results/ladder.csv --curves results/ladder_curves.parquet \
         --fit fits/ladder.json --out paper_figures/
 
-The defaults are the committed reference study: the full ladder's files when they exist, else
-the quick preset's (`scaling reproduce --preset quick --out .` writes those).
+The defaults are the committed reference study: the full ladder's files (written by
+`scaling reproduce --preset full --out .`) when they exist, else the quick preset's.
 
 Same as `scaling figures` with the committed files as defaults. Without curves or a fit, the figures
 that need them are listed as skipped in REPORT.md; missing results, or any malformed input, is an

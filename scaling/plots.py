@@ -600,12 +600,24 @@ def amax_distributions(amax: pd.DataFrame, stem: str | Path) -> Figure:
     grid.set_axis_labels("tokens seen" if x == "tokens" else "training step", "amax (absolute value, linear units)")
     grid.set_titles("{col_name}")
     grid.figure.suptitle(TITLES[6], y=1.03)
-    tensor = df[df["granularity"] == "tensor"]["amax"]
-    block = df[df["granularity"] == "block"]["amax"]
-    caption = (f"per-tensor amax ranges {tensor.min():.3g}–{tensor.max():.3g}" if len(tensor) else "no per-tensor amax logged")
-    caption += (f"; per-block amax ranges {block.min():.3g}–{block.max():.3g}, {np.mean(block == 0):.1%} of logged block "
-                f"statistics are exactly 0" if len(block) else "; per-block amax quantiles were not logged")
+    parts = []
+    for role in roles:  # each role on its own scale: a gradient's amax is orders of magnitude below a weight's
+        of_role = df[df["role"] == role]
+        tensor, block = (of_role.loc[of_role["granularity"] == g, "amax"] for g in ("tensor", "block"))
+        text = f"{role}: per-tensor amax {_span(tensor)}" if len(tensor) else f"{role}: no per-tensor amax"
+        if len(block):
+            minima = of_role.loc[(of_role["granularity"] == "block") & (of_role["stat"] == "min"), "amax"]
+            text += f", per-block amax {_span(block)}"
+            if len(minima):
+                text += f" ({np.mean(minima == 0):.0%} of logged smallest-block amax exactly 0)"
+        parts.append(text)
+    caption = "; ".join(parts) if parts else "no amax logged"
     return _figure(6, Path(stem), grid.figure, caption + ".")
+
+
+def _span(values: pd.Series) -> str:
+    low, high = f"{values.min():.3g}", f"{values.max():.3g}"
+    return low if low == high else f"{low}–{high}"
 
 
 # Largest-activation columns, best first: the SwiGLU product (the down-projection input, where Fishman et al.

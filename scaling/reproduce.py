@@ -7,8 +7,8 @@
 Everything lands under --out (default runs/<preset>/) in the repository's own layout:
 runs/ (one directory per run), results/<sweep>.csv and results/<sweep>_curves.parquet (small
 summaries), fits/<sweep>.json, and paper_figures/ (figures and REPORT.md). So
-`scaling reproduce --preset quick --out .` regenerates the committed reference files. A second run
-of the same command reuses every finished run and only refits and redraws.
+`scaling reproduce --preset full --out .` regenerates the committed reference study (hours on
+2 cores). A second run of the same command reuses every finished run and only refits and redraws.
 """
 
 from __future__ import annotations
