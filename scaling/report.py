@@ -421,6 +421,18 @@ def _corpus(results: pd.DataFrame) -> str | None:
     return None
 
 
+def _allocation_note(fit_result) -> str:
+    """How the fitted exponents split compute between N and D (Chinchilla: N* ∝ C^(β/(α+β)))."""
+    params = {} if fit_result is None else fit_result.params
+    if not {"alpha", "beta"} <= set(params):
+        return ""
+    alpha, beta = params["alpha"], params["beta"]
+    a = beta / (alpha + beta)
+    return (f" With the fitted exponents (alpha = {alpha:.3g}, beta = {beta:.3g}) the optimal N grows as C^{a:.2f} and"
+            f" D as C^{1 - a:.2f}, so at this budget the law's allocation is far from any run's: read these rows as"
+            " what the fit implies, not as a training plan.")
+
+
 def write_report(results_df: pd.DataFrame, fit_result: Any, out_dir: str | Path, *, curves: pd.DataFrame | None = None,
                  plan_table: pd.DataFrame | None = None, compute: float | Sequence[float] | None = None) -> Path:
     """Make every figure into `out_dir` and write out_dir/REPORT.md; returns the report's path."""
@@ -477,7 +489,8 @@ def write_report(results_df: pd.DataFrame, fit_result: Any, out_dir: str | Path,
                  f"From `scaling.plan` on {table.attrs.get('gpu', 'GPUs')} (FLOPs = 6·N·D; a P-bit recipe runs at "
                  "the narrowest hardware format with ≥ P bits). Rows labelled *law optimum* give our fitted law's "
                  f"compute-optimal (N, D) per precision at C = {_fmt(plots.CLUSTER_COMPUTE)} (DeepSeek-V3's budget): an "
-                 "extrapolation far beyond the measured sizes.", "", plots.table_markdown(table), ""]
+                 f"extrapolation far beyond the measured sizes.{_allocation_note(fit_result)}", "",
+                 plots.table_markdown(table), ""]
     if not ok.empty:
         sections += ["## Limitations", "", limitations(fitted, fit_result, found, heldout), ""]
     path = out_dir / "REPORT.md"

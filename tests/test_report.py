@@ -68,6 +68,9 @@ def test_report_states_the_computed_optimum_and_notes_skipped_figures(tmp_path):
     assert "5 distinct precisions were measured (4, 6, 8, 16, 32 bits)." in text
     assert "The law has 6 free parameters fitted to 60 points (10 points per parameter)." in text
     assert "| kappa (fixed) | 3 | – | – |" in text
+    # the cluster table says how the fitted exponents split compute: N* ∝ C^(beta/(alpha+beta))
+    share = law.params["beta"] / (law.params["alpha"] + law.params["beta"])
+    assert f"the optimal N grows as C^{share:.2f} and D as C^{1 - share:.2f}" in text
 
 
 @pytest.mark.parametrize("p_star, kumar, sun", [(5.0, "below", "inside"), (12.0, "above", "above"),
