@@ -232,7 +232,7 @@ def sweet_spot(fit: Any, ok: pd.DataFrame, computes: Sequence[float]) -> tuple[s
         parts.append("")
     if len(found) > 1:
         ps = [f"{f['P']:.3g}" for f in found]
-        parts.append(f"P* is {ps[0]} bits at all {len(found)} budgets." if len(set(ps)) == 1 else
+        parts.append(f"P* is {ps[0]} bits at {_all_budgets(len(found))}." if len(set(ps)) == 1 else
                      f"Across the {len(found)} budgets P* ranges {min(f['P'] for f in found):.3g}–"
                      f"{max(f['P'] for f in found):.3g} bits.")
         parts.append("")
@@ -289,7 +289,7 @@ def summary(found: list[dict], law: str) -> str:
     f0 = found[0]
     ci = f" (95% bootstrap CI {f0['ci'][0]:.3g}–{f0['ci'][1]:.3g} bits)" if f0["ci"] else " (no bootstrap CI)"
     if len(stars) == 1:
-        where = f"at all {len(found)} budgets" if len(found) > 1 else f"at C = {_fmt(f0['compute'])}"
+        where = f"at {_all_budgets(len(found))}" if len(found) > 1 else f"at C = {_fmt(f0['compute'])}"
         lines = [f"- **The fitted `{law}` law puts the compute-optimal precision at P* = {f0['P']:.3g} bits**{ci}, "
                  f"the same {where}."]
     else:
@@ -419,6 +419,10 @@ def _corpus(results: pd.DataFrame) -> str | None:
         if column in results.columns and results[column].notna().any():
             return ", ".join(sorted(map(str, results[column].dropna().unique())))
     return None
+
+
+def _all_budgets(n: int) -> str:
+    return "both budgets" if n == 2 else f"all {n} budgets"
 
 
 def _allocation_note(fit_result) -> str:

@@ -101,7 +101,8 @@ def law_optimal_specs(fit_result, df: pd.DataFrame, specs: list, sizes: range = 
 
     The iso-compute sweep trains each precision at its cost-model size for the same tokens; this is the
     other half of the direct test: the law's own allocation, measured. Runs form the sweep
-    `isocompute_law` (seed 0, a single budget). None when the preset has no landed iso-compute runs."""
+    `isocompute_law` (a single budget; the iso-compute sweep's seeds, so both halves have error bars).
+    None when the preset has no landed iso-compute runs."""
     from scaling import config, model, optimal, plots
     from scaling.sweep import RunSpec
 
@@ -119,15 +120,16 @@ def law_optimal_specs(fit_result, df: pd.DataFrame, specs: list, sizes: range = 
             candidates["D"] = optimal.Cost().tokens(candidates["N"], compute, row["P"])
             best = int(np.argmin(fit_result.predict(candidates)))
             size = list(n_of)[best]
-            cfg = copy.deepcopy(iso_specs[row["run_id"]].config)
-            per_step = cfg["train"]["batch_size"] * cfg["model"]["seq_len"]
-            steps = max(1, round(candidates["D"].iloc[best] / per_step))
-            cfg.update(name=LAW_SWEEP, seed=0)
-            cfg["model"]["size"] = size
-            cfg["train"].update(tokens=steps * per_step, budgets=[1.0], lr="auto")
-            cfg = config.validate(cfg)
-            run_id = config.run_id(cfg)
-            out.setdefault(run_id, RunSpec(run_id=run_id, sweep=LAW_SWEEP, config=cfg))
+            for seed in sorted({int(iso_specs[r].config["seed"]) for r in rows["run_id"]}):
+                cfg = copy.deepcopy(iso_specs[row["run_id"]].config)
+                per_step = cfg["train"]["batch_size"] * cfg["model"]["seq_len"]
+                steps = max(1, round(candidates["D"].iloc[best] / per_step))
+                cfg.update(name=LAW_SWEEP, seed=seed)
+                cfg["model"]["size"] = size
+                cfg["train"].update(tokens=steps * per_step, budgets=[1.0], lr="auto")
+                cfg = config.validate(cfg)
+                run_id = config.run_id(cfg)
+                out.setdefault(run_id, RunSpec(run_id=run_id, sweep=LAW_SWEEP, config=cfg))
     return list(out.values())
 
 

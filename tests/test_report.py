@@ -177,7 +177,7 @@ def test_summary_states_the_law_the_direct_test_and_the_published_ranges():
               "measured_best": measured.iloc[1].to_dict()}]
     text = report.summary(found, "kumar")
     assert "**The fitted `kumar` law puts the compute-optimal precision at P* = 5 bits** (95% bootstrap CI 4.5–5.6 bits), " \
-           "the same at all 2 budgets." in text
+           "the same at both budgets." in text
     # the direct test at the second budget only: FP8 wins, FP4 (one seed) is next, so the gap has no error bar
     assert "Measured directly at C = 2e12" in text and "Measured directly at C = 1e12" not in text
     assert "FP8 has the lowest loss, 1.5 ± 0.01 (2 runs), ahead of FP4, 1.52 (1 run): a gap of 0.02 nats/token " \

@@ -194,23 +194,26 @@ def test_law_optimal_runs_spend_the_budget_where_the_law_says():
             "train": {"tokens": 1_310_720, "batch_size": 16, "lr": "auto", "budgets": [0.5, 1.0]}}
     specs, rows = [], []
     for size, recipe, P in [(2, "fp32", 32), (4, "fp8", 8), (5, "mxfp4", 4)]:
-        cfg = config.validate({**base, "precision": recipe, "model": {**base["model"], "size": size}})
-        spec = sweep.RunSpec(run_id=config.run_id(cfg), sweep="isocompute", config=cfg)
-        specs.append(spec)
-        N = model.param_counts(model.config_for_size(size))["non_embedding"]
-        for D in (655_360, 1_310_720):
-            rows.append(dict(run_id=spec.run_id, sweep="isocompute", recipe=recipe, N=N, D=D, P=P, status="ok",
-                             val_loss=float(kumar_loss(N, D, P, gamma=5.0 / 1.9038))))
+        for seed in (0, 1):
+            cfg = config.validate({**base, "precision": recipe, "seed": seed, "model": {**base["model"], "size": size}})
+            spec = sweep.RunSpec(run_id=config.run_id(cfg), sweep="isocompute", config=cfg)
+            specs.append(spec)
+            N = model.param_counts(model.config_for_size(size))["non_embedding"]
+            for D in (655_360, 1_310_720):
+                rows.append(dict(run_id=spec.run_id, sweep="isocompute", recipe=recipe, N=N, D=D, P=P, status="ok",
+                                 val_loss=float(kumar_loss(N, D, P, gamma=5.0 / 1.9038))))
     df = pd.DataFrame(rows)
     law = fake_fit(5.0, n_samples=0)  # sweet spot P* = 5 bits
     planned = reproduce.law_optimal_specs(law, df, specs)
     budgets = plots.default_budgets(df)
-    assert len(budgets) == 2 and len(planned) == 6 and {s.sweep for s in planned} == {"isocompute_law"}
+    # 2 budgets x 3 recipes, each at the iso-compute sweep's 2 seeds (error bars for both halves)
+    assert len(budgets) == 2 and len(planned) == 12 and {s.sweep for s in planned} == {"isocompute_law"}
+    assert sorted(s.config["seed"] for s in planned) == [0] * 6 + [1] * 6
     n_of = {s: model.param_counts(model.config_for_size(s))["non_embedding"] for s in reproduce.LAW_SIZES}
     for spec in planned:
         cfg = spec.config
         size, tokens, P = cfg["model"]["size"], cfg["train"]["tokens"], {"fp32": 32, "fp8": 8, "mxfp4": 4}[cfg["precision"]]
-        assert cfg["seed"] == 0 and cfg["train"]["budgets"] == [1.0] and cfg["train"]["lr"] == model.ladder_lr(size)
+        assert cfg["train"]["budgets"] == [1.0] and cfg["train"]["lr"] == model.ladder_lr(size)
         assert spec.run_id == config.run_id(cfg) and tokens % (16 * 64) == 0
         # the run spends one of the budgets (to a step of 1,024 tokens)...
         cost = float(optimal.Cost().compute(n_of[size], tokens, P))
