@@ -289,9 +289,9 @@ def summary(found: list[dict], law: str) -> str:
     f0 = found[0]
     ci = f" (95% bootstrap CI {f0['ci'][0]:.3g}–{f0['ci'][1]:.3g} bits)" if f0["ci"] else " (no bootstrap CI)"
     if len(stars) == 1:
-        where = f"at {_all_budgets(len(found))}" if len(found) > 1 else f"at C = {_fmt(f0['compute'])}"
-        lines = [f"- **The fitted `{law}` law puts the compute-optimal precision at P* = {f0['P']:.3g} bits**{ci}, "
-                 f"the same {where}."]
+        where = f", the same at {_all_budgets(len(found))}" if len(found) > 1 else f" at C = {_fmt(f0['compute'])}"
+        lines = [f"- **The fitted `{law}` law puts the compute-optimal precision at P* = {f0['P']:.3g} bits**{ci}"
+                 f"{where}."]
     else:
         lines = [f"- The fitted `{law}` law's compute-optimal precision ranges "
                  f"{min(f['P'] for f in found):.3g}–{max(f['P'] for f in found):.3g} bits across the {len(found)} budgets."]
@@ -319,8 +319,11 @@ def summary(found: list[dict], law: str) -> str:
         order = " < ".join(f"{r['precision']} {r['loss']:.4g}" for _, r in ranked.iterrows())
         lines.append(text + f" All: {order}.")
     if inside:
+        evidence = ("the direct measurements above are the evidence (see the comparison below)"
+                    if any(f.get("measured") is not None for f in found) else
+                    "and no run was measured at these budgets (the full preset's iso-compute sweep measures them)")
         lines.append("- Against the published sweet spots: the law's P* rests on extrapolating N, so it neither confirms "
-                     "nor contradicts them; the direct measurements above are the evidence (see the comparison below).")
+                     f"nor contradicts them; {evidence}.")
     else:
         lines.append("- Against the published sweet spots: " + " ".join(
             compare_with_range(f0["P"], f0["ci"], name, lo, hi) for name, (lo, hi) in plots.PUBLISHED.items()))
