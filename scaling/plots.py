@@ -190,7 +190,7 @@ def _bits_axis(ax: plt.Axes, lo: float, hi: float) -> None:
     ax.set_xticks(ticks)
     ax.set_xticklabels([str(t) for t in ticks])
     ax.minorticks_off()
-    ax.set_xlim(lo, hi)
+    ax.set_xlim(lo / 1.06, hi * 1.06)  # a margin, so markers at the end precisions are drawn whole
 
 
 def _fmt(x: float) -> str:
