@@ -319,11 +319,11 @@ def summary(found: list[dict], law: str) -> str:
         order = " < ".join(f"{r['precision']} {r['loss']:.4g}" for _, r in ranked.iterrows())
         lines.append(text + f" All: {order}.")
     if inside:
-        evidence = ("the direct measurements above are the evidence (see the comparison below)"
+        evidence = ("; the direct measurements above are the evidence (see the comparison below)"
                     if any(f.get("measured") is not None for f in found) else
-                    "and no run was measured at these budgets (the full preset's iso-compute sweep measures them)")
+                    ", and no run was measured at these budgets (the full preset's iso-compute sweep measures them)")
         lines.append("- Against the published sweet spots: the law's P* rests on extrapolating N, so it neither confirms "
-                     f"nor contradicts them; {evidence}.")
+                     f"nor contradicts them{evidence}.")
     else:
         lines.append("- Against the published sweet spots: " + " ".join(
             compare_with_range(f0["P"], f0["ci"], name, lo, hi) for name, (lo, hi) in plots.PUBLISHED.items()))
