@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from scaling import compute
+
 # The DESIGN.md schema, in order; telemetry columns (`<role>_<metric>`) follow.
 COLUMNS = [
     "run_id", "sweep", "N", "N_total", "D", "P", "recipe", "format", "granularity", "scaling",
@@ -33,6 +35,7 @@ def rows_from_summary(summary: dict, run_id: str, sweep: str) -> list[dict]:
     corpus = summary.get("corpus")
     if isinstance(corpus, dict):  # which data: the source and the first 12 hex digits of its fingerprint
         base["corpus"] = f"{corpus.get('source', '?')} {str(corpus.get('fingerprint', ''))[:12]}".strip()
+    base.update(summary.get("compute") or {})  # FLOPs by part, effective bits (scaling.compute.columns)
     for role, metrics in (summary.get("telemetry") or {}).items():
         if isinstance(metrics, dict):
             for metric in TELEMETRY_METRICS:
@@ -56,9 +59,9 @@ def load(path: str | Path) -> pd.DataFrame:
     path = Path(path)
     if path.is_file():
         if path.suffix == ".parquet":
-            return pd.read_parquet(path)
+            return compute.backfill(pd.read_parquet(path))
         if path.suffix == ".csv":
-            return pd.read_csv(path)
+            return compute.backfill(pd.read_csv(path))
         raise ValueError(f"{path}: expected a directory, .csv or .parquet")
     if not path.is_dir():
         raise FileNotFoundError(f"no results at {path}")
@@ -73,7 +76,7 @@ def load(path: str | Path) -> pd.DataFrame:
     df = pd.DataFrame(rows)
     if df.empty:
         return pd.DataFrame(columns=COLUMNS)
-    df = df.drop_duplicates(subset=["run_id", "D"], keep="last")
+    df = compute.backfill(df.drop_duplicates(subset=["run_id", "D"], keep="last"))
     ordered = [c for c in COLUMNS + EXTRAS if c in df.columns]
     return df[ordered + sorted(c for c in df.columns if c not in ordered)].reset_index(drop=True)
 

@@ -47,6 +47,7 @@ from typing import Any, Callable
 import numpy as np
 
 from scaling import config as config_lib
+from scaling import compute as compute_lib
 from scaling import data, health
 from scaling._io import append_jsonl, atomic_write_json
 from scaling.errors import ConfigError
@@ -492,6 +493,8 @@ class _Trainer:
             **_recipe_columns(setup.recipe),
             "recipe_detail": setup.recipe.describe(),
             "flops_per_token": self.flops_per_token,
+            # FLOPs by GEMM part with each operand's effective bits, per-role precision columns
+            "compute": compute_lib.columns(setup.model_cfg, setup.recipe, plan.tokens_per_step),
             "tokens_per_s": self._throughput(),
             "wall_s": progress.wall_s,
             "compile_s": progress.compile_s,

@@ -1,0 +1,171 @@
+"""FLOPs by part against the dots in the compiled step, effective bits, cost models, IsoFLOP statistics."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pandas as pd
+import pytest
+from flax import nnx
+
+from scaling import compute, model, precision, study
+
+
+def _dot_flops(jaxpr) -> float:
+    """2·(output elements)·(contracted length) summed over every dot_general, sub-jaxprs included."""
+    total = 0.0
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dot_general":
+            (contract_lhs, _), _ = eqn.params["dimension_numbers"]
+            lhs = eqn.invars[0].aval.shape
+            k = math.prod(lhs[i] for i in contract_lhs)
+            total += 2.0 * math.prod(eqn.outvars[0].aval.shape) * k
+        for sub in jax.core.subjaxprs(eqn) if hasattr(jax.core, "subjaxprs") else _subjaxprs(eqn):
+            total += _dot_flops(sub)
+    return total
+
+
+def _subjaxprs(eqn):
+    for v in eqn.params.values():
+        for item in (v if isinstance(v, (list, tuple)) else [v]):
+            if hasattr(item, "jaxpr") and hasattr(item, "consts"):
+                yield item.jaxpr
+            elif hasattr(item, "eqns"):
+                yield item
+
+
+@pytest.mark.parametrize("size,seq_len", [(1, 16), (2, 32), (3, 24)])
+def test_flops_by_part_equal_the_dots_of_a_training_step(size, seq_len):
+    cfg = model.config_for_size(size, seq_len=seq_len)
+    batch = 2
+    m = model.Transformer(cfg, "fp32", rngs=nnx.Rngs(0))
+    tokens = jnp.zeros((batch, seq_len + 1), jnp.int32)
+    graphdef, state = nnx.split(m)
+
+    def loss(state):
+        return model.loss_fn(nnx.merge(graphdef, state), tokens)[0]
+
+    counted = _dot_flops(jax.make_jaxpr(jax.grad(loss))(state).jaxpr)
+    parts = compute.parts(cfg, "fp32", batch * seq_len)
+    assert sum(p.flops for p in parts) * batch * seq_len == pytest.approx(counted, rel=1e-9)
+    # and the Chinchilla-convention total the runs always recorded
+    assert sum(p.flops for p in parts) == pytest.approx(model.flops_per_token(cfg), rel=1e-12)
+
+
+def test_effective_bits_per_recipe():
+    cfg = model.config_for_size(4, seq_len=64)  # d_model 128: every reduction axis >= 128
+    bits = {name: compute.columns(cfg, name, 1024)["bits_eff"] for name in
+            ("fp32", "bf16", "fp8", "mxfp8", "mxfp6", "mxfp4", "nvfp4")}
+    assert bits == pytest.approx({"fp32": 32, "bf16": 16, "fp8": 8, "mxfp8": 8.25, "mxfp6": 6.25,
+                                  "mxfp4": 4.25, "nvfp4": 4.5})
+    blockwise = compute.columns(cfg, "fp8-blockwise", 1024)
+    # activations/grads 1x128 (+32/128), weights 128x128 (+32/128²)
+    assert blockwise["bits_fprop_0"] == pytest.approx(8.25)
+    assert blockwise["bits_fprop_1"] == pytest.approx(8 + 32 / 128 ** 2)
+    fwd_only = compute.columns(cfg, "experiments/recipes/fp8-forward-only.toml", 1024)
+    assert fwd_only["bits_dgrad_0"] == fwd_only["bits_wgrad_1"] == 32 and fwd_only["P_g"] == 32
+    assert compute.columns(cfg, "fp8", 1024)["bits_attn_fwd_0"] == 32  # attention stays unquantised
+
+
+def test_role_columns_encode_coarse_scaling_as_long_blocks():
+    cfg = model.config_for_size(2, seq_len=64)
+    block = {name: compute.role_columns(cfg, name)["block"] for name in ("fp8", "mxfp4", "nvfp4")}
+    assert block["nvfp4"] == pytest.approx(16) and block["mxfp4"] == pytest.approx(32) and block["fp8"] > 1000
+    err = {name: compute.role_columns(cfg, name)["qerr_w"] for name in ("bf16", "fp8", "mxfp6", "mxfp4")}
+    # E2M3 and E4M3 share 3 mantissa bits: MXFP6 and FP8 err alike; 1 mantissa bit (FP4) errs ~15x more
+    assert 0 < err["bf16"] < min(err["mxfp6"], err["fp8"]) < 10 * max(err["mxfp6"], err["fp8"]) < err["mxfp4"] < 0.05
+
+
+def _table(recipes, cfg_sizes=(1, 2, 3)):
+    rows = []
+    for size in cfg_sizes:
+        cfg = model.config_for_size(size, seq_len=64)
+        for r in recipes:
+            rows.append({"N": model.param_counts(cfg)["non_embedding"], "D": 1e6, "P": precision.get(r).bits,
+                         **compute.columns(cfg, r, 1024)})
+    return pd.DataFrame(rows)
+
+
+def test_cost_models():
+    df = _table(["fp32", "bf16", "fp8", "mxfp4"])
+    bits, h100, b200, nominal = (compute.get(k).compute(df) for k in ("bits", "h100", "b200", "nominal"))
+    flops = df[[f"flops_{p}" for p in compute.PARTS]].sum(axis=1).to_numpy() * 1e6
+    r = df.index.to_numpy()
+    fp32, bf16 = r[df.index % 4 == 0], r[df.index % 4 == 1]
+    assert bits[fp32] == pytest.approx(2 * flops[fp32]) and bits[bf16] == pytest.approx(flops[bf16])
+    assert h100[fp32] == pytest.approx(flops[fp32] * 989 / 495)
+    dense = 3 * df["flops_fprop"].to_numpy() * 1e6
+    mx4 = r[df.index % 4 == 3]
+    # H100 runs FP4 at the FP8 rate (2x BF16), B200 at 4x; the unquantised rest at BF16
+    assert h100[mx4] == pytest.approx(dense[mx4] * 989 / 1979 + (flops - dense)[mx4])
+    assert b200[mx4] == pytest.approx(dense[mx4] / 4 + (flops - dense)[mx4])
+    assert bits[mx4] == pytest.approx(dense[mx4] * 4.25 / 16 + (flops - dense)[mx4])
+    assert nominal[mx4] == pytest.approx(6 * df["N"].to_numpy()[mx4] * 1e6 * 4 / 16)
+    with pytest.raises(Exception, match="cost_model"):
+        compute.get("tpu9")
+
+
+def test_backfill_reproduces_recorded_columns():
+    cfg = model.config_for_size(2, seq_len=64)
+    fresh = compute.columns(cfg, "mxfp6", 16 * 64)
+    old = pd.DataFrame([{"size": 2, "recipe": "mxfp6", "flops_per_token": model.flops_per_token(cfg)}])
+    filled = compute.backfill(old).iloc[0]
+    for k, v in fresh.items():
+        assert filled[k] == pytest.approx(v), k
+
+
+# ----------------------------------------------------------------------------- IsoFLOP statistics
+
+def _isoflop_runs(offsets: dict, noise: float, seeds=(0, 1), budget=1e12, rng=0):
+    """Synthetic runs: 7 sizes per recipe at one budget, loss = 2 + 0.5·(log N - log N*)² + offset + noise."""
+    rng = np.random.default_rng(rng)
+    rows = []
+    cfg = model.config_for_size(2, seq_len=64)
+    cols = compute.columns(cfg, "bf16", 1024)
+    for recipe, offset in offsets.items():
+        for i, N in enumerate(np.geomspace(1e5, 1e7, 7)):
+            for s in seeds:
+                row = {**cols, "run_id": f"{recipe}-{i}-{s}", "recipe": recipe, "seed": s, "N": N, "P": 16,
+                       "status": "ok"}
+                per_token = compute.get("bits").per_token(pd.DataFrame([row]))[0]
+                D = budget / per_token
+                loss = 2 + 0.5 * (math.log(N) - math.log(1e6)) ** 2 / 4 + offset + noise * rng.standard_normal()
+                rows.append({**row, "D": D, "val_loss": loss})
+    return pd.DataFrame(rows)
+
+
+def test_isoflop_recovers_a_known_minimum():
+    runs = _isoflop_runs({"a": 0.0, "b": 0.2}, noise=0.002)
+    res = study.isoflop(runs, 1e12, "bits")
+    a = next(e for e in res["recipes"] if e["recipe"] == "a")
+    assert a["N_opt"] == pytest.approx(1e6, rel=0.1) and a["loss"] == pytest.approx(2.0, abs=0.005)
+    assert a["inside"] and a["ci"][0] < 2.0 < a["ci"][1] + 0.01
+    assert res["winner"] == "a" and a["p_best"] > 0.99 and res["diff_ci"][0] > 0.15
+
+
+def test_isoflop_names_no_winner_on_noise_only():
+    runs = _isoflop_runs({"a": 0.0, "b": 0.0, "c": 0.0}, noise=0.02, rng=3)
+    res = study.isoflop(runs, 1e12, "bits")
+    assert res["winner"] is None and "cannot tell" in res["reason"]
+    assert res["sigma"] == pytest.approx(0.02, rel=0.35)
+
+
+def test_isoflop_no_winner_when_a_minimum_is_at_the_edge():
+    runs = _isoflop_runs({"a": 0.0, "b": 0.3}, noise=0.002)
+    runs = runs[~((runs["recipe"] == "b") & (runs["N"] > 5e5))]  # b's sizes stop before its optimum
+    res = study.isoflop(runs, 1e12, "bits")
+    assert res["winner"] is None and "edge" in res["reason"]
+
+
+def test_points_interpolate_between_cooldowns_but_never_extrapolate():
+    cfg = model.config_for_size(1, seq_len=64)
+    cols = compute.columns(cfg, "fp32", 1024)
+    per_token = compute.get("bits").per_token(pd.DataFrame([cols]))[0]
+    run = pd.DataFrame([{**cols, "run_id": "r", "recipe": "fp32", "seed": 0, "N": 1e5, "P": 32, "status": "ok",
+                         "D": d, "val_loss": l} for d, l in ((1e5, 2.0), (4e5, 1.5))])
+    mid = study.points_at(run, per_token * 2e5, "bits" and compute.get("bits"))
+    assert mid["interpolated"].all() and mid["loss"].iloc[0] == pytest.approx(math.exp(0.5 * math.log(2.0) + 0.5 * math.log(1.5)))
+    assert study.points_at(run, per_token * 8e5, compute.get("bits")).empty
+    exact = study.points_at(run, per_token * 4e5, compute.get("bits"))
+    assert not exact["interpolated"].any() and exact["loss"].iloc[0] == 1.5
