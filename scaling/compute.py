@@ -365,9 +365,14 @@ def backfill(df: pd.DataFrame, *, batch_size: int = 16) -> pd.DataFrame:
 
     if df.empty or ("flops_fprop" in df.columns and df["flops_fprop"].notna().all()):
         return df
+    if not {"size", "recipe", "flops_per_token"} <= set(df.columns):
+        return df  # a table that cannot say what was trained: nothing to derive (cost models will say so)
     rows = []
     cache: dict[tuple, dict] = {}
     for size, recipe, fpt in zip(df["size"], df["recipe"], df["flops_per_token"]):
+        if pd.isna(size) or pd.isna(fpt) or pd.isna(recipe):
+            rows.append({})
+            continue
         key = (int(size), str(recipe), float(fpt))
         if key not in cache:
             base = model.config_for_size(int(size))
@@ -379,6 +384,8 @@ def backfill(df: pd.DataFrame, *, batch_size: int = 16) -> pd.DataFrame:
             cache[key] = columns(cfg, rec, batch_size * T)
         rows.append(cache[key])
     extra = pd.DataFrame(rows, index=df.index)
+    if "flops_fprop" in df.columns:  # keep what runs recorded themselves
+        extra = df[[c for c in extra.columns if c in df.columns]].combine_first(extra)
     keep = [c for c in df.columns if c not in extra.columns]
     return pd.concat([df[keep], extra], axis=1)
 

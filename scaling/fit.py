@@ -46,7 +46,7 @@ HUBER_DELTA = 1e-3
 # batched evaluation, so the ladder is short.
 _STEP_LADDER = (2.0, 1.0, 0.3, 0.05)
 # Columns that must be > 0 wherever a law reads them (logs are taken).
-_POSITIVE_COLUMNS = ("N", "D", "P", "P_w", "P_a", "P_g")
+_POSITIVE_COLUMNS = ("N", "D", "P", "P_w", "P_a", "P_g", "P_fwd", "P_bwd")
 
 
 # ----------------------------------------------------------------------------- data preparation
@@ -95,6 +95,10 @@ def _columns(law: laws.Law, df: pd.DataFrame, require_rows: bool = True) -> dict
         x[c] = col
     if "block" in x and (x["block"] < 2).any():
         raise ConfigError("block", float(x["block"].min()), "block sizes >= 2 (the law uses log2 B)")
+    for c in laws.QERR_COLUMNS:
+        if c in x and ((x[c] < 0) | (x[c] >= 1)).any():
+            bad = x[c][(x[c] < 0) | (x[c] >= 1)]
+            raise ConfigError(c, float(bad[0]), "relative errors in [0, 1) (0 for an unquantised role)")
     if require_rows and len(df) == 0:
         raise ConfigError("rows", 0, "at least one row")
     return x
@@ -338,6 +342,7 @@ class FitResult:
     data: dict[str, Any] = field(default_factory=dict)
     heldout: dict[str, Any] | None = None
     optimizer: dict[str, Any] = field(default_factory=dict)
+    selection: dict[str, Any] | None = None  # select_law's summary when the law was picked by `--law auto`
 
     def predict(self, df: pd.DataFrame) -> np.ndarray:
         law = laws.get(self.law)
@@ -360,6 +365,7 @@ class FitResult:
             "residuals": [float(r) for r in self.residuals],
             "ci": {k: list(v) for k, v in self.ci.items()}, "bootstrap": self.bootstrap,
             "data": self.data, "heldout": self.heldout, "optimizer": self.optimizer,
+            "selection": self.selection,
         }
 
     def to_json(self, path: str | Path) -> Path:
@@ -377,7 +383,7 @@ class FitResult:
                    fixed={k: float(v) for k, v in (d.get("fixed") or {}).items()},
                    ci={k: (float(v[0]), float(v[1])) for k, v in (d.get("ci") or {}).items()},
                    bootstrap=d.get("bootstrap"), data=d.get("data") or {}, heldout=d.get("heldout"),
-                   optimizer=d.get("optimizer") or {})
+                   optimizer=d.get("optimizer") or {}, selection=d.get("selection"))
 
     @classmethod
     def from_json(cls, path: str | Path) -> FitResult:
@@ -567,12 +573,15 @@ def leave_one_size_out(df: pd.DataFrame, law: str = "kumar", *, loss_column: str
     return pd.DataFrame(rows)
 
 
-def aic(result: FitResult) -> float:
-    """AIC from a Gaussian likelihood of the log residuals: n·log(RSS/n) + 2k, k = free params.
+def aic(result: FitResult, n: int | None = None) -> float:
+    """AIC from a Gaussian likelihood of the log residuals: n·log(RSS/n_points) + 2k, k = free params.
+    n defaults to the number of points; select_law passes the number of runs, since the points of one
+    run (its losses at several budgets) are far from independent and would let extra params look cheap.
     (The fit itself is robust Huber; AIC is for ranking laws on the same data only.)"""
     r = np.asarray(result.residuals)
     k = len([p for p in result.params if p not in result.fixed])
-    return float(len(r) * np.log(np.sum(r * r) / len(r)) + 2 * k)
+    n = len(r) if n is None else n
+    return float(n * np.log(np.sum(r * r) / len(r)) + 2 * k)
 
 
 def compare_laws(df: pd.DataFrame, laws_to_compare: Sequence[str] = ("chinchilla", "kumar"), *,
@@ -591,6 +600,281 @@ def compare_laws(df: pd.DataFrame, laws_to_compare: Sequence[str] = ("chinchilla
                      "rmse_log": float(np.sqrt(np.mean(np.asarray(fitted.residuals) ** 2))),
                      "aic": aic(fitted), "heldout_mare": held["mare"]})
     return pd.DataFrame(rows)
+
+
+# ----------------------------------------------------------------------------- law selection
+
+# Splits for held-out errors: leave out the largest size (N) or the longest budget (D).
+SELECTION_SPLITS = ("N", "D")
+# Precision columns, larger = more precise; the reference recipe maximises them in this order, so a
+# recipe that quantises only the weights or only the backward pass (P = 32 as well) is not the reference.
+_REFERENCE_ORDER = ("P", "P_fwd", "P_w", "P_a", "P_g", "P_bwd")
+# within_noise: a law whose held-out gap error exceeds the best one's by at most this many standard errors.
+NOISE_SE = 2.0
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A law with the params it holds fixed; `name` is how selection reports it, e.g. 'kumar[kappa free]'."""
+
+    name: str
+    law: str
+    fixed: dict[str, float]
+
+
+def parse_candidate(spec: str) -> Candidate:
+    """'kumar' (the law's default fixed params), 'kumar[kappa free]', 'kumar[kappa=2]', 'x[a free, b=1]'."""
+    head, bracket, rest = spec.strip().partition("[")
+    law = laws.get(head.strip())
+    fixed = dict(law.fixed)
+    if bracket:
+        if not rest.endswith("]"):
+            raise ConfigError("candidate", spec, "NAME or NAME[PARAM free, PARAM=VALUE, ...]")
+        for item in filter(None, (t.strip() for t in rest[:-1].split(","))):
+            param, eq, value = item.partition("=")
+            if not eq and item.endswith(" free"):
+                param = item[:-len(" free")].strip()
+                if param not in law.params:
+                    raise ConfigError("candidate", spec, f"params of law {law.name}: {', '.join(law.params)}")
+                fixed.pop(param, None)
+                continue
+            try:
+                fixed[param.strip()] = float(value)
+            except ValueError:
+                raise ConfigError("candidate", spec, "NAME or NAME[PARAM free, PARAM=VALUE, ...]") from None
+    return Candidate(spec.strip(), law.name, _resolve_fixed(law, fixed))
+
+
+def default_candidates() -> list[str]:
+    """Every registered law, plus each law that holds params fixed by default with them freed
+    (kumar -> also 'kumar[kappa free]')."""
+    out = []
+    for name in laws.names():
+        out.append(name)
+        if laws.get(name).fixed:
+            out.append(f"{name}[{', '.join(f'{k} free' for k in laws.get(name).fixed)}]")
+    return out
+
+
+def unfittable_reason(df: pd.DataFrame, law: str, fixed: Mapping[str, float] | None = None,
+                      loss_column: str = "loss") -> str | None:
+    """Why `law` cannot be fitted on df (missing/bad columns, too few rows, a column group the law needs
+    to vary that is constant), or None if it can."""
+    try:
+        problem = _prepare(df, law, fixed, loss_column)
+    except ConfigError as e:
+        return str(e)
+    for group in problem.law.varying:
+        if all(len(np.unique(problem.x[c])) < 2 for c in group):
+            values = ", ".join(f"{c} = {problem.x[c][0]:g}" for c in group)
+            return f"constant on the data ({values}): the params of {problem.law.name} that it sets cannot be identified"
+    return None
+
+
+def reference_mask(df: pd.DataFrame, reference: str | None = None) -> np.ndarray:
+    """Rows of the high-precision reference recipe: those whose `recipe` is `reference`, or by default
+    the rows with the largest P (ties broken by the other precision columns, larger wins)."""
+    if reference is not None:
+        if "recipe" not in df.columns:
+            raise ConfigError("reference", reference, "a value of column recipe (the data has no recipe column)")
+        mask = (df["recipe"].astype(str) == str(reference)).to_numpy()
+        if not mask.any():
+            raise ConfigError("reference", reference, sorted(df["recipe"].astype(str).unique()))
+        return mask
+    cols = [c for c in _REFERENCE_ORDER if c in df.columns]
+    if not cols:
+        raise ConfigError("reference", None, "a recipe name (the data has no precision column P to find the highest-precision recipe)")
+    mask = np.ones(len(df), dtype=bool)
+    for c in cols:
+        v = pd.to_numeric(df[c], errors="coerce").to_numpy(float)
+        if np.isfinite(v[mask]).any():
+            mask &= v == np.nanmax(v[mask])
+    return mask
+
+
+def _match_ids(df: pd.DataFrame) -> np.ndarray:
+    """Rows sharing (N, D, seed if present) share an id: a row's gap is taken to the reference rows with its id."""
+    keys = [c for c in ("N", "D", "seed") if c in df.columns]
+    return df.groupby(keys, sort=False, dropna=False).ngroup().to_numpy()
+
+
+def _gaps(values: np.ndarray, ids: np.ndarray, ref: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(positions, gaps): values - mean of values over the matching reference rows, for the rows of the
+    boolean mask `rows` that are not reference rows themselves and have a matching reference row."""
+    n = int(ids.max()) + 1 if len(ids) else 0
+    counts = np.bincount(ids[ref], minlength=n)
+    means = np.bincount(ids[ref], weights=values[ref], minlength=n) / np.maximum(counts, 1)
+    pos = np.flatnonzero(rows & ~ref & (counts[ids] > 0))
+    return pos, values[pos] - means[ids[pos]]
+
+
+def _heldout_gap_errors(df: pd.DataFrame, cand: Candidate, by: str, loss_column: str, ref: np.ndarray,
+                        ids: np.ndarray, fit_kwargs: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray] | str:
+    """Fit on the rows below the largest `by`, predict the precision gaps of the held-out rows:
+    (positions, predicted - measured gap), or the reason it could not be done."""
+    key = pd.to_numeric(df[by], errors="coerce").to_numpy(float)
+    test = key == np.nanmax(key)
+    if test.all():
+        return f"one value of {by}: nothing left to fit on"
+    reason = unfittable_reason(df[~test], cand.law, cand.fixed, loss_column)
+    if reason:
+        return f"without the largest {by}: {reason}"
+    pos, measured = _gaps(pd.to_numeric(df[loss_column]).to_numpy(float), ids, ref, test)
+    if len(pos) == 0:
+        return f"no held-out row at the largest {by} has a matching reference run"
+    fitted = fit_law(df[~test], cand.law, fixed=cand.fixed, loss_column=loss_column, **fit_kwargs)
+    _, predicted = _gaps(fitted.predict(df), ids, ref, test)
+    return pos, predicted - measured
+
+
+def _clustered_mean_and_var(d: np.ndarray, clusters: np.ndarray) -> tuple[float, float]:
+    """Mean of d and the variance of that mean with rows of one cluster (run) correlated (sandwich form):
+    G/(G-1) · sum_c (sum_{i in c} (d_i - mean))^2 / n^2; 0 with a single cluster."""
+    mean = float(np.mean(d))
+    _, c = np.unique(clusters, return_inverse=True)
+    sums = np.bincount(c, weights=d - mean)
+    g = len(sums)
+    return mean, float(g / (g - 1) * np.sum(sums ** 2) / len(d) ** 2) if g > 1 else 0.0
+
+
+def _finite(v: Any) -> Any:
+    """JSON-safe: NaN / inf -> None."""
+    return float(v) if v is not None and np.isfinite(v) else None
+
+
+def _select(df: pd.DataFrame, candidates: Sequence[str] | None, loss_column: str, reference: str | None,
+            fit_kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, FitResult]]:
+    """select_law's summary plus the full-data FitResult of every fitted candidate (by name)."""
+    for key in ("fixed", "bootstrap"):
+        if key in fit_kwargs:
+            raise ConfigError(key, fit_kwargs[key], "not with select_law (name variants as candidates, e.g. 'kumar[kappa=2]'; bootstrap the chosen fit)")
+    if not isinstance(df, pd.DataFrame):
+        raise ConfigError("df", type(df).__name__, "a pandas DataFrame")
+    df = df.reset_index(drop=True)
+    cands = list(dict.fromkeys(candidates or default_candidates()))
+    parsed = [parse_candidate(c) for c in cands]
+    ref = reference_mask(df, reference)
+    ids = _match_ids(df)
+    clusters = pd.factorize(df["run_id"])[0] if "run_id" in df.columns else np.arange(len(df))
+    init = dict(fit_kwargs.get("init") or {})
+    entries, fits, errors = [], {}, {}
+    for cand in parsed:
+        law = laws.get(cand.law)
+        entry: dict[str, Any] = {"name": cand.name, "law": cand.law, "fixed": cand.fixed}
+        entries.append(entry)
+        reason = unfittable_reason(df, cand.law, cand.fixed, loss_column)
+        if reason:
+            entry.update(fittable=False, reason=reason)
+            continue
+        kwargs = {**fit_kwargs, "init": {k: v for k, v in init.items() if k in law.params}}
+        fitted = fit_law(df, cand.law, fixed=cand.fixed, loss_column=loss_column, **kwargs)
+        fits[cand.name] = fitted
+        loss = pd.to_numeric(df[loss_column]).to_numpy(float)
+        entry.update(fittable=True, reason=None, n_params=len(law.free_params(cand.fixed)),
+                     aic=aic(fitted, n=fitted.data["n_units"]), mare=mean_abs_rel_error(fitted.predict(df), loss),
+                     objective=fitted.objective, heldout_gap_mae={}, n_heldout={}, heldout_notes={})
+        for by in SELECTION_SPLITS:
+            got = _heldout_gap_errors(df, cand, by, loss_column, ref, ids, kwargs)
+            if isinstance(got, str):
+                entry["heldout_gap_mae"][by], entry["n_heldout"][by] = None, 0
+                entry["heldout_notes"][by] = got
+            else:
+                errors[(cand.name, by)] = got
+                entry["heldout_gap_mae"][by] = float(np.mean(np.abs(got[1])))
+                entry["n_heldout"][by] = int(len(got[0]))
+        entry["params"] = fitted.params
+    chosen, criterion = _choose(entries, errors, clusters)
+    summary = {"chosen": chosen, "criterion": criterion, "loss_column": loss_column,
+               "reference": _describe_reference(df, ref), "splits": list(SELECTION_SPLITS),
+               "noise_se": NOISE_SE, "candidates": entries}
+    return _json_safe(summary), fits
+
+
+def _choose(entries: list[dict[str, Any]], errors: Mapping[tuple[str, str], tuple[np.ndarray, np.ndarray]],
+            clusters: np.ndarray) -> tuple[str | None, str]:
+    """Pick the law with the lowest mean over splits of the held-out gap MAE, and mark within_noise.
+
+    Only splits where some law has errors count; a law needs errors on all of them to be ranked. For each
+    ranked law k against the best b, per split s: d_i = |e_k,i| - |e_b,i| on the same held-out rows,
+    Delta_s = mean d, Var_s its run-clustered variance; Delta = mean_s Delta_s, SE = sqrt(sum_s Var_s) / S
+    (splits treated as independent). within_noise: Delta <= NOISE_SE · SE (the best law: Delta = 0).
+    """
+    fitted = [e for e in entries if e["fittable"]]
+    splits = [s for s in SELECTION_SPLITS if any((e["name"], s) in errors for e in fitted)]
+    ranked = [e for e in fitted if splits and all((e["name"], s) in errors for s in splits)]
+    for e in entries:
+        e["within_noise"], e["score"], e["gap_mae_diff"] = False, None, None
+    if not ranked:
+        if not fitted:
+            return None, "none: no candidate could be fitted"
+        best = min(fitted, key=lambda e: (e["aic"], e["n_params"]))
+        best["within_noise"] = True
+        return best["name"], "aic (no held-out precision gap could be measured)"
+    for e in ranked:
+        e["score"] = float(np.mean([e["heldout_gap_mae"][s] for s in splits]))
+    best = min(ranked, key=lambda e: (e["score"], e["n_params"]))
+    for e in ranked:
+        deltas, variances = [], []
+        for s in splits:
+            pos, err = errors[(e["name"], s)]
+            pos_b, err_b = errors[(best["name"], s)]
+            assert np.array_equal(pos, pos_b)  # held-out rows depend on the data only, not the law
+            mean, var = _clustered_mean_and_var(np.abs(err) - np.abs(err_b), clusters[pos])
+            deltas.append(mean)
+            variances.append(var)
+        delta, se = float(np.mean(deltas)), float(np.sqrt(np.sum(variances)) / len(splits))
+        e["gap_mae_diff"] = {"value": delta, "se": se}
+        e["within_noise"] = bool(delta <= NOISE_SE * se)
+    return best["name"], f"heldout_gap_mae (mean over leaving out the largest {' and the largest '.join(splits)})"
+
+
+def _describe_reference(df: pd.DataFrame, ref: np.ndarray) -> dict[str, Any]:
+    out: dict[str, Any] = {"n_rows": int(ref.sum())}
+    if "recipe" in df.columns:
+        out["recipes"] = sorted(df.loc[ref, "recipe"].astype(str).unique())
+    for c in _REFERENCE_ORDER:
+        if c in df.columns:
+            out[c] = float(pd.to_numeric(df.loc[ref, c]).max())
+    return out
+
+
+def _json_safe(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k: _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    if isinstance(obj, (float, np.floating)):
+        return _finite(obj)
+    if isinstance(obj, np.integer):
+        return int(obj)
+    return obj
+
+
+def select_law(df: pd.DataFrame, candidates: Sequence[str] | None = None, loss_column: str = "val_loss",
+               reference: str | None = None, **fit_kwargs: Any) -> dict[str, Any]:
+    """Fit every candidate law and pick the one that best predicts held-out *precision gaps*.
+
+    candidates: names or variants ('kumar', 'kumar[kappa free]', 'kumar[kappa=2]'); default: every
+        registered law plus each with its default-fixed params freed (default_candidates()).
+    reference: the high-precision recipe (a `recipe` value); default: the rows with the largest P.
+    fit_kwargs: passed to fit_law (init, iters, polish, ...); an `init` grid applies to every law that
+        has those params.
+
+    A gap is a row's loss minus the loss of the reference run with the same (N, D, seed if present);
+    the law's predicted gap is law(x) - law(x_ref). Twice, the largest size (N) and then the longest
+    budget (D) are left out, the law is fitted on the rest and the held-out gaps are predicted (rows
+    without a matching reference are dropped; the count is n_heldout). The chosen law has the lowest
+    mean of the two held-out gap MAEs (nats); `within_noise` marks laws whose excess over it is within
+    NOISE_SE run-clustered standard errors (see _choose). Also per law: AIC with n = number of runs,
+    in-sample MARE of the loss, params. Laws that cannot be fitted are listed with the reason.
+
+    Returns {"chosen": name or None, "criterion", "loss_column", "reference", "splits", "noise_se",
+    "candidates": [{name, law, fixed, fittable, reason, n_params, aic, mare, objective,
+    heldout_gap_mae: {N, D}, n_heldout: {N, D}, heldout_notes, score, gap_mae_diff: {value, se},
+    within_noise, params}, ...]} (unfittable entries: name, law, fixed, fittable False, reason,
+    within_noise False, score None, gap_mae_diff None).
+    """
+    return _select(df, candidates, loss_column, reference, fit_kwargs)[0]
 
 
 # ----------------------------------------------------------------------------- CLI: scaling fit
@@ -624,7 +908,14 @@ def _runs_to_fit(df: pd.DataFrame, loss_column: str | None) -> tuple[pd.DataFram
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("results", metavar="RESULTS", help="results .csv / .parquet file or results directory")
-    parser.add_argument("--law", default="kumar", help=f"law to fit: {', '.join(laws.names())} (default kumar)")
+    parser.add_argument("--law", default="kumar",
+                        help=f"law to fit: {', '.join(laws.names())} (default kumar), or auto: fit every candidate and keep "
+                             "the one that best predicts held-out precision gaps (fit.select_law)")
+    parser.add_argument("--candidate", action="append", default=[], metavar="LAW[VARIANT]",
+                        help="with --law auto: a candidate (repeatable), e.g. kumar or 'kumar[kappa free]'; "
+                             "default: every law, plus each with its fixed params freed")
+    parser.add_argument("--reference", default=None, metavar="RECIPE",
+                        help="with --law auto: the high-precision reference recipe (default: the rows with the largest P)")
     parser.add_argument("-o", "--output", required=True, help="where to write the fit JSON, e.g. fits/NAME.json")
     parser.add_argument("--bootstrap", type=int, default=0, metavar="N", help="bootstrap resamples for CIs (e.g. 1000)")
     parser.add_argument("--seed", type=int, default=0, help="bootstrap seed")
@@ -668,14 +959,58 @@ def _print_fit(result: FitResult) -> None:
         print(f"  held-out (by {result.heldout['by']}): mean abs rel error {result.heldout['mare']:.4%}")
 
 
+def _print_selection(selection: Mapping[str, Any]) -> None:
+    """One line per candidate law: the chosen one starred, unfittable ones with the reason."""
+    ref = selection["reference"]
+    print(f"law selection: held-out precision-gap MAE (nats) vs the reference ({', '.join(ref.get('recipes', [])) or ref})")
+    width = max(len(c["name"]) for c in selection["candidates"])
+    print(f"  {'law':<{width}}  {'k':>2}  {'AIC(runs)':>10}  {'MARE':>7}  {'gap|N':>8}  {'gap|D':>8}  noise")
+
+    def num(v, fmt):
+        return format(v, fmt) if v is not None else "-"
+
+    for c in selection["candidates"]:
+        mark = "*" if c["name"] == selection["chosen"] else " "
+        if not c["fittable"]:
+            print(f"{mark} {c['name']:<{width}}  not fitted: {c['reason']}")
+            continue
+        gap = c["heldout_gap_mae"]
+        noise = "within" if c["within_noise"] else "-"
+        print(f"{mark} {c['name']:<{width}}  {c['n_params']:>2}  {num(c['aic'], '10.2f')}  {num(c['mare'], '7.3%')}"
+              f"  {num(gap.get('N'), '8.4f')}  {num(gap.get('D'), '8.4f')}  {noise}")
+
+
+def _bootstrap_fit(df: pd.DataFrame, result: FitResult, n: int, seed: int, loss_column: str) -> None:
+    """Add bootstrap CIs to an existing fit (resamples start from its optimum, as in fit_law)."""
+    problem = _prepare(df, result.law, result.fixed, loss_column)
+    _add_bootstrap(problem, result, problem.theta(result.params), n, seed, 0.95,
+                   result.optimizer.get("huber_delta", HUBER_DELTA))
+
+
 def main(args: argparse.Namespace) -> int:
     df, loss_column = _runs_to_fit(load_results(args.results), args.loss_column)
     if args.bootstrap < 0:
         raise ConfigError("--bootstrap", args.bootstrap, "a count >= 0")
     fixed = _parse_fixed(args.fix)
-    result = fit_law(df, args.law, fixed=fixed, loss_column=loss_column, bootstrap=args.bootstrap, seed=args.seed)
+    if args.law == "auto":
+        if fixed is not None:
+            raise ConfigError("--fix", args.fix, "no --fix with --law auto (name a variant: --candidate 'kumar[kappa=2]')")
+        selection, fits = _select(df, args.candidate or None, loss_column, args.reference, {})
+        _print_selection(selection)
+        if selection["chosen"] is None:
+            raise ConfigError("--law", "auto", "data on which at least one candidate law can be fitted (see the table)")
+        result = fits[selection["chosen"]]
+        result.selection = selection
+        law, fixed = result.law, result.fixed
+        if args.bootstrap:
+            _bootstrap_fit(df, result, args.bootstrap, args.seed, loss_column)
+    else:
+        if args.candidate or args.reference:
+            raise ConfigError("--candidate/--reference", args.candidate or args.reference, "only with --law auto")
+        law = args.law
+        result = fit_law(df, law, fixed=fixed, loss_column=loss_column, bootstrap=args.bootstrap, seed=args.seed)
     if args.holdout:
-        result.heldout = holdout_error(df, args.law, by=args.holdout, fixed=fixed, loss_column=loss_column)
+        result.heldout = holdout_error(df, law, by=args.holdout, fixed=fixed, loss_column=loss_column)
     result.to_json(args.output)
     _print_fit(result)
     print(f"wrote {args.output}")

@@ -37,6 +37,9 @@ class Law:
     columns: DataFrame columns the law reads (besides `loss`).
     init_grid: param -> starting values (natural scale); the fitter starts from their product.
     fixed: params held fixed by default (name -> value); pass `fixed={}` to fit_law to free them.
+    varying: column groups of which at least one column must take two or more values for the law's
+        params to be identifiable (default: every column on its own). fit.select_law lists a law whose
+        group is constant on the data as not fittable instead of fitting a flat direction.
     """
 
     name: str
@@ -47,6 +50,7 @@ class Law:
     init_grid: Mapping[str, tuple[float, ...]]
     fixed: Mapping[str, float] = field(default_factory=dict)
     doc: str = ""
+    varying: tuple[tuple[str, ...], ...] = ()
 
     def free_params(self, fixed: Mapping[str, float]) -> tuple[str, ...]:
         return tuple(p for p in self.params if p not in fixed)
@@ -72,6 +76,7 @@ def register(
     positive: Iterable[str] = (),
     fixed: Mapping[str, float] | None = None,
     name: str | None = None,
+    varying: Sequence[Sequence[str]] | None = None,
 ) -> Callable[[LogTerms], LogTerms]:
     """Decorator: register `fn(p, x, xp) -> list of log-terms` as a law named `name or fn.__name__`."""
 
@@ -82,12 +87,16 @@ def register(
         if missing:
             raise ConfigError(f"laws.{law_name}.init_grid", sorted(grid), f"a grid for every param, missing {missing}")
         pos = frozenset(positive)
+        groups = tuple(tuple(g) for g in varying) if varying is not None else tuple((c,) for c in columns)
+        stray = sorted({c for g in groups for c in g} - set(columns))
+        if stray:
+            raise ConfigError(f"laws.{law_name}.varying", stray, f"columns of the law: {', '.join(columns)}")
         for p in pos:
             if any(v <= 0 for v in grid[p]):
                 raise ConfigError(f"laws.{law_name}.init_grid.{p}", grid[p], "positive values (param is positive)")
         _REGISTRY[law_name] = Law(
             name=law_name, log_terms=fn, params=tuple(params), positive=pos, columns=tuple(columns),
-            init_grid=grid, fixed=dict(fixed or {}), doc=(fn.__doc__ or "").strip(),
+            init_grid=grid, fixed=dict(fixed or {}), doc=(fn.__doc__ or "").strip(), varying=groups,
         )
         return fn
 
@@ -160,6 +169,35 @@ def kumar(p, x, xp):
             xp.log(p["B"]) - p["beta"] * xp.log(x["D"])]
 
 
+# kumar's grid plus two values per penalty param: 3·3·3·2·2·2·2·2·2·2 = 3,456 starts (kappa fixed).
+_KUMAR_DATA_GRID = {
+    **_KUMAR_GRID,
+    "A": _exp_grid([0.0, 10.0, 20.0]), "B": _exp_grid([0.0, 10.0, 20.0]),
+    "alpha": [0.2, 0.6], "beta": [0.2, 0.6], "gamma": [1.0, 3.0],
+    "C_T": [0.01, 1.0], "gamma_D": [0.2, 0.6], "gamma_N": [0.2, 0.6], "gamma_P": [1.0, 3.0],
+}
+
+
+@register(params=("E", "A", "B", "alpha", "beta", "gamma", "kappa", "C_T", "gamma_D", "gamma_N", "gamma_P"),
+          positive=("E", "A", "B", "gamma", "kappa", "C_T", "gamma_P"), columns=("N", "D", "P"),
+          init_grid={**_KUMAR_DATA_GRID, "kappa": [1.0, 3.0]}, fixed={"kappa": 3.0})
+def kumar_data(p, x, xp):
+    """Kumar et al. 2024 with their data-dependent degradation term (their post-training-quantisation
+    penalty delta_PTQ, applied here to the training precision P):
+    L = E + A·N_eff^-alpha + B·D^-beta + C_T·(D^gamma_D / N^gamma_N)·e^(-P/gamma_P),
+    N_eff = N·(1 - e^(-P/gamma))^kappa as in kumar (kappa fixed 3 by default).
+
+    For gamma_D > 0 the precision penalty grows with the data seen at fixed N (overtrained models are
+    more sensitive to quantisation), unlike kumar, whose gap to high precision shrinks as D grows.
+    gamma_D and gamma_N are left signed so that the fit, not the form, says which way the penalty goes.
+    """
+    log_n_eff = xp.log(x["N"]) + log_precision_factor(x["P"], p["gamma"], p["kappa"], xp)
+    log_d, log_n = xp.log(x["D"]), xp.log(x["N"])
+    return [xp.log(p["E"]), xp.log(p["A"]) - p["alpha"] * log_n_eff,
+            xp.log(p["B"]) - p["beta"] * log_d,
+            xp.log(p["C_T"]) + p["gamma_D"] * log_d - p["gamma_N"] * log_n - x["P"] / p["gamma_P"]]
+
+
 @register(params=("E", "A", "B", "alpha", "beta", "gamma_w", "gamma_a", "gamma_g"),
           positive=("E", "A", "B", "gamma_w", "gamma_a", "gamma_g"),
           columns=("N", "D", "P_w", "P_a", "P_g"),
@@ -175,6 +213,71 @@ def kumar_roles(p, x, xp):
     for role in ("w", "a", "g"):
         log_n_eff = log_n_eff + log_precision_factor(x[f"P_{role}"], p[f"gamma_{role}"], 1.0, xp)
     return [xp.log(p["E"]), xp.log(p["A"]) - p["alpha"] * log_n_eff,
+            xp.log(p["B"]) - p["beta"] * xp.log(x["D"])]
+
+
+# Chinchilla-like axes at 3 values (A, B, E) or 2 (exponents), 2 per efficiency param: 3·3·3·2·2·2·2 = 432.
+_SMALL_CHINCHILLA_GRID = {
+    "E": _exp_grid([-1.0, 0.0, 1.0]), "A": _exp_grid([0.0, 10.0, 20.0]), "B": _exp_grid([0.0, 10.0, 20.0]),
+    "alpha": [0.2, 0.6], "beta": [0.2, 0.6],
+}
+
+
+@register(params=("E", "A", "B", "alpha", "beta", "gamma_N", "gamma_D"),
+          positive=("E", "A", "B", "gamma_N", "gamma_D"), columns=("N", "D", "P_fwd", "P_bwd"),
+          init_grid={**_SMALL_CHINCHILLA_GRID, "gamma_N": [1.0, 3.0], "gamma_D": [1.0, 3.0]})
+def quartet(p, x, xp):
+    """Castro et al. 2025 (Quartet): the forward pass's precision scales parameter efficiency, the
+    backward pass's scales data efficiency:
+    L = E + A·(N·eff_N(P_fwd))^-alpha + B·(D·eff_D(P_bwd))^-beta,
+    eff_N(P) = 1 - e^(-P/gamma_N),  eff_D(P) = 1 - e^(-P/gamma_D)   (both in (0, 1], -> 1 at high P).
+
+    Quartet fits eff_N and eff_D as one free number per training scheme (and an outer exponent on the
+    sum of the two power terms); here each efficiency is Kumar et al.'s saturating form in the pass's
+    element bits (kappa = 1), so a fit extrapolates to precisions it has not seen and stays identifiable
+    with a handful of formats. P_fwd = max(P_w, P_a), P_bwd = P_g (32 where gradients are unquantised).
+    """
+    log_n_eff = xp.log(x["N"]) + log_precision_factor(x["P_fwd"], p["gamma_N"], 1.0, xp)
+    log_d_eff = xp.log(x["D"]) + log_precision_factor(x["P_bwd"], p["gamma_D"], 1.0, xp)
+    return [xp.log(p["E"]), xp.log(p["A"]) - p["alpha"] * log_n_eff,
+            xp.log(p["B"]) - p["beta"] * log_d_eff]
+
+
+QERR_COLUMNS = ("qerr_w", "qerr_a", "qerr_g")
+
+
+def log_tanh(z, xp):
+    """log tanh(z) for z > 0 without cancellation at small z or overflow at large z."""
+    e = xp.exp(-2.0 * z)
+    return xp.log(-xp.expm1(-2.0 * z)) - xp.log1p(e)
+
+
+def capacity_bits(qerr, xp):
+    """b = log4(1 / qerr): the Gaussian-MSE 'bits' of a representation (each bit of a uniform grid cuts
+    the MSE 4x). An unquantised role (qerr = 0) gets a huge b, i.e. capacity 1, instead of infinity."""
+    return -xp.log(xp.maximum(qerr, 1e-300)) / math.log(4.0)
+
+
+@register(params=("E", "A", "B", "alpha", "beta", "F", "C"),
+          positive=("E", "A", "B", "F", "C"), columns=("N", "D") + QERR_COLUMNS,
+          init_grid={**_SMALL_CHINCHILLA_GRID, "F": [0.1, 0.3, 1.0], "C": [1.0, 2.0]},
+          varying=(("N",), ("D",), QERR_COLUMNS))
+def capacity(p, x, xp):
+    """Panferov et al. 2025 ("Unified scaling laws for compressed representations"): a representation's
+    capacity rho, read off how well it fits Gaussian data, scales the parameter count:
+    L = E + A·(N·rho)^-alpha + B·D^-beta,
+    rho = prod over roles r in (w, a, g) of tanh(F·b_r^C),  b_r = log4(1 / qerr_r),
+    qerr_r the role's relative MSE on Gaussian data (0 for an unquantised role: factor 1).
+
+    One saturating function of the Gaussian MSE shared by the roles (capacities of separately compressed
+    tensors multiply), so format, scale granularity and rounding all act through a single axis, qerr.
+    2 params beyond Chinchilla: F (scale) and C (shape); b must be > 0, i.e. qerr < 1.
+    """
+    log_rho = 0.0
+    for col in QERR_COLUMNS:
+        z = xp.exp(xp.log(p["F"]) + p["C"] * xp.log(capacity_bits(x[col], xp)))
+        log_rho = log_rho + log_tanh(z, xp)
+    return [xp.log(p["E"]), xp.log(p["A"]) - p["alpha"] * (xp.log(x["N"]) + log_rho),
             xp.log(p["B"]) - p["beta"] * xp.log(x["D"])]
 
 
