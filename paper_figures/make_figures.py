@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run from a fresh clone without installing the package
 
-from scaling import plots  # noqa: E402
+from scaling import report  # noqa: E402
 from scaling.errors import ConfigError  # noqa: E402
 
 STUDY = "ladder" if (ROOT / "results" / "ladder.csv").exists() else "quick"
@@ -35,13 +35,13 @@ DEFAULTS = {
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="make_figures.py", description=__doc__.splitlines()[0])
-    plots.add_arguments(parser)
+    report.add_arguments(parser)
     parser.set_defaults(results=str(DEFAULTS["results"]), out=str(DEFAULTS["out"]),
                         curves=str(DEFAULTS["curves"]) if DEFAULTS["curves"].exists() else None,
                         fit=str(DEFAULTS["fit"]) if DEFAULTS["fit"].exists() else None)
     args = parser.parse_args(argv)
     try:
-        return plots.main(args)
+        return report.main(args)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -18,7 +18,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "sweep": ("scaling.sweep", "run a grid of runs from an experiment TOML"),
     "fit": ("scaling.fit", "fit a scaling law to results"),
     "optimal": ("scaling.optimal", "compute-optimal (N, D, P) from a fitted law"),
-    "figures": ("scaling.plots", "regenerate figures and REPORT.md from results/ and fits/"),
+    "figures": ("scaling.report", "regenerate figures and REPORT.md from results/ and fits/"),
     "reproduce": ("scaling.reproduce", "the main job: sweep, fit, optimal precision, figures, report"),
     "plan": ("scaling.plan", "training days and memory per GPU on a GPU cluster"),
 }

@@ -1,24 +1,31 @@
 """The compute-optimal (N, D, P) of a fitted law: the precision sweet spot, iso-loss grids, the frontier.
 
-Cost model (Kumar et al. 2024, in 16-bit FLOP units: halving the bits halves the cost):
+Cost (`Cost`): a `scaling.compute.CostModel` (bits, nominal, h100, b200, ...) applied to a
+hypothetical model of N params at P bits: C = 6·N·D·(c(P + overhead) + ratio(N)·c_high(P)), where
+c is the model's cost per FLOP of a dense GEMM at those bits, overhead the scale bits per element
+(MX: 0.25), and ratio(N) the FLOPs a run leaves unquantised (attention, head) per dense-GEMM FLOP,
+interpolated from the trained runs (`compute.Shape`; none: every FLOP is a quantised GEMM, Kumar et
+al.'s assumption). With the defaults, C = 6·N·D·P/16. At compute C and precision P the token budget
+is D = C / (per-token cost); the fitted loss is then a function of N alone, minimised over log N
+(dense grid, then bounded Brent). Over P: a given set, or continuous P in a range (grid, then Brent
+on the profile min_N L(N, C, P)).
 
-    C = 6·N·D·(g·P/16 + (1 - g)),    g = gemm_fraction (1: every FLOP scales with P)
-
-At compute C and precision P the token budget is D = C / (6·N·(g·P/16 + 1 - g)); the fitted loss is
-then a function of N alone, minimised over log N (dense grid, then bounded Brent). Over P: a given
-set, or continuous P in a range (grid, then Brent on the profile min_N L(N, C, P)).
+`specification_range` repeats the optimisation across the modelling choices a reviewer could make
+(laws that predict as well, fixed or fitted exponents, cost models) and reports the span of P*.
 """
 
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 from scipy.optimize import minimize_scalar
 
+from scaling import compute as compute_lib
 from scaling import laws
 from scaling.errors import ConfigError
 from scaling.fit import FitResult
@@ -29,27 +36,35 @@ _N_GRID = 400  # log-N grid points before the Brent refinement
 
 @dataclass(frozen=True)
 class Cost:
-    """Training compute in 16-bit FLOP units: C = flops_per_param_token·N·D·(g·P/ref_bits + 1 - g)."""
+    """Training compute of a hypothetical (N, D, P) in 16-bit FLOP units (see module doc)."""
 
+    model: compute_lib.CostModel = field(default_factory=compute_lib.CostModel)
+    shape: compute_lib.Shape = field(default_factory=compute_lib.Shape)
+    overhead: float = 0.0
     flops_per_param_token: float = 6.0
-    ref_bits: float = 16.0
-    gemm_fraction: float = 1.0
 
     def __post_init__(self):
-        if not 0 <= self.gemm_fraction <= 1:
-            raise ConfigError("gemm_fraction", self.gemm_fraction, "a fraction in [0, 1]")
-        if self.flops_per_param_token <= 0 or self.ref_bits <= 0:
-            raise ConfigError("cost", (self.flops_per_param_token, self.ref_bits), "positive numbers")
+        object.__setattr__(self, "model", compute_lib.get(self.model))
+        if not 0 <= self.overhead < 4:
+            raise ConfigError("overhead", self.overhead, "scale bits per element in [0, 4)")
 
-    def precision_factor(self, P):
-        return self.gemm_fraction * np.asarray(P, float) / self.ref_bits + (1.0 - self.gemm_fraction)
+    @property
+    def name(self) -> str:
+        parts = [self.model.name]
+        if self.overhead:
+            parts.append(f"+{self.overhead:g} scale bits")
+        parts.append("unquantised share from the runs" if self.shape.knots_N else "every FLOP quantised")
+        return ", ".join(parts)
+
+    def per_token(self, N, P):
+        return compute_lib.hypothetical_compute(self.model, self.shape, N, 1.0, P, self.overhead)
 
     def compute(self, N, D, P):
-        return self.flops_per_param_token * np.asarray(N, float) * np.asarray(D, float) * self.precision_factor(P)
+        return self.per_token(N, P) * np.asarray(D, float)
 
     def tokens(self, N, compute, P):
         """D affordable at `compute` for a model of N params trained at precision P."""
-        return compute / (self.flops_per_param_token * np.asarray(N, float) * self.precision_factor(P))
+        return compute / self.per_token(N, P)
 
 
 def _fit(fit: FitResult | Mapping[str, Any]) -> FitResult:
@@ -89,7 +104,9 @@ def _loss(law: laws.Law, params: Mapping[str, float], N, D, cols: Mapping[str, f
 
 def _best_n(law, params, compute, P, cols, cost: Cost, n_range) -> dict[str, float]:
     """min over N of L(N, D = C/(6·N·f(P)), P): log-N grid, then bounded Brent between the grid neighbours."""
-    lo, hi = np.log(n_range[0]), np.log(min(n_range[1], compute / (cost.flops_per_param_token * cost.precision_factor(P))))
+    # D >= 1: per-token cost >= 6·N·c(P), so N <= C / (6·c(P))
+    n_max = compute / (cost.flops_per_param_token * float(cost.model.factor(P, cost.overhead)))
+    lo, hi = np.log(n_range[0]), np.log(min(n_range[1], n_max))
     if hi <= lo:
         raise ConfigError("compute", compute, f"enough for N >= {n_range[0]:.3g} and D >= 1 at P = {P}")
     grid = np.linspace(lo, hi, _N_GRID)
@@ -234,17 +251,56 @@ def critical_data_size(fit: FitResult | Mapping[str, Any], N, *, ebits: float, m
     return laws.sun_critical_data_size(fit.params, N, ebits, mbits, block)
 
 
+# ----------------------------------------------------------------------------- specification range
+
+def shape_of(fit: FitResult) -> compute_lib.Shape:
+    """The unquantised share the fit's runs had (recorded by `scaling fit` as data['shape'])."""
+    return compute_lib.Shape.from_dict((fit.data or {}).get("shape"))
+
+
+def cost_models(fit: FitResult, names: Sequence[str] = ("bits", "h100", "b200")) -> list[Cost]:
+    """The cost models a P* is reported across: each named model with the runs' unquantised share,
+    and `bits` also with MX's 0.25 scale bits per element and with every FLOP quantised."""
+    shape = shape_of(fit)
+    out = [Cost(model=n, shape=shape) for n in names]
+    if "bits" in names:
+        out.append(Cost(model="bits", shape=shape, overhead=0.25))
+        if shape.knots_N:
+            out.append(Cost(model="bits"))
+    return out
+
+
+def specification_range(fits: Sequence[tuple[str, FitResult]], compute: float, costs: Sequence[Cost], *,
+                        p_range: tuple[float, float] = (2.0, 32.0)) -> dict[str, Any]:
+    """P* at `compute` for every (fit, cost) pair: the fits are the laws (and exponent choices) a
+    reviewer could defend, the costs the hardware assumptions. Returns {"P_range": [lo, hi],
+    "table": [{spec, cost_model, P, N, D, loss}]}; a pair that cannot be optimised is listed with its error."""
+    rows = []
+    for label, fit in fits:
+        for cost in costs:
+            try:
+                best = optimal_precision(fit, compute, cost=cost, p_range=p_range)
+                rows.append({"spec": label, "cost_model": cost.name, "P": best["P"], "N": best["N"],
+                             "D": best["D"], "loss": best["loss"]})
+            except (ConfigError, ValueError) as e:
+                rows.append({"spec": label, "cost_model": cost.name, "error": str(e)})
+    ps = [r["P"] for r in rows if "P" in r]
+    return {"P_range": [float(min(ps)), float(max(ps))] if ps else None, "table": rows}
+
+
 # ----------------------------------------------------------------------------- CLI: scaling optimal
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("fit", metavar="FIT", help="fit JSON written by `scaling fit`")
-    parser.add_argument("--compute", type=float, required=True, help="training compute in 16-bit FLOPs, e.g. 1e18")
+    parser.add_argument("--compute", type=float, required=True, help="training compute in 16-bit FLOP units, e.g. 1e18")
     parser.add_argument("--precisions", type=float, nargs="+", default=None,
-                        help="bit widths to choose from (default: continuous P in 1..32)")
-    parser.add_argument("--gemm-fraction", type=float, default=1.0,
-                        help="share of FLOPs that scales with P (default 1: C = 6/16·N·D·P)")
+                        help="bit widths to choose from (default: continuous P in 2..32)")
+    parser.add_argument("--cost-model", default="bits", help=f"one of {', '.join(compute_lib.COST_MODELS)} "
+                        "(default bits: each FLOP at its operands' bits / 16; a GPU: at that GPU's rate for the format)")
+    parser.add_argument("--overhead", type=float, default=0.0, help="scale bits per element (MX: 0.25, NVFP4: 0.5)")
     parser.add_argument("--ci-samples", type=int, default=200,
                         help="bootstrap resamples used for the CI of the optimum when the fit has them (0: skip)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object (P, P_ci, P_range, N, D, law, cost_model, ...)")
 
 
 def _table(df: pd.DataFrame, columns: Sequence[str]) -> str:
@@ -259,16 +315,31 @@ def _table(df: pd.DataFrame, columns: Sequence[str]) -> str:
 
 def main(args: argparse.Namespace) -> int:
     fit = FitResult.from_json(args.fit)
-    cost = Cost(gemm_fraction=args.gemm_fraction)
-    best = optimal_precision(fit, args.compute, args.precisions, cost=cost)
+    cost = Cost(model=args.cost_model, shape=shape_of(fit), overhead=args.overhead)
+    p_range = (2.0, 32.0)
+    best = optimal_precision(fit, args.compute, args.precisions, cost=cost, p_range=p_range)
+    ci = None
+    if fit.bootstrap and args.ci_samples > 0:
+        ci = optimal_precision_ci(fit, args.compute, args.precisions, cost=cost, p_range=p_range,
+                                  max_samples=args.ci_samples)
+    spec = specification_range([(fit.law, fit)], args.compute, cost_models(fit), p_range=p_range)
+    if args.json:
+        out = {"P": best["P"], "P_ci": list(ci["P"]) if ci else None, "P_range": spec["P_range"],
+               "N": best["N"], "D": best["D"], "loss": best["loss"], "compute": args.compute, "law": fit.law,
+               "cost_model": cost.name, "specifications": spec["table"],
+               "per_precision": best["per_precision"].to_dict("records")}
+        print(json.dumps(out, indent=2))
+        return 0
     table = best["per_precision"].copy()
     table["N/N_best"] = table["N"] / best["N"]
     cols = [c for c in ("P", "ebits", "mbits", "N", "D", "loss", "N/N_best") if c in table.columns]
-    print(f"law {fit.law}, compute {args.compute:.3g} (16-bit FLOPs), C = 6·N·D·({cost.gemm_fraction:g}·P/16 + {1 - cost.gemm_fraction:g})")
+    print(f"law {fit.law}, compute {args.compute:.3g} (16-bit FLOP units), cost model: {cost.name}")
     print(_table(table, cols))
     print(f"optimum: P = {best['P']:.3g} bits, N = {best['N']:.4g}, D = {best['D']:.4g}, loss = {best['loss']:.5f}")
-    if fit.bootstrap and args.ci_samples > 0:
-        ci = optimal_precision_ci(fit, args.compute, args.precisions, cost=cost, max_samples=args.ci_samples)
-        print(f"{ci['level']:.0%} bootstrap CI ({len(ci['samples'])} resamples): "
+    if ci:
+        print(f"{ci['level']:.0%} bootstrap CI ({len(ci['samples'])} resamples, this law and cost model only): "
               + ", ".join(f"{q} [{ci[q][0]:.4g}, {ci[q][1]:.4g}]" for q in ("P", "N", "D", "loss")))
+    if spec["P_range"]:
+        print(f"P* across cost models ({', '.join(c.name for c in cost_models(fit))}): "
+              f"{spec['P_range'][0]:.3g}-{spec['P_range'][1]:.3g} bits; across laws and exponents: see `scaling figures` findings.json")
     return 0

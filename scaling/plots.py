@@ -21,7 +21,6 @@ does not parse) raises `ConfigError`.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
 import os
@@ -855,78 +854,3 @@ def _need_outliers(curves: pd.DataFrame | None) -> str | None:
     if curves["smooth_swiglu"].dropna().astype(bool).nunique() < 2:
         return "curves have no runs both with and without Smooth-SwiGLU"
     return None
-
-
-# ---------------------------------------------------------------------------------------------
-# CLI: scaling figures
-# ---------------------------------------------------------------------------------------------
-
-
-def load_fit(path: str | Path) -> Any:
-    """A fitted law from fits/NAME.json; an unreadable or malformed file is a ConfigError."""
-    from scaling import fit
-
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError("fit", str(path), "an existing fitted-law JSON file (fits/NAME.json)")
-    try:
-        return fit.FitResult.from_json(path)
-    except ConfigError:
-        raise
-    except (ValueError, KeyError, TypeError) as e:  # a JSON that parses but is not a fit
-        raise ConfigError("fit", str(path), f"a fitted-law JSON written by `scaling fit` ({type(e).__name__}: {e})") from e
-
-
-def load_results(path: str | Path) -> pd.DataFrame:
-    from scaling import results
-
-    path = Path(path)
-    if not path.exists():
-        raise ConfigError("results", str(path), "an existing results directory, .csv or .parquet")
-    try:
-        return results.load(path)
-    except (ValueError, OSError) as e:
-        raise ConfigError("results", str(path), f"a results directory, .csv or .parquet ({e})") from e
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.description = ("Regenerate every figure and REPORT.md from results and a fitted law (no training). "
-                          "Example: scaling figures --results results/ladder.csv --curves results/ladder_curves.parquet "
-                          "--fit fits/ladder.json --out paper_figures/")
-    parser.add_argument("--results", help="results directory, or a committed .csv / .parquet summary (required)")
-    parser.add_argument("--curves", help="per-step curves: a results directory with metrics.jsonl, or a .csv / .parquet "
-                        "(default: the --results directory's own metrics.jsonl files)")
-    parser.add_argument("--fit", help="fitted law JSON (fits/NAME.json); without it figures 1-3 are skipped")
-    parser.add_argument("--compute", nargs="+", help="compute budgets C in 16-bit FLOPs (default: from the results)")
-    parser.add_argument("--out", default="paper_figures", help="output directory for the figures and REPORT.md")
-
-
-def main(args: argparse.Namespace) -> int:
-    from scaling import report
-
-    if not args.results:
-        raise ConfigError("results", args.results, "a results directory, .csv or .parquet (--results)")
-    results = load_results(args.results)
-    curves = None
-    if args.curves:
-        if not Path(args.curves).exists():
-            raise ConfigError("curves", args.curves, "an existing results directory, .csv or .parquet")
-        curves = curves_lib.load_curves(args.curves)
-    elif Path(args.results).is_dir():  # run directories carry their own metrics.jsonl
-        curves = curves_lib.load_curves(args.results)
-        curves = curves if not curves.empty else None
-    fit = load_fit(args.fit) if args.fit else None
-    computes = None
-    if args.compute:
-        computes = []
-        for text in args.compute:
-            try:
-                value = float(text)
-            except ValueError:
-                value = float("nan")
-            if not (math.isfinite(value) and value > 0):
-                raise ConfigError("compute", text, "a positive number of FLOPs, e.g. 1e18")
-            computes.append(value)
-    path = report.write_report(results, fit, args.out, curves=curves, compute=computes)
-    print(f"wrote {path}")
-    return 0

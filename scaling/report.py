@@ -10,6 +10,7 @@ figures whose inputs are absent are listed with the reason. The file is written 
 
 from __future__ import annotations
 
+import argparse
 import math
 from pathlib import Path
 from typing import Any, Sequence
@@ -17,8 +18,10 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from scaling import plots
-from scaling._io import atomic_write_text
+from scaling import curves as curves_lib
+from scaling import plots, study
+from scaling.errors import ConfigError
+from scaling._io import atomic_write_json, atomic_write_text
 
 # Chinchilla's compute-optimal ratio (Hoffmann et al. 2022), for the limitations paragraph.
 CHINCHILLA_TOKENS_PER_PARAM = 20.0
@@ -32,23 +35,6 @@ CHINCHILLA_TOKENS_PER_PARAM = 20.0
 def position(value: float, lo: float, hi: float) -> str:
     """'below', 'inside' or 'above' the closed interval [lo, hi]."""
     return "below" if value < lo else "above" if value > hi else "inside"
-
-
-def compare_with_range(p_star: float, ci: tuple[float, float] | None, name: str, lo: float, hi: float) -> str:
-    """One sentence placing our optimal precision (and its CI, if any) against a published range."""
-    where = position(p_star, lo, hi)
-    sentence = f"P* = {p_star:.3g} bits is {where} the {lo:g}–{hi:g} bit range of {name}"
-    if ci is None:
-        return sentence + " (no bootstrap CI, so the uncertainty is not quantified)."
-    a, b = ci
-    ci_text = f"95% CI {a:.3g}–{b:.3g} bits"
-    if b < lo or a > hi:
-        return sentence + f", and so is its whole {ci_text}: the data disagree with that range."
-    if a >= lo and b <= hi:
-        return sentence + f", and its whole {ci_text} lies inside it: the data agree with that range."
-    if where == "inside":
-        return sentence + f"; its {ci_text} extends beyond it, so the data are consistent with but do not pin down that range."
-    return sentence + f", but its {ci_text} overlaps it, so the disagreement is not significant."
 
 
 def _fmt(x: Any) -> str:
@@ -96,7 +82,7 @@ def what_was_run(all_rows: pd.DataFrame, ok: pd.DataFrame, corpus: str | None) -
         f"- Token budgets: {ok['D'].nunique()} distinct, D = {_span(ok['D'])} tokens; "
         f"tokens per parameter D/N = {_span(ok['D'] / ok['N'])}.",
         f"- Precisions: {precisions or '–'}; recipes: {recipes}.",
-        f"- Seeds: {ok['seed'].nunique() if 'seed' in ok.columns else '–'}.",
+        f"- Seeds per (sweep, size, recipe, tokens) cell: {_range_text(study._seeds_per_cell(ok))}.",
         f"- Corpus: {corpus or 'not recorded in the results table'}.",
     ]
     return "\n".join(lines)
@@ -149,7 +135,7 @@ def heldout_error(fit: Any, ok: pd.DataFrame) -> tuple[str, float | None]:
 
 def precision_gaps(ok: pd.DataFrame) -> pd.DataFrame:
     """Loss minus the FP32 run's at the same size, tokens and seed, for every other precision:
-    columns precision, N, D, gap (nats/token). Empty without FP32 runs to pair with."""
+    columns precision, N, D, gap (nats/byte). Empty without FP32 runs to pair with."""
     labelled = plots.with_precision(ok)
     keys = ["N", "D"] + (["seed"] if "seed" in ok.columns else [])
     base = labelled[labelled["precision"] == "FP32"].groupby(keys)["val_loss"].mean().rename("fp32")
@@ -168,7 +154,7 @@ def cost_of_precision(ok: pd.DataFrame, fit: Any) -> str:
     table = table.loc[plots.precision_order(table.index)]
     rows = [{"precision": name, **{f"D = {_fmt(d)}": f"{v:+.3f}" for d, v in row.items() if not math.isnan(v)}}
             for name, row in table.iterrows()]
-    text = ["Validation loss minus the FP32 run's at the same size, tokens and seed (nats/token), mean over "
+    text = ["Validation loss minus the FP32 run's at the same size, tokens and seed (nats/byte), mean over "
             "model sizes:", "", _markdown(pd.DataFrame(rows))]
     lowest = table.index[-1]
     mine = gaps[gaps["precision"] == lowest]
@@ -176,189 +162,101 @@ def cost_of_precision(ok: pd.DataFrame, fit: Any) -> str:
         # least squares within each size (size fixed effects): how the gap moves with D at a fixed N
         centred = mine.assign(log_d=np.log2(mine["D"]))
         centred[["log_d", "gap"]] -= centred.groupby("N")[["log_d", "gap"]].transform("mean")
-        slope = float((centred["log_d"] * centred["gap"]).sum() / (centred["log_d"] ** 2).sum())
+        sxx = float((centred["log_d"] ** 2).sum())
+        slope = float((centred["log_d"] * centred["gap"]).sum() / sxx)
+        dof = len(centred) - mine["N"].nunique() - 1
         first, last = table.loc[lowest].dropna().iloc[[0, -1]]
-        text += ["", f"{lowest}'s gap goes from {first:+.3f} at the fewest tokens to {last:+.3f} at the most; at a fixed "
-                 f"model size it {'grows' if slope > 0 else 'shrinks'} by {abs(slope):.3f} nats/token per doubling of "
-                 "the tokens."]
-        if fit is not None and fit.law == "kumar" and slope > 0:
-            text[-1] += (" The kumar law lowers only the effective parameter count, so its gap does not change with D: "
-                         "a gap that grows with D (as Kumar et al. found for post-training quantisation) means the law "
-                         "understates low precision's cost for long training and overstates it for short, and the "
-                         "sweet spot is likely to move to more bits at higher tokens per parameter than ours.")
+        text += ["", f"{lowest}'s gap goes from {first:+.3f} at the fewest tokens to {last:+.3f} at the most (mean over sizes)."]
+        if dof >= 1:
+            from scipy import stats
+
+            resid = centred["gap"] - slope * centred["log_d"]
+            se = math.sqrt(float((resid ** 2).sum()) / dof / sxx)
+            half = stats.t.ppf(0.975, dof) * se
+            ci = f"{slope:+.3f} nats/byte per doubling of the tokens (95% CI {slope - half:+.3f} to {slope + half:+.3f}, n = {len(centred)} points, size fixed effects)"
+            if slope - half > 0:
+                text[-1] += f" At a fixed model size it grows with D: {ci}; the `kumar` law's gap does not depend on D."
+            elif slope + half < 0:
+                text[-1] += f" At a fixed model size it shrinks with D: {ci}."
+            else:
+                text[-1] += f" Whether it changes with D at a fixed size, these data cannot tell: {ci}."
     return "\n".join(text)
 
 
-def sweet_spot(fit: Any, ok: pd.DataFrame, computes: Sequence[float]) -> tuple[str, list[dict]]:
-    """Per budget: the law's optimum with its bootstrap CI, the per-precision table and the measured runs."""
-    found, parts = [], []
-    for compute in computes:
-        best = plots.optimum(fit, compute)
-        ci = plots.optimal_p_interval(fit, compute)
-        found.append({"compute": compute, "P": float(best["P"]), "ci": ci, "N": best["N"], "D": best["D"], "loss": best["loss"]})
-        ci_text = f" (95% bootstrap CI {ci[0]:.3g}–{ci[1]:.3g} bits)" if ci else " (no bootstrap CI)"
-        parts.append(f"### C = {_fmt(compute)} FLOPs (16-bit units)\n\n"
-                     f"Compute-optimal precision **P* = {best['P']:.3g} bits**{ci_text}, at N = {_fmt(best['N'])}, "
-                     f"D = {_fmt(best['D'])}, predicted loss {best['loss']:.4g}.")
-        sizes = plots.fitted_sizes(fit)
-        if sizes and sizes[0] < sizes[1] and not sizes[0] <= best["N"] <= sizes[1]:
-            inside = plots.optimum(fit, compute, n_range=sizes)
-            found[-1]["P_within_sizes"] = float(inside["P"])
-            parts.append(extrapolation_check(best, inside, sizes))
-        parts.append("")
-        table = plots.loss_vs_precision(fit, compute, sorted(plots.NAMED_BITS.values(), reverse=True))
-        table = table.sort_values("P", ascending=False)
-        measured = plots.measured_at(ok, compute, fit)
-        best_runs = plots.best_measured(measured)
-        if best_runs["precision"].nunique() > 1:
-            found[-1]["measured_best"] = best_runs.loc[best_runs["loss"].idxmin()].to_dict()
-            found[-1]["measured"] = best_runs
-        rows = []
-        for point in table.to_dict("records"):
-            mine = best_runs[best_runs["P"] == point["P"]]
-            rows.append({"P (bits)": f"{point['P']:g}", "N* (params)": point["N"], "D* (tokens)": point["D"],
-                         "law loss at N*, D*": point["loss"], "best measured loss": _measured_cell(mine),
-                         "law loss at that run's N, D": mine["law"].iloc[0] if len(mine) else None})
-        parts.append(_markdown(pd.DataFrame(rows)))
-        if best_runs["precision"].nunique() == 1:
-            parts.append(f"\nDirect test: only {best_runs['precision'].iloc[0]} was measured within "
-                         f"×{plots.COMPUTE_MATCH_FACTOR:g} of this budget, so there is nothing to compare.")
-        elif not measured.empty:
-            law_winner = plots.precision_label(table.loc[table["loss"].idxmin(), "P"])
-            parts.append("\n" + direct_test(best_runs, law_winner, int(measured["n"].sum())))
-        else:
-            parts.append("\nDirect test: no measured runs within "
-                         f"×{plots.COMPUTE_MATCH_FACTOR:g} of this budget (run experiments/isocompute.toml).")
-        parts.append("")
-    if len(found) > 1:
-        ps = [f"{f['P']:.3g}" for f in found]
-        parts.append(f"P* is {ps[0]} bits at {_all_budgets(len(found))}." if len(set(ps)) == 1 else
-                     f"Across the {len(found)} budgets P* ranges {min(f['P'] for f in found):.3g}–"
-                     f"{max(f['P'] for f in found):.3g} bits.")
-        parts.append("")
-    return "\n".join(parts), found
-
-
-def extrapolation_check(best: dict, inside: dict, sizes: tuple[float, float]) -> str:
-    """The law's optimum N lies outside the fitted sizes: say how far, and what the law picks inside them."""
-    factor = max(sizes[0] / best["N"], best["N"] / sizes[1])
-    verdict = ("the same precision, so P* does not hinge on the extrapolation" if abs(inside["P"] - best["P"]) < 0.5 else
-               "a different precision: P* hinges on extrapolating the size term, and these data do not determine it")
-    return (f"This N lies ×{factor:,.0f} outside the model sizes the law was fitted on ({_fmt(sizes[0])}–{_fmt(sizes[1])}). "
-            f"Restricted to those sizes, the law's optimum is P = {inside['P']:.3g} bits (N = {_fmt(inside['N'])}, "
-            f"D = {_fmt(inside['D'])}, predicted loss {inside['loss']:.4g}): {verdict}.")
-
-
-def direct_test(best_runs: pd.DataFrame, law_winner: str, n_runs: int) -> str:
-    """Whether the precision with the lowest measured loss at a budget is the law's best named precision,
-    and whether the gap to the law's choice is larger than the seeds' spread (2 standard errors)."""
-    winner = best_runs.loc[best_runs["loss"].idxmin()]
-    text = (f"Direct test: among runs within ×{plots.COMPUTE_MATCH_FACTOR:g} of this budget ({n_runs} runs at "
-            f"{best_runs['precision'].nunique()} precisions), the lowest measured loss is {winner['precision']} "
-            f"({winner['loss']:.4g} at N = {_fmt(winner['N'])}); ")
-    if winner["precision"] == law_winner:
-        return text + f"this agrees with the law's best named precision ({law_winner})."
-    text += f"this differs from the law's best named precision ({law_winner})"
-    rival = best_runs[best_runs["precision"] == law_winner]
-    if rival.empty:
-        return text + ", which was not measured at this budget."
-    rival = rival.iloc[0]
-    gap = float(rival["loss"] - winner["loss"])
-    if min(winner["n"], rival["n"]) < 2:
-        return text + f" by {gap:.3g} nats/token, with a single run on one side: no error bar to judge it by."
-    se = math.sqrt(winner["sd"] ** 2 / winner["n"] + rival["sd"] ** 2 / rival["n"])
-    judged = "more" if gap > 2 * se else "less"
-    return text + f" by {gap:.3g} nats/token, {judged} than twice its standard error ({se:.2g})."
-
-
-def _measured_cell(rows: pd.DataFrame) -> str:
-    if rows.empty:
-        return "–"
-    r = rows.iloc[0]
-    spread = f" ± {r['sd']:.2g}" if r["n"] > 1 else ""
-    return f"{r['loss']:.4g}{spread} (N = {_fmt(r['N'])}, {int(r['n'])} run{'s' if r['n'] > 1 else ''})"
-
-
-def summary(found: list[dict], law: str) -> str:
-    """The findings in a few sentences: the law's sweet spot and its CI, what the direct test measured
-    at each budget (winner, runner-up, whether the gap exceeds the seeds' spread), and both against
-    the published ranges."""
-    if not found:
-        return "No compute budget to report at, so no sweet spot."
-    stars = {round(f["P"], 2) for f in found}
-    f0 = found[0]
-    ci = f" (95% bootstrap CI {f0['ci'][0]:.3g}–{f0['ci'][1]:.3g} bits)" if f0["ci"] else " (no bootstrap CI)"
-    if len(stars) == 1:
-        where = f", the same at {_all_budgets(len(found))}" if len(found) > 1 else f" at C = {_fmt(f0['compute'])}"
-        lines = [f"- **The fitted `{law}` law puts the compute-optimal precision at P* = {f0['P']:.3g} bits**{ci}"
-                 f"{where}."]
-    else:
-        lines = [f"- The fitted `{law}` law's compute-optimal precision ranges "
-                 f"{min(f['P'] for f in found):.3g}–{max(f['P'] for f in found):.3g} bits across the {len(found)} budgets."]
-    inside = [f for f in found if f.get("P_within_sizes") is not None and abs(f["P_within_sizes"] - f["P"]) >= 0.5]
-    if inside:
-        lines.append(f"- At {len(inside)} of {len(found)} budgets that optimum needs a model size outside the fitted "
-                     "ones, and restricted to the fitted sizes the law picks another precision: the sweet spot rests on "
-                     "extrapolating N.")
-    for f in found:
-        runs = f.get("measured")
-        if runs is None:
-            continue
-        ranked = runs.sort_values("loss").reset_index(drop=True)
-        first, second = ranked.iloc[0], ranked.iloc[1]
-        text = (f"- **Measured directly at C = {_fmt(f['compute'])}** (each precision at its best measured size for "
-                f"that budget): {first['precision']} has the lowest loss, {_mean_sd(first)}, ahead of "
-                f"{second['precision']}, {_mean_sd(second)}")
-        gap = float(second["loss"] - first["loss"])
-        if min(first["n"], second["n"]) >= 2:
-            se = math.sqrt(first["sd"] ** 2 / first["n"] + second["sd"] ** 2 / second["n"])
-            text += (f": a gap of {gap:.3g} nats/token, {'more' if gap > 2 * se else 'less'} than twice its standard "
-                     f"error ({se:.2g}).")
-        else:
-            text += f": a gap of {gap:.3g} nats/token with a single run on one side, so no error bar to judge it by."
-        order = " < ".join(f"{r['precision']} {r['loss']:.4g}" for _, r in ranked.iterrows())
-        lines.append(text + f" All: {order}.")
-    if inside:
-        evidence = ("; the direct measurements above are the evidence (see the comparison below)"
-                    if any(f.get("measured") is not None for f in found) else
-                    ", and no run was measured at these budgets (the full preset's iso-compute sweep measures them)")
-        lines.append("- Against the published sweet spots: the law's P* rests on extrapolating N, so it neither confirms "
-                     f"nor contradicts them{evidence}.")
-    else:
-        lines.append("- Against the published sweet spots: " + " ".join(
-            compare_with_range(f0["P"], f0["ci"], name, lo, hi) for name, (lo, hi) in plots.PUBLISHED.items()))
+def findings_section(f: dict) -> str:
+    """Per budget: each recipe's IsoFLOP minimum with its CI, runs and P(best); the verdict sentence."""
+    unit = f["loss_unit"]
+    lines = [f"Compute in 16-bit FLOP units, cost model *{f['cost_model']}*. Loss in {unit}. "
+             f"{f['runs']} runs; seeds per (size, recipe, tokens) cell: {_range_text(f['seeds_per_cell'])}."]
+    if not f["budgets"]:
+        return "\n".join(lines + ["", "No budget is reached by three or more sizes of two recipes: "
+                                   "no IsoFLOP profile can be fitted, so the data cannot tell which precision is best."])
+    for b in f["budgets"]:
+        lines += ["", f"**C = {_fmt(b['budget'])}.** " + _verdict_sentence(b, unit), "",
+                  "| recipe | effective bits | runs (sizes) | IsoFLOP minimum | 95% CI | at N | P(best) |",
+                  "| --- | --- | --- | --- | --- | --- | --- |"]
+        for e in sorted(b["recipes"], key=lambda e: (e["loss"] is None, e["loss"] or 0)):
+            if e["loss"] is None:
+                lines.append(f"| {e['recipe']} | {e['bits_eff']:.3g} | {e['runs']} ({e['sizes']}) | too few sizes | – | – | – |")
+                continue
+            ci = f"{e['ci'][0]:.4g}–{e['ci'][1]:.4g}" if e["ci"] else "–"
+            at = _fmt(e["N_opt"]) + ("" if e["inside"] else " (edge)")
+            p_best = f"{e['p_best']:.2f}" if e["p_best"] is not None else "–"
+            lines.append(f"| {e['recipe']} | {e['bits_eff']:.3g} | {e['runs']} ({e['sizes']}) | {e['loss']:.4g} | {ci} | {at} | {p_best} |")
+    interp = sum(e["interpolated"] for b in f["budgets"] for e in b["recipes"])
+    if interp:
+        lines += ["", f"{interp} of the points were interpolated between a run's WSD cooldown evaluations (log loss "
+                  "linear in log D): these runs were not designed to land on the budgets."]
     return "\n".join(lines)
 
 
-def _mean_sd(row: pd.Series) -> str:
-    return f"{row['loss']:.4g} ± {row['sd']:.2g} ({int(row['n'])} runs)" if row["n"] > 1 else f"{row['loss']:.4g} (1 run)"
+def _range_text(r: Sequence[int]) -> str:
+    return f"{r[0]}" if r[0] == r[1] else f"{r[0]}-{r[1]}"
 
 
-def comparison(found: list[dict]) -> str:
-    """The law's P* and each budget's measured winner against the published ranges; a sentence that
-    holds at several budgets is written once, naming them."""
-    sentences: dict[str, list[str]] = {}
-    for f in found:
-        at = _fmt(f["compute"])
-        for name, (lo, hi) in plots.PUBLISHED.items():
-            inside = f.get("P_within_sizes")
-            if inside is not None and abs(inside - f["P"]) >= 0.5:
-                text = (f"the law's P* = {f['P']:.3g} bits is {position(f['P'], lo, hi)} the {lo:g}–{hi:g} bit "
-                        f"range of {name}, but restricted to the fitted model sizes it is {inside:.3g} bits, "
-                        f"{position(inside, lo, hi)} it: the law's sweet spot rests on extrapolating N, so the fit "
-                        "neither confirms nor contradicts that range.")
-            else:
-                text = "the law's " + compare_with_range(f["P"], f["ci"], name, lo, hi)
-            sentences.setdefault(text, []).append(at)
-        measured = f.get("measured_best")
-        if measured is not None:
-            n_runs = int(measured["n"])
-            where = "; ".join(f"{position(measured['P'], lo, hi)} the {lo:g}–{hi:g} bits of {name}"
-                              for name, (lo, hi) in plots.PUBLISHED.items())
-            text = (f"measured directly, the lowest loss is {measured['precision']} ({measured['P']:g} bits, "
-                    f"{n_runs} run{'s' if n_runs > 1 else ''}): {where}.")
-            sentences.setdefault(text, []).append(at)
-    return "\n".join(f"- At C = {', '.join(budgets)}: {text}" for text, budgets in sentences.items())
+def _verdict_sentence(b: dict, unit: str) -> str:
+    if b["winner"]:
+        w = next(e for e in b["recipes"] if e["recipe"] == b["winner"])
+        return (f"{b['winner']} has the lowest IsoFLOP minimum, {b['diff']:.3f} {unit} below {b['runner_up']} "
+                f"(95% CI of the difference {b['diff_ci'][0]:.3f}–{b['diff_ci'][1]:.3f}; {w['runs']} runs; "
+                f"P(best) = {w['p_best']:.2f}; run-to-run noise {b['sigma']:.3f} on {b['dof']} dof).")
+    noise = f" Run-to-run noise {b['sigma']:.3f} {unit} on {b['dof']} dof." if b["sigma"] else ""
+    reason = b["reason"][0].upper() + b["reason"][1:]
+    return f"No winner. {reason}.{noise}"
+
+
+def pstar_section(f: dict) -> str:
+    """P* per budget: the chosen law's value, its bootstrap CI, the specification range, the verdicts."""
+    if not f["P_star"]:
+        return "No precision-aware law was fitted, so there is no P*."
+    law = f["law"]["name"]
+    lines = []
+    for e in f["P_star"]:
+        if "error" in e:
+            lines.append(f"- C = {_fmt(e['compute'])}: no optimum ({e['error']}).")
+            continue
+        ci = f"bootstrap 95% CI {e['P_ci'][0]:.3g}–{e['P_ci'][1]:.3g}" if e.get("P_ci") else "no bootstrap CI"
+        rng = e.get("P_range")
+        rng_text = f"{rng[0]:.3g}–{rng[1]:.3g} bits across {len(e['specifications'])} specifications" if rng else "–"
+        verdicts = "; ".join(f"{'inside' if v == 'inside' else 'outside'} {name}'s {a:g}–{b:g} bits" if v != "cannot tell"
+                             else f"whether it lies in {name}'s {a:g}–{b:g} bits, cannot tell"
+                             for name, (a, b), v in ((n, r, e["published"][n]) for n, r in _published().items()))
+        lines.append(f"- C = {_fmt(e['compute'])}: the `{law}` law gives P* = {e['P']:.3g} bits ({ci}); "
+                     f"the specification range is {rng_text}. Taking both together (P* in "
+                     f"{e['interval'][0]:.3g}–{e['interval'][1]:.3g} bits): {verdicts}.")
+    spec = f["P_star"][0].get("specifications") or []
+    if spec:
+        lines += ["", "Specifications at the first budget (law and exponents × cost model):", "",
+                  "| specification | cost model | P* | N | D |", "| --- | --- | --- | --- | --- |"]
+        lines += [f"| {r['spec']} | {r['cost_model']} | " + (f"{r['P']:.3g} | {_fmt(r['N'])} | {_fmt(r['D'])} |"
+                  if "P" in r else f"{r.get('error', '–')} | – | – |") for r in spec]
+    return "\n".join(lines)
+
+
+def _published() -> dict:
+    from scaling import study
+
+    return study.PUBLISHED
 
 
 def limitations(ok: pd.DataFrame, fit: Any | None, found: list[dict], heldout: float | None) -> str:
@@ -424,10 +322,6 @@ def _corpus(results: pd.DataFrame) -> str | None:
     return None
 
 
-def _all_budgets(n: int) -> str:
-    return "both budgets" if n == 2 else f"all {n} budgets"
-
-
 def _allocation_note(fit_result) -> str:
     """How the fitted exponents split compute between N and D (Chinchilla: N* ∝ C^(β/(α+β)))."""
     params = {} if fit_result is None else fit_result.params
@@ -440,14 +334,26 @@ def _allocation_note(fit_result) -> str:
             " what the fit implies, not as a training plan.")
 
 
+# N* ∝ C^(beta / (alpha + beta)): Hoffmann et al. 2022 find 0.46-0.50, Kaplan et al. 2020 0.73
+LITERATURE_SPLIT = (0.4, 0.75)
+
+
+def literature_exponents(fit: Any) -> bool:
+    """Whether a fit's exponents split compute between N and D as the published laws do."""
+    if fit is None or not {"alpha", "beta"} <= set(fit.params):
+        return False
+    a, b = fit.params["alpha"], fit.params["beta"]
+    return a > 0 and b > 0 and LITERATURE_SPLIT[0] <= b / (a + b) <= LITERATURE_SPLIT[1]
+
+
 def write_report(results_df: pd.DataFrame, fit_result: Any, out_dir: str | Path, *, curves: pd.DataFrame | None = None,
                  plan_table: pd.DataFrame | None = None, compute: float | Sequence[float] | None = None) -> Path:
     """Make every figure into `out_dir` and write out_dir/REPORT.md; returns the report's path."""
     out_dir = Path(out_dir)
     ok = plots.validate_results(results_df)
-    fitted, law_rows = plots.study_part(ok, "main"), plots.study_part(ok, "law")  # see plots.study_part
-    computes = ([compute] if isinstance(compute, (int, float)) else list(compute)) if compute is not None \
-        else plots.default_budgets(ok)
+    fitted = study.study_part(ok, "main")
+    budgets = ([compute] if isinstance(compute, (int, float)) else list(compute)) if compute is not None else None
+    computes = budgets or plots.default_budgets(ok)
     table = plan_table if plan_table is not None else plots.cluster_time_table(fit_result)
     figures = plots.make_figures(results_df, fit_result, out_dir, curves=curves, computes=computes, plan_table=table)
 
@@ -463,6 +369,10 @@ def write_report(results_df: pd.DataFrame, fit_result: Any, out_dir: str | Path,
                 ""]
     found: list[dict] = []
     heldout = None
+    facts = study.findings(fitted if not fitted.empty else ok, fit_result, budgets=budgets, noise_rows=ok)
+    atomic_write_json(out_dir / "findings.json", facts)
+    sections[4:4] = ["## Findings: the sweet spot, measured (IsoFLOP profiles)", "", findings_section(facts), "",
+                     "## P*: the law's compute-optimal precision, with its uncertainty", "", pstar_section(facts), ""]
     if fit_result is not None and not ok.empty:
         error_text, heldout = heldout_error(fit_result, fitted)
         sections += ["## Fitted law", "", fitted_law(fit_result), "", error_text, ""]
@@ -471,16 +381,9 @@ def write_report(results_df: pd.DataFrame, fit_result: Any, out_dir: str | Path,
             sections += ["## The cost of low precision, by tokens", "", gap_text, ""]
         if not plots.precision_term(fit_result):
             sections += [f"The `{fit_result.law}` law has no precision term, so it cannot locate a sweet spot; "
-                         "fit a precision-aware law (`scaling fit --law kumar`).", ""]
-        elif computes:
-            text, found = sweet_spot(fit_result, law_rows, computes)
-            sections[4:4] = ["## Summary", "", summary(found, fit_result.law), ""]
-            sections += ["## The sweet spot", "",
-                         f"Cost model {plots.COST_MODEL}: at one budget FP16 trains a 2× larger model than FP32, "
-                         "FP8 4×, FP4 8× (same tokens).", "", text,
-                         "## Comparison with published sweet spots", "", comparison(found), ""]
+                         "fit a precision-aware law (`scaling fit --law auto`).", ""]
     else:
-        sections += ["## Fitted law", "", "No fitted law was given (`--fit`), so there is no sweet spot to report.", ""]
+        sections += ["## Fitted law", "", "No fitted law was given (`--fit`), so there is no P* to report.", ""]
     sections += ["## Figures", ""]
     for fig in figures:
         if isinstance(fig, plots.Figure):
@@ -492,14 +395,95 @@ def write_report(results_df: pd.DataFrame, fit_result: Any, out_dir: str | Path,
         sections += ["Skipped figures (their inputs are absent):", ""]
         sections += [f"- Figure {s.number} ({s.title}): skipped, {s.reason}." for s in skipped]
         sections += [""]
-    sections += ["## Training time on GPU clusters", "",
-                 f"From `scaling.plan` on {table.attrs.get('gpu', 'GPUs')} (FLOPs = 6·N·D; a P-bit recipe runs at "
-                 "the narrowest hardware format with ≥ P bits). Rows labelled *law optimum* give our fitted law's "
-                 f"compute-optimal (N, D) per precision at C = {_fmt(plots.CLUSTER_COMPUTE)} (DeepSeek-V3's budget): an "
-                 f"extrapolation far beyond the measured sizes.{_allocation_note(fit_result)}", "",
-                 plots.table_markdown(table), ""]
+    if literature_exponents(fit_result):
+        sections += ["## Training time on GPU clusters (extrapolation)", "",
+                     f"From `scaling.plan` on {table.attrs.get('gpu', 'GPUs')} (FLOPs = 6·N·D; a P-bit recipe runs at "
+                     "the narrowest hardware format with ≥ P bits). Rows labelled *law optimum* give our fitted law's "
+                     f"compute-optimal (N, D) per precision at C = {_fmt(plots.CLUSTER_COMPUTE)} (DeepSeek-V3's budget): an "
+                     f"extrapolation far beyond the measured sizes.{_allocation_note(fit_result)}", "",
+                     plots.table_markdown(table), ""]
+    elif fit_result is not None and {"alpha", "beta"} <= set(fit_result.params):
+        a, b = fit_result.params["alpha"], fit_result.params["beta"]
+        sections += ["## Training time on GPU clusters", "",
+                     f"Not extrapolated: the fitted exponents (alpha {a:.3g}, beta {b:.3g}) split compute as "
+                     f"N* ∝ C^{b / (a + b):.2f}, outside the published {LITERATURE_SPLIT[0]:g}-{LITERATURE_SPLIT[1]:g} "
+                     "(Hoffmann et al. 2022; Kaplan et al. 2020), so a cluster-scale allocation from them would "
+                     "not be credible. `scaling plan --flops` still gives days for any budget.", ""]
     if not ok.empty:
         sections += ["## Limitations", "", limitations(fitted, fit_result, found, heldout), ""]
     path = out_dir / "REPORT.md"
     atomic_write_text(path, "\n".join(sections))
     return path
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI: scaling figures
+# ---------------------------------------------------------------------------------------------
+
+
+def load_fit(path: str | Path) -> Any:
+    """A fitted law from fits/NAME.json; an unreadable or malformed file is a ConfigError."""
+    from scaling import fit
+
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError("fit", str(path), "an existing fitted-law JSON file (fits/NAME.json)")
+    try:
+        return fit.FitResult.from_json(path)
+    except ConfigError:
+        raise
+    except (ValueError, KeyError, TypeError) as e:  # a JSON that parses but is not a fit
+        raise ConfigError("fit", str(path), f"a fitted-law JSON written by `scaling fit` ({type(e).__name__}: {e})") from e
+
+
+def load_results(path: str | Path) -> pd.DataFrame:
+    from scaling import results
+
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError("results", str(path), "an existing results directory, .csv or .parquet")
+    try:
+        return results.load(path)
+    except (ValueError, OSError) as e:
+        raise ConfigError("results", str(path), f"a results directory, .csv or .parquet ({e})") from e
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = ("Regenerate every figure and REPORT.md from results and a fitted law (no training). "
+                          "Example: scaling figures --results results/ladder.csv --curves results/ladder_curves.parquet "
+                          "--fit fits/ladder.json --out paper_figures/")
+    parser.add_argument("--results", help="results directory, or a committed .csv / .parquet summary (required)")
+    parser.add_argument("--curves", help="per-step curves: a results directory with metrics.jsonl, or a .csv / .parquet "
+                        "(default: the --results directory's own metrics.jsonl files)")
+    parser.add_argument("--fit", help="fitted law JSON (fits/NAME.json); without it figures 1-3 are skipped")
+    parser.add_argument("--compute", nargs="+", help="compute budgets C in 16-bit FLOPs (default: from the results)")
+    parser.add_argument("--out", default="paper_figures", help="output directory for the figures and REPORT.md")
+
+
+def main(args: argparse.Namespace) -> int:
+    if not args.results:
+        raise ConfigError("results", args.results, "a results directory, .csv or .parquet (--results)")
+    results = load_results(args.results)
+    curves = None
+    if args.curves:
+        if not Path(args.curves).exists():
+            raise ConfigError("curves", args.curves, "an existing results directory, .csv or .parquet")
+        curves = curves_lib.load_curves(args.curves)
+    elif Path(args.results).is_dir():  # run directories carry their own metrics.jsonl
+        curves = curves_lib.load_curves(args.results)
+        curves = curves if not curves.empty else None
+    fit = load_fit(args.fit) if args.fit else None
+    computes = None
+    if args.compute:
+        computes = []
+        for text in args.compute:
+            try:
+                value = float(text)
+            except ValueError:
+                value = float("nan")
+            if not (math.isfinite(value) and value > 0):
+                raise ConfigError("compute", text, "a positive number of FLOPs, e.g. 1e18")
+            computes.append(value)
+    path = write_report(results, fit, args.out, curves=curves, compute=computes)
+    print(f"wrote {path}")
+    return 0

@@ -285,3 +285,134 @@ def precision_gaps(df: pd.DataFrame) -> pd.DataFrame:
     base = df[df["recipe"] == ref].groupby(keys, as_index=False)["val_loss"].mean().rename(columns={"val_loss": "ref"})
     merged = df[df["recipe"] != ref].merge(base, on=keys)
     return merged.assign(gap=merged["val_loss"] - merged["ref"])[["recipe", *keys, "gap"]]
+
+
+# ----------------------------------------------------------------------------- findings
+
+PUBLISHED = {"Kumar et al. 2024": (7.0, 8.0), "Sun et al. 2025": (4.0, 8.0)}
+KAPPAS = (2.0, 4.0)  # fixed-kappa alternatives to a kumar-family fit's kappa = 3 (plus kappa fitted)
+
+
+def loss_unit(df: pd.DataFrame) -> str:
+    """'nats/byte' for byte-tokenised corpora (every corpus the toolkit trains on today), else 'nats/token'."""
+    if "tokenizer" in df.columns and df["tokenizer"].dropna().astype(str).ne("bytes").any():
+        return "nats/token"
+    return "nats/byte"
+
+
+def verdict(interval: Sequence[float] | None, lo: float, hi: float) -> str:
+    """A published range against our P* interval (CI and specification range together): 'inside' if
+    the whole interval lies in [lo, hi], 'outside' if none of it does, else 'cannot tell'."""
+    if interval is None:
+        return "cannot tell"
+    a, b = interval
+    if lo <= a and b <= hi:
+        return "inside"
+    if b < lo or a > hi:
+        return "outside"
+    return "cannot tell"
+
+
+def specification_fits(df: pd.DataFrame, fit: Any, loss_column: str = "val_loss") -> list[tuple[str, Any]]:
+    """The fits P* is reported across: the chosen law; for a law with kappa, kappa at each of KAPPAS
+    and fitted; every law the selection found within noise of the best (fit.selection)."""
+    from scaling import fit as fit_lib
+
+    out = [(f"{fit.law} (chosen{', kappa ' + format(fit.params['kappa'], 'g') if 'kappa' in fit.params else ''})", fit)]
+    rows = ok_rows(df)
+    if "kappa" in fit.params:
+        for kappa in (*KAPPAS, None):
+            fixed = {**(fit.fixed or {}), "kappa": kappa} if kappa is not None else \
+                {k: v for k, v in (fit.fixed or {}).items() if k != "kappa"}
+            try:
+                alt = fit_lib.fit_law(rows, fit.law, fixed=fixed, loss_column=loss_column)
+            except ConfigError:
+                continue
+            alt.data = {**alt.data, "shape": (fit.data or {}).get("shape")}
+            out.append((f"{fit.law}, kappa {'fitted' if kappa is None else format(kappa, 'g')}", alt))
+    for cand in (getattr(fit, "selection", None) or {}).get("candidates", []):
+        if cand.get("within_noise") and cand.get("params") and cand.get("law") != fit.law:
+            alt = fit_lib.FitResult(law=cand["law"], params=dict(cand["params"]), objective=0.0,
+                                    residuals=np.zeros(0), fixed=cand.get("fixed") or {}, data=fit.data)
+            out.append((f"{cand['law']} (within noise)", alt))
+    return out
+
+
+def findings(df: pd.DataFrame, fit: Any | None, *, cost: str = "bits", budgets: Sequence[float] | None = None,
+             n_boot: int = 2000, ci_samples: int = 100, loss_column: str = "val_loss",
+             noise_rows: pd.DataFrame | None = None) -> dict[str, Any]:
+    """Everything REPORT.md may claim, as numbers: per budget the IsoFLOP analysis (each recipe's
+    effective bits, minimum loss, CI, runs, probability of being best; winner or None), and P* at
+    each budget with its bootstrap CI (chosen law, chosen cost model), its specification range
+    (across specification_fits x optimal.cost_models) and the verdict against each published range.
+    noise_rows: the table whose seed replicates measure run-to-run noise (default df)."""
+    from scaling import optimal
+
+    cost_model = compute_lib.get(cost)
+    main = compute_lib.backfill(ok_rows(df))
+    costable = "flops_fprop" in main.columns and main["flops_fprop"].notna().all()
+    if not budgets:
+        budgets = default_budgets(main, cost_model) if costable else []
+    out: dict[str, Any] = {
+        "loss_unit": loss_unit(df), "cost_model": cost_model.describe(),
+        "runs": int(main["run_id"].nunique()) if "run_id" in main.columns else len(main),
+        "seeds_per_cell": _seeds_per_cell(main),
+        "budgets": analyse(main, budgets, cost_model, n_boot=n_boot,
+                           noise=replicate_noise(df if noise_rows is None else noise_rows)) if costable else [],
+        "note": None if costable else "the results do not record FLOPs by part (nor size, recipe and "
+                                      "flops_per_token to derive them), so no run can be placed at a budget",
+        "law": None, "P_star": [],
+    }
+    if fit is None:
+        return out
+    out["law"] = {"name": fit.law, "params": fit.params, "fixed": fit.fixed,
+                  "heldout": fit.heldout, "selection": getattr(fit, "selection", None)}
+    if not ({"P", "P_w", "P_a", "P_g", "P_fwd", "P_bwd", "ebits", "qerr_w"} & set(_law_columns(fit))):
+        return out
+    if not (fit.data or {}).get("shape"):  # the fit's runs' unquantised share, for the cost of a hypothetical model
+        import copy
+
+        fit = copy.copy(fit)
+        fit.data = {**(fit.data or {}), "shape": compute_lib.Shape.from_results(compute_lib.backfill(main)).to_dict()}
+    specs = specification_fits(main, fit, loss_column)
+    costs = optimal.cost_models(fit)
+    chosen_cost = optimal.Cost(model=cost_model, shape=optimal.shape_of(fit))
+    # no IsoFLOP budget: the law is still read at the largest compute a run reached
+    at = budgets or ([float(with_cost(main, cost_model)["C"].max())] if costable else [])
+    for c in at:
+        entry: dict[str, Any] = {"compute": float(c)}
+        try:
+            best = optimal.optimal_precision(fit, c, cost=chosen_cost, p_range=(2.0, 32.0))
+            entry.update(P=best["P"], N=best["N"], D=best["D"])
+            if len(getattr(fit, "samples", [])) >= 2:
+                entry["P_ci"] = list(optimal.optimal_precision_ci(fit, c, cost=chosen_cost, p_range=(2.0, 32.0),
+                                                                  max_samples=ci_samples)["P"])
+            else:
+                entry["P_ci"] = None
+        except ConfigError as e:
+            entry["error"] = str(e)
+            out["P_star"].append(entry)
+            continue
+        spec = optimal.specification_range(specs, c, costs)
+        entry.update(P_range=spec["P_range"], specifications=spec["table"])
+        lo = min([entry["P"], *(entry["P_ci"] or []), *(spec["P_range"] or [])])
+        hi = max([entry["P"], *(entry["P_ci"] or []), *(spec["P_range"] or [])])
+        entry["interval"] = [lo, hi]
+        entry["published"] = {name: verdict([lo, hi], a, b) for name, (a, b) in PUBLISHED.items()}
+        out["P_star"].append(entry)
+    return out
+
+
+def _law_columns(fit: Any) -> tuple[str, ...]:
+    from scaling import laws
+
+    return laws.get(fit.law).columns
+
+
+def _seeds_per_cell(df: pd.DataFrame) -> list[int]:
+    """[min, max] number of seeds per (sweep, recipe, N, D) cell."""
+    if df.empty or "seed" not in df.columns:
+        return [1, 1]
+    keys = [k for k in ("sweep", "recipe", "N", "D") if k in df.columns]
+    n = df.groupby(keys)["seed"].nunique()
+    return [int(n.min()), int(n.max())]

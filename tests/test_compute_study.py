@@ -169,3 +169,21 @@ def test_points_interpolate_between_cooldowns_but_never_extrapolate():
     assert study.points_at(run, per_token * 8e5, compute.get("bits")).empty
     exact = study.points_at(run, per_token * 4e5, compute.get("bits"))
     assert not exact["interpolated"].any() and exact["loss"].iloc[0] == 1.5
+
+
+def test_findings_and_report_claim_no_winner_on_noise_only():
+    from scaling import report
+
+    runs = _isoflop_runs({"fp8": 0.0, "mxfp4": 0.0}, noise=0.02, rng=5)
+    facts = study.findings(runs, None, budgets=[1e12])
+    assert [b["winner"] for b in facts["budgets"]] == [None] and facts["loss_unit"] == "nats/byte"
+    text = report.findings_section(facts)
+    assert "No winner" in text and "has the lowest" not in text
+    clear = study.findings(_isoflop_runs({"fp8": 0.0, "mxfp4": 0.3}, noise=0.005), None, budgets=[1e12])
+    assert clear["budgets"][0]["winner"] == "fp8" and "fp8 has the lowest" in report.findings_section(clear)
+
+
+def test_published_range_verdicts_use_the_whole_interval():
+    assert study.verdict([7.2, 7.9], 7, 8) == "inside"
+    assert study.verdict([3.7, 5.4], 7, 8) == "outside"
+    assert study.verdict([3.8, 8.0], 7, 8) == "cannot tell" and study.verdict([3.8, 8.0], 4, 8) == "cannot tell"

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from scaling import cli, laws, optimal
+from scaling import cli, compute, laws, optimal
 from scaling.errors import ConfigError
 from scaling.fit import FitResult
 
@@ -16,13 +16,22 @@ def result(law, params, **kwargs) -> FitResult:
     return FitResult(law=law, params=dict(params), objective=0.0, residuals=np.zeros(0), **kwargs)
 
 
+SHAPE = compute.Shape(knots_N=(1e6, 1e9), knots_ratio=(1.0, 0.25))  # unquantised FLOPs per dense FLOP
+
+
 def test_cost_model_hand_computed():
     assert optimal.Cost().compute(1e9, 1e10, 8) == pytest.approx(6e19 * 8 / 16)  # (6/16)·N·D·P
-    half = optimal.Cost(gemm_fraction=0.5)
-    assert half.compute(1e9, 1e10, 8) == pytest.approx(6e19 * (0.5 * 8 / 16 + 0.5))
-    assert half.tokens(1e9, half.compute(1e9, 1e10, 8), 8) == pytest.approx(1e10)
-    with pytest.raises(ConfigError, match="gemm_fraction"):
-        optimal.Cost(gemm_fraction=1.5)
+    shared = optimal.Cost(shape=SHAPE)  # at N = 1e9 a quarter more FLOPs, left in BF16
+    assert shared.compute(1e9, 1e10, 8) == pytest.approx(6e19 * (8 / 16 + 0.25 * 1.0))
+    assert shared.compute(1e9, 1e10, 32) == pytest.approx(6e19 * 2 * 1.25)  # the FP32 run: all at 32 bits
+    assert shared.tokens(1e9, shared.compute(1e9, 1e10, 8), 8) == pytest.approx(1e10)
+    mx = optimal.Cost(overhead=0.25)
+    assert mx.compute(1e9, 1e10, 4) == pytest.approx(6e19 * 4.25 / 16)
+    h100 = optimal.Cost(model="h100")  # FP6 and FP8 GEMMs cost the same on H100; FP16 twice that
+    assert h100.compute(1e9, 1e10, 6) == h100.compute(1e9, 1e10, 8) == pytest.approx(6e19 * 989 / 1979)
+    assert h100.compute(1e9, 1e10, 16) == pytest.approx(6e19)
+    with pytest.raises(ConfigError, match="cost_model"):
+        optimal.Cost(model="abacus")
 
 
 @pytest.mark.parametrize("kappa", [3.0, 2.0])
@@ -53,7 +62,7 @@ def _brute_force(law, params, compute, precisions, cost=optimal.Cost()):
     return best
 
 
-@pytest.mark.parametrize("cost", [optimal.Cost(), optimal.Cost(gemm_fraction=0.6)])
+@pytest.mark.parametrize("cost", [optimal.Cost(), optimal.Cost(shape=SHAPE)])
 def test_optimum_equals_brute_force_grid_search(cost):
     precisions = [2, 3, 4, 5, 6, 8, 16, 32]
     fit = result("kumar", KUMAR)
@@ -141,3 +150,21 @@ def test_cli_optimal_prints_the_table(tmp_path, capsys):
     assert f"P = {best['P']:.3g} bits" in out and f"{best['loss']:.5f}" in out
     assert out.count("\n") >= 5
     assert cli.main(["optimal", str(tmp_path / "missing.json"), "--compute", "1e20"]) == 2
+
+
+def test_cli_optimal_json_reports_the_range_across_cost_models(tmp_path, capsys):
+    import json
+
+    fit = result("kumar", KUMAR, fixed={"kappa": 3.0}, data={"shape": SHAPE.to_dict()})
+    path = fit.to_json(tmp_path / "k.json")
+    assert cli.main(["optimal", str(path), "--compute", "1e20", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert {"P", "P_ci", "P_range", "N", "D", "law", "cost_model"} <= set(out)
+    lo, hi = out["P_range"]
+    assert lo <= out["P"] <= hi and out["law"] == "kumar" and out["P_ci"] is None
+    # the unquantised share makes low bits cheaper only in the quantised part: P* rises above gamma·x
+    every_flop = optimal.optimal_precision(fit, 1e20, cost=optimal.Cost())["P"]
+    shared = optimal.optimal_precision(fit, 1e20, cost=optimal.Cost(shape=SHAPE))["P"]
+    assert shared > every_flop + 0.5 and hi >= shared
+    # on H100 a GEMM costs the same from 5 to 8 bits, so the law takes all 8
+    assert optimal.optimal_precision(fit, 1e20, cost=optimal.Cost(model="h100", shape=SHAPE))["P"] == pytest.approx(8, abs=0.05)

@@ -178,7 +178,8 @@ def test_reproduce_reuses_landed_runs_and_reports_only_the_presets_own(tmp_path,
     fitted = json.loads((out / "fits" / "repro.json").read_text())
     assert fitted["law"] == "kumar" and fitted["data"]["n_points"] == len(table) == 12
     text = report.read_text()
-    assert report == out / "paper_figures" / "REPORT.md" and "**P* = " in text
+    assert report == out / "paper_figures" / "REPORT.md" and "law gives P* = " in text
+    assert (out / "paper_figures" / "findings.json").is_file()
     assert (out / "paper_figures" / "fig1_sweet_spot.png").stat().st_size > 0
 
 
