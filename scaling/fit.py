@@ -20,6 +20,11 @@ scipy loop it must agree with (tests and benchmarks/bench_fit.py compare them).
 
 Bootstrap: resampling units (runs, by `run_id`, or rows) with replacement is a multinomial weight
 per row, so all resamples are one batched weighted float64 fit, started from the full-data optimum.
+
+Law selection (`select_law`, `scaling fit --law auto`): every candidate law is scored by how well it
+predicts held-out *precision gaps* (loss minus the matching high-precision run's loss) after leaving
+out the largest size or the longest budget; what matters for choosing a precision is the gap, not the
+loss level every law fits about equally well.
 """
 
 from __future__ import annotations
@@ -708,6 +713,17 @@ def _gaps(values: np.ndarray, ids: np.ndarray, ref: np.ndarray, rows: np.ndarray
     return pos, values[pos] - means[ids[pos]]
 
 
+def precision_gaps(df: pd.DataFrame, loss_column: str = "val_loss", reference: str | None = None) -> pd.Series:
+    """Each row's loss minus the mean loss of the reference rows with the same (N, D, seed if present);
+    NaN for the reference rows themselves and for rows with no matching reference run."""
+    index, df = df.index, df.reset_index(drop=True)
+    ref = reference_mask(df, reference)
+    pos, gaps = _gaps(pd.to_numeric(df[loss_column]).to_numpy(float), _match_ids(df), ref, np.ones(len(df), bool))
+    out = np.full(len(df), np.nan)
+    out[pos] = gaps
+    return pd.Series(out, index=index, name="gap")
+
+
 def _heldout_gap_errors(df: pd.DataFrame, cand: Candidate, by: str, loss_column: str, ref: np.ndarray,
                         ids: np.ndarray, fit_kwargs: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray] | str:
     """Fit on the rows below the largest `by`, predict the precision gaps of the held-out rows:
@@ -722,7 +738,10 @@ def _heldout_gap_errors(df: pd.DataFrame, cand: Candidate, by: str, loss_column:
     pos, measured = _gaps(pd.to_numeric(df[loss_column]).to_numpy(float), ids, ref, test)
     if len(pos) == 0:
         return f"no held-out row at the largest {by} has a matching reference run"
-    fitted = fit_law(df[~test], cand.law, fixed=cand.fixed, loss_column=loss_column, **fit_kwargs)
+    try:
+        fitted = fit_law(df[~test], cand.law, fixed=cand.fixed, loss_column=loss_column, **fit_kwargs)
+    except ConfigError as e:
+        return f"without the largest {by}: {e}"
     _, predicted = _gaps(fitted.predict(df), ids, ref, test)
     return pos, predicted - measured
 
@@ -742,6 +761,36 @@ def _finite(v: Any) -> Any:
     return float(v) if v is not None and np.isfinite(v) else None
 
 
+def _evaluate(df: pd.DataFrame, cand: Candidate, loss_column: str, ref: np.ndarray, ids: np.ndarray,
+              fit_kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], FitResult | None, dict]:
+    """One candidate: (its summary entry, its full-data fit or None, {split: (positions, gap errors)})."""
+    law = laws.get(cand.law)
+    entry: dict[str, Any] = {"name": cand.name, "law": cand.law, "fixed": cand.fixed}
+    reason = unfittable_reason(df, cand.law, cand.fixed, loss_column)
+    if reason is None:
+        try:
+            fitted = fit_law(df, cand.law, fixed=cand.fixed, loss_column=loss_column, **fit_kwargs)
+        except ConfigError as e:  # e.g. every start gave a non-finite objective
+            reason = str(e)
+    if reason is not None:
+        entry.update(fittable=False, reason=reason)
+        return entry, None, {}
+    loss = pd.to_numeric(df[loss_column]).to_numpy(float)
+    entry.update(fittable=True, reason=None, n_params=len(law.free_params(cand.fixed)),
+                 aic=aic(fitted, n=fitted.data["n_units"]), mare=mean_abs_rel_error(fitted.predict(df), loss),
+                 objective=fitted.objective, heldout_gap_mae={}, n_heldout={}, heldout_notes={})
+    errors = {}
+    for by in SELECTION_SPLITS:
+        got = _heldout_gap_errors(df, cand, by, loss_column, ref, ids, fit_kwargs)
+        if isinstance(got, str):
+            entry["heldout_gap_mae"][by], entry["n_heldout"][by], entry["heldout_notes"][by] = None, 0, got
+        else:
+            errors[by] = got
+            entry["heldout_gap_mae"][by], entry["n_heldout"][by] = float(np.mean(np.abs(got[1]))), int(len(got[0]))
+    entry["params"] = fitted.params
+    return entry, fitted, errors
+
+
 def _select(df: pd.DataFrame, candidates: Sequence[str] | None, loss_column: str, reference: str | None,
             fit_kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, FitResult]]:
     """select_law's summary plus the full-data FitResult of every fitted candidate (by name)."""
@@ -751,38 +800,19 @@ def _select(df: pd.DataFrame, candidates: Sequence[str] | None, loss_column: str
     if not isinstance(df, pd.DataFrame):
         raise ConfigError("df", type(df).__name__, "a pandas DataFrame")
     df = df.reset_index(drop=True)
-    cands = list(dict.fromkeys(candidates or default_candidates()))
-    parsed = [parse_candidate(c) for c in cands]
-    ref = reference_mask(df, reference)
-    ids = _match_ids(df)
+    parsed = [parse_candidate(c) for c in dict.fromkeys(candidates or default_candidates())]
+    ref, ids = reference_mask(df, reference), _match_ids(df)
     clusters = pd.factorize(df["run_id"])[0] if "run_id" in df.columns else np.arange(len(df))
     init = dict(fit_kwargs.get("init") or {})
     entries, fits, errors = [], {}, {}
     for cand in parsed:
-        law = laws.get(cand.law)
-        entry: dict[str, Any] = {"name": cand.name, "law": cand.law, "fixed": cand.fixed}
+        # An init grid applies to every law that has those params.
+        kwargs = {**fit_kwargs, "init": {k: v for k, v in init.items() if k in laws.get(cand.law).params}}
+        entry, fitted, errs = _evaluate(df, cand, loss_column, ref, ids, kwargs)
         entries.append(entry)
-        reason = unfittable_reason(df, cand.law, cand.fixed, loss_column)
-        if reason:
-            entry.update(fittable=False, reason=reason)
-            continue
-        kwargs = {**fit_kwargs, "init": {k: v for k, v in init.items() if k in law.params}}
-        fitted = fit_law(df, cand.law, fixed=cand.fixed, loss_column=loss_column, **kwargs)
-        fits[cand.name] = fitted
-        loss = pd.to_numeric(df[loss_column]).to_numpy(float)
-        entry.update(fittable=True, reason=None, n_params=len(law.free_params(cand.fixed)),
-                     aic=aic(fitted, n=fitted.data["n_units"]), mare=mean_abs_rel_error(fitted.predict(df), loss),
-                     objective=fitted.objective, heldout_gap_mae={}, n_heldout={}, heldout_notes={})
-        for by in SELECTION_SPLITS:
-            got = _heldout_gap_errors(df, cand, by, loss_column, ref, ids, kwargs)
-            if isinstance(got, str):
-                entry["heldout_gap_mae"][by], entry["n_heldout"][by] = None, 0
-                entry["heldout_notes"][by] = got
-            else:
-                errors[(cand.name, by)] = got
-                entry["heldout_gap_mae"][by] = float(np.mean(np.abs(got[1])))
-                entry["n_heldout"][by] = int(len(got[0]))
-        entry["params"] = fitted.params
+        if fitted is not None:
+            fits[cand.name] = fitted
+        errors.update({(cand.name, by): e for by, e in errs.items()})
     chosen, criterion = _choose(entries, errors, clusters)
     summary = {"chosen": chosen, "criterion": criterion, "loss_column": loss_column,
                "reference": _describe_reference(df, ref), "splits": list(SELECTION_SPLITS),
@@ -962,9 +992,10 @@ def _print_fit(result: FitResult) -> None:
 def _print_selection(selection: Mapping[str, Any]) -> None:
     """One line per candidate law: the chosen one starred, unfittable ones with the reason."""
     ref = selection["reference"]
-    print(f"law selection: held-out precision-gap MAE (nats) vs the reference ({', '.join(ref.get('recipes', [])) or ref})")
+    print(f"law selection: held-out precision-gap MAE (nats) vs the reference ({', '.join(ref.get('recipes', [])) or ref}), "
+          f"leaving out the largest N / D; within noise: excess over the best <= {selection['noise_se']:g} SE")
     width = max(len(c["name"]) for c in selection["candidates"])
-    print(f"  {'law':<{width}}  {'k':>2}  {'AIC(runs)':>10}  {'MARE':>7}  {'gap|N':>8}  {'gap|D':>8}  noise")
+    print(f"  {'law':<{width}}  {'k':>2}  {'AIC(runs)':>10}  {'MARE':>7}  {'gap|N':>8}  {'gap|D':>8}  {'vs best':>18}")
 
     def num(v, fmt):
         return format(v, fmt) if v is not None else "-"
@@ -974,10 +1005,11 @@ def _print_selection(selection: Mapping[str, Any]) -> None:
         if not c["fittable"]:
             print(f"{mark} {c['name']:<{width}}  not fitted: {c['reason']}")
             continue
-        gap = c["heldout_gap_mae"]
-        noise = "within" if c["within_noise"] else "-"
+        gap, diff = c["heldout_gap_mae"], c["gap_mae_diff"]
+        versus = "-" if diff is None else "best" if mark == "*" else f"{diff['value']:+.4f} ± {diff['se']:.4f}"
         print(f"{mark} {c['name']:<{width}}  {c['n_params']:>2}  {num(c['aic'], '10.2f')}  {num(c['mare'], '7.3%')}"
-              f"  {num(gap.get('N'), '8.4f')}  {num(gap.get('D'), '8.4f')}  {noise}")
+              f"  {num(gap.get('N'), '8.4f')}  {num(gap.get('D'), '8.4f')}  {versus:>18}"
+              f"{'  within noise' if c['within_noise'] and mark != '*' else ''}")
 
 
 def _bootstrap_fit(df: pd.DataFrame, result: FitResult, n: int, seed: int, loss_column: str) -> None:

@@ -188,7 +188,7 @@ def kumar_data(p, x, xp):
     N_eff = N·(1 - e^(-P/gamma))^kappa as in kumar (kappa fixed 3 by default).
 
     For gamma_D > 0 the precision penalty grows with the data seen at fixed N (overtrained models are
-    more sensitive to quantisation), unlike kumar, whose gap to high precision shrinks as D grows.
+    more sensitive to quantisation), unlike kumar, whose gap to high precision does not depend on D.
     gamma_D and gamma_N are left signed so that the fit, not the form, says which way the penalty goes.
     """
     log_n_eff = xp.log(x["N"]) + log_precision_factor(x["P"], p["gamma"], p["kappa"], xp)
@@ -252,10 +252,15 @@ def log_tanh(z, xp):
     return xp.log(-xp.expm1(-2.0 * z)) - xp.log1p(e)
 
 
-def capacity_bits(qerr, xp):
-    """b = log4(1 / qerr): the Gaussian-MSE 'bits' of a representation (each bit of a uniform grid cuts
-    the MSE 4x). An unquantised role (qerr = 0) gets a huge b, i.e. capacity 1, instead of infinity."""
-    return -xp.log(xp.maximum(qerr, 1e-300)) / math.log(4.0)
+def log_capacity(qerr, F, C, xp):
+    """log tanh(F·b^C), b = log4(1 / qerr) the Gaussian-MSE 'bits' of a representation (each bit of a
+    uniform grid cuts the MSE 4x); exactly 0 (capacity 1) for an unquantised role, qerr = 0.
+    qerr = 0 is swapped for a harmless value before the logs and masked after: a where() alone would
+    still send the infinite branch's NaN into the fitter's gradient."""
+    quantised = qerr > 0
+    bits = -xp.log(xp.where(quantised, qerr, 0.5)) / math.log(4.0)
+    z = xp.exp(xp.log(F) + C * xp.log(bits))
+    return xp.where(quantised, log_tanh(z, xp), 0.0)
 
 
 @register(params=("E", "A", "B", "alpha", "beta", "F", "C"),
@@ -271,12 +276,11 @@ def capacity(p, x, xp):
 
     One saturating function of the Gaussian MSE shared by the roles (capacities of separately compressed
     tensors multiply), so format, scale granularity and rounding all act through a single axis, qerr.
-    2 params beyond Chinchilla: F (scale) and C (shape); b must be > 0, i.e. qerr < 1.
+    2 params beyond Chinchilla: F (scale) and C (shape); b must be > 0, i.e. qerr < 1. The tanh(F·b^C)
+    shape is our reading of the paper's capacity fit, not checked against its exact parametrisation;
+    its overall scale is dropped (it would only rescale A).
     """
-    log_rho = 0.0
-    for col in QERR_COLUMNS:
-        z = xp.exp(xp.log(p["F"]) + p["C"] * xp.log(capacity_bits(x[col], xp)))
-        log_rho = log_rho + log_tanh(z, xp)
+    log_rho = sum(log_capacity(x[col], p["F"], p["C"], xp) for col in QERR_COLUMNS)
     return [xp.log(p["E"]), xp.log(p["A"]) - p["alpha"] * (xp.log(x["N"]) + log_rho),
             xp.log(p["B"]) - p["beta"] * xp.log(x["D"])]
 
