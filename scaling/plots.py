@@ -40,6 +40,7 @@ import seaborn as sns  # noqa: E402
 
 from scaling import curves as curves_lib  # noqa: E402
 from scaling.errors import ConfigError  # noqa: E402
+from scaling.study import study_part  # noqa: E402  (each figure reads its own study part)
 
 PRECISION_ORDER = ("FP32", "BF16", "FP16", "FP8", "FP6", "FP4")
 PALETTE = dict(zip(PRECISION_ORDER, sns.color_palette("colorblind", len(PRECISION_ORDER))))
@@ -49,9 +50,6 @@ COST_MODEL = "C = (6/16)·N·D·P (16-bit FLOPs)"
 # Measured runs count as "at compute C" when their cost is within this factor of C: model sizes
 # come from a discrete size knob, so a cost-model ladder (FP32 at N, FP16 at 2N, ...) is never exact.
 COMPUTE_MATCH_FACTOR = 1.25
-# Sweeps that feed one figure each (experiments/<name>.toml); every other sweep is the main study
-# (the ladder, or quick), which the law is fitted on and figures 3, 4 and 6 show.
-PURPOSE_SWEEPS = {"granularity": 5, "outliers": 7, "isocompute": 1}
 # The continuous precision grid of the sweet-spot curve (bits, log-spaced) and the named precisions.
 P_GRID = np.geomspace(3.0, 32.0, 48)
 NAMED_BITS = {"FP32": 32, "BF16": 16, "FP8": 8, "FP6": 6, "FP4": 4}
@@ -382,7 +380,6 @@ def sweet_spot(fit: Any, computes: Sequence[float], stem: str | Path, *, results
     fig.suptitle(f"{TITLES[1]}\neach P at its compute-optimal N, D under {COST_MODEL}", fontsize=10)
     fig.tight_layout()
     return _figure(1, Path(stem), fig, "; ".join(captions) + ".")
-
 
 
 def iso_loss(fit: Any, compute: float, stem: str | Path) -> Figure:
@@ -743,31 +740,6 @@ def cluster_table(table: pd.DataFrame, stem: str | Path) -> Figure:
 # ---------------------------------------------------------------------------------------------
 # All figures
 # ---------------------------------------------------------------------------------------------
-
-
-def sweep_family(sweeps: pd.Series) -> pd.Series:
-    """Sweep names with the direct test's two halves as one: `isocompute` (every precision at its
-    cost-model size, same tokens) and `isocompute_law` (at the law's optimal N, D) are `isocompute`."""
-    return sweeps.astype(str).str.replace(r"^isocompute.*$", "isocompute", regex=True)
-
-
-def study_part(df: pd.DataFrame | None, part: str) -> pd.DataFrame | None:
-    """The rows of one part of a multi-sweep study (a `sweep` column names each row's sweep):
-    'main' (every sweep not in PURPOSE_SWEEPS), 'law' (main + isocompute: plain recipes the law
-    speaks about), or a PURPOSE_SWEEPS name. Tables without a `sweep` column, or without any row of
-    the part asked for, are returned whole: a single sweep is its own main study."""
-    if df is None or "sweep" not in df.columns:
-        return df
-    names = sweep_family(df["sweep"])
-    if part == "main":
-        mask = ~names.isin(list(PURPOSE_SWEEPS))
-    elif part == "law":
-        mask = ~names.isin([n for n in PURPOSE_SWEEPS if n != "isocompute"])
-    elif part in PURPOSE_SWEEPS:
-        mask = names == part
-    else:
-        raise ValueError(f"study part {part!r}: one of main, law, {', '.join(PURPOSE_SWEEPS)}")
-    return df[mask].reset_index(drop=True) if mask.any() else df
 
 
 def with_base_lr(curves: pd.DataFrame, results: pd.DataFrame | None) -> pd.DataFrame:

@@ -89,16 +89,16 @@ def what_was_run(all_rows: pd.DataFrame, ok: pd.DataFrame, corpus: str | None) -
 
 
 def _sweeps(all_rows: pd.DataFrame, ok: pd.DataFrame) -> str:
-    """Each sweep with its run count and what it feeds (plots.study_part: the main study is fitted)."""
+    """Each sweep with its run count and what it feeds (study.study_part: the main study is fitted)."""
     if "sweep" not in all_rows.columns:
         return "–"
     sweeps = all_rows.drop_duplicates("run_id")["sweep"].astype(str)
     runs = sweeps.value_counts()
-    family = dict(zip(sweeps, plots.sweep_family(sweeps)))
-    role = {name: f"figure {plots.PURPOSE_SWEEPS[family[name]]}" for name in runs.index if family[name] in plots.PURPOSE_SWEEPS}
+    family = dict(zip(sweeps, study.sweep_family(sweeps)))
+    role = {name: f"figure {study.PURPOSE_SWEEPS[family[name]]}" for name in runs.index if family[name] in study.PURPOSE_SWEEPS}
     role["isocompute"] = "figure 1 and the direct test: each precision at its cost-model size, same tokens"
     role["isocompute_law"] = "figure 1 and the direct test: each precision at the law's optimal N, D"
-    main = sorted(name for name in runs.index if family[name] not in plots.PURPOSE_SWEEPS)
+    main = sorted(name for name in runs.index if family[name] not in study.PURPOSE_SWEEPS)
     return "; ".join(f"{name} ({runs[name]} runs, {role.get(name, 'fitted; figures 1-4, 6' if name in main else '')})"
                      for name in main + sorted(set(runs.index) - set(main)))
 

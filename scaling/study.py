@@ -34,7 +34,8 @@ MATCH_RTOL = 1e-3  # an evaluation "lands on" a budget within this relative comp
 MIN_SIZES = 3  # a parabola needs three distinct sizes; the design asks for five
 DESIGN_SIZES = 5
 LEVEL = 0.95
-# Sweeps that feed their own figure, not the main study (figure number).
+# Sweeps that feed one figure each (experiments/<name>.toml; figure number); every other sweep is the
+# main study (the ladder, or quick), which the law is fitted on.
 PURPOSE_SWEEPS = {"granularity": 5, "outliers": 7, "isocompute": 1}
 
 
