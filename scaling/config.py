@@ -6,11 +6,15 @@
     [model]  size, seq_len, smooth_swiglu
     [data]   source ("stdlib" | "synthetic" | a path), eval_tokens
     [train]  tokens (the budget D), batch_size, lr (a number, or "auto": the ladder's tuned rate for
-             model.size, scaling.model.ladder_lr), weight_decay, warmup (fraction of steps),
+             model.size, scaling.model.ladder_lr), weight_decay, warmup (a fraction of the steps
+             below 1, or a whole number of steps: an IsoFLOP design fixes it in steps, so a
+             size trained to different lengths shares its warmup),
              schedule ("wsd" | "cosine"), decay (WSD cooldown fraction), budgets (WSD evaluation
              budgets as fractions of tokens, ending at 1.0), grad_clip, eval_every, log_every,
              checkpoint_every (steps; 0 = never)
     [health] spike_factor, spike_window, max_saturation (in-flight thresholds)
+    [study]  budgets (the compute budget each train.budgets evaluation serves, in 16-bit FLOPs
+             under study.cost; set by an IsoFLOP design, scaling.study.design), cost
 
 Overrides and sweep axes use dotted keys (`train.lr=1e-3`); values use TOML syntax and fall
 back to a plain string (`precision=fp4`). Every key is checked: unknown keys, wrong types and
@@ -117,6 +121,36 @@ def _source(key: str, value: Any) -> str:
     return value
 
 
+def _warmup(key: str, value: Any) -> float | int:
+    allowed = "a fraction of the steps in [0, 1), or a whole number of steps >= 1"
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or value < 0:
+        raise ConfigError(key, value, allowed)
+    if value < 1:
+        return float(value)
+    if not float(value).is_integer():
+        raise ConfigError(key, value, allowed)
+    return int(value)
+
+
+def _flops_budgets(key: str, value: Any) -> list[float]:
+    allowed = "an ascending list of compute budgets > 0 (one per train.budgets entry), or []"
+    if not isinstance(value, list):
+        raise ConfigError(key, value, allowed)
+    flops = [_real(0.0, lo_open=True)(key, v) for v in value]
+    if flops != sorted(set(flops)):
+        raise ConfigError(key, value, allowed)
+    return flops
+
+
+def _cost_model(key: str, value: Any) -> str:
+    from scaling import plan
+
+    options = ("bits", "nominal", *plan.GPUS)
+    if value not in options:
+        raise ConfigError(key, value, options)
+    return value
+
+
 def _budgets(key: str, value: Any) -> list[float]:
     allowed = "an ascending list of distinct fractions in (0, 1] ending with 1.0"
     if not isinstance(value, list) or not value:
@@ -145,7 +179,7 @@ SCHEMA: dict[str, Any] = {
         "batch_size": Field(32, _integer(1)),
         "lr": Field(3e-3, _learning_rate),
         "weight_decay": Field(0.1, _real(0.0)),
-        "warmup": Field(0.05, _real(0.0, 1.0, hi_open=True)),
+        "warmup": Field(0.05, _warmup),
         "schedule": Field("wsd", _choice("wsd", "cosine")),
         "decay": Field(0.2, _real(0.0, 1.0, lo_open=True)),
         "budgets": Field(None, _budgets),  # default depends on the schedule (see validate)
@@ -158,6 +192,10 @@ SCHEMA: dict[str, Any] = {
         "spike_factor": Field(3.0, _real(1.0, lo_open=True)),  # loss > factor x running median = diverged
         "spike_window": Field(50, _integer(1)),  # losses in the running median
         "max_saturation": Field(0.01, _real(0.0, 1.0)),  # saturated fraction above this is logged
+    },
+    "study": {  # labels only: training does not read them; results rows carry them as `budget`
+        "budgets": Field([], _flops_budgets),
+        "cost": Field("bits", _cost_model),
     },
 }
 
@@ -180,6 +218,12 @@ def validate(cfg: dict) -> dict:
     if budget_steps[0] < 1 or len(set(budget_steps)) != len(budget_steps):
         raise ConfigError("train.budgets", train["budgets"],
                           f"fractions of the {steps} steps giving distinct step counts >= 1")
+    warmup_steps = train["warmup"] if train["warmup"] >= 1 else round(train["warmup"] * steps)
+    if warmup_steps >= budget_steps[-1] and train["warmup"] >= 1:
+        raise ConfigError("train.warmup", train["warmup"], f"fewer steps than the run's {budget_steps[-1]}")
+    study = resolved["study"]
+    if study["budgets"] and len(study["budgets"]) != len(train["budgets"]):
+        raise ConfigError("study.budgets", study["budgets"], f"one budget per train.budgets entry ({len(train['budgets'])})")
     _check_model(resolved)
     if train["lr"] == "auto":  # resolved here, so a run's config, id and results hold the number
         from scaling import model
@@ -220,6 +264,8 @@ def run_id(cfg: dict) -> str:
     """12 hex characters of sha256 over the canonical JSON of the resolved config. A recipe file is
     hashed by what it says, not where it is: editing it gives new runs, moving it does not."""
     resolved = validate(cfg)
+    if not resolved["study"]["budgets"]:  # runs outside a design keep the ids they had before [study]
+        del resolved["study"]
     if isinstance(resolved.get("precision"), str) and resolved["precision"].endswith(".toml"):
         from scaling import precision
 

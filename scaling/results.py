@@ -35,6 +35,8 @@ def rows_from_summary(summary: dict, run_id: str, sweep: str) -> list[dict]:
     corpus = summary.get("corpus")
     if isinstance(corpus, dict):  # which data: the source and the first 12 hex digits of its fingerprint
         base["corpus"] = f"{corpus.get('source', '?')} {str(corpus.get('fingerprint', ''))[:12]}".strip()
+    if summary.get("study"):  # an IsoFLOP design's run: its evaluations carry `budget` under this cost model
+        base["budget_cost"] = summary["study"].get("cost")
     base.update(summary.get("compute") or {})  # FLOPs by part, effective bits (scaling.compute.columns)
     for role, metrics in (summary.get("telemetry") or {}).items():
         if isinstance(metrics, dict):
@@ -44,7 +46,7 @@ def rows_from_summary(summary: dict, run_id: str, sweep: str) -> list[dict]:
     evals = summary.get("evals") or [
         {k: summary.get(k) for k in ("D", "step", "val_loss", "train_loss")}
     ]
-    return [{**base, **{k: v for k, v in e.items() if k in ("D", "step", "val_loss", "train_loss")}}
+    return [{**base, **{k: v for k, v in e.items() if k in ("D", "step", "val_loss", "train_loss", "budget")}}
             for e in evals]
 
 

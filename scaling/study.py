@@ -4,8 +4,9 @@ exactly a budget, IsoFLOP profiles per recipe, and the statistics of "which reci
 The direct measurement is Hoffmann et al.'s Approach 2, per recipe: at a budget C (16-bit FLOP units
 under a named `scaling.compute.CostModel`), every run of the recipe gives its loss at the tokens C
 affords it, and loss against log N is fitted with a parabola whose minimum is the recipe's best loss
-at C. A run contributes at C only if one of its evaluations lands on C (within one part in a
-thousand: what an IsoFLOP design places) or, for tables made without such a design, if two of its
+at C. A run contributes at C only if one of its evaluations lands on C (an IsoFLOP design's run
+(`design`) lands on each budget it serves at the nearest whole step and labels that evaluation
+`budget`; otherwise within one part in a thousand) or, for tables made without such a design, if two of its
 WSD cooldown evaluations bracket C: then log loss is interpolated linearly in log D between them
 (flagged `interpolated`). Nothing is extrapolated and no minimum is picked across sweeps.
 
@@ -21,7 +22,9 @@ sizes (a minimum at the edge could be lower beyond it); otherwise None, with the
 
 from __future__ import annotations
 
+import copy
 import math
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
@@ -78,6 +81,106 @@ def high_precision_recipe(df: pd.DataFrame) -> str | None:
     return str(by["recipe"].iloc[0])
 
 
+# ----------------------------------------------------------------------------- the design
+
+@dataclass(frozen=True)
+class Design:
+    """An IsoFLOP design (an experiment's [isoflop] table): for every budget and every grid point
+    (recipe, seed, ...), `sizes_per_budget` consecutive ladder sizes centred on the one whose tokens per
+    parameter at that budget are closest to `tokens_per_param` (the expected optimum), among `sizes`
+    that give at least `min_steps` steps. Each (point, size) is one run, trained to the longest budget
+    it serves, with a WSD cooldown branch ending on the step nearest each other budget."""
+
+    budgets: tuple[float, ...]
+    cost: str = "bits"
+    sizes: tuple[int, ...] = tuple(range(1, 13))
+    sizes_per_budget: int = DESIGN_SIZES
+    tokens_per_param: float = 20.0
+    min_steps: int = 50
+
+    @classmethod
+    def from_table(cls, table: Any) -> "Design":
+        """Validated; a bad key or value is a one-line ConfigError naming `isoflop.<key>`."""
+        from scaling import config
+
+        if not isinstance(table, dict):
+            raise ConfigError("isoflop", table, "an [isoflop] table")
+        unknown = sorted(set(table) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise ConfigError(f"isoflop.{unknown[0]}", table[unknown[0]], f"one of {', '.join(cls.__dataclass_fields__)}")
+        if "budgets" not in table:
+            raise ConfigError("isoflop.budgets", None, "a list of compute budgets (16-bit FLOPs under isoflop.cost)")
+        budgets = config.SCHEMA["study"]["budgets"].check("isoflop.budgets", table["budgets"])
+        if not budgets:
+            raise ConfigError("isoflop.budgets", table["budgets"], "at least one compute budget")
+        sizes = table.get("sizes", list(cls.sizes))
+        if not isinstance(sizes, list) or not sizes:
+            raise ConfigError("isoflop.sizes", sizes, "a list of ladder sizes (integers >= 1)")
+        sizes = sorted({config.SCHEMA["model"]["size"].check("isoflop.sizes", s) for s in sizes})
+        per = config._integer(MIN_SIZES)("isoflop.sizes_per_budget", table.get("sizes_per_budget", cls.sizes_per_budget))
+        if per > len(sizes):
+            raise ConfigError("isoflop.sizes_per_budget", per, f"at most the {len(sizes)} sizes offered")
+        return cls(budgets=tuple(budgets),
+                   cost=config.SCHEMA["study"]["cost"].check("isoflop.cost", table.get("cost", cls.cost)),
+                   sizes=tuple(sizes), sizes_per_budget=per,
+                   tokens_per_param=config._real(0.0, lo_open=True)("isoflop.tokens_per_param",
+                                                                    table.get("tokens_per_param", cls.tokens_per_param)),
+                   min_steps=config._integer(1)("isoflop.min_steps", table.get("min_steps", cls.min_steps)))
+
+
+def design(point: dict, plan: Design, vocab: int = 256) -> list[dict]:
+    """The resolved run configs of one grid point (an unvalidated config: recipe, seed, ...) under an
+    IsoFLOP design: one per size it uses, each with model.size, train.tokens, train.budgets (the step
+    of each budget served, as fractions of the longest) and study.budgets / study.cost (the labels
+    each evaluation's results row carries as `budget`). Raises ConfigError when a budget cannot get
+    its sizes or two budgets fall on one step."""
+    from scaling import config
+
+    base = config.validate(point)
+    if base["train"]["warmup"] < 1:  # a fraction would give one size different warmups at different lengths
+        raise ConfigError("train.warmup", base["train"]["warmup"],
+                          "a whole number of steps in an IsoFLOP design (the same warmup at every budget)")
+    cost = compute_lib.get(plan.cost)
+    tokens_per_step = base["train"]["batch_size"] * base["model"]["seq_len"]
+    rows = []
+    for size in plan.sizes:
+        cfg = copy.deepcopy(base)
+        cfg["model"]["size"] = size
+        row = compute_lib.run_row(cfg, vocab)
+        rows.append({"size": size, "N": row["N"], "per_token": float(cost.per_token(pd.DataFrame([row]))[0])})
+    sizes = pd.DataFrame(rows).sort_values("N").reset_index(drop=True)
+    served: dict[int, dict[int, float]] = {}  # size -> {steps: budget}
+    for budget in plan.budgets:
+        steps = np.round(budget / sizes["per_token"] / tokens_per_step).astype(int)
+        ok = sizes[(steps >= max(plan.min_steps, base["train"]["warmup"] + 1))].index
+        if len(ok) < plan.sizes_per_budget:
+            raise ConfigError("isoflop.budgets", budget,
+                              f"budgets giving {plan.sizes_per_budget} of the sizes {list(plan.sizes)} at least "
+                              f"{plan.min_steps} steps (this one gives {len(ok)})")
+        ratio = steps[ok] * tokens_per_step / sizes.loc[ok, "N"]
+        centre = int(np.argmin(np.abs(np.log(ratio / plan.tokens_per_param))))
+        start = min(max(0, centre - plan.sizes_per_budget // 2), len(ok) - plan.sizes_per_budget)
+        for i in ok[start:start + plan.sizes_per_budget]:
+            size = int(sizes.loc[i, "size"])
+            at = served.setdefault(size, {})
+            if int(steps[i]) in at:
+                raise ConfigError("isoflop.budgets", budget, f"budgets at least one step apart at size {size} "
+                                                             f"(it shares step {int(steps[i])} with {at[int(steps[i])]:g})")
+            at[int(steps[i])] = budget
+    out = []
+    for size in sorted(served):
+        at = dict(sorted(served[size].items()))
+        last = max(at)
+        cfg = copy.deepcopy(point)
+        config.set_dotted(cfg, "model.size", size)
+        config.set_dotted(cfg, "train.tokens", last * tokens_per_step)
+        config.set_dotted(cfg, "train.budgets", [s / last for s in at])
+        config.set_dotted(cfg, "study.budgets", list(at.values()))
+        config.set_dotted(cfg, "study.cost", plan.cost)
+        out.append(config.validate(cfg))
+    return out
+
+
 # ----------------------------------------------------------------------------- budgets and points
 
 def with_cost(df: pd.DataFrame, cost: compute_lib.CostModel) -> pd.DataFrame:
@@ -95,6 +198,10 @@ def points_at(df: pd.DataFrame, budget: float, cost: compute_lib.CostModel) -> p
         run = run.sort_values("D")
         c, loss, d = run["C"].to_numpy(float), run["val_loss"].to_numpy(float), run["D"].to_numpy(float)
         hit = np.flatnonzero(np.abs(c / budget - 1) <= MATCH_RTOL)
+        if "budget" in run.columns and "budget_cost" in run.columns and (run["budget_cost"] == cost.name).all():
+            # a design's run lands on its budgets at the nearest whole step: its labels say which
+            labelled = np.flatnonzero(np.isclose(pd.to_numeric(run["budget"], errors="coerce"), budget, rtol=1e-9))
+            hit = labelled if labelled.size else hit
         first = run.iloc[0]
         if hit.size:
             value, tokens, interpolated = loss[hit[0]], d[hit[0]], False
@@ -119,8 +226,10 @@ def default_budgets(df: pd.DataFrame, cost: compute_lib.CostModel, max_budgets: 
     df = ok_rows(df)
     if df.empty:
         return []
-    if "budget" in df.columns and df["budget"].notna().any():
-        return sorted(float(b) for b in df["budget"].dropna().unique())
+    if "budget" in df.columns and "budget_cost" in df.columns:
+        labelled = df[df["budget"].notna() & (df["budget_cost"] == cost.name)]
+        if not labelled.empty:
+            return sorted(float(b) for b in labelled["budget"].unique())
     costed = with_cost(df, cost)
     spans = costed.groupby("run_id").agg(lo=("C", "min"), hi=("C", "max"), recipe=("recipe", "first"), N=("N", "first"))
     grid = np.exp(np.arange(math.log(spans["lo"].min()), math.log(spans["hi"].max()), math.log(10) / 8))

@@ -43,7 +43,7 @@ from scaling._io import atomic_write_json, atomic_write_text, read_jsonl
 from scaling.config import set_dotted
 from scaling.errors import ConfigError
 
-EXPERIMENT_KEYS = ("grid", "include", "exclude")
+EXPERIMENT_KEYS = ("grid", "include", "exclude", "isoflop")
 
 
 @dataclass(frozen=True)
@@ -134,19 +134,33 @@ def expand(path: str | Path, overrides: list[str] = ()) -> list[RunSpec]:
     base = {k: v for k, v in experiment.items() if k not in EXPERIMENT_KEYS}
     base = config.apply_overrides(base, list(overrides))
     sweep = str(base.get("name") or Path(path).stem)
+    design = None
+    if "isoflop" in experiment:  # an IsoFLOP design places the sizes and budgets of every grid point
+        from scaling import study
+
+        design = study.Design.from_table(experiment["isoflop"])
     specs: dict[str, RunSpec] = {}
     for point in grid_points(experiment):
         cfg = copy.deepcopy(base)
         for key, value in point.items():
             set_dotted(cfg, key, value)
         try:
-            cfg = config.validate(cfg)
+            cfgs = [config.validate(cfg)] if design is None else study.design(cfg, design, _vocab(cfg))
         except ConfigError as e:
             where = ", ".join(f"{k}={v!r}" for k, v in point.items())
             raise ConfigError(e.key, e.value, f"{e.allowed} (grid point {where})") from None
-        run_id = config.run_id(cfg)
-        specs.setdefault(run_id, RunSpec(run_id=run_id, sweep=sweep, config=cfg))
+        for cfg in cfgs:
+            run_id = config.run_id(cfg)
+            specs.setdefault(run_id, RunSpec(run_id=run_id, sweep=sweep, config=cfg))
     return list(specs.values())
+
+
+def _vocab(cfg: dict) -> int:
+    """The vocabulary a config's corpus gives (the head's FLOPs depend on it); byte corpora: 256."""
+    from scaling import data
+
+    source = cfg.get("data", {}).get("source", "stdlib")
+    return 256 if source == "stdlib" else data.load(source).vocab
 
 
 # ---------------------------------------------------------------- running

@@ -11,7 +11,7 @@ Optimiser: AdamW (b1 = 0.9, b2 = 0.95, eps = 1e-8) with decoupled weight decay o
 (embeddings included, norm scales not), global-norm gradient clipping, and a step-dependent
 learning rate passed into the update (so one compiled step serves every schedule and branch):
 
-    warmup        f_w(t) = min(1, (t + 1) / W)                                W = warmup x steps
+    warmup        f_w(t) = min(1, (t + 1) / W)            W = warmup (steps), or warmup x steps if < 1
     cosine        lr(t) = lr f_w(t) (1 + cos(pi clip((t - W) / (T - W), 0, 1))) / 2
     WSD           lr(t) = lr f_w(t) min(1, (E_b - t) / (E_b - C_b))       (linear cooldown to 0)
 
@@ -99,7 +99,8 @@ def plan_for(cfg: dict) -> Plan:
         end = round(fraction * steps)
         cooldown = max(1, round(train["decay"] * end)) if train["schedule"] == "wsd" else 0
         budgets.append(Budget(fraction, end, end - cooldown))
-    return Plan(steps=steps, tokens_per_step=tokens_per_step, warmup_steps=round(train["warmup"] * steps),
+    warmup = train["warmup"] if train["warmup"] >= 1 else round(train["warmup"] * steps)
+    return Plan(steps=steps, tokens_per_step=tokens_per_step, warmup_steps=warmup,
                 schedule=train["schedule"], lr=train["lr"], budgets=tuple(budgets))
 
 
@@ -288,7 +289,7 @@ def _finished_summary(out_dir: Path, cfg: dict) -> dict | None:
         if out_dir.exists() and any(out_dir.iterdir()):
             raise ConfigError("--out", str(out_dir), "a new or empty directory, or one holding a run of this config")
         return None
-    if json.loads(config_file.read_text()) != cfg:
+    if config_lib.validate(json.loads(config_file.read_text())) != cfg:  # validated: keys added since compare equal
         raise ConfigError("--out", str(out_dir), "a new or empty directory, or one holding a run of this config")
     summary_file = out_dir / "summary.json"
     if summary_file.is_file():
@@ -445,6 +446,9 @@ class _Trainer:
                   "train_loss": train_loss}
         if budget is not None:
             record["fraction"] = budget.fraction
+            labels = self.cfg["study"]["budgets"]  # the IsoFLOP budget this evaluation serves
+            if labels:
+                record["budget"] = labels[self.plan.budgets.index(budget)]
         self._log({"event": "eval", "tokens": record["D"], **record})
         self.echo(f"eval     step {step:6d}  val_loss {val_loss:.4f}  train_loss {train_loss:.4f}")
         for value, name in ((val_loss, "validation loss"), (train_loss, "train loss")):
@@ -504,6 +508,7 @@ class _Trainer:
             "entropy_rate": setup.corpus.entropy_rate,
             "telemetry": telemetry,
             "evals": evals,
+            **({"study": self.cfg["study"]} if self.cfg["study"]["budgets"] else {}),
             "ladder": {
                 "schedule": plan.schedule,
                 "budgets": [b.fraction for b in plan.budgets],

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from flax import nnx
 
-from scaling import compute, model, precision, study
+from scaling import compute, config, model, precision, study
 
 
 def _dot_flops(jaxpr) -> float:
@@ -187,3 +187,107 @@ def test_published_range_verdicts_use_the_whole_interval():
     assert study.verdict([7.2, 7.9], 7, 8) == "inside"
     assert study.verdict([3.7, 5.4], 7, 8) == "outside"
     assert study.verdict([3.8, 8.0], 7, 8) == "cannot tell" and study.verdict([3.8, 8.0], 4, 8) == "cannot tell"
+
+
+# ----------------------------------------------------------------------------- the IsoFLOP design
+
+DESIGN_POINT = {"name": "iso", "model": {"seq_len": 32}, "train": {"batch_size": 8, "warmup": 10, "lr": "auto"}}
+
+
+def _per_token(cfg) -> float:
+    return compute.get("bits").per_token(pd.DataFrame([compute.run_row(cfg)]))[0]
+
+
+@pytest.mark.parametrize("recipe", ["fp32", "mxfp4"])
+def test_design_lands_each_size_on_every_budget_it_serves(recipe):
+    plan = study.Design.from_table({"budgets": [2e11, 6e11], "sizes": [1, 2, 3, 4, 5, 6, 7, 8],
+                                    "sizes_per_budget": 5, "tokens_per_param": 20, "min_steps": 20})
+    cfgs = study.design({**DESIGN_POINT, "precision": recipe}, plan)
+    per_budget = {b: [] for b in plan.budgets}
+    tokens_per_step = 8 * 32
+    for cfg in cfgs:
+        per_token = _per_token(cfg)
+        steps = cfg["train"]["tokens"] // tokens_per_step
+        assert cfg["study"]["cost"] == "bits" and len(cfg["study"]["budgets"]) == len(cfg["train"]["budgets"])
+        for fraction, budget in zip(cfg["train"]["budgets"], cfg["study"]["budgets"]):
+            landed = round(fraction * steps) * tokens_per_step * per_token
+            # the nearest whole step: within half a step's compute of the budget
+            assert abs(landed - budget) <= 0.5 * tokens_per_step * per_token
+            per_budget[budget].append((compute.run_row(cfg)["N"], round(fraction * steps)))
+    for budget, runs in per_budget.items():
+        assert len(runs) == 5 and all(steps >= 20 for _, steps in runs)
+        # the 5 sizes hold the eligible ladder size whose tokens per parameter are closest to 20
+        eligible = []
+        for size in plan.sizes:
+            cfg = config.validate({**DESIGN_POINT, "precision": recipe, "model": {"seq_len": 32, "size": size}})
+            steps = round(budget / _per_token(cfg) / tokens_per_step)
+            if steps >= 20:
+                eligible.append((abs(math.log(steps * tokens_per_step / compute.run_row(cfg)["N"] / 20)), compute.run_row(cfg)["N"]))
+        assert min(eligible)[1] in {n for n, _ in runs}
+        chosen = sorted(n for n, _ in runs)
+        all_n = sorted(n for _, n in eligible)
+        assert chosen == all_n[all_n.index(chosen[0]):all_n.index(chosen[0]) + 5]  # consecutive sizes
+
+
+def test_design_errors_are_one_line_and_name_the_key():
+    from scaling.errors import ConfigError
+
+    plan = study.Design.from_table({"budgets": [2e11]})
+    with pytest.raises(ConfigError, match=r"^train\.warmup: got 0\.05; allowed: a whole number of steps"):
+        study.design({**DESIGN_POINT, "train": {"batch_size": 8, "warmup": 0.05}}, plan)
+    with pytest.raises(ConfigError, match=r"^isoflop\.budgets: got 1000000\.0; allowed: budgets giving 5"):
+        study.design(DESIGN_POINT, study.Design.from_table({"budgets": [1e6]}))
+    with pytest.raises(ConfigError, match=r"^isoflop\.size: got 3"):
+        study.Design.from_table({"budgets": [1e12], "size": 3})
+    with pytest.raises(ConfigError, match=r"^isoflop\.sizes_per_budget: got 2; allowed: an integer >= 3"):
+        study.Design.from_table({"budgets": [1e12], "sizes_per_budget": 2})
+
+
+def test_warmup_in_steps_gives_a_budget_the_same_schedule_in_any_run_length():
+    from scaling import train
+
+    short = config.validate({**DESIGN_POINT, "train": {**DESIGN_POINT["train"], "tokens": 100 * 256, "budgets": [0.6, 1.0]}})
+    long = config.validate({**DESIGN_POINT, "train": {**DESIGN_POINT["train"], "tokens": 300 * 256, "budgets": [0.2, 1.0]}})
+    a, b = train.plan_for(short), train.plan_for(long)
+    assert a.budgets[0].end == b.budgets[0].end == 60
+    lrs = [[train.learning_rate(p, t, p.budgets[0]) for t in range(60)] for p in (a, b)]
+    assert lrs[0] == lrs[1]
+    # with warmup as a fraction the same 60-step budget would see a different schedule
+    frac = [config.validate({**DESIGN_POINT, "train": {**c["train"], "warmup": 0.1}}) for c in (short, long)]
+    assert train.plan_for(frac[0]).warmup_steps != train.plan_for(frac[1]).warmup_steps
+
+
+def test_sweep_expands_an_isoflop_design_and_its_runs_carry_their_budgets(tmp_path):
+    from scaling import results, sweep, train
+
+    experiment = tmp_path / "iso.toml"
+    experiment.write_text("""
+name = "iso"
+[model]
+seq_len = 32
+[data]
+source = "synthetic"
+eval_tokens = 256
+[train]
+batch_size = 8
+warmup = 2
+lr = 3e-3
+checkpoint_every = 0
+[grid]
+precision = ["fp32", "fp8"]
+[isoflop]
+budgets = [2e10, 4e10]
+sizes = [1, 2, 3]
+sizes_per_budget = 3
+min_steps = 4
+""")
+    specs = sweep.expand(experiment)
+    assert {s.config["precision"] for s in specs} == {"fp32", "fp8"}
+    assert all(s.config["model"]["size"] in (1, 2, 3) for s in specs)
+    smallest = min((s for s in specs if s.config["precision"] == "fp32"), key=lambda s: s.config["train"]["tokens"])
+    train.run(smallest.config, smallest.out_dir(tmp_path / "runs"))
+    df = results.load(tmp_path / "runs")
+    assert sorted(df["budget"]) == sorted(smallest.config["study"]["budgets"]) and (df["budget_cost"] == "bits").all()
+    points = study.points_at(df, 4e10, compute.get("bits"))
+    assert len(points) == 1 and not points["interpolated"].any()
+    assert study.default_budgets(df, compute.get("bits")) == [2e10, 4e10]

@@ -25,6 +25,10 @@ def test_run_id_hashes_the_resolved_config():
     assert config.run_id({"name": "x", "train": {"lr": 2e-3}}) != config.run_id(short)
     # integral floats from the command line (2e6) resolve to the same config as integers
     assert config.run_id({"train": {"tokens": 2e6}}) == config.run_id({"train": {"tokens": 2_000_000}})
+    # [study] labels came later: a run outside a design keeps the id it had before them
+    assert config.run_id(short) == config.run_id({**short, "study": {"budgets": []}})
+    labelled = {**short, "study": {"budgets": [1e12, 2e12, 4e12]}}
+    assert config.run_id(labelled) != config.run_id(short)
 
 
 def test_auto_learning_rate_is_the_ladder_rate_resolved_into_the_config():
@@ -51,7 +55,12 @@ def test_auto_learning_rate_is_the_ladder_rate_resolved_into_the_config():
     ("train.schedule=linear", "train.schedule", "one of wsd, cosine"),
     ("train.budgets=[0.5, 0.25, 1.0]", "train.budgets", "ascending"),
     ("train.budgets=[0.25, 0.5]", "train.budgets", "ending with 1.0"),
-    ("train.warmup=1.0", "train.warmup", "< 1"),
+    ("train.warmup=1.5", "train.warmup", "a whole number of steps"),
+    ("train.warmup=-0.1", "train.warmup", "a fraction of the steps in [0, 1)"),
+    ("train.warmup=1000", "train.warmup", "fewer steps than the run's 488"),
+    ("study.budgets=[1e12]", "study.budgets", "one budget per train.budgets entry (3)"),
+    ("study.budgets=[3e12, 1e12, 2e12]", "study.budgets", "ascending"),
+    ("study.cost=tpu", "study.cost", "one of bits, nominal"),
     ("train.tokens=100", "train.tokens", "at least batch_size x seq_len = 4096"),
     ("seed=-1", "seed", "an integer >= 0"),
     ("data.source=/no/such/path", "data.source", "existing file or directory"),
