@@ -14,7 +14,7 @@
              checkpoint_every (steps; 0 = never)
     [health] spike_factor, spike_window, max_saturation (in-flight thresholds)
     [study]  budgets (the compute budget each train.budgets evaluation serves, in 16-bit FLOPs
-             under study.cost; set by an IsoFLOP design, scaling.study.design), cost
+             under study.cost, 0 = none; set by an IsoFLOP design, scaling.study.design), cost
 
 Overrides and sweep axes use dotted keys (`train.lr=1e-3`); values use TOML syntax and fall
 back to a plain string (`precision=fp4`). Every key is checked: unknown keys, wrong types and
@@ -133,11 +133,12 @@ def _warmup(key: str, value: Any) -> float | int:
 
 
 def _flops_budgets(key: str, value: Any) -> list[float]:
-    allowed = "an ascending list of compute budgets > 0 (one per train.budgets entry), or []"
+    allowed = "one compute budget per train.budgets entry (0 = none), the others > 0 and ascending; or []"
     if not isinstance(value, list):
         raise ConfigError(key, value, allowed)
-    flops = [_real(0.0, lo_open=True)(key, v) for v in value]
-    if flops != sorted(set(flops)):
+    flops = [_real(0.0)(key, v) for v in value]
+    labelled = [f for f in flops if f > 0]
+    if labelled != sorted(set(labelled)) or (flops and not labelled):
         raise ConfigError(key, value, allowed)
     return flops
 

@@ -409,6 +409,15 @@ def _data_summary(problem: _Problem) -> dict[str, Any]:
     return {"n_points": int(len(loss)), "n_units": int(len(np.unique(problem.units))), "columns": cols}
 
 
+def _shape(df: pd.DataFrame) -> dict[str, Any]:
+    """The fitted runs' unquantised FLOPs per dense FLOP by N (compute.Shape), which scaling.optimal
+    needs to cost a hypothetical model like the runs it was fitted on; {} for tables without FLOPs by part."""
+    from scaling import compute
+
+    shape = compute.Shape.from_results(df)
+    return {"shape": shape.to_dict()} if shape.knots_N else {}
+
+
 # ----------------------------------------------------------------------------- fitting
 
 def fit_law(df: pd.DataFrame, law: str = "kumar", *, fixed: Mapping[str, float] | None = None,
@@ -441,7 +450,7 @@ def fit_law(df: pd.DataFrame, law: str = "kumar", *, fixed: Mapping[str, float] 
     residuals = np.asarray(problem.law.log_predict(params, problem.x, np)) - problem.log_loss
     result = FitResult(
         law=problem.law.name, params=params, objective=best_value, residuals=residuals, fixed=problem.fixed,
-        data=_data_summary(problem),
+        data={**_data_summary(problem), **_shape(df)},
         optimizer={"method": "batched L-BFGS (JAX) over the init grid + scipy L-BFGS-B float64 polish",
                    "n_starts": int(len(starts)), "iters": list(iters), "keep": keep, "polished": polish,
                    "huber_delta": delta, "loss_column": loss_column,
@@ -791,9 +800,11 @@ def _evaluate(df: pd.DataFrame, cand: Candidate, loss_column: str, ref: np.ndarr
     return entry, fitted, errors
 
 
-def _select(df: pd.DataFrame, candidates: Sequence[str] | None, loss_column: str, reference: str | None,
-            fit_kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, FitResult]]:
+def select(df: pd.DataFrame, candidates: Sequence[str] | None, loss_column: str = "val_loss",
+           reference: str | None = None, fit_kwargs: Mapping[str, Any] | None = None
+           ) -> tuple[dict[str, Any], dict[str, FitResult]]:
     """select_law's summary plus the full-data FitResult of every fitted candidate (by name)."""
+    fit_kwargs = fit_kwargs or {}
     for key in ("fixed", "bootstrap"):
         if key in fit_kwargs:
             raise ConfigError(key, fit_kwargs[key], "not with select_law (name variants as candidates, e.g. 'kumar[kappa=2]'; bootstrap the chosen fit)")
@@ -904,7 +915,7 @@ def select_law(df: pd.DataFrame, candidates: Sequence[str] | None = None, loss_c
     within_noise, params}, ...]} (unfittable entries: name, law, fixed, fittable False, reason,
     within_noise False, score None, gap_mae_diff None).
     """
-    return _select(df, candidates, loss_column, reference, fit_kwargs)[0]
+    return select(df, candidates, loss_column, reference, fit_kwargs)[0]
 
 
 # ----------------------------------------------------------------------------- CLI: scaling fit
@@ -1012,7 +1023,7 @@ def _print_selection(selection: Mapping[str, Any]) -> None:
               f"{'  within noise' if c['within_noise'] and mark != '*' else ''}")
 
 
-def _bootstrap_fit(df: pd.DataFrame, result: FitResult, n: int, seed: int, loss_column: str) -> None:
+def bootstrap_fit(df: pd.DataFrame, result: FitResult, n: int, seed: int, loss_column: str) -> None:
     """Add bootstrap CIs to an existing fit (resamples start from its optimum, as in fit_law)."""
     problem = _prepare(df, result.law, result.fixed, loss_column)
     _add_bootstrap(problem, result, problem.theta(result.params), n, seed, 0.95,
@@ -1027,7 +1038,7 @@ def main(args: argparse.Namespace) -> int:
     if args.law == "auto":
         if fixed is not None:
             raise ConfigError("--fix", args.fix, "no --fix with --law auto (name a variant: --candidate 'kumar[kappa=2]')")
-        selection, fits = _select(df, args.candidate or None, loss_column, args.reference, {})
+        selection, fits = select(df, args.candidate or None, loss_column, args.reference, {})
         _print_selection(selection)
         if selection["chosen"] is None:
             raise ConfigError("--law", "auto", "data on which at least one candidate law can be fitted (see the table)")
@@ -1035,7 +1046,7 @@ def main(args: argparse.Namespace) -> int:
         result.selection = selection
         law, fixed = result.law, result.fixed
         if args.bootstrap:
-            _bootstrap_fit(df, result, args.bootstrap, args.seed, loss_column)
+            bootstrap_fit(df, result, args.bootstrap, args.seed, loss_column)
     else:
         if args.candidate or args.reference:
             raise ConfigError("--candidate/--reference", args.candidate or args.reference, "only with --law auto")

@@ -1,43 +1,43 @@
 """`scaling reproduce`: the main job, end to end, on the embedded corpus.
 
-    sweep (experiments/<preset>.toml) -> fit (kumar law, bootstrap CIs) -> with an iso-compute sweep,
-    each of its recipes also at the law's optimal (N, D) (law_optimal_specs) -> results.csv +
-    curves.parquet -> compute-optimal precision -> figures + REPORT.md
+    IsoFLOP sweep (experiments/<preset>.toml's [isoflop] design) -> law chosen by held-out precision
+    gaps (fit.select_law over CANDIDATES) + bootstrap -> results.csv + curves.parquet ->
+    findings.json (IsoFLOP minima per recipe and budget, P(best), winner or none, P* with CI and
+    specification range) + figures + REPORT.md
 
 Everything lands under --out (default runs/<preset>/) in the repository's own layout:
 runs/ (one directory per run), results/<sweep>.csv and results/<sweep>_curves.parquet (small
-summaries), fits/<sweep>.json, and paper_figures/ (figures and REPORT.md). So
-`scaling reproduce --preset full --out .` regenerates the committed reference study (hours on
-2 cores). A second run of the same command reuses every finished run and only refits and redraws.
+summaries), fits/<sweep>.json, and paper_figures/ (figures, REPORT.md, findings.json). So
+`scaling reproduce --preset full --out .` regenerates the reference study (hours on 2 cores). A
+second run of the same command reuses every finished run and only refits and redraws.
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import time
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from scaling.errors import ConfigError
 
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
-# preset -> the sweeps it runs; the first one is fitted, the others feed their own figures.
+# preset -> the sweeps it runs; the first one is the IsoFLOP study the law is fitted on, the others
+# feed their own figures.
 PRESETS = {
     "quick": ["quick.toml"],
-    "full": ["ladder.toml", "isocompute.toml", "granularity.toml", "outliers.toml"],
+    "full": ["isoflop.toml", "granularity.toml", "outliers.toml"],
 }
-LAW = "kumar"
-ISOCOMPUTE, LAW_SWEEP = "isocompute", "isocompute_law"
-LAW_SIZES = range(1, 9)  # the ladder sizes the law's optimal N is chosen from (model.config_for_size)
+# The laws reproduce chooses among (scaling fit --law auto offers every law): the ones a grid that
+# ties every role to one precision can identify, with kappa fixed and fitted.
+CANDIDATES = ("chinchilla", "kumar", "kumar[kappa free]", "kumar_data")
 
 
 def reproduce(preset: str, out: str | Path, *, bootstrap: int = 100, workers: int = 1,
               hang_timeout: float = 600.0, progress: bool = True) -> Path:
     """Run the preset and write its report; returns the path of REPORT.md."""
-    from scaling import curves, fit, report, results, sweep
+    from scaling import curves, fit, report, study, sweep
 
     if preset not in PRESETS:
         raise ConfigError("--preset", preset, list(PRESETS))
@@ -55,82 +55,39 @@ def reproduce(preset: str, out: str | Path, *, bootstrap: int = 100, workers: in
         print(f"take-off ok: {len(flights)} shapes; measured ETA {sweep.measured_seconds(todo, flights) / 60:.1f} min")
         sweep.run_sweep(todo, out / "runs", workers=workers, hang_timeout=hang_timeout, progress=progress)
 
-    fitted_sweep = specs[0].sweep
+    studied = specs[0].sweep
     # the preset's own runs only: a run left in the same folder by an older grid is not part of the study
     df = _landed(out, specs)
-    fit_rows = df[(df["sweep"] == fitted_sweep) & (df["status"] == "ok")]
-    result = fit.fit_law(fit_rows, LAW, loss_column="val_loss", bootstrap=bootstrap)
-    # keep the held-out fit's params: figure 3 then shows what it actually predicted
-    if fit_rows["N"].nunique() > 1:
-        result.heldout = fit.holdout_error(fit_rows, LAW, by="N", loss_column="val_loss")
-    else:
-        print(f"{preset}: one model size, so no held-out extrapolation test")
-    result.to_json(out / "fits" / f"{fitted_sweep}.json")
+    rows = study.ok_rows(df[df["sweep"] == studied])
+    selection, fits = fit.select(rows, CANDIDATES, loss_column="val_loss")
+    if selection["chosen"] is None:
+        raise ConfigError("results", studied, "runs on which at least one candidate law can be fitted")
+    result = fits[selection["chosen"]]
+    result.selection = selection
+    print(f"{preset}: law {result.law} chosen by held-out precision gaps ({selection['criterion']})")
+    if bootstrap:
+        fit.bootstrap_fit(rows, result, bootstrap, seed=0, loss_column="val_loss")
+    if rows["N"].nunique() > 1:  # figure 3: what the law predicts for the largest size, fitted without it
+        result.heldout = fit.holdout_error(rows, result.law, by="N", fixed=result.fixed, loss_column="val_loss")
+    result.to_json(out / "fits" / f"{studied}.json")
 
-    # the direct test's second half needs the fit: each precision at the law's own optimal (N, D)
-    law_specs = law_optimal_specs(result, df, specs)
-    todo = [s for s in law_specs if not sweep.finished_status(s.out_dir(out / "runs"))]
-    if law_specs:
-        print(f"{preset}: {len(law_specs)} runs at the law's optimal N, D per precision, {len(todo)} to run")
-    if todo:
-        todo, _ = sweep.take_off(todo, out / "runs", hang_timeout=hang_timeout)
-        sweep.run_sweep(todo, out / "runs", workers=workers, hang_timeout=hang_timeout, progress=progress)
-    specs += law_specs
-    df = _landed(out, specs)
+    from scaling import results
 
-    results.export(df, out / "results" / f"{fitted_sweep}.csv")
+    results.export(df, out / "results" / f"{studied}.csv")
     run_curves = curves.load_curves(out / "runs")
     run_curves = run_curves[run_curves["run_id"].isin({s.run_id for s in specs})].reset_index(drop=True)
-    curves.export_curves(run_curves, out / "results" / f"{fitted_sweep}_curves.parquet")
+    curves.export_curves(run_curves, out / "results" / f"{studied}_curves.parquet")
     path = report.write_report(df, result, out / "paper_figures", curves=run_curves)
     print(f"{preset}: {len(df)} rows, fit and report in {time.perf_counter() - started:.0f} s -> {path}")
     return path
 
 
 def _landed(out: Path, specs: list) -> pd.DataFrame:
-    """The results table of these specs' landed runs (one row per run and token budget)."""
+    """The results table of these specs' landed runs (one row per run and evaluated budget)."""
     from scaling import results
 
     df = results.load(out / "runs")
     return df[df["run_id"].isin({s.run_id for s in specs})].reset_index(drop=True)
-
-
-def law_optimal_specs(fit_result, df: pd.DataFrame, specs: list, sizes: range = LAW_SIZES) -> list:
-    """At each iso-compute budget C, every recipe of the iso-compute sweep at the (N, D) the fitted law
-    predicts best among the ladder sizes, with D = what C affords at that N and P (whole steps).
-
-    The iso-compute sweep trains each precision at its cost-model size for the same tokens; this is the
-    other half of the direct test: the law's own allocation, measured. Runs form the sweep
-    `isocompute_law` (a single budget; the iso-compute sweep's seeds, so both halves have error bars).
-    None when the preset has no landed iso-compute runs."""
-    from scaling import config, model, optimal, plots
-    from scaling.sweep import RunSpec
-
-    iso_specs = {s.run_id: s for s in specs if s.sweep == ISOCOMPUTE}
-    iso = df[df["run_id"].isin(iso_specs) & (df["status"] == "ok")]
-    if iso.empty:
-        return []
-    n_of = {size: model.param_counts(model.config_for_size(size))["non_embedding"] for size in sizes}
-    out: dict[str, RunSpec] = {}
-    for compute in plots.default_budgets(iso):
-        for _, rows in iso.groupby("recipe", sort=False):
-            row = rows.iloc[0]
-            candidates = pd.DataFrame([row.to_dict()] * len(n_of))
-            candidates["N"] = list(n_of.values())
-            candidates["D"] = optimal.Cost().tokens(candidates["N"], compute, row["P"])
-            best = int(np.argmin(fit_result.predict(candidates)))
-            size = list(n_of)[best]
-            for seed in sorted({int(iso_specs[r].config["seed"]) for r in rows["run_id"]}):
-                cfg = copy.deepcopy(iso_specs[row["run_id"]].config)
-                per_step = cfg["train"]["batch_size"] * cfg["model"]["seq_len"]
-                steps = max(1, round(candidates["D"].iloc[best] / per_step))
-                cfg.update(name=LAW_SWEEP, seed=seed)
-                cfg["model"]["size"] = size
-                cfg["train"].update(tokens=steps * per_step, budgets=[1.0], lr="auto")
-                cfg = config.validate(cfg)
-                run_id = config.run_id(cfg)
-                out.setdefault(run_id, RunSpec(run_id=run_id, sweep=LAW_SWEEP, config=cfg))
-    return list(out.values())
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

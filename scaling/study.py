@@ -23,6 +23,7 @@ sizes (a minimum at the edge could be lower beyond it); otherwise None, with the
 from __future__ import annotations
 
 import copy
+import json
 import math
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -89,7 +90,8 @@ class Design:
     (recipe, seed, ...), `sizes_per_budget` consecutive ladder sizes centred on the one whose tokens per
     parameter at that budget are closest to `tokens_per_param` (the expected optimum), among `sizes`
     that give at least `min_steps` steps. Each (point, size) is one run, trained to the longest budget
-    it serves, with a WSD cooldown branch ending on the step nearest each other budget."""
+    it serves, with a WSD cooldown branch ending on the step nearest each other budget. `reference`:
+    a recipe also evaluated at the other recipes' steps (see `design`)."""
 
     budgets: tuple[float, ...]
     cost: str = "bits"
@@ -97,6 +99,7 @@ class Design:
     sizes_per_budget: int = DESIGN_SIZES
     tokens_per_param: float = 20.0
     min_steps: int = 50
+    reference: str | None = None
 
     @classmethod
     def from_table(cls, table: Any) -> "Design":
@@ -125,15 +128,57 @@ class Design:
                    sizes=tuple(sizes), sizes_per_budget=per,
                    tokens_per_param=config._real(0.0, lo_open=True)("isoflop.tokens_per_param",
                                                                     table.get("tokens_per_param", cls.tokens_per_param)),
-                   min_steps=config._integer(1)("isoflop.min_steps", table.get("min_steps", cls.min_steps)))
+                   min_steps=config._integer(1)("isoflop.min_steps", table.get("min_steps", cls.min_steps)),
+                   reference=config._name("isoflop.reference", table["reference"]) if "reference" in table else None)
 
 
-def design(point: dict, plan: Design, vocab: int = 256) -> list[dict]:
-    """The resolved run configs of one grid point (an unvalidated config: recipe, seed, ...) under an
+def design(points: Sequence[dict], plan: Design, vocab: int = 256) -> list[list[dict]]:
+    """The resolved run configs of each grid point (an unvalidated config: recipe, seed, ...) under an
     IsoFLOP design: one per size it uses, each with model.size, train.tokens, train.budgets (the step
     of each budget served, as fractions of the longest) and study.budgets / study.cost (the labels
-    each evaluation's results row carries as `budget`). Raises ConfigError when a budget cannot get
-    its sizes or two budgets fall on one step."""
+    each evaluation's results row carries as `budget`; 0 = not an IsoFLOP point).
+
+    With `plan.reference` (a recipe name), that recipe's run of each size also trains to, and
+    evaluates at, every step another recipe's run of the same size lands on (same grid point
+    otherwise): the matched high-precision loss that a precision gap (scaling.fit.select_law) needs.
+    Raises ConfigError when a budget cannot get its sizes or two budgets fall on one step."""
+    from scaling import config, precision
+
+    names = [precision.get(config.validate(p)["precision"]).name for p in points]
+    if plan.reference and plan.reference not in names:
+        raise ConfigError("isoflop.reference", plan.reference, f"a recipe of the grid ({', '.join(dict.fromkeys(names))})")
+    served = [_served(point, plan, vocab) for point in points]  # per point: size -> {steps: budget}
+    if plan.reference:
+        siblings = [json.dumps({k: v for k, v in p.items() if k != "precision"}, sort_keys=True, default=str) for p in points]
+        for i, name in enumerate(names):
+            if name != plan.reference:
+                continue
+            for j in (j for j, key in enumerate(siblings) if key == siblings[i] and j != i):
+                for size, at in served[j].items():
+                    if size in served[i]:  # sizes the reference runs anyway; their budgets stay its own
+                        for steps in at:
+                            served[i][size].setdefault(steps, 0.0)
+    out = []
+    for point, at_size in zip(points, served):
+        cfgs = []
+        for size in sorted(at_size):
+            at = dict(sorted(at_size[size].items()))
+            last = max(at)
+            cfg = copy.deepcopy(point)
+            train = config.validate(cfg)["train"]
+            tokens_per_step = train["batch_size"] * config.validate(cfg)["model"]["seq_len"]
+            config.set_dotted(cfg, "model.size", size)
+            config.set_dotted(cfg, "train.tokens", last * tokens_per_step)
+            config.set_dotted(cfg, "train.budgets", [s / last for s in at])
+            config.set_dotted(cfg, "study.budgets", list(at.values()))
+            config.set_dotted(cfg, "study.cost", plan.cost)
+            cfgs.append(config.validate(cfg))
+        out.append(cfgs)
+    return out
+
+
+def _served(point: dict, plan: Design, vocab: int) -> dict[int, dict[int, float]]:
+    """size -> {steps: budget}: where one grid point's runs land on each budget (see Design)."""
     from scaling import config
 
     base = config.validate(point)
@@ -149,7 +194,7 @@ def design(point: dict, plan: Design, vocab: int = 256) -> list[dict]:
         row = compute_lib.run_row(cfg, vocab)
         rows.append({"size": size, "N": row["N"], "per_token": float(cost.per_token(pd.DataFrame([row]))[0])})
     sizes = pd.DataFrame(rows).sort_values("N").reset_index(drop=True)
-    served: dict[int, dict[int, float]] = {}  # size -> {steps: budget}
+    served: dict[int, dict[int, float]] = {}
     for budget in plan.budgets:
         steps = np.round(budget / sizes["per_token"] / tokens_per_step).astype(int)
         ok = sizes[(steps >= max(plan.min_steps, base["train"]["warmup"] + 1))].index
@@ -167,18 +212,7 @@ def design(point: dict, plan: Design, vocab: int = 256) -> list[dict]:
                 raise ConfigError("isoflop.budgets", budget, f"budgets at least one step apart at size {size} "
                                                              f"(it shares step {int(steps[i])} with {at[int(steps[i])]:g})")
             at[int(steps[i])] = budget
-    out = []
-    for size in sorted(served):
-        at = dict(sorted(served[size].items()))
-        last = max(at)
-        cfg = copy.deepcopy(point)
-        config.set_dotted(cfg, "model.size", size)
-        config.set_dotted(cfg, "train.tokens", last * tokens_per_step)
-        config.set_dotted(cfg, "train.budgets", [s / last for s in at])
-        config.set_dotted(cfg, "study.budgets", list(at.values()))
-        config.set_dotted(cfg, "study.cost", plan.cost)
-        out.append(config.validate(cfg))
-    return out
+    return served
 
 
 # ----------------------------------------------------------------------------- budgets and points

@@ -139,13 +139,20 @@ def expand(path: str | Path, overrides: list[str] = ()) -> list[RunSpec]:
         from scaling import study
 
         design = study.Design.from_table(experiment["isoflop"])
-    specs: dict[str, RunSpec] = {}
+    points = []
     for point in grid_points(experiment):
         cfg = copy.deepcopy(base)
         for key, value in point.items():
             set_dotted(cfg, key, value)
+        points.append((point, cfg))
+    try:
+        designed = study.design([c for _, c in points], design, _vocab(base)) if design else None
+    except ConfigError as e:
+        raise ConfigError(e.key, e.value, f"{e.allowed} (the [isoflop] design)") from None
+    specs: dict[str, RunSpec] = {}
+    for i, (point, cfg) in enumerate(points):
         try:
-            cfgs = [config.validate(cfg)] if design is None else study.design(cfg, design, _vocab(cfg))
+            cfgs = [config.validate(cfg)] if designed is None else designed[i]
         except ConfigError as e:
             where = ", ".join(f"{k}={v!r}" for k, v in point.items())
             raise ConfigError(e.key, e.value, f"{e.allowed} (grid point {where})") from None
@@ -459,8 +466,9 @@ def _takeoff_spec(spec: RunSpec) -> RunSpec:
 
     cfg = copy.deepcopy(spec.config)
     tokens_per_step = cfg["train"]["batch_size"] * cfg["model"]["seq_len"]
-    cfg["train"].update(tokens=TAKEOFF_STEPS * tokens_per_step, budgets=[1.0], schedule="wsd",
+    cfg["train"].update(tokens=TAKEOFF_STEPS * tokens_per_step, budgets=[1.0], schedule="wsd", warmup=0,
                         checkpoint_every=0, eval_every=0, log_every=1)
+    cfg["study"]["budgets"] = []
     cfg["data"]["eval_tokens"] = min(cfg["data"]["eval_tokens"], tokens_per_step)
     cfg = config.validate(cfg)
     return RunSpec(run_id=config.run_id(cfg), sweep=spec.sweep, config=cfg)

@@ -447,7 +447,7 @@ class _Trainer:
         if budget is not None:
             record["fraction"] = budget.fraction
             labels = self.cfg["study"]["budgets"]  # the IsoFLOP budget this evaluation serves
-            if labels:
+            if labels and labels[self.plan.budgets.index(budget)] > 0:
                 record["budget"] = labels[self.plan.budgets.index(budget)]
         self._log({"event": "eval", "tokens": record["D"], **record})
         self.echo(f"eval     step {step:6d}  val_loss {val_loss:.4f}  train_loss {train_loss:.4f}")

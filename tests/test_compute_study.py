@@ -202,7 +202,7 @@ def _per_token(cfg) -> float:
 def test_design_lands_each_size_on_every_budget_it_serves(recipe):
     plan = study.Design.from_table({"budgets": [2e11, 6e11], "sizes": [1, 2, 3, 4, 5, 6, 7, 8],
                                     "sizes_per_budget": 5, "tokens_per_param": 20, "min_steps": 20})
-    cfgs = study.design({**DESIGN_POINT, "precision": recipe}, plan)
+    (cfgs,) = study.design([{**DESIGN_POINT, "precision": recipe}], plan)
     per_budget = {b: [] for b in plan.budgets}
     tokens_per_step = 8 * 32
     for cfg in cfgs:
@@ -234,9 +234,11 @@ def test_design_errors_are_one_line_and_name_the_key():
 
     plan = study.Design.from_table({"budgets": [2e11]})
     with pytest.raises(ConfigError, match=r"^train\.warmup: got 0\.05; allowed: a whole number of steps"):
-        study.design({**DESIGN_POINT, "train": {"batch_size": 8, "warmup": 0.05}}, plan)
+        study.design([{**DESIGN_POINT, "train": {"batch_size": 8, "warmup": 0.05}}], plan)
     with pytest.raises(ConfigError, match=r"^isoflop\.budgets: got 1000000\.0; allowed: budgets giving 5"):
-        study.design(DESIGN_POINT, study.Design.from_table({"budgets": [1e6]}))
+        study.design([DESIGN_POINT], study.Design.from_table({"budgets": [1e6]}))
+    with pytest.raises(ConfigError, match=r"^isoflop\.reference: got 'bf16'; allowed: a recipe of the grid \(fp32\)"):
+        study.design([DESIGN_POINT], study.Design.from_table({"budgets": [2e11], "reference": "bf16"}))
     with pytest.raises(ConfigError, match=r"^isoflop\.size: got 3"):
         study.Design.from_table({"budgets": [1e12], "size": 3})
     with pytest.raises(ConfigError, match=r"^isoflop\.sizes_per_budget: got 2; allowed: an integer >= 3"):
@@ -280,11 +282,18 @@ budgets = [2e10, 4e10]
 sizes = [1, 2, 3]
 sizes_per_budget = 3
 min_steps = 4
+reference = "fp32"
 """)
     specs = sweep.expand(experiment)
     assert {s.config["precision"] for s in specs} == {"fp32", "fp8"}
     assert all(s.config["model"]["size"] in (1, 2, 3) for s in specs)
-    smallest = min((s for s in specs if s.config["precision"] == "fp32"), key=lambda s: s.config["train"]["tokens"])
+    by = {(s.config["precision"], s.config["model"]["size"]): s.config for s in specs}
+    for size in (1, 2, 3):  # the reference also lands on every step FP8 lands on, unlabelled
+        fp8, ref = by["fp8", size], by["fp32", size]
+        steps = lambda c: {round(f * c["train"]["tokens"] / 256): b for f, b in zip(c["train"]["budgets"], c["study"]["budgets"])}
+        assert set(steps(fp8)) < set(steps(ref)) and all(steps(ref)[s] == 0 for s in steps(fp8))
+        assert sorted(b for b in steps(ref).values() if b) == [2e10, 4e10]
+    smallest = min((s for s in specs if s.config["precision"] == "fp8"), key=lambda s: s.config["train"]["tokens"])
     train.run(smallest.config, smallest.out_dir(tmp_path / "runs"))
     df = results.load(tmp_path / "runs")
     assert sorted(df["budget"]) == sorted(smallest.config["study"]["budgets"]) and (df["budget_cost"] == "bits").all()

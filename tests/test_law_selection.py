@@ -132,8 +132,8 @@ def test_cli_law_auto_writes_the_chosen_fit_with_selection(tmp_path, capsys, mon
     csv = tmp_path / "results.csv"
     kumar_data_runs().to_csv(csv, index=False)
     out = tmp_path / "fits" / "auto.json"
-    select = fit._select  # the CLI fits with each law's default grid; small grids keep the test quick
-    monkeypatch.setattr(fit, "_select", lambda df, c, loss, ref, kw: select(df, c, loss, ref, {**kw, **QUICK}))
+    select = fit.select  # the CLI fits with each law's default grid; small grids keep the test quick
+    monkeypatch.setattr(fit, "select", lambda df, c, loss, ref=None, kw=None: select(df, c, loss, ref, {**(kw or {}), **QUICK}))
     argv = ["fit", str(csv), "--law", "auto", "--candidate", "kumar", "--candidate", "kumar_data",
             "--candidate", "sun", "-o", str(out)]
     assert cli.main(argv) == 0

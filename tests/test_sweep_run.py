@@ -143,23 +143,48 @@ def test_bad_grid_value_names_the_grid_point(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_reproduce_reuses_landed_runs_and_reports_only_the_presets_own(tmp_path, monkeypatch, capsys):
+REPRO = """
+name = "repro"
+precision = "fp32"
+[model]
+seq_len = 32
+[data]
+source = "synthetic"
+eval_tokens = 1024
+[train]
+batch_size = 8
+lr = 1e-2
+warmup = 2
+log_every = 5
+checkpoint_every = 0
+[grid]
+precision = ["fp32", "fp8"]
+[isoflop]
+budgets = [1.5e10, 3e10]
+sizes = [1, 2, 3]
+sizes_per_budget = 3
+min_steps = 6
+reference = "fp32"
+"""
+
+
+def test_reproduce_runs_an_isoflop_study_reuses_landed_runs_and_reports_only_the_presets_own(tmp_path, monkeypatch, capsys):
     import shutil
 
     import pandas as pd
 
     from scaling import reproduce
 
-    # the smoke grid with 4 WSD budgets: 3 runs, 12 points, enough for the 6 free params of the law
+    # a tiny IsoFLOP design: 2 recipes x 3 sizes x 2 budgets, FP32 also at FP8's steps
     experiments = tmp_path / "experiments"
     experiments.mkdir()
-    (experiments / "repro.toml").write_text(SMOKE.read_text().replace('name = "smoke_sweep"', 'name = "repro"')
-                                            .replace("budgets = [0.5, 1.0]", "budgets = [0.25, 0.5, 0.75, 1.0]"))
+    (experiments / "repro.toml").write_text(REPRO)
     monkeypatch.setattr(reproduce, "EXPERIMENTS", experiments)
     monkeypatch.setitem(reproduce.PRESETS, "repro", ["repro.toml"])
+    monkeypatch.setattr(reproduce, "CANDIDATES", ("chinchilla", "kumar"))  # two laws keep the test quick
     out = tmp_path / "study"
     reproduce.reproduce("repro", out, bootstrap=4, progress=False)
-    assert "repro: 3 runs, 0 already landed" in capsys.readouterr().out
+    assert "repro: 6 runs, 0 already landed" in capsys.readouterr().out
 
     # a run an older grid left in the same sweep folder: not part of the preset, so not of the study
     first = next(p for p in (out / "runs" / "repro").iterdir() if (p / "summary.json").is_file())
@@ -170,59 +195,19 @@ def test_reproduce_reuses_landed_runs_and_reports_only_the_presets_own(tmp_path,
     landed = {p: p.stat().st_mtime_ns for p in (out / "runs" / "repro").glob("*/summary.json") if p.parent != stale}
 
     report = reproduce.reproduce("repro", out, bootstrap=4, progress=False)
-    assert "repro: 3 runs, 3 already landed" in capsys.readouterr().out  # nothing retrained
+    assert "repro: 6 runs, 6 already landed" in capsys.readouterr().out  # nothing retrained
     assert {p: p.stat().st_mtime_ns for p in landed} == landed
     table = pd.read_csv(out / "results" / "repro.csv")
     assert set(table["run_id"]) == {s.run_id for s in sweep.expand(experiments / "repro.toml")}
     assert set(pd.read_parquet(out / "results" / "repro_curves.parquet")["run_id"]) == set(table["run_id"])
+    # every recipe at both budgets, 3 sizes each; FP32's extra evaluations carry no budget
+    labelled = table[table["budget"].notna()]
+    assert labelled.groupby(["budget", "recipe"])["N"].nunique().tolist() == [3] * 4
     fitted = json.loads((out / "fits" / "repro.json").read_text())
-    assert fitted["law"] == "kumar" and fitted["data"]["n_points"] == len(table) == 12
-    text = report.read_text()
-    assert report == out / "paper_figures" / "REPORT.md" and "law gives P* = " in text
-    assert (out / "paper_figures" / "findings.json").is_file()
-    assert (out / "paper_figures" / "fig1_sweet_spot.png").stat().st_size > 0
-
-
-def test_law_optimal_runs_spend_the_budget_where_the_law_says():
-    """The direct test's second half: each iso-compute recipe at the ladder size the fitted law
-    prefers at the same budget, its tokens what that budget affords (whole steps)."""
-    import pandas as pd
-
-    from scaling import config, model, optimal, plots, reproduce
-    from test_plots import fake_fit, kumar_loss
-
-    base = {"name": "isocompute", "model": {"size": 2, "seq_len": 64}, "data": {"source": "synthetic"},
-            "train": {"tokens": 1_310_720, "batch_size": 16, "lr": "auto", "budgets": [0.5, 1.0]}}
-    specs, rows = [], []
-    for size, recipe, P in [(2, "fp32", 32), (4, "fp8", 8), (5, "mxfp4", 4)]:
-        for seed in (0, 1):
-            cfg = config.validate({**base, "precision": recipe, "seed": seed, "model": {**base["model"], "size": size}})
-            spec = sweep.RunSpec(run_id=config.run_id(cfg), sweep="isocompute", config=cfg)
-            specs.append(spec)
-            N = model.param_counts(model.config_for_size(size))["non_embedding"]
-            for D in (655_360, 1_310_720):
-                rows.append(dict(run_id=spec.run_id, sweep="isocompute", recipe=recipe, N=N, D=D, P=P, status="ok",
-                                 val_loss=float(kumar_loss(N, D, P, gamma=5.0 / 1.9038))))
-    df = pd.DataFrame(rows)
-    law = fake_fit(5.0, n_samples=0)  # sweet spot P* = 5 bits
-    planned = reproduce.law_optimal_specs(law, df, specs)
-    budgets = plots.default_budgets(df)
-    # 2 budgets x 3 recipes, each at the iso-compute sweep's 2 seeds (error bars for both halves)
-    assert len(budgets) == 2 and len(planned) == 12 and {s.sweep for s in planned} == {"isocompute_law"}
-    assert sorted(s.config["seed"] for s in planned) == [0] * 6 + [1] * 6
-    n_of = {s: model.param_counts(model.config_for_size(s))["non_embedding"] for s in reproduce.LAW_SIZES}
-    for spec in planned:
-        cfg = spec.config
-        size, tokens, P = cfg["model"]["size"], cfg["train"]["tokens"], {"fp32": 32, "fp8": 8, "mxfp4": 4}[cfg["precision"]]
-        assert cfg["train"]["budgets"] == [1.0] and cfg["train"]["lr"] == model.ladder_lr(size)
-        assert spec.run_id == config.run_id(cfg) and tokens % (16 * 64) == 0
-        # the run spends one of the budgets (to a step of 1,024 tokens)...
-        cost = float(optimal.Cost().compute(n_of[size], tokens, P))
-        compute = min(budgets, key=lambda c: abs(math.log(cost / c)))
-        assert abs(float(optimal.Cost().tokens(n_of[size], compute, P)) - tokens) <= 512
-        # ...at the ladder size where the law predicts the lowest loss for that budget
-        losses = {s: float(kumar_loss(n, optimal.Cost().tokens(n, compute, P), P, gamma=5.0 / 1.9038))
-                  for s, n in n_of.items()}
-        assert size == min(losses, key=losses.get)
-    # no landed iso-compute runs: nothing to plan
-    assert reproduce.law_optimal_specs(law, df.iloc[:0], specs) == []
+    assert fitted["selection"]["chosen"] == fitted["law"] and fitted["data"]["n_points"] == len(table)
+    assert {c["name"] for c in fitted["selection"]["candidates"]} == {"chinchilla", "kumar"}
+    assert fitted["data"]["shape"]["N"] == sorted(set(table["N"]))  # what optimal costs hypothetical models by
+    findings = json.loads((out / "paper_figures" / "findings.json").read_text())
+    assert [b["budget"] for b in findings["budgets"]] == [1.5e10, 3e10]
+    assert all(len(b["recipes"]) == 2 for b in findings["budgets"])
+    assert report == out / "paper_figures" / "REPORT.md" and "Findings" in report.read_text()
