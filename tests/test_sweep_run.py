@@ -1,7 +1,6 @@
 """The sweep end to end on the smoke grid: both executors, re-runs, crash safety, bad input."""
 
 import json
-import math
 import os
 import signal
 import subprocess
