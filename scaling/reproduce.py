@@ -37,7 +37,7 @@ LAW_SIZES = range(1, 9)  # the ladder sizes the law's optimal N is chosen from (
 def reproduce(preset: str, out: str | Path, *, bootstrap: int = 100, workers: int = 1,
               hang_timeout: float = 600.0, progress: bool = True) -> Path:
     """Run the preset and write its report; returns the path of REPORT.md."""
-    from scaling import curves, fit, report, results, sweep
+    from scaling import curves, fit, report, results, runs, sweep
 
     if preset not in PRESETS:
         raise ConfigError("--preset", preset, list(PRESETS))
@@ -48,7 +48,7 @@ def reproduce(preset: str, out: str | Path, *, bootstrap: int = 100, workers: in
     if missing:
         raise ConfigError("--preset", preset, f"a preset whose experiment files exist (missing {missing[0]})")
     specs = [spec for path in experiments for spec in sweep.expand(path)]  # validate everything first
-    todo = [s for s in specs if not sweep.finished_status(s.out_dir(out / "runs"))]
+    todo = [s for s in specs if not runs.finished(s.out_dir(out / "runs"))]
     print(f"{preset}: {len(specs)} runs, {len(specs) - len(todo)} already landed")
     if todo:
         todo, flights = sweep.take_off(todo, out / "runs", hang_timeout=hang_timeout)
@@ -69,7 +69,7 @@ def reproduce(preset: str, out: str | Path, *, bootstrap: int = 100, workers: in
 
     # the direct test's second half needs the fit: each precision at the law's own optimal (N, D)
     law_specs = law_optimal_specs(result, df, specs)
-    todo = [s for s in law_specs if not sweep.finished_status(s.out_dir(out / "runs"))]
+    todo = [s for s in law_specs if not runs.finished(s.out_dir(out / "runs"))]
     if law_specs:
         print(f"{preset}: {len(law_specs)} runs at the law's optimal N, D per precision, {len(todo)} to run")
     if todo:
