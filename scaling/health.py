@@ -1,4 +1,4 @@
-"""Run health: in-flight checks that stop a run early, and the landing record of a run that failed.
+"""Run health: in-flight checks that stop a run early, and the record of a run that failed.
 
 In flight (every training step):
 - a NaN or infinite loss stops the run as `diverged`;
@@ -8,9 +8,10 @@ In flight (every training step):
 - a quantised role whose saturated fraction exceeds `max_saturation` is reported (a metrics
   line naming the role), not stopped: saturation costs accuracy, divergence is the loss's job.
 
-Landing: a run that did not end `ok` writes failure.json (config, status, step, reason, last
-losses, telemetry, traceback, environment) atomically; train.run also writes summary.json with
-the same status, so a results table shows every run, including the ones that failed.
+Failure record: a run that did not end `ok` lands with failure.json (config, status, step,
+reason, last losses, telemetry, traceback, environment; built here, written by
+runs.land_failure) and a summary.json with the same status, so a results table shows every run,
+including the ones that failed.
 """
 
 from __future__ import annotations
@@ -23,12 +24,8 @@ import traceback as traceback_lib
 from collections import deque
 from dataclasses import dataclass, field
 from importlib import metadata
-from pathlib import Path
 from typing import Any
 
-from scaling._io import atomic_write_json
-
-FAILURE_FILE = "failure.json"
 MIN_SPIKE_HISTORY = 5
 _VERSIONED = ("scaling", "jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy", "ml_dtypes")
 
@@ -91,10 +88,10 @@ def environment() -> dict[str, Any]:
             "machine": platform.machine(), "versions": versions}
 
 
-def land_failure(out_dir: str | Path, *, config: dict, status: str, step: int, reason: str,
-                 last_losses: list[float], telemetry: dict, error: BaseException | None = None) -> dict:
-    """Write out_dir/failure.json atomically and return what was written."""
-    record = {
+def failure_record(*, config: dict, status: str, step: int, reason: str, last_losses: list[float],
+                   telemetry: dict, error: BaseException | None = None) -> dict:
+    """What failure.json says about a run that did not end `ok` (JSON-ready: non-finite losses as text)."""
+    return {
         "status": status,
         "step": step,
         "reason": reason,
@@ -104,5 +101,3 @@ def land_failure(out_dir: str | Path, *, config: dict, status: str, step: int, r
         "environment": environment(),
         "config": config,
     }
-    atomic_write_json(Path(out_dir) / FAILURE_FILE, record)
-    return record

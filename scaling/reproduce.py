@@ -37,7 +37,7 @@ CANDIDATES = ("chinchilla", "kumar", "kumar[kappa free]", "kumar_data")
 def reproduce(preset: str, out: str | Path, *, bootstrap: int = 100, workers: int = 1,
               hang_timeout: float = 600.0, progress: bool = True) -> Path:
     """Run the preset and write its report; returns the path of REPORT.md."""
-    from scaling import curves, fit, report, study, sweep
+    from scaling import curves, fit, report, results, runs, study, sweep
 
     if preset not in PRESETS:
         raise ConfigError("--preset", preset, list(PRESETS))
@@ -48,7 +48,7 @@ def reproduce(preset: str, out: str | Path, *, bootstrap: int = 100, workers: in
     if missing:
         raise ConfigError("--preset", preset, f"a preset whose experiment files exist (missing {missing[0]})")
     specs = [spec for path in experiments for spec in sweep.expand(path)]  # validate everything first
-    todo = [s for s in specs if not sweep.finished_status(s.out_dir(out / "runs"))]
+    todo = [s for s in specs if not runs.finished(s.out_dir(out / "runs"))]
     print(f"{preset}: {len(specs)} runs, {len(specs) - len(todo)} already landed")
     if todo:
         todo, flights = sweep.take_off(todo, out / "runs", hang_timeout=hang_timeout)
@@ -71,7 +71,6 @@ def reproduce(preset: str, out: str | Path, *, bootstrap: int = 100, workers: in
         result.heldout = fit.holdout_error(rows, result.law, by="N", fixed=result.fixed, loss_column="val_loss")
     result.to_json(out / "fits" / f"{studied}.json")
 
-    from scaling import results
 
     results.export(df, out / "results" / f"{studied}.csv")
     run_curves = curves.load_curves(out / "runs")

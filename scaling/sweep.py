@@ -17,6 +17,11 @@ A grid key naming several comma-separated keys is one axis of tuples that vary t
 
 The run id is a stable hash of the resolved config, so running a sweep again skips what
 has finished. Layout: <out>/<sweep>/<run_id>/{config.json, metrics.jsonl, summary.json, failure.json}.
+
+Several sweeps may share an --out: each run is trained by the one process holding its lock
+(scaling.runs). A sweep that reaches a run another process owns moves on, and once its own runs
+have landed waits for those (training any whose owner died before landing them), so every sweep
+ends with every run of its grid landed, each trained once.
 """
 
 from __future__ import annotations
@@ -39,7 +44,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from scaling._io import atomic_write_json, atomic_write_text, read_jsonl
+from scaling import runs
+from scaling._io import atomic_write_json, atomic_write_text
 from scaling.config import set_dotted
 from scaling.errors import ConfigError
 
@@ -172,17 +178,8 @@ def _vocab(cfg: dict) -> int:
 
 # ---------------------------------------------------------------- running
 
-DONE = ("ok", "diverged")  # landed results; `failed` and `hung` runs are retried on the next sweep
-STATUSES = ("ok", "diverged", "failed", "hung")
+OWNED = "owned"  # not a status: another process holds the run's lock; the sweep comes back to it
 
-
-def finished_status(out_dir: Path) -> str | None:
-    """The status of a run that has landed (summary.json written atomically), else None."""
-    try:
-        status = json.loads((out_dir / "summary.json").read_text()).get("status", "ok")
-    except (OSError, json.JSONDecodeError):
-        return None
-    return status if status in DONE else None
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -219,41 +216,37 @@ def _use_compilation_cache() -> None:
         jax.config.update(name.lower(), kind(value))
 
 
-def land_failure(out_dir: Path, config: dict, status: str, reason: str, log_tail: str = "") -> dict:
-    """Land a run that could not land itself (its process died or hung): failure.json + summary.json."""
-    from scaling import health
-
-    metrics = read_jsonl(out_dir / "metrics.jsonl") if (out_dir / "metrics.jsonl").exists() else []
-    losses = [r["loss"] for r in metrics if "loss" in r]
-    step = max((r.get("step", 0) for r in metrics), default=0)
-    record = health.land_failure(out_dir, config=config, status=status, step=step, reason=reason,
-                                 last_losses=losses[-10:], telemetry=metrics[-1].get("telemetry", {}) if metrics else {})
-    if log_tail:  # the child's own traceback is in its log, not in this process
-        record["traceback"] = log_tail
-        atomic_write_json(out_dir / "failure.json", record)
-    summary = {"status": status, "reason": reason, "run_id": out_dir.name, "sweep": out_dir.parent.name,
-               "step": step, "evals": []}
-    atomic_write_json(out_dir / "summary.json", summary)
-    return summary
-
-
-def execute(spec: RunSpec, out_root: str | Path, hang_timeout: float, poll_s: float = 1.0) -> str:
+def execute(spec: RunSpec, out_root: str | Path, hang_timeout: float, poll_s: float = 1.0,
+            wait: bool = False) -> str:
     """Run one spec in a child process, watched: returns its status ('skipped' if it had landed).
 
-    The child resumes from its own checkpoint if a previous attempt was interrupted. A run whose
-    heartbeat (metrics.jsonl, or the directory at start) is older than `hang_timeout` seconds is
-    killed and landed as `hung`; a child that dies without a summary is landed as `failed`.
+    This process holds the run's lock from the check that it has not landed until it has, and the
+    child inherits it; a run another process holds is OWNED (with `wait`: waited for, then
+    skipped if it landed for good, else trained here). The child resumes from its own checkpoint if
+    a previous attempt was interrupted. A run whose heartbeat (metrics.jsonl, or the start) is
+    older than `hang_timeout` seconds is killed and landed as `hung`; a child that dies without
+    a summary is landed as `failed`.
     """
     out_dir = spec.out_dir(out_root)
-    if finished_status(out_dir):
+    if runs.finished(out_dir):
         return "skipped"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(out_dir / "config.json", spec.config)
-    (out_dir / "summary.json").unlink(missing_ok=True)  # a retried failed/hung run lands afresh
+    try:
+        lock = runs.acquire(out_dir, wait=wait, poll_s=poll_s)
+    except runs.RunOwned:
+        return OWNED
+    with lock:
+        if runs.finished(out_dir):  # landed by the process that held the lock before us
+            return "skipped"
+        runs.begin(out_dir, spec.config)
+        return _watch(spec, out_dir, lock, hang_timeout, poll_s)
+
+
+def _watch(spec: RunSpec, out_dir: Path, lock: runs.Lock, hang_timeout: float, poll_s: float) -> str:
     log_path = out_dir / "run.log"
     started = time.time()
     with open(log_path, "ab") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "scaling.sweep", "--worker", str(out_dir), str(os.getpid())],
+        proc = subprocess.Popen([sys.executable, "-m", "scaling.sweep", "--worker", str(out_dir), str(os.getpid()),
+                                 str(lock.fd)], pass_fds=(lock.fd,),
                                 stdout=log, stderr=subprocess.STDOUT, env=worker_env())
         while proc.poll() is None:
             time.sleep(poll_s)
@@ -261,22 +254,20 @@ def execute(spec: RunSpec, out_root: str | Path, hang_timeout: float, poll_s: fl
             if time.time() - heartbeat > hang_timeout:
                 proc.kill()
                 proc.wait()
-                land_failure(out_dir, spec.config, "hung",
-                             f"no progress for {hang_timeout:.0f} s", _tail(log_path))
+                _land_dead(out_dir, spec.config, "hung", f"no progress for {hang_timeout:.0f} s", log_path)
                 return "hung"
-    status = _landed_status(out_dir)
-    if status is None:
-        land_failure(out_dir, spec.config, "failed", f"run process exited with code {proc.returncode}",
-                     _tail(log_path))
+    landed = runs.summary(out_dir)
+    if landed is None:
+        _land_dead(out_dir, spec.config, "failed", f"run process exited with code {proc.returncode}", log_path)
         return "failed"
-    return status
+    return landed.get("status", "ok")
 
 
-def _landed_status(out_dir: Path) -> str | None:
-    try:
-        return json.loads((out_dir / "summary.json").read_text()).get("status")
-    except (OSError, json.JSONDecodeError):
-        return None
+def _land_dead(out_dir: Path, config: dict, status: str, reason: str, log_path: Path) -> None:
+    """Land a run whose process died or hung: what it logged, and its log's tail as the traceback
+    (the child's own traceback is in its log, not in this process)."""
+    runs.land_failure(out_dir, config=config, status=status, reason=reason, **runs.last_logged(out_dir),
+                      log_tail=_tail(log_path))
 
 
 def _mtime(path: Path) -> float:
@@ -292,51 +283,67 @@ def _tail(path: Path, n_bytes: int = 8000) -> str:
         return f.read().decode(errors="replace")
 
 
-def _worker(out_dir: str, parent_pid: int) -> int:
-    """Child entry point: train the run whose validated config.json is in out_dir."""
+def _worker(out_dir: str, parent_pid: int, lock_fd: int) -> int:
+    """Child entry point: train the run whose validated config.json is in out_dir, under the
+    lock its parent holds (passed down as an open file)."""
     _die_with_parent(parent_pid)
     from scaling import train
 
     out = Path(out_dir)
-    summary = train.run(json.loads((out / "config.json").read_text()), out)
-    return 0 if summary.get("status") in STATUSES else 1
+    with runs.inherit(out, lock_fd) as lock:
+        summary = train.run(json.loads((out / "config.json").read_text()), out, lock=lock)
+    return 0 if summary.get("status") in runs.STATUSES else 1
 
 
-def _ray_task(spec: RunSpec, out_root: str, hang_timeout: float) -> tuple[str, dict[str, str]]:
+def _ray_task(spec: RunSpec, out_root: str, hang_timeout: float, wait: bool) -> tuple[str, dict[str, str]]:
     """One Ray task = one watched run; returns its files so the driver holds them even without shared storage."""
-    status = execute(spec, out_root, hang_timeout)
+    status = execute(spec, out_root, hang_timeout, wait=wait)
     out_dir = spec.out_dir(out_root)
-    files = {name: (out_dir / name).read_text() for name in RUN_FILES if (out_dir / name).exists()}
+    files = {} if status == OWNED else {name: (out_dir / name).read_text() for name in RUN_FILES
+                                        if (out_dir / name).exists()}
     return status, files
 
 
 RUN_FILES = ("config.json", "metrics.jsonl", "summary.json", "failure.json")
 
 
-def _run_local(specs, out_root, hang_timeout, workers, on_done) -> None:
+def _run_local(specs, out_root, hang_timeout, workers, on_done, wait) -> None:
     if workers == 0:  # in-process, sequential: compiled steps are reused in memory; no hang watchdog
-        from scaling import train
-
         for spec in specs:
-            if finished_status(spec.out_dir(out_root)):
-                on_done(spec, "skipped")
-                continue
-            on_done(spec, train.run(spec.config, spec.out_dir(out_root)).get("status", "failed"))
+            on_done(spec, _run_in_process(spec, out_root, wait))
         return
     with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
-        futures = {pool.submit(execute, s, out_root, hang_timeout): s for s in specs}
+        futures = {pool.submit(execute, s, out_root, hang_timeout, wait=wait): s for s in specs}
         for future in concurrent.futures.as_completed(futures):
             on_done(futures[future], future.result())
 
 
-def _run_ray(specs, out_root, hang_timeout, address, cpus_per_run, on_done) -> None:
+def _run_in_process(spec: RunSpec, out_root: Path, wait: bool) -> str:
+    """execute()'s ownership rules, without the child process."""
+    from scaling import train
+
+    out_dir = spec.out_dir(out_root)
+    if runs.finished(out_dir):
+        return "skipped"
+    try:
+        lock = runs.acquire(out_dir, wait=wait)
+    except runs.RunOwned:
+        return OWNED
+    with lock:
+        if runs.finished(out_dir):
+            return "skipped"
+        return train.run(spec.config, out_dir, lock=lock).get("status", "failed")
+
+
+def _run_ray(specs, out_root, hang_timeout, address, cpus_per_run, on_done, wait) -> None:
     import ray
 
     ray.init(address=address, ignore_reinit_error=True, include_dashboard=False,
              log_to_driver=False, configure_logging=False)
-    # max_retries: a run whose worker (or node) dies is started again elsewhere; it resumes from its checkpoint.
+    # max_retries: a run whose worker (or node) dies is started again elsewhere; it resumes from its
+    # checkpoint (the dead worker's lock died with it).
     task = ray.remote(num_cpus=cpus_per_run, max_retries=3)(_ray_task)
-    pending = {task.remote(s, str(out_root), hang_timeout): s for s in specs}
+    pending = {task.remote(s, str(out_root), hang_timeout, wait): s for s in specs}
     while pending:
         done, _ = ray.wait(list(pending), num_returns=1)
         spec = pending.pop(done[0])
@@ -355,19 +362,33 @@ def run_sweep(specs: list[RunSpec], out_root: str | Path, *, executor: str = "lo
     if executor not in ("local", "ray"):
         raise ConfigError("executor", executor, ["local", "ray"])
     out_root = Path(out_root)
-    counts = {s: 0 for s in (*STATUSES, "skipped")}
+    counts = {s: 0 for s in (*runs.STATUSES, "skipped")}
+    owned: list[RunSpec] = []
     total_tokens = sum(_tokens(s) for s in specs) or 1
     with _progress(progress, total_tokens) as (bar, task_id):
         def on_done(spec: RunSpec, status: str) -> None:
+            if status == OWNED:
+                owned.append(spec)
+                return
             counts[status if status in counts else "failed"] += 1
             bar.update(task_id, advance=_tokens(spec),
                        description=" ".join(f"{k} {v}" for k, v in counts.items() if v))
 
-        if executor == "local":
-            _run_local(specs, out_root, hang_timeout, workers, on_done)
-        else:
-            _run_ray(specs, out_root, hang_timeout, ray_address, cpus_per_run, on_done)
-    report = {"counts": counts, "slow_runs": slow_runs(specs, out_root)}
+        def run(todo: list[RunSpec], wait: bool) -> None:
+            if executor == "local":
+                _run_local(todo, out_root, hang_timeout, workers, on_done, wait)
+            else:
+                _run_ray(todo, out_root, hang_timeout, ray_address, cpus_per_run, on_done, wait)
+
+        run(specs, wait=False)
+        # Runs another process was training: wait for them, so this sweep's counts and exit status
+        # cover every run, each once (one whose owner died unlanded is trained here).
+        waited, owned = owned, []
+        if waited:
+            bar.console.print(f"{len(waited)} run{'s' if len(waited) > 1 else ''} owned by another process: "
+                              "waiting for them to land")
+            run(waited, wait=True)
+    report = {"counts": counts, "owned_elsewhere": len(waited), "slow_runs": slow_runs(specs, out_root)}
     for sweep in sorted({s.sweep for s in specs}):
         atomic_write_json(out_root / sweep / "sweep.json", report)
     return report
@@ -445,8 +466,9 @@ def take_off(specs: list[RunSpec], out_root: str | Path, *, keep_going: bool = F
     for key in dict.fromkeys(shape_key(s.config) for s in specs):
         group = [s for s in specs if shape_key(s.config) == key]
         probe = _takeoff_spec(group[0])
-        try:  # in this process: one JAX start-up for all probes; their compiles fill the shared cache
-            summary = train.run(probe.config, probe.out_dir(out_root / ".takeoff"))
+        try:  # in this process: one JAX start-up for all probes; their compiles fill the shared cache.
+            # A probe another sweep is flying is waited for, and its landing reused.
+            summary = train.run(probe.config, probe.out_dir(out_root / ".takeoff"), wait=True)
         except Exception as error:  # noqa: BLE001 - any failure to take off is reported, not raised
             summary = {"status": "failed", "reason": f"{type(error).__name__}: {error}"}
         if summary.get("status") == "ok":
@@ -542,7 +564,7 @@ def main(args) -> int:
         raise ConfigError("--hang-timeout", args.hang_timeout, "seconds > 0")
     specs = expand(args.experiment, args.set)
     out_root = Path(args.out)
-    todo = [s for s in specs if not finished_status(s.out_dir(out_root))]
+    todo = [s for s in specs if not runs.finished(s.out_dir(out_root))]
     eta = estimate_seconds(todo, matmul_flops_per_s())
     print(f"{len(specs)} runs in {specs[0].sweep if specs else '-'}: {len(specs) - len(todo)} landed, "
           f"{len(todo)} to run, estimated {eta / 60:.1f} min")
@@ -571,6 +593,6 @@ def _describe(cfg: dict) -> str:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 4 and sys.argv[1] == "--worker":
-        sys.exit(_worker(sys.argv[2], int(sys.argv[3])))
-    sys.exit("usage: python -m scaling.sweep --worker RUN_DIR PARENT_PID (internal; use `scaling sweep`)")
+    if len(sys.argv) == 5 and sys.argv[1] == "--worker":
+        sys.exit(_worker(sys.argv[2], int(sys.argv[3]), int(sys.argv[4])))
+    sys.exit("usage: python -m scaling.sweep --worker RUN_DIR PARENT_PID LOCK_FD (internal; use `scaling sweep`)")

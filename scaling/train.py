@@ -5,7 +5,9 @@
 Writes DIR/{config.json, metrics.jsonl, summary.json} (and failure.json if the run did not end
 `ok`), with Orbax checkpoints in DIR/checkpoints/ while it runs (the latest two; removed once the
 run has landed). Nothing is written until the config, the corpus and the model are known to be
-valid; a finished run is not re-run; an interrupted run resumes from its last checkpoint.
+valid; a finished run is not re-run; an interrupted run resumes from its last checkpoint. The
+process training a run owns its directory (scaling.runs: an exclusive lock), so a directory that
+another process is training is refused, not written into.
 
 Optimiser: AdamW (b1 = 0.9, b2 = 0.95, eps = 1e-8) with decoupled weight decay on matrices
 (embeddings included, norm scales not), global-norm gradient clipping, and a step-dependent
@@ -35,10 +37,10 @@ resumed run sees exactly what the uninterrupted one did, so both reach bit-ident
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import functools
 import math
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,13 +50,12 @@ import numpy as np
 
 from scaling import config as config_lib
 from scaling import compute as compute_lib
-from scaling import data, health
-from scaling._io import append_jsonl, atomic_write_json
+from scaling import data, health, runs
+from scaling._io import append_jsonl
 from scaling.errors import ConfigError
 
 ADAM_B1, ADAM_B2, ADAM_EPS = 0.9, 0.95, 1e-8
 KEEP_CHECKPOINTS = 2
-FINAL_STATUSES = ("ok", "diverged")  # a run that landed with these is not re-run (failed may be transient)
 
 
 # ---------------------------------------------------------------- the plan: steps, budgets, schedule
@@ -246,24 +247,34 @@ class Progress:
     attempts: int = 0
 
 
-def run(cfg: dict, out_dir: str | Path, echo: Callable[[str], None] | None = None) -> dict:
+def run(cfg: dict, out_dir: str | Path, echo: Callable[[str], None] | None = None, *,
+        wait: bool = False, lock: runs.Lock | None = None) -> dict:
     """Train one run into `out_dir` and return its summary (also written to summary.json).
 
     A run stopped by a health check returns a summary with status `diverged`; any other exception
-    writes failure.json and a `failed` summary, then propagates.
+    writes failure.json and a `failed` summary, then propagates. While it trains, this process owns
+    the directory: `lock` if the caller already holds it (a sweep's watched child inherits its
+    parent's), else it takes the lock, raising runs.RunOwned if another process holds it, or with
+    `wait` waiting for that process to let go (then returning its summary if the run landed).
     """
     out_dir = Path(out_dir)
     cfg = config_lib.validate(cfg)
-    finished = _finished_summary(out_dir, cfg)
+    finished = runs.finished(out_dir, cfg)
     if finished is not None:
         return finished
     setup = prepare(cfg)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(out_dir / "config.json", setup.cfg)
-    (out_dir / health.FAILURE_FILE).unlink(missing_ok=True)  # a stale record of an earlier failed attempt
+    with contextlib.nullcontext(lock) if lock is not None else runs.acquire(out_dir, wait=wait):
+        finished = runs.finished(out_dir, cfg)  # landed by the process that held the lock before us
+        if finished is not None:
+            return finished
+        runs.begin(out_dir, setup.cfg)
+        return _train(setup, out_dir, echo or (lambda line: None))
+
+
+def _train(setup: Setup, out_dir: Path, echo: Callable[[str], None]) -> dict:
     trainer = None
     try:
-        trainer = _Trainer(setup, out_dir, echo or (lambda line: None))
+        trainer = _Trainer(setup, out_dir, echo)
         return trainer.train()
     except health.RunStopped as stop:
         return trainer.land(stop.status, stop.step, stop.reason, None)
@@ -272,31 +283,9 @@ def run(cfg: dict, out_dir: str | Path, echo: Callable[[str], None] | None = Non
         if trainer is not None:
             trainer.land("failed", trainer.progress.step, reason, error)
         else:  # the model or optimiser could not be built: no step, no losses
-            health.land_failure(out_dir, config=setup.cfg, status="failed", step=0, reason=reason,
-                                last_losses=[], telemetry={}, error=error)
-            atomic_write_json(out_dir / "summary.json", {"status": "failed", "reason": reason, "step": 0,
-                                                          "run_id": config_lib.run_id(setup.cfg), "evals": []})
+            runs.land_failure(out_dir, config=setup.cfg, status="failed", reason=reason, step=0, last_losses=[],
+                              telemetry={}, error=error, run_id=config_lib.run_id(setup.cfg))
         raise
-
-
-def _finished_summary(out_dir: Path, cfg: dict) -> dict | None:
-    """The summary of a run already finished in `out_dir` with this config, else None.
-    A directory holding a different config is refused (it would mix two runs' logs)."""
-    import json
-
-    config_file = out_dir / "config.json"
-    if not config_file.is_file():
-        if out_dir.exists() and any(out_dir.iterdir()):
-            raise ConfigError("--out", str(out_dir), "a new or empty directory, or one holding a run of this config")
-        return None
-    if config_lib.validate(json.loads(config_file.read_text())) != cfg:  # validated: keys added since compare equal
-        raise ConfigError("--out", str(out_dir), "a new or empty directory, or one holding a run of this config")
-    summary_file = out_dir / "summary.json"
-    if summary_file.is_file():
-        summary = json.loads(summary_file.read_text())
-        if summary.get("status") in FINAL_STATUSES:
-            return summary
-    return None
 
 
 class _Trainer:
@@ -385,7 +374,7 @@ class _Trainer:
                 self.progress.recent_losses = list(self.monitor.recent)
                 self._save()
         self.progress.evals.append(self._evaluate(self.state, plan.steps, budget=plan.final))
-        return self._write_summary("ok", reason=None)
+        return runs.land(self.out_dir, self._summary("ok", reason=None))
 
     def _branch(self, budget: Budget) -> None:
         """The cooldown to `budget` from the trunk's current state; the trunk state is untouched
@@ -470,7 +459,7 @@ class _Trainer:
 
     # -- landing
 
-    def _write_summary(self, status: str, reason: str | None) -> dict:
+    def _summary(self, status: str, reason: str | None) -> dict:
         setup, plan, progress = self.setup, self.plan, self.progress
         self.progress.wall_s += self._elapsed()
         evals = sorted(progress.evals, key=lambda e: e["D"])
@@ -518,16 +507,13 @@ class _Trainer:
                 "saved_fraction": 1.0 - plan.tokens_trained() / plan.tokens_separate_runs(),
             },
         }
-        atomic_write_json(self.out_dir / "summary.json", summary)
-        if status in FINAL_STATUSES:  # checkpoints exist to resume; a landed run never will
-            shutil.rmtree(self.out_dir / "checkpoints", ignore_errors=True)
         return summary
 
     def land(self, status: str, step: int, reason: str, error: BaseException | None) -> dict:
-        health.land_failure(self.out_dir, config=self.cfg, status=status, step=step, reason=reason,
-                            last_losses=self.last_losses, telemetry=self.last_telemetry, error=error)
         self.echo(f"{status} at step {step}: {reason}")
-        return self._write_summary(status, reason)
+        return runs.land_failure(self.out_dir, config=self.cfg, status=status, reason=reason, step=step,
+                                 last_losses=self.last_losses, telemetry=self.last_telemetry, error=error,
+                                 landed=self._summary(status, reason))
 
 
 def _recipe_columns(recipe) -> dict:

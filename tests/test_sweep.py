@@ -43,3 +43,29 @@ def test_zipped_axis_varies_keys_together():
                       {"seed": 1, "model.size": 2, "precision": "fp32"}, {"seed": 1, "model.size": 5, "precision": "fp4"}]
     with pytest.raises(ConfigError, match="2-element lists"):
         sweep.grid_points({"grid": {"model.size,precision": [[2, "fp32"], [5]]}})
+
+
+def test_a_run_another_process_owns_is_left_alone_then_waited_for(tmp_path):
+    """The ownership rules of both local executors, without training: a held run is OWNED (nothing
+    written into it); waited for, it is `skipped` once its owner lands it."""
+    import threading
+
+    from scaling import runs
+
+    spec = sweep.RunSpec(run_id="abc", sweep="s", config={"seed": 0})
+    run_dir = spec.out_dir(tmp_path)
+    for attempt in (lambda wait: sweep.execute(spec, tmp_path, hang_timeout=60, poll_s=0.05, wait=wait),
+                    lambda wait: sweep._run_in_process(spec, tmp_path, wait)):
+        lock = runs.acquire(run_dir)
+        assert attempt(False) == sweep.OWNED
+        assert [p.name for p in run_dir.iterdir()] == [runs.LOCK_FILE]
+
+        def owner_lands():
+            runs.land(run_dir, {"status": "ok"})
+            lock.release()
+
+        timer = threading.Timer(0.3, owner_lands)
+        timer.start()
+        assert attempt(True) == "skipped"
+        timer.join()
+        (run_dir / runs.SUMMARY_FILE).unlink()

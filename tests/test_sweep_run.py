@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -102,6 +103,29 @@ def test_sigkill_mid_sweep_then_rerun_resumes(tmp_path):
     assert "resumed" in events
     df = results.load(sweep_dir)
     assert len(df) == 4 and not df.duplicated(["run_id", "D"]).any() and (df.status == "ok").all()
+
+
+def test_two_sweeps_at_once_train_each_run_once(tmp_path):
+    """Two researchers start the same sweep into the same --out: each run (and take-off probe) is
+    trained by one of them, once; both wait for the other's runs, so both exit 0 with all landed."""
+    quick = ["--set", "train.tokens=2560", "--set", "train.checkpoint_every=5", "--set", "data.eval_tokens=512"]
+    cmd = [sys.executable, "-m", "scaling.cli", "sweep", SMOKE, "--out", tmp_path, "--no-progress", *quick]
+    procs = [subprocess.Popen(list(map(str, cmd)), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True) for _ in range(2)]
+    outputs = [p.communicate(timeout=400)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], "\n---\n".join(outputs)
+    df = results.load(tmp_path / "smoke_sweep")
+    assert len(df) == 3 * 2 and not df.duplicated(["run_id", "D"]).any() and (df.status == "ok").all()
+    for run_dir in [*(tmp_path / "smoke_sweep").iterdir(), *(tmp_path / ".takeoff" / "smoke_sweep").iterdir()]:
+        if not run_dir.is_dir():
+            continue
+        records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        first_steps = [r for r in records if r.get("phase") == "trunk" and r["step"] == 1]
+        assert len(first_steps) == 1 and not any(r.get("event") == "resumed" for r in records), run_dir
+        assert json.loads((run_dir / "summary.json").read_text())["attempts"] == 1
+    # each run counted `ok` by the sweep that trained it, and by that one only
+    trained = [int(re.search(r"landed: ok (\d+)", out).group(1)) for out in outputs]
+    assert sum(trained) == 3, outputs
 
 
 def test_hung_and_crashed_runs_land_with_failure_records(tmp_path):
