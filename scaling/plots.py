@@ -6,17 +6,21 @@ the data). `make_figures` runs them all: a figure whose input is absent is skipp
 one-line note; malformed input (a table without the columns it must have, a fit file that
 does not parse) raises `ConfigError`.
 
-  1 sweet_spot          loss vs P at fixed compute C, each P at its cost-model-optimal (N, D):
-                        L*(P; C) = min_{N·D = C / ((6/16)·P)} L(N, D, P), the fitted curve, its
-                        bootstrap band (2.5-97.5 percentiles over the per-resample parameter sets)
-                        and measured runs whose cost (6/16)·N·D·P lies within a factor 1.25 of C
-  2 iso_loss            L(N, C / ((6/16)·N·P), P) over (N, P) at fixed C, with the frontier N*(P)
+  1 isoflop_profiles    the direct measurement (scaling.study.isoflop): per budget C, each recipe's
+                        loss at exactly C against N, its parabola in log N and its minimum with
+                        the bootstrap CI; the verdict (winner, or why none)
+  2 iso_loss            the law's L(N, D(C, N, P), P) over (N, P) at fixed C under the findings'
+                        cost model, with the frontier N*(P)
   3 fitted_vs_observed  predicted vs measured loss, y = x, held-out points marked
   4 training_curves     training loss vs tokens per recipe, one panel per model size
   5 granularity_format  final validation loss per scaling granularity × format × scale timing
   6 amax_distributions  per-tensor amax vs per-block amax quantiles over training, per role
   7 outliers            largest activation magnitude and loss with and without Smooth-SwiGLU
   8 cluster_table       training days on GPU clusters from `scaling.plan`
+  9 residuals           observed - fitted loss per recipe against N, with each recipe's mean and CI
+                        (scaling.study.residuals_by_recipe): where the law is biased
+
+Analysis lives in scaling.study; this module only draws what it computes.
 """
 
 from __future__ import annotations
@@ -46,18 +50,9 @@ PRECISION_ORDER = ("FP32", "BF16", "FP16", "FP8", "FP6", "FP4")
 PALETTE = dict(zip(PRECISION_ORDER, sns.color_palette("colorblind", len(PRECISION_ORDER))))
 GRANULARITY_ORDER = ("tensor", "channel", "block", "block2d", "mx", "nvfp4")
 LOSS_LABEL = "validation loss (nats/token)"
-COST_MODEL = "C = (6/16)·N·D·P (16-bit FLOPs)"
-# Measured runs count as "at compute C" when their cost is within this factor of C: model sizes
-# come from a discrete size knob, so a cost-model ladder (FP32 at N, FP16 at 2N, ...) is never exact.
-COMPUTE_MATCH_FACTOR = 1.25
-# The continuous precision grid of the sweet-spot curve (bits, log-spaced) and the named precisions.
+# The continuous precision grid of the law's curves (bits, log-spaced).
 P_GRID = np.geomspace(3.0, 32.0, 48)
-NAMED_BITS = {"FP32": 32, "BF16": 16, "FP8": 8, "FP6": 6, "FP4": 4}
 RESULTS_REQUIRED = ("run_id", "N", "D", "P", "val_loss")
-# Published compute-optimal precision ranges (bits): shaded in figure 1, compared with in REPORT.md.
-# Kumar et al. 2024, "Scaling Laws for Precision"; Sun et al. 2025, "Scaling Laws for Floating-Point
-# Quantization Training".
-PUBLISHED = {"Kumar et al. 2024": (7.0, 8.0), "Sun et al. 2025": (4.0, 8.0)}
 
 
 @dataclass(frozen=True)
@@ -79,7 +74,7 @@ class Skipped:
 
 
 TITLES = {
-    1: "Sweet spot: loss vs precision at fixed compute",
+    1: "IsoFLOP profiles: loss vs model size per recipe at fixed compute",
     2: "Iso-loss contours over (N, P) at fixed compute",
     3: "Fitted vs observed loss",
     4: "Training curves per precision and size",
@@ -87,9 +82,11 @@ TITLES = {
     6: "amax per tensor vs per block over training",
     7: "Outliers with and without Smooth-SwiGLU",
     8: "Training time on GPU clusters",
+    9: "Where the law is biased: residuals by recipe",
 }
-STEMS = {1: "fig1_sweet_spot", 2: "fig2_iso_loss", 3: "fig3_fit_vs_observed", 4: "fig4_training_curves",
-         5: "fig5_granularity_format", 6: "fig6_amax", 7: "fig7_outliers", 8: "fig8_cluster_time"}
+STEMS = {1: "fig1_isoflop", 2: "fig2_iso_loss", 3: "fig3_fit_vs_observed", 4: "fig4_training_curves",
+         5: "fig5_granularity_format", 6: "fig6_amax", 7: "fig7_outliers", 8: "fig8_cluster_time",
+         9: "fig9_residuals"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -212,28 +209,6 @@ def validate_results(df: pd.DataFrame, source: str = "results") -> pd.DataFrame:
     return ok[np.isfinite(ok["val_loss"].astype(float))].reset_index(drop=True)
 
 
-def cost(N: Any, D: Any, P: Any) -> Any:
-    """Training cost in 16-bit FLOP units under scaling.optimal's default cost model, (6/16)·N·D·P."""
-    from scaling import optimal
-
-    return optimal.Cost().compute(N, D, P)
-
-
-def default_budgets(results: pd.DataFrame) -> list[float]:
-    """Compute budgets to report at: with an iso-compute sweep, one per token budget D of its
-    same-tokens half (every precision at its cost-model size for the same D; the budget is the
-    geometric mean of their costs, since the sizes match the cost model only roughly), else the
-    largest cost any run reached."""
-    if results.empty:
-        return []
-    costs = pd.Series(np.asarray(cost(results["N"], results["D"], results["P"]), float), index=results.index)
-    if "sweep" in results.columns and (results["sweep"].astype(str) == "isocompute").any():
-        iso = results["sweep"].astype(str) == "isocompute"
-        by_tokens = np.log(costs[iso]).groupby(results.loc[iso, "D"]).mean()
-        return [float(c) for c in np.exp(by_tokens.sort_index())]
-    return [float(costs.max())]
-
-
 def param_samples(fit: Any) -> list[dict]:
     """The bootstrap's per-resample parameter sets (empty when the fit was made without a bootstrap)."""
     samples = getattr(fit, "samples", None)
@@ -258,12 +233,12 @@ def precision_term(fit: Any) -> bool:
 
 
 def optimum(fit: Any, compute: float, precisions: Sequence[float] | None = None, params: dict | None = None,
-            n_range: tuple[float, float] = (1.0, np.inf)) -> dict:
+            n_range: tuple[float, float] = (1.0, np.inf), cost: Any = None) -> dict:
     """scaling.optimal.optimal_precision: the best (P, N, D, loss) and the per_precision table."""
     from scaling import optimal
 
     return optimal.optimal_precision(fit, compute=compute, precisions=None if precisions is None else list(precisions),
-                                     params=params, n_range=n_range)
+                                     params=params, n_range=n_range, **({"cost": cost} if cost is not None else {}))
 
 
 def fitted_sizes(fit: Any) -> tuple[float, float] | None:
@@ -273,127 +248,67 @@ def fitted_sizes(fit: Any) -> tuple[float, float] | None:
     return (float(n["min"]), float(n["max"])) if "min" in n and "max" in n else None
 
 
-def loss_vs_precision(fit: Any, compute: float, bits: Sequence[float] | None = None, params: dict | None = None) -> pd.DataFrame:
+def loss_vs_precision(fit: Any, compute: float, bits: Sequence[float] | None = None, params: dict | None = None,
+                      cost: Any = None) -> pd.DataFrame:
     """L*(P; C): for each P the cost-model-optimal N, D and loss (scaling.optimal's per_precision table)."""
     bits = precision_grid(fit) if bits is None else bits
-    table = optimum(fit, compute, bits, params)["per_precision"]
+    table = optimum(fit, compute, bits, params, cost=cost)["per_precision"]
     return table.sort_values("P").reset_index(drop=True)
 
 
-def bootstrap_band(fit: Any, compute: float, bits: Sequence[float] | None = None, max_samples: int = 100,
-                   level: float = 0.95) -> pd.DataFrame | None:
-    """Pointwise band of L*(P; C) over the per-resample parameter sets: columns P, lo, hi (None: no bootstrap)."""
-    bits = np.sort(np.asarray(precision_grid(fit) if bits is None else bits, float))
-    samples = param_samples(fit)[:max_samples]
-    if len(samples) < 2:
-        return None
-    stack = np.vstack([loss_vs_precision(fit, compute, bits, params)["loss"].to_numpy(float) for params in samples])
-    tail = (1 - level) / 2 * 100
-    return pd.DataFrame({"P": bits, "lo": np.nanpercentile(stack, tail, axis=0),
-                         "hi": np.nanpercentile(stack, 100 - tail, axis=0)})
-
-
-def optimal_p_interval(fit: Any, compute: float, max_samples: int = 200) -> tuple[float, float] | None:
-    """Bootstrap interval of the continuous optimal precision P* at `compute` (scaling.optimal.optimal_precision_ci
-    over the first `max_samples` resamples: each costs a full optimisation); None without a bootstrap."""
-    from scaling import optimal
-
-    if len(param_samples(fit)) < 2:
-        return None
-    return optimal.optimal_precision_ci(fit, compute, max_samples=max_samples)["P"]
-
-
-def measured_at(results: pd.DataFrame, compute: float, fit: Any = None) -> pd.DataFrame:
-    """Runs whose cost lies within COMPUTE_MATCH_FACTOR of `compute`: mean, sd (0 for one seed) and count
-    of the loss per precision and (N, D); with `fit`, also `law`: the fitted law at those runs' own
-    (N, D, P), the like-for-like prediction the direct test compares against."""
-    columns = ["precision", "P", "N", "D", "loss", "sd", "n"] + (["law"] if fit is not None else [])
-    if results is None or results.empty:
-        return pd.DataFrame(columns=columns)
-    c = np.asarray(cost(results["N"], results["D"], results["P"]), float)
-    near = results[np.abs(np.log(c / compute)) <= math.log(COMPUTE_MATCH_FACTOR)]
-    if near.empty:
-        return pd.DataFrame(columns=columns)
-    near = with_precision(near)
-    if fit is not None:
-        near = near.assign(law=np.asarray(fit.predict(near), float))
-    grouped = near.groupby(["precision", "P", "N", "D"], as_index=False)
-    out = grouped.agg(loss=("val_loss", "mean"), sd=("val_loss", "std"), n=("val_loss", "count"),
-                      **({"law": ("law", "mean")} if fit is not None else {}))
-    return out.fillna({"sd": 0.0})
-
-
-def best_measured(measured: pd.DataFrame) -> pd.DataFrame:
-    """Per precision, the measured (N, D) with the lowest mean loss at that budget."""
-    if measured.empty:
-        return measured
-    return measured.loc[measured.groupby("precision")["loss"].idxmin()].reset_index(drop=True)
-
-
 # ---------------------------------------------------------------------------------------------
-# 1-3: the law
+# 1: the direct measurement; 2-3, 9: the law
 # ---------------------------------------------------------------------------------------------
 
 
-def sweet_spot(fit: Any, computes: Sequence[float], stem: str | Path, *, results: pd.DataFrame | None = None) -> Figure:
-    """Figure 1: L*(P; C) for each budget C, its bootstrap band, the optimum and measured runs."""
-    computes = list(computes)
-    fig, axes = plt.subplots(1, len(computes), figsize=(5.2 * len(computes), 4.2), squeeze=False)
+def isoflop_profiles(points: Sequence[tuple[dict, pd.DataFrame]], stem: str | Path, unit: str = "nats/token") -> Figure:
+    """Figure 1: per budget (a study.isoflop entry and its study.points_at rows), each recipe's loss
+    against N, its parabola in log N and its minimum with the bootstrap CI."""
+    fig, axes = plt.subplots(1, len(points), figsize=(5.2 * len(points), 4.4), squeeze=False)
+    recipes = sorted({e["recipe"] for entry, _ in points for e in entry["recipes"]})
+    colours = dict(zip(recipes, sns.color_palette("colorblind", len(recipes))))
     captions = []
-    for ax, compute in zip(axes[0], computes):
-        curve = loss_vs_precision(fit, compute)
-        band = bootstrap_band(fit, compute)
-        best = optimum(fit, compute)
-        ax.plot(curve["P"], curve["loss"], color="0.15", lw=2, label=f"fitted law ({fit.law})")
-        if band is not None:
-            ax.fill_between(band["P"], band["lo"], band["hi"], color="0.6", alpha=0.35, label="95% bootstrap band")
-        named = loss_vs_precision(fit, compute, list(NAMED_BITS.values()))
-        for label, bits in NAMED_BITS.items():
-            row = named[named["P"] == bits]
-            ax.scatter(row["P"], row["loss"], s=45, color=PALETTE[label], edgecolor="k", zorder=3,
-                       marker="o", label=f"{label} (law)")
-        ax.axvline(best["P"], color="tab:red", ls="--", lw=1.2, label=f"optimum P* = {best['P']:.2g} bits")
-        for i, (name, (lo, hi)) in enumerate(PUBLISHED.items()):
-            ax.axvspan(lo, hi, color=("tab:green", "tab:purple")[i % 2], alpha=0.08, label=f"{name}: {lo:g}–{hi:g} bits")
-        measured = measured_at(results, compute, fit) if results is not None else pd.DataFrame()
-        if not measured.empty:
-            # each precision's best measured size at this budget, mean ± sd over seeds; other sizes faded
-            ax.scatter(measured["P"], measured["loss"], s=14, color="0.45", alpha=0.5, zorder=3,
-                       label="measured, other sizes")
-            best_runs = best_measured(measured)
-            for label, grp in best_runs.groupby("precision"):
-                ax.errorbar(grp["P"], grp["loss"], yerr=grp["sd"], fmt="D", ms=7, mfc=PALETTE.get(label, "0.5"),
-                            mec="k", ecolor="k", capsize=3, label=f"{label} measured (best size)", zorder=4)
-            # the direct test: the law at each measured run's own (N, D, P)
-            ax.scatter(best_runs["P"], best_runs["law"], s=60, facecolor="none", edgecolor="tab:red", lw=1.3,
-                       zorder=5, label="law at the measured N, D")
-        _bits_axis(ax, 3, 32)
-        ax.set_xlabel("precision P (bits)")
-        ax.set_ylabel(LOSS_LABEL)
-        ax.set_title(f"C = {_fmt(compute)} FLOPs (16-bit units)")
-        captions.append(f"at C = {_fmt(compute)} the fitted optimum is P* = {best['P']:.3g} bits "
-                        f"(N = {_fmt(best['N'])}, D = {_fmt(best['D'])}); "
-                        f"{len(measured)} measured precision/size points within ×{COMPUTE_MATCH_FACTOR:g} of C")
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=min(4, len(labels)), fontsize=8,
-               frameon=False)
-    fig.suptitle(f"{TITLES[1]}\neach P at its compute-optimal N, D under {COST_MODEL}", fontsize=10)
+    for ax, (entry, pts) in zip(axes[0], points):
+        for e in entry["recipes"]:
+            g = pts[pts["recipe"] == e["recipe"]]
+            colour = colours[e["recipe"]]
+            ax.scatter(g["N"], g["loss"], s=28, color=colour, edgecolor="k", lw=0.5, zorder=3,
+                       label=f"{e['recipe']} ({e['bits_eff']:.3g} bits, {e['runs']} runs)")
+            if e["parabola"] is None:
+                continue
+            x = np.linspace(np.log(g["N"].min()), np.log(g["N"].max()), 60)
+            c0, c1, c2 = e["parabola"]
+            ax.plot(np.exp(x), c0 + c1 * x + c2 * x * x, color=colour, lw=1.4)
+            lo, hi = e["ci"] if e["ci"] else (e["loss"], e["loss"])
+            ax.errorbar([e["N_opt"]], [e["loss"]], yerr=[[e["loss"] - lo], [hi - e["loss"]]], fmt="*", ms=13,
+                        mfc=colour, mec="k", ecolor=colour, capsize=4, zorder=4)
+        ax.set_xscale("log")
+        ax.set_xlabel("non-embedding parameters N")
+        ax.set_ylabel(f"validation loss ({unit})")
+        verdict = f"winner: {entry['winner']}" if entry["winner"] else "no winner"
+        ax.set_title(f"C = {_fmt(entry['budget'])} ({entry['cost_model']} cost model)\n{verdict}", fontsize=9)
+        ax.legend(fontsize=7, loc="upper left")
+        captions.append(f"at C = {_fmt(entry['budget'])}: {entry['reason'] or 'no analysis'}")
+    fig.suptitle(f"{TITLES[1]}\nstars: each recipe's minimum with its 95% bootstrap CI", fontsize=10)
     fig.tight_layout()
     return _figure(1, Path(stem), fig, "; ".join(captions) + ".")
 
 
-def iso_loss(fit: Any, compute: float, stem: str | Path) -> Figure:
-    """Figure 2: L(N, C/((6/16)·N·P), P) over (N, P) at fixed C; the frontier N*(P) and the optimum."""
+def iso_loss(fit: Any, compute: float, stem: str | Path, cost: Any = None) -> Figure:
+    """Figure 2: the law's loss over (N, P) at fixed C, each (N, P) given the tokens C affords it under
+    `cost` (a scaling.optimal.Cost; default: the fit's runs' shape under the `bits` cost model);
+    the frontier N*(P) and the optimum."""
     from scaling import optimal
 
-    best = optimum(fit, compute)
-    frontier = loss_vs_precision(fit, compute)
+    cost = cost or optimal.Cost(shape=optimal.shape_of(fit))
+    best = optimum(fit, compute, cost=cost)
+    frontier = loss_vs_precision(fit, compute, cost=cost)
     sizes = fitted_sizes(fit)
     n_lo = min(frontier["N"].min(), best["N"], *(sizes or ())) / 10
     n_hi = max(frontier["N"].max(), best["N"], *(sizes or ())) * 10
     n_grid = np.geomspace(n_lo, n_hi, 120)
     p_grid = precision_grid(fit)
-    grid = optimal.iso_loss(fit, compute, n_grid, p_grid).pivot(index="P", columns="N", values="loss")
+    grid = optimal.iso_loss(fit, compute, n_grid, p_grid, cost=cost).pivot(index="P", columns="N", values="loss")
     NN, PP = np.meshgrid(grid.columns.to_numpy(float), grid.index.to_numpy(float))
     loss = grid.to_numpy(float)
     fig, ax = plt.subplots(figsize=(6.4, 4.8))
@@ -416,7 +331,8 @@ def iso_loss(fit: Any, compute: float, stem: str | Path) -> Figure:
     ax.minorticks_off()
     ax.set_xlabel("non-embedding parameters N")
     ax.set_ylabel("precision P (bits)")
-    ax.set_title(f"{TITLES[2]}\nC = {_fmt(compute)} FLOPs (16-bit units), D = C / ((6/16)·N·P) tokens", fontsize=10)
+    ax.set_title(f"{TITLES[2]}\nC = {_fmt(compute)} (16-bit FLOP units, {cost.model.name} cost model): D = what C affords",
+                 fontsize=10)
     ax.legend(loc="lower left", fontsize=8)
     fig.tight_layout()
     caption = (f"iso-loss contours of the fitted {fit.law} law at C = {_fmt(compute)}; the red line is the best N for each P, "
@@ -487,6 +403,36 @@ def fitted_vs_observed(fit: Any, results: pd.DataFrame, stem: str | Path, heldou
     fig.tight_layout()
     caption = text + (" (no held-out split recorded in the fit)" if heldout is None else "") + "."
     return _figure(3, Path(stem), fig, caption)
+
+
+def residuals(rows: pd.DataFrame, by_recipe: pd.DataFrame, fit: Any, stem: str | Path, unit: str = "nats/token") -> Figure:
+    """Figure 9: each evaluation's residual (observed - fitted) against N, coloured by recipe, and
+    each recipe's mean residual over runs with its CI (study.residuals_by_recipe)."""
+    recipes = list(by_recipe["recipe"])
+    colours = dict(zip(recipes, sns.color_palette("colorblind", len(recipes))))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.2), gridspec_kw={"width_ratios": [2, 1]})
+    for recipe in recipes:
+        part = rows[rows["recipe"] == recipe]
+        left.scatter(part["N"], part["residual"], s=16, alpha=0.7, color=colours[recipe], label=recipe)
+    left.axhline(0, color="0.3", lw=1)
+    left.set_xscale("log")
+    left.set_xlabel("non-embedding parameters N")
+    left.set_ylabel(f"observed - fitted loss ({unit})")
+    left.legend(fontsize=7)
+    y = np.arange(len(recipes))
+    right.errorbar(by_recipe["mean"], y, xerr=[by_recipe["mean"] - by_recipe["lo"], by_recipe["hi"] - by_recipe["mean"]],
+                   fmt="o", color="k", capsize=3)
+    right.axvline(0, color="0.3", lw=1)
+    right.set_yticks(y, [f"{r} (n={n})" for r, n in zip(recipes, by_recipe["runs"])], fontsize=8)
+    right.set_xlabel(f"mean residual over runs ({unit}), 95% CI")
+    fig.suptitle(f"{TITLES[9]} ({fit.law} law)", fontsize=10)
+    fig.tight_layout()
+    parts = []
+    for r in by_recipe.itertuples():
+        ci = "" if not np.isfinite(r.lo) else f", 95% CI [{r.lo:+.3f}, {r.hi:+.3f}]"
+        biased = np.isfinite(r.lo) and (r.lo > 0 or r.hi < 0)
+        parts.append(f"{r.recipe} {r.mean:+.3f}{ci}, n = {r.runs} runs{' (biased)' if biased else ''}")
+    return _figure(9, Path(stem), fig, f"mean residual (observed - fitted, {unit}): " + "; ".join(parts) + ".")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -691,7 +637,7 @@ def cluster_time_table(fit: Any = None, compute: float = CLUSTER_COMPUTE, gpus: 
             rows.append({"run": name, "P (bits)": None, "hardware": precision, "N": None, "D": None, "FLOPs": flops,
                          **{f"days @ {k:,} GPUs": plan.train_days(flops, k, gpu=gpu, precision=precision) for k in gpus}})
     if fit is not None and precision_term(fit):
-        best = optimum(fit, compute, sorted(NAMED_BITS.values(), reverse=True))
+        best = optimum(fit, compute, [32.0, 16.0, 8.0, 6.0, 4.0])
         for point in best["per_precision"].sort_values("P", ascending=False).to_dict("records"):
             precision = plan.precision_for_bits(float(point["P"]), gpu)
             flops = plan.training_flops(float(point["N"]), float(point["D"]))
@@ -751,33 +697,47 @@ def with_base_lr(curves: pd.DataFrame, results: pd.DataFrame | None) -> pd.DataF
 
 
 def make_figures(results: pd.DataFrame | None, fit: Any, out_dir: str | Path, *, curves: pd.DataFrame | None = None,
-                 computes: Sequence[float] | None = None, plan_table: pd.DataFrame | None = None
-                 ) -> list[Figure | Skipped]:
-    """Every figure whose inputs are present, in number order; a `Skipped` (with its reason) for the rest."""
+                 facts: dict | None = None, plan_table: pd.DataFrame | None = None) -> list[Figure | Skipped]:
+    """Every figure whose inputs are present, in number order; a `Skipped` (with its reason) for the rest.
+    facts: scaling.study.findings of the results (computed here when absent): figure 1 draws its
+    IsoFLOP analyses, figure 2 its largest budget under its cost model."""
+    from scaling import compute, optimal, study
+
     out_dir = Path(out_dir)
     results = validate_results(results) if results is not None else None
     curves = curves_lib.validate_curves(curves) if curves is not None else None
-    computes = list(computes) if computes else (default_budgets(results) if results is not None else [])
     stem = {n: out_dir / s for n, s in STEMS.items()}
     # each figure reads its own part of a multi-sweep study (see study_part)
-    main, law_rows = study_part(results, "main"), study_part(results, "law")
+    main = study_part(results, "main")
     grain = study_part(results, "granularity")
     main_curves = study_part(curves, "main")
     outlier_curves = study_part(curves, "outliers")
     if outlier_curves is not None:
         outlier_curves = with_base_lr(outlier_curves, results)
     amax_curves = main_curves if _need_amax(main_curves) is None else curves
-    law_missing = _need(fit=fit, computes=computes) or (
-        None if precision_term(fit) else f"the {fit.law} law has no precision term")
+    if facts is None and main is not None and not main.empty:
+        facts = study.findings(main, fit)
+    analysed = [b for b in (facts or {}).get("budgets", []) if any(e["parabola"] for e in b["recipes"])]
+    cost_name = analysed[0]["cost_model"] if analysed else "bits"
+    unit = (facts or {}).get("loss_unit", "nats/token")
+    law_missing = _need(fit=fit) or (None if precision_term(fit) else f"the {fit.law} law has no precision term")
+    largest = max([b["budget"] for b in (facts or {}).get("budgets", [])]
+                  + [p["compute"] for p in (facts or {}).get("P_star", []) or []], default=None)
+    if largest is None and main is not None and not main.empty and "flops_fprop" in main.columns:
+        largest = float(study.with_cost(main, compute.get(cost_name))["C"].max())
     jobs: list[tuple[int, str | None, Callable[[], Figure]]] = [
-        (1, law_missing, lambda: sweet_spot(fit, computes, stem[1], results=law_rows)),
-        (2, law_missing, lambda: iso_loss(fit, computes[-1], stem[2])),
+        (1, None if analysed else "no budget with IsoFLOP profiles (3+ sizes of 2+ recipes landing on it)",
+         lambda: isoflop_profiles([(b, study.points_at(main, b["budget"], compute.get(cost_name))) for b in analysed],
+                                  stem[1], unit)),
+        (2, law_missing or (None if largest else "no compute budget (results without FLOPs by part)"),
+         lambda: iso_loss(fit, largest, stem[2], optimal.Cost(model=compute.get(cost_name), shape=optimal.shape_of(fit)))),
         (3, _need(fit=fit, results=main), lambda: fitted_vs_observed(fit, main, stem[3], heldout_mask(fit, main))),
         (4, _need_curves(main_curves, ("tokens", "N", "recipe")), lambda: training_curves(main_curves, stem[4])),
         (5, _need_granularity(grain), lambda: granularity_format(grain, stem[5])),
         (6, _need_amax(amax_curves), lambda: amax_distributions(curves_lib.amax_long(amax_curves), stem[6])),
         (7, _need_outliers(outlier_curves), lambda: outliers(outlier_curves, stem[7])),
         (8, None, lambda: cluster_table(plan_table if plan_table is not None else cluster_time_table(fit), stem[8])),
+        (9, _need(fit=fit, results=main), lambda: residuals(*study.residuals_by_recipe(main, fit), fit, stem[9], unit)),
     ]
     made: list[Figure | Skipped] = []
     for number, missing, draw in jobs:
@@ -787,8 +747,7 @@ def make_figures(results: pd.DataFrame | None, fit: Any, out_dir: str | Path, *,
 
 def _need(**inputs: Any) -> str | None:
     absent = [name for name, value in inputs.items() if value is None or (hasattr(value, "__len__") and len(value) == 0)]
-    words = {"fit": "no fitted law (--fit)", "computes": "no compute budget (no results and no --compute)",
-             "results": "no results"}
+    words = {"fit": "no fitted law (--fit)", "results": "no results"}
     return "; ".join(words[a] for a in absent) or None
 
 

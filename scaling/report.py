@@ -353,9 +353,9 @@ def write_report(results_df: pd.DataFrame, fit_result: Any, out_dir: str | Path,
     ok = plots.validate_results(results_df)
     fitted = study.study_part(ok, "main")
     budgets = ([compute] if isinstance(compute, (int, float)) else list(compute)) if compute is not None else None
-    computes = budgets or plots.default_budgets(ok)
+    facts = study.findings(fitted if not fitted.empty else ok, fit_result, budgets=budgets, noise_rows=ok)
     table = plan_table if plan_table is not None else plots.cluster_time_table(fit_result)
-    figures = plots.make_figures(results_df, fit_result, out_dir, curves=curves, computes=computes, plan_table=table)
+    figures = plots.make_figures(results_df, fit_result, out_dir, curves=curves, facts=facts, plan_table=table)
 
     sections = ["# Precision-aware scaling: report",
                 "",
@@ -369,7 +369,6 @@ def write_report(results_df: pd.DataFrame, fit_result: Any, out_dir: str | Path,
                 ""]
     found: list[dict] = []
     heldout = None
-    facts = study.findings(fitted if not fitted.empty else ok, fit_result, budgets=budgets, noise_rows=ok)
     atomic_write_json(out_dir / "findings.json", facts)
     sections[4:4] = ["## Findings: the sweet spot, measured (IsoFLOP profiles)", "", findings_section(facts), "",
                      "## P*: the law's compute-optimal precision, with its uncertainty", "", pstar_section(facts), ""]

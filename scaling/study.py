@@ -356,11 +356,12 @@ def isoflop(df: pd.DataFrame, budget: float, cost: compute_lib.CostModel | str =
         n_sizes = len(np.unique(x))
         entry = {"recipe": recipe, "bits_eff": float(g["bits_eff"].iloc[0]), "P": float(g["P"].iloc[0]),
                  "runs": int(len(g)), "sizes": n_sizes, "interpolated": int(g["interpolated"].sum()),
-                 "N_opt": None, "loss": None, "ci": None, "inside": None, "p_best": None}
+                 "N_opt": None, "loss": None, "ci": None, "inside": None, "p_best": None, "parabola": None}
         if n_sizes >= MIN_SIZES:
             coef, r = _parabola(x, y)
             xs, ys, inside = _minimum(coef, x.min(), x.max())
-            entry.update(N_opt=float(math.exp(xs)), loss=float(ys), inside=bool(inside))
+            entry.update(N_opt=float(math.exp(xs)), loss=float(ys), inside=bool(inside),
+                         parabola=[float(c) for c in coef])  # loss = c0 + c1·ln N + c2·ln² N
             profiles[recipe] = (x, y, coef)
             rss, dof = rss + r, dof + len(x) - 3
         out["recipes"].append(entry)
@@ -432,6 +433,24 @@ def precision_gaps(df: pd.DataFrame) -> pd.DataFrame:
 
 
 # ----------------------------------------------------------------------------- findings
+
+def residuals_by_recipe(df: pd.DataFrame, fit: Any, level: float = LEVEL,
+                        loss_column: str = "val_loss") -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Where a fitted law is biased: (rows with `residual` = observed - fitted loss, per recipe the
+    mean residual over runs with a t confidence interval: recipe, mean, lo, hi, runs). A run's
+    evaluations share its noise, so the interval treats runs, not rows, as independent."""
+    from scipy import stats
+
+    rows = ok_rows(df)
+    rows = rows.assign(residual=rows[loss_column].to_numpy(float) - np.asarray(fit.predict(rows), float))
+    per_run = rows.groupby(["recipe", "run_id"], sort=True)["residual"].mean()
+    out = []
+    for recipe, r in per_run.groupby(level=0):
+        n, mean = len(r), float(r.mean())
+        half = float(stats.t.ppf(0.5 + level / 2, n - 1) * r.std(ddof=1) / math.sqrt(n)) if n > 1 else math.nan
+        out.append({"recipe": recipe, "mean": mean, "lo": mean - half, "hi": mean + half, "runs": n})
+    return rows, pd.DataFrame(out, columns=["recipe", "mean", "lo", "hi", "runs"])
+
 
 PUBLISHED = {"Kumar et al. 2024": (7.0, 8.0), "Sun et al. 2025": (4.0, 8.0)}
 KAPPAS = (2.0, 4.0)  # fixed-kappa alternatives to a kumar-family fit's kappa = 3 (plus kappa fitted)

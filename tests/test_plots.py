@@ -191,42 +191,26 @@ def test_precision_labels_and_order():
     assert plots.precision_order(["FP4", "12-bit", "FP32", "INT4", "BF16"]) == ["FP32", "BF16", "FP4", "12-bit", "INT4"]
 
 
-def test_cost_model_and_budgets():
-    df = fake_results()
-    ok = plots.validate_results(df)
-    assert len(ok) == 60 and "fp4-diverged" not in set(ok["run_id"])
-    assert plots.cost(1e6, 1e7, 8) == pytest.approx(6 / 16 * 1e6 * 1e7 * 8)
-    assert plots.default_budgets(ok) == [pytest.approx(6 / 16 * 2e6 * 1.25e7 * 32)]
-    iso = ok.assign(sweep=np.where(ok["D"] == 5e6, "isocompute", "ladder"))
-    iso = iso[(iso["sweep"] == "ladder") | ((iso["P"] == 32) & (iso["N"] == 2e5)) | ((iso["P"] == 16) & (iso["N"] == 5e5))]
-    # FP32 at 2e5 and BF16 at 5e5 cost 1.2e13 and 1.5e13: one budget (same tokens), their geometric mean
-    assert plots.default_budgets(iso) == [pytest.approx(math.sqrt(1.2e13 * 1.5e13))]
-    # one budget per token budget of the same-tokens half, however far the matched sizes are off the cost
-    # model; the law-optimal half (other tokens) adds none
-    two = pd.concat([iso, iso[iso["sweep"] == "isocompute"].assign(D=1.25e7),
-                     iso[iso["sweep"] == "isocompute"].assign(sweep="isocompute_law", D=2e6)])
-    two.loc[(two["sweep"] == "isocompute") & (two["P"] == 16), "N"] *= 1.3  # BF16 at 2.6x FP32's size
-    c = lambda N, D, P: 6 / 16 * N * D * P  # noqa: E731
-    assert plots.default_budgets(two) == [pytest.approx(math.sqrt(c(2e5, 5e6, 32) * c(6.5e5, 5e6, 16))),
-                                          pytest.approx(math.sqrt(c(2e5, 1.25e7, 32) * c(6.5e5, 1.25e7, 16)))]
+def fake_isoflop_results(p_star: float = 5.0, noise: float = 0.005, seed: int = 0) -> pd.DataFrame:
+    """An IsoFLOP study as runs record it (FLOPs by part): sizes 1-5 x fp32 / fp8 / mxfp4, each
+    evaluated exactly at two budgets (bits cost model), loss from the kumar law."""
+    from scaling import compute, model
 
-
-def test_measured_points_are_those_at_the_budget():
-    ok = plots.validate_results(fake_results())
-    compute = float(plots.cost(1e6, 5e6, 8))  # 1.5e13
-    measured = plots.measured_at(ok, compute)
-    costs = plots.cost(measured["N"], measured["D"], measured["P"])
-    assert (np.abs(np.log(costs / compute)) <= math.log(1.25) + 1e-12).all()
-    assert len(measured) == sum(abs(math.log(c / compute)) <= math.log(1.25)
-                                for c in plots.cost(ok["N"], ok["D"], ok["P"]))
-    row = measured[(measured["P"] == 8) & (measured["N"] == 1e6)].iloc[0]
-    assert row["loss"] == pytest.approx(ok[(ok.P == 8) & (ok.N == 1e6) & (ok.D == 5e6)]["val_loss"].item())
-    # with a fit: the law at each group's own (N, D, P), for the like-for-like direct test
-    law = fake_fit(5.0, n_samples=0)
-    with_law = plots.measured_at(ok, compute, law)
-    run = ok[(ok.P == 8) & (ok.N == 1e6) & (ok.D == 5e6)]
-    got = with_law[(with_law["P"] == 8) & (with_law["N"] == 1e6)]["law"].item()
-    assert got == pytest.approx(float(law.predict(run)[0])) and "law" not in measured.columns
+    rng = np.random.default_rng(seed)
+    rows = []
+    for size in range(1, 6):
+        cfg = model.config_for_size(size, seq_len=64)
+        N = model.param_counts(cfg)["non_embedding"]
+        for recipe, P in (("fp32", 32), ("fp8", 8), ("mxfp4", 4)):
+            cols = compute.columns(cfg, recipe, 1024)
+            per_token = compute.get("bits").per_token(pd.DataFrame([cols]))[0]
+            for budget in (3e11, 1e12):
+                D = budget / per_token
+                loss = float(kumar_loss(N, D, P, p_star / X_KAPPA3)) + noise * rng.normal()
+                rows.append({**cols, "run_id": f"{recipe}-{size}", "sweep": "iso", "N": N, "D": D, "P": P,
+                             "recipe": recipe, "seed": 0, "val_loss": loss, "train_loss": loss, "status": "ok",
+                             "budget": budget, "budget_cost": "bits"})
+    return pd.DataFrame(rows)
 
 
 def test_malformed_results_are_an_error():
@@ -274,17 +258,20 @@ def test_every_figure_is_written_as_png_and_pdf(tmp_path):
     results.loc[results["run_id"].str.startswith("fp8-2e+05"), ["granularity"]] = "block"
     results.loc[results["run_id"].str.startswith("fp8-5e+05"), ["granularity", "scaling"]] = ["tensor", "delayed"]
     results.loc[results["run_id"].str.startswith("fp4-2e+05"), ["granularity"]] = "mx"
-    compute = 1.5e13
-    made = plots.make_figures(results, law, tmp_path / "out", curves=curve_df, computes=[compute])
-    assert [f.number for f in made] == list(range(1, 9))
+    results["sweep"] = "granularity"  # figure 5's sweep; the main study is the IsoFLOP design
+    results = pd.concat([fake_isoflop_results(), results], ignore_index=True)
+    made = plots.make_figures(results, law, tmp_path / "out", curves=curve_df)
+    assert [f.number for f in made] == list(range(1, 10))
     assert all(isinstance(f, plots.Figure) for f in made), [f for f in made if isinstance(f, plots.Skipped)]
     for f in made:
         valid_image(f.png)
         valid_pdf(f.pdf)
         assert f.png.parent == tmp_path / "out"
-    best = optimal.optimal_precision(law, compute=compute)
-    assert f"P* = {best['P']:.3g} bits" in made[0].caption
-    assert best["P"] == pytest.approx(5.0, abs=0.05)  # the law's own sweet spot, 1.904·gamma
+    assert made[0].caption.startswith("at C = 3e11: ") and "at C = 1e12: " in made[0].caption
+    best = optimal.optimal_precision(law, compute=1e12, cost=optimal.Cost(shape=optimal.shape_of(law)))
+    assert f"P* = {best['P']:.3g} bits" in made[1].caption
+    # residuals: the law is the truth up to noise 0.005, so no recipe's mean residual is far off
+    assert made[8].caption.startswith("mean residual (observed - fitted, nats/byte): fp32 ")
     # amax figure: every 4th logged step of every run has an all-zero block (min = 0 of 3 block stats)
     assert made[5].caption.startswith(
         "weight: per-tensor amax 2, per-block amax 0–360 (25% of logged smallest-block amax exactly 0); "
@@ -310,12 +297,13 @@ def test_heldout_points_are_predicted_by_the_heldout_fit():
 
 
 def test_absent_inputs_are_skipped_not_errors(tmp_path):
-    made = plots.make_figures(fake_results(), None, tmp_path, curves=None, computes=None)
+    made = plots.make_figures(fake_results(), None, tmp_path, curves=None)
     skipped = {f.number: f.reason for f in made if isinstance(f, plots.Skipped)}
-    assert set(skipped) == {1, 2, 3, 4, 5, 6, 7}
-    assert "no fitted law" in skipped[1] and "no per-step curves" in skipped[4]
+    assert set(skipped) == {1, 2, 3, 4, 5, 6, 7, 9}
+    assert "no budget with IsoFLOP profiles" in skipped[1] and "no fitted law" in skipped[2]
+    assert "no per-step curves" in skipped[4]
     assert "no model size trained with two or more scaling schemes" in skipped[5]
-    valid_image(made[-1].png)  # the cluster table needs no data
+    valid_image(made[7].png)  # the cluster table needs no data
 
 
 def test_figures_cli_errors_on_malformed_inputs(tmp_path, capsys):

@@ -56,8 +56,9 @@ def test_report_states_the_computed_optimum_and_notes_skipped_figures(tmp_path):
     assert "- Runs: 21 (20 ok, 1 diverged)" in text and "60 (run, token budget) points" in text
     assert "- Model sizes: 4 distinct, N = 2e05–2e06" in text
     # figures embedded by relative path and present; absent inputs noted, not fatal
-    for stem in ("fig1_sweet_spot", "fig2_iso_loss", "fig3_fit_vs_observed", "fig8_cluster_time"):
+    for stem in ("fig2_iso_loss", "fig3_fit_vs_observed", "fig8_cluster_time", "fig9_residuals"):
         assert f"]({stem}.png)" in text and (tmp_path / f"{stem}.png").stat().st_size > 0
+    assert "Figure 1 (IsoFLOP profiles: loss vs model size per recipe at fixed compute): skipped, no budget" in text
     assert "Figure 4 (Training curves per precision and size): skipped, no per-step curves (--curves)." in text
     assert "fig4_training_curves" not in text
     # limitations from the data: 6 free law parameters (kappa is fixed) on 60 points, 5 precisions
@@ -89,7 +90,7 @@ def test_make_figures_script_regenerates_from_committed_files(tmp_path):
     from scaling import optimal
 
     assert f"P* = {optimal.optimal_precision(fake_fit(5.0, n_samples=0), 1.5e13, p_range=(2.0, 32.0))['P']:.3g} bits" in text
-    assert (out / "fig1_sweet_spot.pdf").read_bytes().startswith(b"%PDF")
+    assert (out / "fig2_iso_loss.pdf").read_bytes().startswith(b"%PDF")
 
 
 def test_limitations_name_a_size_axis_without_gain_and_an_unidentified_floor():
