@@ -434,6 +434,36 @@ def precision_gaps(df: pd.DataFrame) -> pd.DataFrame:
 
 # ----------------------------------------------------------------------------- findings
 
+def lr_optima(df: pd.DataFrame, loss_column: str = "val_loss") -> pd.DataFrame:
+    """The best AdamW peak rate per (recipe, N) of a learning-rate probe (experiments/lr_precision.toml):
+    at each run's last evaluation, the vertex of a parabola in log lr through the three best rates
+    (the grid's best rate if that vertex falls outside them; `edge` when the best rate is the grid's
+    smallest or largest, so the optimum may lie beyond it). `shift` is log2(best / the high-precision
+    recipe's best at the same N); `resolution` the grid's step in log2; `differs` is |shift| above
+    one step, the probe's resolution. Columns: recipe, N, lr, edge, shift, resolution, differs."""
+    rows = ok_rows(df)
+    last = rows.loc[rows.groupby("run_id")["D"].idxmax()]
+    out = []
+    for (recipe, n), g in last.groupby(["recipe", "N"], sort=True):
+        g = g.sort_values("lr")
+        x, y = np.log2(g["lr"].to_numpy(float)), g[loss_column].to_numpy(float)
+        i = int(np.argmin(y))
+        best = x[i]
+        if 0 < i < len(x) - 1:
+            a, b, c = np.polyfit(x[i - 1:i + 2], y[i - 1:i + 2], 2)
+            if a > 0 and x[i - 1] <= -b / (2 * a) <= x[i + 1]:
+                best = -b / (2 * a)
+        step = float(np.median(np.diff(x))) if len(x) > 1 else math.nan
+        out.append({"recipe": recipe, "N": float(n), "lr": float(2 ** best), "edge": i in (0, len(x) - 1),
+                    "resolution": step})
+    table = pd.DataFrame(out, columns=["recipe", "N", "lr", "edge", "resolution"])
+    reference = high_precision_recipe(last)
+    ref = table[table["recipe"] == reference].set_index("N")["lr"]
+    table["shift"] = np.log2(table["lr"] / table["N"].map(ref))
+    table["differs"] = table["shift"].abs() > table["resolution"]
+    return table[["recipe", "N", "lr", "edge", "shift", "resolution", "differs"]]
+
+
 def residuals_by_recipe(df: pd.DataFrame, fit: Any, level: float = LEVEL,
                         loss_column: str = "val_loss") -> tuple[pd.DataFrame, pd.DataFrame]:
     """Where a fitted law is biased: (rows with `residual` = observed - fitted loss, per recipe the

@@ -300,3 +300,21 @@ reference = "fp32"
     points = study.points_at(df, 4e10, compute.get("bits"))
     assert len(points) == 1 and not points["interpolated"].any()
     assert study.default_budgets(df, compute.get("bits")) == [2e10, 4e10]
+
+
+def test_lr_optima_find_each_recipes_best_rate_and_its_shift_from_fp32():
+    rows = []
+    grid = 7e-3 * 2.0 ** np.arange(-1.0, 1.5, 0.5)  # 5 rates a factor sqrt(2) apart
+    truth = {"fp32": 7e-3, "fp8": 7e-3 * 2 ** 0.1, "mxfp4": 7e-3 / 2 ** 0.7}
+    for recipe, best in truth.items():
+        for lr in grid:
+            loss = 2.0 + 0.05 * (math.log2(lr) - math.log2(best)) ** 2
+            rows.append({"run_id": f"{recipe}-{lr:.3g}", "recipe": recipe, "N": 1.6e5, "lr": lr, "D": 6.5e5,
+                         "P": {"fp32": 32, "fp8": 8, "mxfp4": 4}[recipe], "val_loss": loss, "status": "ok"})
+            rows.append({**rows[-1], "D": 3.2e5, "val_loss": loss + 1})  # an earlier evaluation: not used
+    table = study.lr_optima(pd.DataFrame(rows)).set_index("recipe")
+    for recipe, best in truth.items():  # a parabola through three exact points recovers the vertex
+        assert table.loc[recipe, "lr"] == pytest.approx(best, rel=1e-9)
+    assert table.loc["fp8", "shift"] == pytest.approx(0.1) and not table.loc["fp8", "differs"]
+    assert table.loc["mxfp4", "shift"] == pytest.approx(-0.7) and table.loc["mxfp4", "differs"]
+    assert (table["resolution"] == 0.5).all() and not table["edge"].any()
