@@ -920,24 +920,6 @@ def select_law(df: pd.DataFrame, candidates: Sequence[str] | None = None, loss_c
 
 # ----------------------------------------------------------------------------- CLI: scaling fit
 
-def load_results(path: str | Path) -> pd.DataFrame:
-    """A results CSV / Parquet file, or a results directory (via scaling.results.load)."""
-    path = Path(path)
-    if path.is_dir():
-        try:
-            from scaling import results
-        except ImportError:
-            raise ConfigError("RESULTS", str(path), "a .csv or .parquet file (directories need scaling.results)") from None
-        return results.load(path)
-    if not path.is_file():
-        raise ConfigError("RESULTS", str(path), "an existing .csv / .parquet file or results directory")
-    if path.suffix == ".csv":
-        return pd.read_csv(path)
-    if path.suffix == ".parquet":
-        return pd.read_parquet(path)
-    raise ConfigError("RESULTS", str(path), "a .csv or .parquet file or a results directory")
-
-
 def _runs_to_fit(df: pd.DataFrame, loss_column: str | None) -> tuple[pd.DataFrame, str]:
     """Only runs that landed (`status` ok, if present); loss column: given, else `loss`, else `val_loss`."""
     if "status" in df.columns:
@@ -1031,7 +1013,9 @@ def bootstrap_fit(df: pd.DataFrame, result: FitResult, n: int, seed: int, loss_c
 
 
 def main(args: argparse.Namespace) -> int:
-    df, loss_column = _runs_to_fit(load_results(args.results), args.loss_column)
+    from scaling import results
+
+    df, loss_column = _runs_to_fit(results.load(args.results), args.loss_column)
     if args.bootstrap < 0:
         raise ConfigError("--bootstrap", args.bootstrap, "a count >= 0")
     fixed = _parse_fixed(args.fix)

@@ -435,18 +435,6 @@ def load_fit(path: str | Path) -> Any:
         raise ConfigError("fit", str(path), f"a fitted-law JSON written by `scaling fit` ({type(e).__name__}: {e})") from e
 
 
-def load_results(path: str | Path) -> pd.DataFrame:
-    from scaling import results
-
-    path = Path(path)
-    if not path.exists():
-        raise ConfigError("results", str(path), "an existing results directory, .csv or .parquet")
-    try:
-        return results.load(path)
-    except (ValueError, OSError) as e:
-        raise ConfigError("results", str(path), f"a results directory, .csv or .parquet ({e})") from e
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = ("Regenerate every figure and REPORT.md from results and a fitted law (no training). "
                           "Example: scaling figures --results results/ladder.csv --curves results/ladder_curves.parquet "
@@ -462,7 +450,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     if not args.results:
         raise ConfigError("results", args.results, "a results directory, .csv or .parquet (--results)")
-    results = load_results(args.results)
+    from scaling import results as results_lib
+
+    results = results_lib.load(args.results)
     curves = None
     if args.curves:
         if not Path(args.curves).exists():

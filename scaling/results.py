@@ -16,6 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from scaling import compute
+from scaling.errors import ConfigError
 
 # The DESIGN.md schema, in order; telemetry columns (`<role>_<metric>`) follow.
 COLUMNS = [
@@ -57,16 +58,20 @@ def _run_dirs(root: Path) -> list[Path]:
 
 
 def load(path: str | Path) -> pd.DataFrame:
-    """Load runs from a results directory (any depth), or a committed .csv / .parquet summary."""
+    """Load runs from a results directory (any depth), or a committed .csv / .parquet summary: the one
+    front door (scaling fit, scaling figures, reproduce), so every table gets compute.backfill's columns."""
     path = Path(path)
+    allowed = "an existing results directory, .csv or .parquet"
     if path.is_file():
-        if path.suffix == ".parquet":
-            return compute.backfill(pd.read_parquet(path))
-        if path.suffix == ".csv":
-            return compute.backfill(pd.read_csv(path))
-        raise ValueError(f"{path}: expected a directory, .csv or .parquet")
+        try:
+            if path.suffix == ".parquet":
+                return compute.backfill(pd.read_parquet(path))
+            if path.suffix == ".csv":
+                return compute.backfill(pd.read_csv(path))
+        except (OSError, ValueError) as e:  # unreadable or malformed: one line, not a traceback
+            raise ConfigError("results", str(path), f"{allowed} ({type(e).__name__}: {e})") from None
     if not path.is_dir():
-        raise FileNotFoundError(f"no results at {path}")
+        raise ConfigError("results", str(path), allowed)
     rows = []
     for run_dir in _run_dirs(path):
         try:

@@ -326,4 +326,4 @@ def test_cli_fit_writes_a_fit_and_prints_a_table(tmp_path, capsys):
     result = fit.FitResult.from_json(out)
     assert result.data["n_points"] == 8 and f"{result.params['E']:.5g}" in printed
     assert cli.main(["fit", str(tmp_path / "missing.csv"), "-o", str(out)]) == 2
-    assert "error: RESULTS: got" in capsys.readouterr().err
+    assert "error: results: got" in capsys.readouterr().err

@@ -1,5 +1,3 @@
-import json
-
 import pandas as pd
 import pytest
 
@@ -57,9 +55,17 @@ def test_export_round_trip(tmp_path):
         pd.testing.assert_frame_equal(back, df, check_dtype=False)
 
 
-def test_missing_path_errors(tmp_path):
-    with pytest.raises(FileNotFoundError):
+def test_missing_or_malformed_path_is_a_one_line_error(tmp_path):
+    from scaling.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^results: got '.*nope'; allowed: an existing results directory"):
         results.load(tmp_path / "nope")
+    (tmp_path / "x.txt").write_text("a")
+    with pytest.raises(ConfigError, match=r"^results: got '.*x.txt'"):
+        results.load(tmp_path / "x.txt")
+    (tmp_path / "bad.parquet").write_text("not parquet")
+    with pytest.raises(ConfigError, match=r"^results: got '.*bad.parquet'.*ArrowInvalid|^results: got '.*bad.parquet'"):
+        results.load(tmp_path / "bad.parquet")
 
 
 def test_takeoff_probes_are_not_results(tmp_path):
