@@ -939,6 +939,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "default: every law, plus each with its fixed params freed")
     parser.add_argument("--reference", default=None, metavar="RECIPE",
                         help="with --law auto: the high-precision reference recipe (default: the rows with the largest P)")
+    parser.add_argument("--sweep", default=None, help="fit only the rows of this sweep (a multi-sweep table's `sweep` column)")
     parser.add_argument("-o", "--output", required=True, help="where to write the fit JSON, e.g. fits/NAME.json")
     parser.add_argument("--bootstrap", type=int, default=0, metavar="N", help="bootstrap resamples for CIs (e.g. 1000)")
     parser.add_argument("--seed", type=int, default=0, help="bootstrap seed")
@@ -1015,7 +1016,13 @@ def bootstrap_fit(df: pd.DataFrame, result: FitResult, n: int, seed: int, loss_c
 def main(args: argparse.Namespace) -> int:
     from scaling import results
 
-    df, loss_column = _runs_to_fit(results.load(args.results), args.loss_column)
+    df = results.load(args.results)
+    if args.sweep is not None:
+        sweeps = sorted(df["sweep"].astype(str).unique()) if "sweep" in df.columns else []
+        if args.sweep not in sweeps:
+            raise ConfigError("--sweep", args.sweep, f"a sweep of the results ({', '.join(sweeps) or 'none recorded'})")
+        df = df[df["sweep"].astype(str) == args.sweep]
+    df, loss_column = _runs_to_fit(df, args.loss_column)
     if args.bootstrap < 0:
         raise ConfigError("--bootstrap", args.bootstrap, "a count >= 0")
     fixed = _parse_fixed(args.fix)

@@ -327,3 +327,9 @@ def test_cli_fit_writes_a_fit_and_prints_a_table(tmp_path, capsys):
     assert result.data["n_points"] == 8 and f"{result.params['E']:.5g}" in printed
     assert cli.main(["fit", str(tmp_path / "missing.csv"), "-o", str(out)]) == 2
     assert "error: results: got" in capsys.readouterr().err
+    # --sweep fits one sweep of a multi-sweep table: here all rows but the first two
+    df.assign(sweep=["a", "a"] + ["b"] * (len(df) - 2)).to_csv(csv, index=False)
+    assert cli.main(["fit", str(csv), "--law", "chinchilla", "--sweep", "b", "-o", str(out)]) == 0
+    assert fit.FitResult.from_json(out).data["n_points"] == len(df) - 2
+    assert cli.main(["fit", str(csv), "--sweep", "c", "-o", str(out)]) == 2
+    assert "error: --sweep: got 'c'; allowed: a sweep of the results (a, b)" in capsys.readouterr().err
