@@ -57,6 +57,20 @@ def test_select_law_prefers_the_data_dependent_penalty():
     json.dumps(sel)  # JSON-ready as returned
 
 
+@pytest.mark.slow
+def test_law_auto_puts_p_star_within_a_bit_of_the_truth():
+    from scaling import optimal
+
+    sel, fits = fit.select(kumar_data_runs(), ["kumar", "kumar_data"], fit_kwargs=QUICK)
+    chosen = fits[sel["chosen"]]
+    truth = fit.FitResult(law="kumar_data", params=KUMAR_DATA, objective=0.0, residuals=np.array([]),
+                          fixed={}, data={})
+    for compute in (1e18, 1e20):  # inside and beyond the runs' compute (6·N·D up to 9e19)
+        want = optimal.optimal_precision(truth, compute, p_range=(2.0, 32.0))["P"]
+        got = optimal.optimal_precision(chosen, compute, p_range=(2.0, 32.0))["P"]
+        assert sel["chosen"] == "kumar_data" and abs(got - want) < 1.0, (compute, got, want)
+
+
 def test_unfittable_laws_are_listed_with_the_reason():
     df = kumar_data_runs()
     sel = fit.select_law(df, ["sun", "quartet", "capacity"], **QUICK)
