@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import minimize
 
-from scaling import fit, laws
+from scaling import hardware, fit, laws
 
 DATA = Path(__file__).resolve().parents[1] / "tests" / "data" / "chinchilla_svg_extracted.csv"
 
@@ -101,6 +101,7 @@ def bench_bootstrap(subset: int = 20) -> None:
 
 
 def main() -> None:
+    print(hardware.describe(), flush=True)  # timings hold for this kind of machine only
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--subset", type=int, default=200, help="scipy-loop starts to time (extrapolated to 4,500)")
     parser.add_argument("--full", action="store_true", help="run the scipy loop on all 4,500 starts")

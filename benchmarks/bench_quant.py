@@ -17,7 +17,7 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 
-from scaling import quant
+from scaling import hardware, quant
 
 CASES = [
     ("tensor (fp8_e4m3)", quant.QuantSpec("fp8_e4m3", "tensor")),
@@ -36,6 +36,7 @@ def _time(fn, x) -> float:
 
 
 def main() -> None:
+    print(hardware.describe(), flush=True)  # timings hold for this kind of machine only
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=4096)
     ap.add_argument("--repeats", type=int, default=15)

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from scaling import model, precision
+from scaling import hardware, model, precision
 
 TARGETS = {"fp8": 0.8, "fp8-blockwise": 1.0, "mxfp4": 1.0}
 
@@ -56,6 +56,7 @@ def make_step(cfg: model.ModelConfig, recipe: precision.Recipe):
 
 
 def main() -> None:
+    print(hardware.describe(), flush=True)  # timings hold for this kind of machine only
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size", type=int, default=8)
     ap.add_argument("--batch", type=int, default=16)

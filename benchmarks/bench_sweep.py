@@ -17,6 +17,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from scaling import hardware
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "experiments" / "smoke_sweep.toml"
@@ -33,6 +34,7 @@ def run_mode(workers: int) -> float:
 
 
 def main() -> None:
+    print(hardware.describe(), flush=True)  # timings hold for this kind of machine only
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=1)
     args = parser.parse_args()

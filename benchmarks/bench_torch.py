@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from flax import nnx
 
-from scaling import model
+from scaling import hardware, model
 
 
 class TorchLM(torch.nn.Module):
@@ -78,6 +78,7 @@ class TorchLM(torch.nn.Module):
 
 
 def main() -> None:
+    print(hardware.describe(), flush=True)  # timings hold for this kind of machine only
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size", type=int, default=8)
     ap.add_argument("--batch", type=int, default=16)

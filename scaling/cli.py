@@ -15,11 +15,11 @@ from scaling.errors import ConfigError
 # verb -> (module defining add_arguments/main, one-line help)
 VERBS: dict[str, tuple[str, str]] = {
     "train": ("scaling.train", "train one run from a TOML config"),
-    "sweep": ("scaling.sweep", "run a grid of runs from an experiment TOML"),
-    "fit": ("scaling.fit", "fit a scaling law to results"),
-    "optimal": ("scaling.optimal", "compute-optimal (N, D, P) from a fitted law"),
-    "figures": ("scaling.report", "regenerate figures and REPORT.md from results/ and fits/"),
-    "reproduce": ("scaling.reproduce", "the main job: sweep, fit, optimal precision, figures, report"),
+    "sweep": ("scaling.sweep", "run a grid of runs from an experiment TOML (an [isoflop] table makes it an IsoFLOP design)"),
+    "fit": ("scaling.fit", "fit a scaling law to results (--law auto: chosen by held-out precision gaps)"),
+    "optimal": ("scaling.optimal", "compute-optimal (N, D, P) from a fitted law, with CI and specification range"),
+    "figures": ("scaling.report", "regenerate figures, REPORT.md and findings.json from results/ and fits/"),
+    "reproduce": ("scaling.reproduce", "the main job: IsoFLOP sweep, law selection, findings, figures, report"),
     "plan": ("scaling.plan", "training days and memory per GPU on a GPU cluster"),
 }
 

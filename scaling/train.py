@@ -50,7 +50,7 @@ import numpy as np
 
 from scaling import config as config_lib
 from scaling import compute as compute_lib
-from scaling import data, health, runs
+from scaling import data, hardware, health, runs
 from scaling._io import append_jsonl
 from scaling.errors import ConfigError
 
@@ -494,6 +494,7 @@ class _Trainer:
             "eval_s": progress.eval_s,
             "attempts": progress.attempts,
             "corpus": setup.corpus.describe(),
+            "hardware": hardware.describe(),  # timings and the GEMM path hold for this kind of machine
             "entropy_rate": setup.corpus.entropy_rate,
             "telemetry": telemetry,
             "evals": evals,
