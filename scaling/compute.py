@@ -24,7 +24,7 @@ A cost model turns parts into 16-bit FLOP units (one BF16 FLOP = 1):
 
     bits     each FLOP costs the mean effective bits of its two operands / 16
     h100, b200, ...  each GEMM runs at the rate of the format the GPU executes it in (the wider
-             operand's element width, `plan.precision_for_bits`): cost = BF16 peak / that peak
+             operand's element width, `hardware.precision_for_bits`): cost = BF16 peak / that peak
              (H100: FP8 and FP6/FP4 at 2x BF16; B200: FP4 at 4x, FP8/FP6 at 2x; FP32 = TF32 at 0.5x)
     nominal  Kumar et al.'s convention, 6·N·D·P/16: every FLOP at the recipe's label P, attention
              and head not counted (what the toolkit used before; kept to compare against)
@@ -223,17 +223,17 @@ def columns(cfg: Any, recipe: Any, tokens_per_step: int) -> dict[str, float]:
 @dataclass(frozen=True)
 class CostModel:
     """How many 16-bit FLOP units a FLOP costs. kind: 'bits', 'nominal', or a GPU name of
-    `scaling.plan.GPUS` (e.g. 'h100', 'b200'). high_bits: what an operand left unquantised costs in
+    `scaling.hardware.GPUS` (e.g. 'h100', 'b200'). high_bits: what an operand left unquantised costs in
     a run that quantises something (16: BF16)."""
 
     kind: str = "bits"
     high_bits: float = 16.0
 
     def __post_init__(self):
-        from scaling import plan
+        from scaling import hardware
 
-        if self.kind not in ("bits", "nominal") and self.kind not in plan.GPUS:
-            raise ConfigError("cost_model", self.kind, ["bits", "nominal", *plan.GPUS])
+        if self.kind not in ("bits", "nominal") and self.kind not in hardware.GPUS:
+            raise ConfigError("cost_model", self.kind, ["bits", "nominal", *hardware.GPUS])
         if not 0 < self.high_bits <= 32:
             raise ConfigError("cost_model.high_bits", self.high_bits, "bits in (0, 32]")
 
@@ -254,11 +254,11 @@ class CostModel:
         bits_0, bits_1, width = (np.asarray(v, float) for v in (bits_0, bits_1, width))
         if self.kind == "bits":
             return (bits_0 + bits_1) / 32.0
-        from scaling import plan
+        from scaling import hardware
 
-        gpu = plan.get_gpu(self.kind)
+        gpu = hardware.get_gpu(self.kind)
         bf16 = gpu.peak("bf16")
-        rate = {w: bf16 / gpu.peak(plan.precision_for_bits(w, self.kind)) for w in np.unique(width)}
+        rate = {w: bf16 / gpu.peak(hardware.precision_for_bits(w, self.kind)) for w in np.unique(width)}
         return np.vectorize(lambda w: rate[w], otypes=[float])(width)
 
     def _mapped(self, bits, quantised_run):

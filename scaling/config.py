@@ -144,9 +144,9 @@ def _flops_budgets(key: str, value: Any) -> list[float]:
 
 
 def _cost_model(key: str, value: Any) -> str:
-    from scaling import plan
+    from scaling import hardware
 
-    options = ("bits", "nominal", *plan.GPUS)
+    options = ("bits", "nominal", *hardware.GPUS)
     if value not in options:
         raise ConfigError(key, value, options)
     return value

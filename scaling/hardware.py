@@ -1,6 +1,7 @@
 """What the machine running JAX does natively, named the same way everywhere (benchmarks' first line,
 summary.json): the device, and on a CPU the model name and the instruction-set flags that decide
-how fast a bf16 dot is. Without AMX or AVX512-BF16 (e.g. AMD EPYC Zen 3: AVX2 only) XLA emulates
+how fast a bf16 dot is; and the GPU table (dense peaks per format) that the cost models
+(scaling.compute) and the planner (scaling.plan) price GEMMs with. Without AMX or AVX512-BF16 (e.g. AMD EPYC Zen 3: AVX2 only) XLA emulates
 bf16 dots and they run slower than fp32 ones; with them, or on a GPU, bf16 is native.
 """
 
@@ -8,7 +9,10 @@ from __future__ import annotations
 
 import functools
 import platform
+from dataclasses import dataclass
 from pathlib import Path
+
+from scaling.errors import ConfigError
 
 BF16_FLAGS = ("amx_bf16", "avx512_bf16")  # native bf16 dot products on x86 CPUs
 REPORTED_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
@@ -58,3 +62,75 @@ def describe(platform_name: str | None = None, cpuinfo: str | None = None) -> st
     missing = [f for f in REPORTED_FLAGS if f not in info["flags"]]
     has = ", ".join(info["flags"]) or "none of " + ", ".join(REPORTED_FLAGS)
     return f"cpu: {info['model']} ({has}" + (f"; no {', '.join(missing)})" if missing and info["flags"] else ")")
+
+
+# ----------------------------------------------------------------------------- GPUs (peaks per format)
+
+
+@dataclass(frozen=True)
+class GPU:
+    """One accelerator: dense (no 2:4 sparsity) tensor-core peaks in TFLOP/s per precision."""
+
+    name: str
+    memory_gb: float  # HBM capacity from the spec sheet, 1 GB = 1e9 bytes
+    peak_tflops: dict[str, float]
+
+    @property
+    def memory_bytes(self) -> float:
+        return self.memory_gb * 1e9
+
+    def peak(self, precision: str) -> float:
+        """Dense peak in FLOP/s; ConfigError if this GPU has no tensor-core path for `precision`."""
+        precision = canonical_precision(precision)
+        if precision not in self.peak_tflops:
+            raise ConfigError("precision", precision, f"one of {', '.join(self.peak_tflops)} on {self.name}")
+        return self.peak_tflops[precision] * 1e12
+
+
+# Dense peaks per GPU; NVIDIA data sheets print "with sparsity" numbers, which are 2x these.
+# "fp32" is the CUDA-core (non-tensor) FP32 peak; "tf32" the tensor-core path FP32 matmuls take.
+# - A100 SXM4 80GB (A100 data sheet): BF16/FP16 312, TF32 156, FP32 19.5; no FP8/FP4.
+# - H100 SXM5 80GB (H100 data sheet, 3958/1979/989 TFLOP/s sparse for FP8/BF16/TF32):
+#   FP8 1979, BF16 989, TF32 495 (494.7), FP32 67.
+# - H200 SXM 141GB (H200 data sheet): the H100 SXM die with more/faster HBM3e, same peaks.
+# - B200 in HGX B200, 1000 W (HGX B200 data sheet, 8-GPU board totals divided by 8, and
+#   Glenn Lockwood's B200 notes, glennklockwood.com/garden/processors/B200):
+#   FP4 9000, FP8/FP6 4500, BF16 2250, TF32 1100, FP32 80; 1,440 GB per board = 180 GB per GPU.
+GPUS: dict[str, GPU] = {
+    "a100": GPU("A100 SXM4 80GB", 80, {"fp32": 19.5, "tf32": 156, "bf16": 312}),
+    "h100": GPU("H100 SXM5 80GB", 80, {"fp32": 67, "tf32": 495, "bf16": 989, "fp8": 1979}),
+    "h200": GPU("H200 SXM 141GB", 141, {"fp32": 67, "tf32": 495, "bf16": 989, "fp8": 1979}),
+    "b200": GPU("B200 (HGX) 180GB", 180, {"fp32": 80, "tf32": 1100, "bf16": 2250, "fp8": 4500, "fp4": 9000}),
+}
+
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8", "fp4")
+
+
+def canonical_precision(precision: str) -> str:
+    precision = precision.lower()
+    if precision not in PRECISIONS:
+        raise ConfigError("precision", precision, PRECISIONS)
+    return "bf16" if precision == "fp16" else precision  # FP16 and BF16 share the tensor-core rate
+
+
+def get_gpu(name: str) -> GPU:
+    if name.lower() not in GPUS:
+        raise ConfigError("gpu", name, GPUS)
+    return GPUS[name.lower()]
+
+
+def precision_for_bits(bits: float, gpu: str = "h100") -> str:
+    """The hardware format that runs a P-bit recipe: the narrowest supported format with >= P bits.
+
+    P <= 4 -> fp4, P <= 8 -> fp8 (FP6 runs at the FP8 rate on Blackwell), P <= 16 -> bf16,
+    else tf32: FP32 matmuls run on TF32 tensor cores by default in JAX and cuBLAS-backed
+    frameworks. A format the GPU lacks falls back to the next wider one (FP4 on H100 -> fp8,
+    FP8 on A100 -> bf16).
+    """
+    if not bits > 0:
+        raise ConfigError("P", bits, "a positive number of bits")
+    supported = get_gpu(gpu).peak_tflops
+    for width, precision in ((4, "fp4"), (8, "fp8"), (16, "bf16")):
+        if bits <= width and precision in supported:
+            return precision
+    return "tf32"
