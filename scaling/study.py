@@ -508,7 +508,8 @@ def verdict(interval: Sequence[float] | None, lo: float, hi: float) -> str:
 
 def specification_fits(df: pd.DataFrame, fit: Any, loss_column: str = "val_loss") -> list[tuple[str, Any]]:
     """The fits P* is reported across: the chosen law; for a law with kappa, kappa at each of KAPPAS
-    and fitted; every law the selection found within noise of the best (fit.selection)."""
+    and fitted; every candidate the selection found within noise of the best (fit.selection) whose
+    precision axis is bits (`_has_bits`)."""
     from scaling import fit as fit_lib
 
     out = [(f"{fit.law} (chosen{', kappa ' + format(fit.params['kappa'], 'g') if 'kappa' in fit.params else ''})", fit)]
@@ -523,12 +524,22 @@ def specification_fits(df: pd.DataFrame, fit: Any, loss_column: str = "val_loss"
                 continue
             alt.data = {**alt.data, "shape": (fit.data or {}).get("shape")}
             out.append((f"{fit.law}, kappa {'fitted' if kappa is None else format(kappa, 'g')}", alt))
+    chosen = (getattr(fit, "selection", None) or {}).get("chosen")
     for cand in (getattr(fit, "selection", None) or {}).get("candidates", []):
-        if cand.get("within_noise") and cand.get("params") and cand.get("law") != fit.law:
+        if cand.get("within_noise") and cand.get("params") and cand.get("name") != chosen and _has_bits(cand["law"]):
             alt = fit_lib.FitResult(law=cand["law"], params=dict(cand["params"]), objective=0.0,
                                     residuals=np.zeros(0), fixed=cand.get("fixed") or {}, data=fit.data)
-            out.append((f"{cand['law']} (within noise)", alt))
+            out.append((f"{cand['name']} (within noise)", alt))
     return out
+
+
+def _has_bits(law: str) -> bool:
+    """Whether a law's precision axis is bits, which P* optimises over: not chinchilla (no precision
+    term: the cost alone would pick the fewest bits) nor capacity (precision as each role's
+    quantisation error, with no map from a hypothetical P to that error)."""
+    from scaling import laws
+
+    return bool({"P", "P_w", "P_a", "P_g", "P_fwd", "P_bwd", "ebits", "mbits"} & set(laws.get(law).columns))
 
 
 def findings(df: pd.DataFrame, fit: Any | None, *, cost: str = "bits", budgets: Sequence[float] | None = None,

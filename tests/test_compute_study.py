@@ -318,3 +318,21 @@ def test_lr_optima_find_each_recipes_best_rate_and_its_shift_from_fp32():
     assert table.loc["fp8", "shift"] == pytest.approx(0.1) and not table.loc["fp8", "differs"]
     assert table.loc["mxfp4", "shift"] == pytest.approx(-0.7) and table.loc["mxfp4", "differs"]
     assert (table["resolution"] == 0.5).all() and not table["edge"].any()
+
+
+def test_specification_range_spans_only_laws_whose_precision_axis_is_bits():
+    from scaling import fit
+
+    kumar = {"E": 1.7, "A": 400.0, "B": 2000.0, "alpha": 0.34, "beta": 0.36, "gamma": 2.5, "kappa": 3.0}
+    chosen = fit.FitResult(law="quartet", params={}, objective=0.0, residuals=np.zeros(0))
+    chosen.selection = {"chosen": "quartet", "candidates": [
+        {"name": "quartet", "law": "quartet", "within_noise": True, "params": {"x": 1.0}},
+        {"name": "chinchilla", "law": "chinchilla", "within_noise": True, "params": {"E": 1.7}},
+        {"name": "capacity", "law": "capacity", "within_noise": True, "params": {"E": 1.7}},
+        {"name": "kumar[kappa free]", "law": "kumar", "within_noise": True, "params": kumar, "fixed": {}},
+        {"name": "kumar", "law": "kumar", "within_noise": False, "params": kumar},
+    ]}
+    rows = pd.DataFrame({"val_loss": [2.0], "status": ["ok"]})
+    labels = [label for label, _ in study.specification_fits(rows, chosen)]
+    # no precision term (chinchilla) or no bits axis (capacity): left out; variants named as selected
+    assert labels == ["quartet (chosen)", "kumar[kappa free] (within noise)"]
