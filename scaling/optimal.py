@@ -74,7 +74,7 @@ def _fit(fit: FitResult | Mapping[str, Any]) -> FitResult:
 def precision_columns(law: laws.Law, P: float, context: Mapping[str, float], data: Mapping[str, Any]) -> list[dict]:
     """Candidate column settings that realise bit width P for this law (the best one is taken).
 
-    kumar: P; kumar_roles: P_w = P_a = P_g = P; sun: every split 1 + E + M = P (E >= 1, M >= 0) at the
+    kumar: P; kumar_roles: P_w = P_a = P_g = P; quartet: P_fwd = P_bwd = P; sun: every split 1 + E + M = P (E >= 1, M >= 0) at the
     block size from `context` (default: the median block of the fitted data). Other columns come from
     `context`; a law without precision columns (chinchilla) sees P only through the cost.
     """
@@ -88,7 +88,7 @@ def precision_columns(law: laws.Law, P: float, context: Mapping[str, float], dat
         if P != int(P) or P < 3:
             raise ConfigError("P", P, f"integer bit widths >= 3 for law {law.name} (1 sign + E >= 1 + M >= 1)")
         return [{**fixed, "ebits": float(e), "mbits": float(P - 1 - e)} for e in range(1, int(P) - 1)]
-    cols = {c: P for c in ("P", "P_w", "P_a", "P_g") if c in law.columns}
+    cols = {c: P for c in ("P", "P_w", "P_a", "P_g", "P_fwd", "P_bwd") if c in law.columns}
     missing = [c for c in law.columns if c not in ("N", "D") and c not in cols and c not in fixed]
     if missing:
         raise ConfigError("context", sorted(fixed), f"values for columns {missing} of law {law.name}")

@@ -168,3 +168,17 @@ def test_cli_optimal_json_reports_the_range_across_cost_models(tmp_path, capsys)
     assert shared > every_flop + 0.5 and hi >= shared
     # on H100 a GEMM costs the same from 5 to 8 bits, so the law takes all 8
     assert optimal.optimal_precision(fit, 1e20, cost=optimal.Cost(model="h100", shape=SHAPE))["P"] == pytest.approx(8, abs=0.05)
+
+
+def test_quartet_optimum_runs_both_passes_at_p():
+    params = dict(E=1.8, A=400.0, B=2000.0, alpha=0.34, beta=0.36, gamma_N=2.0, gamma_D=1.5)
+    fit = FitResult(law="quartet", params=params, objective=0.0, residuals=np.zeros(0))
+    best = optimal.optimal_precision(fit, 1e20, p_range=(2.0, 32.0))
+    law, cost = laws.get("quartet"), optimal.Cost()
+
+    def loss(P):  # P_fwd = P_bwd = P, at the best N for that P (brute force over N)
+        N = np.geomspace(1e6, 1e12, 4001)
+        x = {"N": N, "D": cost.tokens(N, 1e20, P), "P_fwd": np.full_like(N, P), "P_bwd": np.full_like(N, P)}
+        return float(np.min(law.predict(params, x)))
+
+    assert best["loss"] == pytest.approx(min(loss(P) for P in np.linspace(2.0, 32.0, 301)), rel=1e-4)
