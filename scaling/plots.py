@@ -283,6 +283,7 @@ def isoflop_profiles(points: Sequence[tuple[dict, pd.DataFrame]], stem: str | Pa
             ax.errorbar([e["N_opt"]], [e["loss"]], yerr=[[e["loss"] - lo], [hi - e["loss"]]], fmt="*", ms=13,
                         mfc=colour, mec="k", ecolor=colour, capsize=4, zorder=4)
         ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # minor labels overlap on short spans
         ax.set_xlabel("non-embedding parameters N")
         ax.set_ylabel(f"validation loss ({unit})")
         verdict = f"winner: {entry['winner']}" if entry["winner"] else "no winner"
@@ -416,6 +417,7 @@ def residuals(rows: pd.DataFrame, by_recipe: pd.DataFrame, fit: Any, stem: str |
         left.scatter(part["N"], part["residual"], s=16, alpha=0.7, color=colours[recipe], label=recipe)
     left.axhline(0, color="0.3", lw=1)
     left.set_xscale("log")
+    left.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     left.set_xlabel("non-embedding parameters N")
     left.set_ylabel(f"observed - fitted loss ({unit})")
     left.legend(fontsize=7)

@@ -115,7 +115,33 @@ def fitted_law(fit: Any) -> str:
             f"CIs from {n_samples} bootstrap resamples (unit: {(getattr(fit, 'bootstrap', None) or {}).get('unit', 'run')})." if n_samples else
             f"Law: `{fit.law}` (objective {_fmt(getattr(fit, 'objective', None))}); no bootstrap samples stored with the fit.",
             "", _markdown(pd.DataFrame(rows))]
+    selection = getattr(fit, "selection", None)
+    if selection and selection.get("chosen"):
+        text += ["", selection_text(selection)]
     return "\n".join(text)
+
+
+def selection_text(selection: dict) -> str:
+    """How the law was chosen (fit.select_law): each candidate's held-out error on the precision gaps."""
+    rows = []
+    for c in selection["candidates"]:
+        gap = c.get("heldout_gap_mae") or {}
+        rows.append({"candidate": c["name"] + (" (chosen)" if c["name"] == selection["chosen"] else ""),
+                     "params": c.get("n_params"), "gap MAE, largest N out": gap.get("N"),
+                     "gap MAE, longest D out": gap.get("D"),
+                     "within noise": "yes" if c.get("within_noise") else ("not fitted" if not c.get("fittable", True) else "no")})
+    close = sum(bool(c.get("within_noise")) for c in selection["candidates"]) - 1
+    return (f"Chosen by held-out error on the precision gaps (loss minus the same-size, same-tokens "
+            f"{', '.join(selection.get('reference', {}).get('recipes', []) or ['reference'])} run's, nats): the law is fitted "
+            "without the largest size, then without the longest budget, and predicts the gaps it did not see. "
+            f"{close} other candidate{'s' if close != 1 else ''} {'are' if close != 1 else 'is'} within noise "
+            "(2 run-clustered standard errors) of the chosen one, so the choice among them is not decided by these "
+            "data; P* is reported across those whose precision axis is bits (the specification range above)."
+            + (" Among them is `chinchilla`, which has no precision term: these data cannot show that a "
+               "precision-aware law predicts the held-out gaps better than none."
+               if any(c["law"] == "chinchilla" and c.get("within_noise") and c["name"] != selection["chosen"]
+                      for c in selection["candidates"]) else "")
+            + "\n\n" + _markdown(pd.DataFrame(rows)))
 
 
 def heldout_error(fit: Any, ok: pd.DataFrame) -> tuple[str, float | None]:
@@ -175,7 +201,7 @@ def cost_of_precision(ok: pd.DataFrame, fit: Any) -> str:
             half = stats.t.ppf(0.975, dof) * se
             ci = f"{slope:+.3f} nats/byte per doubling of the tokens (95% CI {slope - half:+.3f} to {slope + half:+.3f}, n = {len(centred)} points, size fixed effects)"
             if slope - half > 0:
-                text[-1] += f" At a fixed model size it grows with D: {ci}; the `kumar` law's gap does not depend on D."
+                text[-1] += f" At a fixed model size it grows with D: {ci}; Kumar et al.'s form, where precision lowers only the effective N, predicts a gap that does not."
             elif slope + half < 0:
                 text[-1] += f" At a fixed model size it shrinks with D: {ci}."
             else:

@@ -132,9 +132,24 @@ def test_cost_of_precision_pairs_runs_with_fp32_and_measures_the_trend_in_tokens
     # +0.05 per doubling of D at either size
     assert "FP4's gap goes from +0.030 at the fewest tokens to +0.130 at the most (mean over sizes)." in text
     assert "At a fixed model size it grows with D: +0.050 nats/byte per doubling of the tokens" in text
-    assert "the `kumar` law's gap does not depend on D" in text
+    assert "Kumar et al.'s form, where precision lowers only the effective N, predicts a gap that does not." in text
     flat = ok.assign(val_loss=ok["val_loss"] - (ok["recipe"] == "mxfp4") * 0.05 * ok["D"].map({1e6: 0, 2e6: 1, 4e6: 2}))
     flat.loc[flat.index[::5], "val_loss"] += 0.01  # noise, no trend: the sentence says it cannot tell
     assert "these data cannot tell" in report.cost_of_precision(flat, law)
     # no FP32 to pair with: no section
     assert report.cost_of_precision(ok[ok["P"] != 32], law) == ""
+
+
+def test_the_report_says_how_the_law_was_chosen_and_when_no_precision_term_does_as_well():
+    def selection(chinchilla_close: bool) -> dict:
+        return {"chosen": "kumar", "reference": {"recipes": ["fp32"]}, "candidates": [
+            {"name": "kumar", "law": "kumar", "n_params": 6, "heldout_gap_mae": {"N": 0.01, "D": 0.02}, "within_noise": True},
+            {"name": "chinchilla", "law": "chinchilla", "n_params": 5, "heldout_gap_mae": {"N": 0.012, "D": 0.03},
+             "within_noise": chinchilla_close},
+            {"name": "sun", "law": "sun", "fittable": False, "within_noise": False}]}
+
+    close = report.selection_text(selection(True))
+    assert "1 other candidate is within noise" in close and "cannot show that a precision-aware law" in close
+    assert "| kumar (chosen) | 6 | 0.01 | 0.02 | yes |" in close and "| sun | – | – | – | not fitted |" in close
+    far = report.selection_text(selection(False))
+    assert "0 other candidates are within noise" in far and "cannot show" not in far
