@@ -145,7 +145,8 @@ def finished(run_dir: str | Path, config: dict | None = None) -> dict | None:
         if config_file.is_file():
             mismatch = _resolved(json.loads(config_file.read_text())) != config
         else:
-            mismatch = run_dir.exists() and any(p.name != LOCK_FILE for p in run_dir.iterdir())
+            # dot-files are the lock and another process's atomic writes in flight (.config.json.*.tmp)
+            mismatch = run_dir.exists() and any(not p.name.startswith(".") for p in run_dir.iterdir())
         if mismatch:
             raise ConfigError("--out", str(run_dir), "a new or empty directory, or one holding a run of this config")
     landed = summary(run_dir)

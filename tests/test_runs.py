@@ -94,6 +94,9 @@ def test_finished_is_a_landed_ok_or_diverged_run_of_this_config(tmp_path):
     assert runs.finished(run, {"seed": 0}) is None  # no directory yet
     runs.acquire(run).release()
     assert runs.finished(run, {"seed": 0}) is None  # only the lock file: still empty
+    (run / ".config.json.x1.tmp").write_text("{")  # another process's config.json being written
+    assert runs.finished(run, {"seed": 0}) is None
+    (run / ".config.json.x1.tmp").unlink()
     (run / "stray.txt").write_text("x")
     with pytest.raises(ConfigError, match="--out.*a new or empty directory"):
         runs.finished(run, {"seed": 0})
