@@ -252,7 +252,7 @@ def random_bits(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
     element index XOR one 32-bit seed drawn from `key`). Distinct indices give distinct,
     independent-looking words; ~20x cheaper on CPU than `jax.random.bits` (threefry) of the full
     shape, which would otherwise dominate a low-precision train step. The price: two keys whose
-    seeds coincide (2^-32 per pair) draw the same words, and the words of one key are a
+    seeds coincide (2^-32 per pair) draw the same words, and the words of one key are largely a
     permutation of another's (index XOR seed), which stochastic rounding does not care about."""
     seed = jax.random.bits(key, (), jnp.uint32)
     idx = jax.lax.iota(jnp.uint32, math.prod(shape)).reshape(shape)

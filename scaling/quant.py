@@ -383,11 +383,12 @@ TELEMETRY_FIELDS = ("amax", "frac_saturated", "frac_underflow", "snr_db",
                     "block_amax_min", "block_amax_p50", "block_amax_max")
 TELEMETRY_BLOCK = 32  # block amax statistics use 32-wide blocks along the reduction axis (MX's)
 
-# Saturation slack. The element that set a tensor/channel/block scale (scale = amax · fl(1/max))
-# maps to amax · fl(1 / fl(amax · fl(1/max))): four float32 roundings from max, so up to
-# (1 + 2^-24)^4 ≈ 1 + 2^-22 above it (measured: up to 2.02 · 2^-24). It loses nothing, yet without
-# slack it would count as clipped in 0.3% (fp8) to 25% (int8) of tensors, or 1/32 of all elements
-# of an MX-sized block recipe at worst. A value really clipped by the format's max is further out.
+# Saturation slack (2^-22: two float32 ulps at 1). The element that set a tensor/channel/block
+# scale (scale = amax · fl(1/max)) maps to amax · fl(1 / fl(amax · fl(1/max))): four float32
+# roundings from max, so up to (1 + 2^-24)^4 ≈ 1 + 2^-22 above it (measured: up to 2.02 · 2^-24).
+# It loses nothing, yet with no slack it counts as clipped in 0.3% (fp8) to 25% (int8) of
+# tensors, up to one element per block with block scales. A value clipped by less than the slack
+# loses less than half a grid step at max (any format up to 16 bits): no more than rounding does.
 _SATURATION_SLACK = 1.0 + 2.0**-22
 
 
