@@ -25,8 +25,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from scaling import formats, precision
-from scaling.precision import QdotState, Recipe, RecipeStructure
+from scaling import formats, gemm, precision
+from scaling.gemm import QdotState
+from scaling.precision import Recipe, RecipeStructure
 
 # ---------------------------------------------------------------------------------------------
 # Config and the size ladder
@@ -133,7 +134,7 @@ class AmaxHistory(nnx.Variable):
 
 
 class GradSink(nnx.Variable):
-    """Carrier for the grad role: [grad telemetry (precision.TELEMETRY_SIZE), grad amax history (H)]. The forward pass
+    """Carrier for the grad role: [grad telemetry (gemm.TELEMETRY_SIZE), grad amax history (H)]. The forward pass
     reads the history; the backward pass returns the new one as this variable's "gradient",
     which grad_step writes back (overwrite-with-gradient)."""
 
@@ -159,7 +160,7 @@ class RMSNorm(nnx.Module):
 
 
 class QDense(nnx.Module):
-    """y = x·W through `precision.qdot_apply`, owning this layer's delayed-scaling state."""
+    """y = x·W through `gemm.qdot_apply`, owning this layer's delayed-scaling state."""
 
     def __init__(self, d_in: int, d_out: int, structure: RecipeStructure, *, std: float, rngs: nnx.Rngs):
         self.kernel = nnx.Param(std * jax.random.normal(rngs.params(), (d_in, d_out), jnp.float32))
@@ -170,15 +171,15 @@ class QDense(nnx.Module):
         sg = structure.grad
         if sg is not None and not structure.forward_only:
             h = sg.amax_history if sg.scaling == "delayed" else 0
-            self.grad_sink = GradSink(jnp.zeros((precision.TELEMETRY_SIZE + h,), jnp.float32))
+            self.grad_sink = GradSink(jnp.zeros((gemm.TELEMETRY_SIZE + h,), jnp.float32))
 
     def __call__(self, x: jax.Array, ctx: "_Ctx", *, smooth_K: jax.Array | None = None) -> jax.Array:
         w = self.kernel[...]
         st = ctx.structure
         hist = {r: getattr(self, f"hist_{r}")[...] for r in ("weight", "activation") if hasattr(self, f"hist_{r}")}
-        sink = self.grad_sink[...] if hasattr(self, "grad_sink") else jnp.zeros((precision.TELEMETRY_SIZE,), jnp.float32)
+        sink = self.grad_sink[...] if hasattr(self, "grad_sink") else jnp.zeros((gemm.TELEMETRY_SIZE,), jnp.float32)
         state = QdotState(fmt=ctx.fmt, hist=hist, grad_sink=sink)
-        y, telem, new_hist = precision.qdot_apply(x, w, st, state, ctx.next_key(), smooth_K)
+        y, telem, new_hist = gemm.qdot_apply(x, w, st, state, ctx.next_key(), smooth_K)
         if ctx.update_state:
             for r, h in new_hist.items():
                 getattr(self, f"hist_{r}")[...] = h
@@ -232,15 +233,15 @@ class Attention(nnx.Module):
         sat = ctx.structure.attention
         if sat is not None:  # attention matmul inputs, quantised along each matmul's reduction axis
             fa = ctx.fmt["attention"]
-            q_BxLxHxK = precision.fake_quant_along(q_BxLxHxK, sat, fa, 3, ctx.next_key())
-            k_BxLxHxK = precision.fake_quant_along(k_BxLxHxK, sat, fa, 3, ctx.next_key())
-            v_BxLxHxK = precision.fake_quant_along(v_BxLxHxK, sat, fa, 1, ctx.next_key())
+            q_BxLxHxK = gemm.fake_quant_along(q_BxLxHxK, sat, fa, 3, ctx.next_key())
+            k_BxLxHxK = gemm.fake_quant_along(k_BxLxHxK, sat, fa, 3, ctx.next_key())
+            v_BxLxHxK = gemm.fake_quant_along(v_BxLxHxK, sat, fa, 1, ctx.next_key())
         logits_BxHxLxL = jnp.einsum("blhk,bmhk->bhlm", q_BxLxHxK, k_BxLxHxK) / math.sqrt(K)
         causal_LxL = jnp.tril(jnp.ones((L, L), bool))
         logits_BxHxLxL = jnp.where(causal_LxL, logits_BxHxLxL, -1e30)
         probs_BxHxLxL = _sensitive(jax.nn.softmax(logits_BxHxLxL, axis=-1), ctx.structure)
         if sat is not None:
-            probs_BxHxLxL = precision.fake_quant_along(probs_BxHxLxL, sat, ctx.fmt["attention"], 3, ctx.next_key())
+            probs_BxHxLxL = gemm.fake_quant_along(probs_BxHxLxL, sat, ctx.fmt["attention"], 3, ctx.next_key())
         o_BxLxHxK = jnp.einsum("bhlm,bmhk->blhk", probs_BxHxLxL, v_BxLxHxK)
         return self.out(o_BxLxHxK.reshape(B, L, D), ctx)
 
@@ -312,7 +313,7 @@ class Transformer(nnx.Module):
         ctx = _Ctx(st, self.formats(), key, update_state)
         emb = self.embed[...]
         if not st.high_precision_embed and st.weight is not None:
-            emb = precision.fake_quant_along(emb, st.weight, ctx.fmt["weight"], 1)
+            emb = gemm.fake_quant_along(emb, st.weight, ctx.fmt["weight"], 1)
         x_BxLxD = jnp.take(emb, tokens_BxL, axis=0)
         act_max, swiglu_max = [], []
         for block in self.blocks:
@@ -338,7 +339,7 @@ def _cross_entropy(logits_BxLxV: jax.Array, targets_BxL: jax.Array) -> jax.Array
 
 
 def _aggregate(per_layer: list[jax.Array]) -> dict[str, Any]:
-    """Layers' precision.TELEMETRY_FIELDS -> the largest amax, mean fractions and SNR, and the
+    """Layers' quant.TELEMETRY_FIELDS vectors -> the largest amax, mean fractions and SNR, and the
     block amax spread over all layers' blocks (min of mins, median of medians, max of maxes)."""
     t = jnp.stack(per_layer)
     return {"amax": jnp.max(t[:, 0]), "frac_saturated": jnp.mean(t[:, 1]),
@@ -374,7 +375,7 @@ def grad_step(model: Transformer, tokens_BxL: jax.Array, key: jax.Array) -> tupl
     telemetry = dict(aux["telemetry"])
     sink_leaves = jax.tree.leaves(sink_cts)
     if sink_leaves:
-        telemetry["grad"] = _aggregate([leaf[:precision.TELEMETRY_SIZE] for leaf in sink_leaves])
+        telemetry["grad"] = _aggregate([leaf[:gemm.TELEMETRY_SIZE] for leaf in sink_leaves])
     telemetry["act_max"] = aux["act_max"]
     telemetry["swiglu_max"] = aux["swiglu_max"]
     return loss, grads, telemetry

@@ -228,3 +228,26 @@ def test_stochastic_rounding_exact_values_saturation_and_key():
         formats.round_to_format(x, "fp6_e2m3", "stochastic")
     with pytest.raises(ConfigError, match="rounding"):
         formats.round_to_format(x, "fp6_e2m3", "truncate")
+
+
+def test_random_bits_for_stochastic_rounding():
+    """formats.random_bits (the one RNG of stochastic rounding): deterministic per key, different
+    across keys, uniform in the top bits that rounding uses, and uncorrelated between neighbours."""
+    n = 1 << 16
+    a = np.asarray(formats.random_bits(jax.random.key(0), (n,)))
+    assert a.dtype == np.uint32
+    np.testing.assert_array_equal(a, np.asarray(formats.random_bits(jax.random.key(0), (n,))))
+    b = np.asarray(formats.random_bits(jax.random.key(1), (n,)))
+    assert (a == b).mean() < 1e-3
+    counts = np.bincount(a >> 24, minlength=256)  # chi-square with 255 degrees of freedom
+    assert ((counts - n / 256) ** 2 / (n / 256)).sum() < 350
+    u = (a >> 8).astype(np.float64) / 2**24
+    assert abs(np.corrcoef(u[:-1], u[1:])[0, 1]) < 0.02
+    assert abs(np.corrcoef(u, (b >> 8).astype(np.float64) / 2**24)[0, 1]) < 0.02
+    # round_to_grid draws exactly these words: given explicitly, the result is the same
+    x = np.random.default_rng(4).standard_normal((8, 32)).astype(np.float32)
+    key = jax.random.key(2)
+    np.testing.assert_array_equal(
+        np.asarray(formats.round_to_grid(x, formats.get("fp4_e2m1").params(), "stochastic", key)),
+        np.asarray(formats.round_to_grid(x, formats.get("fp4_e2m1").params(), "stochastic",
+                                         bits=formats.random_bits(key, x.shape))))

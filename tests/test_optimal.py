@@ -38,8 +38,8 @@ def test_cost_model_hand_computed():
 def test_kumar_sweet_spot_is_gamma_x_independent_of_compute(kappa):
     fit = result("kumar", {**KUMAR, "kappa": kappa})
     expected = KUMAR["gamma"] * laws.kumar_sweet_spot_x(kappa)  # kappa = 3: 2.5 · 1.9038 = 4.7595
-    for compute in (1e18, 1e21, 1e24):
-        assert optimal.optimal_precision(fit, compute)["P"] == pytest.approx(expected, rel=1e-5)
+    for c in (1e18, 1e21, 1e24):
+        assert optimal.optimal_precision(fit, c)["P"] == pytest.approx(expected, rel=1e-5)
 
 
 def test_kumar_kappa_one_collapses_to_the_lowest_allowed_precision():
@@ -66,14 +66,14 @@ def _brute_force(law, params, compute, precisions, cost=optimal.Cost()):
 def test_optimum_equals_brute_force_grid_search(cost):
     precisions = [2, 3, 4, 5, 6, 8, 16, 32]
     fit = result("kumar", KUMAR)
-    for compute in (1e18, 1e22):
-        ours = optimal.optimal_precision(fit, compute, precisions, cost=cost)
-        loss, P, N = _brute_force("kumar", KUMAR, compute, precisions, cost)
+    for c in (1e18, 1e22):
+        ours = optimal.optimal_precision(fit, c, precisions, cost=cost)
+        loss, P, N = _brute_force("kumar", KUMAR, c, precisions, cost)
         assert ours["P"] == P
         # ours is continuous in N, so never worse than the grid and only a hair better (grid step 0.1% in N)
         assert ours["loss"] <= loss + 1e-12 and ours["loss"] == pytest.approx(loss, rel=1e-7)
         assert ours["N"] == pytest.approx(N, rel=2e-3)  # brute-force grid step in N is 0.1%
-        assert cost.compute(ours["N"], ours["D"], ours["P"]) == pytest.approx(compute)
+        assert cost.compute(ours["N"], ours["D"], ours["P"]) == pytest.approx(c)
         table = ours["per_precision"]
         assert list(table["P"]) == precisions and table["loss"].min() == ours["loss"]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import math
 import re
@@ -267,6 +268,72 @@ def test_telemetry_values():
     big = np.array([3e38, -1e38, 2e38], np.float32)
     tb = quant.telemetry(big, quant.quantize(big, QuantSpec("fp8_e4m3")), QuantSpec("fp8_e4m3"))
     assert np.isfinite(float(tb["snr_db"])) and float(tb["snr_db"]) > 20
+
+
+def test_saturation_counts_clipped_values_not_the_one_that_set_the_scale():
+    """frac_saturated: |x · fl(1/scale)| beyond max by more than the float32 error of the reciprocal
+    products (quant._SATURATION_SLACK). The amax element of an INT8 tensor lands above 127 in float32
+    for about a quarter of amaxes; it is not clipped, so nothing here saturates."""
+    rng = np.random.default_rng(7)
+    amax = (rng.uniform(1, 2, 4000) * np.exp2(rng.integers(-20, 20, 4000))).astype(np.float32)
+    one, fmax = np.float32(1), np.float32(127)
+    above = amax[amax * (one / (amax * (one / fmax))) > fmax][:16]
+    assert len(above) == 16
+    spec = QuantSpec("int8", "tensor")
+    for a in above:
+        x = np.array([a, -a / 3, a / 7, 0.0], np.float32)
+        assert float(quant.telemetry(x, quant.quantize(x, spec), spec)["frac_saturated"]) == 0.0
+    # a really clipped value counts: a stale delayed scale, 2x too small
+    x = np.array([254.0, 1.0, -3.0, 100.0], np.float32)
+    delayed = QuantSpec("int8", "tensor", scaling="delayed", amax_history=2)
+    q = quant.quantize(x, delayed, history=jnp.array([127.0, 0.0]))
+    assert float(quant.telemetry(x, q, delayed, history=jnp.array([127.0, 0.0]))["frac_saturated"]) == 0.25
+    # an NVFP4 block whose E4M3 scale underflowed is flushed: underflow, not saturation
+    y = np.zeros((1, 32), np.float32)
+    y[0, 0], y[0, 16], y[0, 17] = 2688.0, 1e-3, -5e-4  # block 1: 1e-3 / 6 < E4M3's smallest 2^-9 / 2
+    q = quant.quantize(y, QuantSpec("fp4_e2m1", "nvfp4"))
+    assert float(q.scale[0, 1]) == 0.0 and float(q.values[0, 16]) == 0.0
+    t = quant.telemetry(y, q, QuantSpec("fp4_e2m1", "nvfp4"))
+    assert float(t["frac_saturated"]) == 0.0 and float(t["frac_underflow"]) == pytest.approx(2 / 3)
+
+
+def test_block_amax_telemetry_sees_blocks_the_tensor_amax_hides():
+    """Per-block amax statistics (32-wide blocks along the reduction axis) beside the per-tensor
+    amax: a zero block gives min 0, the largest block is the tensor amax, the median is exact."""
+    rows, k = 4, 96  # 3 blocks of 32 per row
+    block_amax = np.array([[0.0, 1.0, 2.0], [3.0, 4.0, 5.0], [6.0, 7.0, 8.0], [9.0, 10.0, 400.0]], np.float32)
+    x = np.zeros((rows, k), np.float32)
+    for r in range(rows):
+        for b in range(3):
+            x[r, 32 * b + (r + b) % 32] = -block_amax[r, b] if b % 2 else block_amax[r, b]
+    spec = QuantSpec("fp8_e4m3", axis=1)
+    tel = {f: float(v) for f, v in quant.telemetry(x, quant.quantize(x, spec), spec).items()}
+    assert tel["amax"] == 400.0
+    assert (tel["block_amax_min"], tel["block_amax_p50"], tel["block_amax_max"]) == (0.0, np.median(block_amax), 400.0)
+    # along axis 0 (a weight K x N) the blocks run down the columns: the transpose gives the same stats
+    spec0 = QuantSpec("fp8_e4m3", axis=0)
+    tel_t = quant.telemetry(x.T, quant.quantize(x.T, spec0), spec0)
+    assert all(float(tel_t[f]) == tel[f] for f in ("block_amax_min", "block_amax_p50", "block_amax_max"))
+
+
+@pytest.mark.parametrize("spec", [QuantSpec("fp4_e2m1", "mx", rounding="stochastic"),
+                                  QuantSpec("fp4_e2m1", "mx", axis=0, rounding="stochastic"),
+                                  QuantSpec("fp4_e2m1", "nvfp4", rounding="stochastic"),
+                                  QuantSpec("fp6_e3m2", "block", block=16, rounding="stochastic"),
+                                  QuantSpec("fp8_e4m3", "block2d", block=16, rounding="stochastic"),
+                                  QuantSpec("int4", "channel", rounding="stochastic")],
+                         ids=lambda s: f"{s.granularity}-ax{s.axis}")
+def test_stochastic_draws_follow_the_element_not_the_block_layout(spec):
+    """Each element's random number is drawn for its index in x (formats.random_bits of x's shape),
+    whatever the padded block layout: quantising equals rounding x / scale elementwise with the key."""
+    x = np.random.default_rng(8).standard_normal((40, 70)).astype(np.float32)  # partial blocks on both axes
+    key = jax.random.key(9)
+    q = quant.quantize(x, spec, key=key)
+    nearest = quant.quantize(x, dataclasses.replace(spec, rounding="nearest"))
+    np.testing.assert_array_equal(np.asarray(q.scale), np.asarray(nearest.scale))
+    inv = np.float32(1) / np.asarray(quant.expand_scale(q.scale, spec, x.shape))
+    want = formats.round_to_format(x * inv, spec.format, "stochastic", key)
+    np.testing.assert_array_equal(np.asarray(q.values), np.asarray(want))
 
 
 def test_stochastic_rounding_through_fake_quant():

@@ -26,7 +26,7 @@ def test_markdown_numbers():
 
 @pytest.mark.slow
 def test_report_states_the_computed_optimum_and_notes_skipped_figures(tmp_path):
-    from scaling import optimal, plots
+    from scaling import optimal
 
     from test_plots import fake_fit
 
