@@ -1,7 +1,7 @@
 """Train-step time of precision recipes relative to fp32, and model FLOP/s utilisation.
 
     python benchmarks/bench_step.py [--size 8] [--batch 16] [--seq-len 256] [--steps 10]
-        [--recipes fp32,bf16,fp8,fp8-blockwise,mxfp4,nvfp4] [--slow-path]
+        [--recipes fp32,bf16,fp8,fp8-blockwise,mxfp4,nvfp4] [--path auto|bf16|fp32]
 
 One process, one model shape (size 8 = width 256 by default), every recipe measured the same way:
 a jitted train step (model.grad_step + AdamW through nnx.Optimizer), compiled and warmed up, then
@@ -64,7 +64,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--recipes", default="fp32,bf16,fp8,fp8-blockwise,mxfp4,nvfp4")
-    ap.add_argument("--slow-path", action="store_true", help="disable the exact bf16 fast path")
+    ap.add_argument("--path", choices=["auto", "bf16", "fp32"], default="auto",
+                    help="GEMM path of exact low-precision dots: auto (bf16 where native), or forced")
     args = ap.parse_args()
 
     cfg = model.config_for_size(args.size, seq_len=args.seq_len)
@@ -72,11 +73,11 @@ def main() -> None:
     n_tok = args.batch * args.seq_len
     print(f"model size {args.size}: d_model {cfg.d_model}, layers {cfg.n_layers}, d_ff {cfg.d_ff}, "
           f"N {model.param_counts(cfg)['non_embedding']:,}; batch {args.batch}x{args.seq_len} = {n_tok} tokens; "
-          f"{jax.devices()[0].device_kind}, fast path {'off' if args.slow_path else 'on'}")
+          f"{jax.devices()[0].device_kind}, GEMM path {args.path}")
     names = args.recipes.split(",")
     steps = {}
     for name in names:
-        recipe = dataclasses.replace(precision.get(name), fast_path=not args.slow_path)
+        recipe = dataclasses.replace(precision.get(name), fast_path={"auto": None, "bf16": True, "fp32": False}[args.path])
         m, opt, step = make_step(cfg, recipe)
         t = time.perf_counter()
         jax.block_until_ready(step(m, opt, tokens, jax.random.key(0)))

@@ -39,7 +39,7 @@ from typing import Any, Mapping, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from scaling import formats, precision, quant
+from scaling import formats, hardware, precision, quant
 from scaling.errors import ConfigError
 from scaling.precision import GEMM_ROLES, Recipe, RecipeStructure, RoleStructure
 
@@ -189,8 +189,13 @@ def _gemm(a: Operand | jax.Array, ca: int, b: Operand | jax.Array, cb: int, fast
     return acc * outer
 
 
+def uses_bf16_dots(structure: RecipeStructure | Any) -> bool:
+    """The recipe's fast_path, or where it is None (auto), whether this machine runs bf16 dots natively."""
+    return hardware.native_bf16() if structure.fast_path is None else bool(structure.fast_path)
+
+
 def _fast_ok(structure: RecipeStructure, *roles: RoleStructure | None) -> bool:
-    return structure.fast_path and all(s is not None and s.exact_in_bf16 for s in roles)
+    return uses_bf16_dots(structure) and all(s is not None and s.exact_in_bf16 for s in roles)
 
 
 # ---------------------------------------------------------------------------------------------

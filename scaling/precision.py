@@ -46,7 +46,10 @@ class Recipe:
         computed through bfloat16 (rounded in and out).
     high_precision_embed: embedding and output head unquantised (DeepSeek-V3); if False the head
         is a qdot like every other projection and the embedding table is fake-quantised as a weight.
-    fast_path: run exact low-precision GEMMs as bf16×bf16→fp32 dots (see `scaling.gemm`).
+    fast_path: run exact low-precision GEMMs as bf16×bf16→fp32 dots (see `scaling.gemm`); both paths
+        give the same bits. None (default): where bf16 dots are native (`scaling.hardware.native_bf16`:
+        GPUs, CPUs with AMX or AVX512-BF16), since elsewhere XLA emulates them and they are slower
+        than the FP32 path; true / false force it.
     """
 
     name: str = "fp32"
@@ -57,7 +60,7 @@ class Recipe:
     forward_only: bool = False
     fp32_sensitive_ops: bool = True
     high_precision_embed: bool = True
-    fast_path: bool = True
+    fast_path: bool | None = None
 
     def role_bits(self, role: str) -> int:
         """Bit width of one role's element format (32 when the role is unquantised)."""
@@ -148,7 +151,7 @@ class RecipeStructure:
     forward_only: bool = False
     fp32_sensitive_ops: bool = True
     high_precision_embed: bool = True
-    fast_path: bool = True
+    fast_path: bool | None = None
 
     @property
     def quantises_gemms(self) -> bool:

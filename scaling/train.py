@@ -50,7 +50,7 @@ import numpy as np
 
 from scaling import config as config_lib
 from scaling import compute as compute_lib
-from scaling import data, hardware, health, runs
+from scaling import data, gemm, hardware, health, runs
 from scaling._io import append_jsonl
 from scaling.errors import ConfigError
 
@@ -495,6 +495,7 @@ class _Trainer:
             "attempts": progress.attempts,
             "corpus": setup.corpus.describe(),
             "hardware": hardware.describe(),  # timings and the GEMM path hold for this kind of machine
+            "bf16_dots": gemm.uses_bf16_dots(setup.recipe),  # exact low-precision GEMMs as bf16 dots (fast_path)
             "entropy_rate": setup.corpus.entropy_rate,
             "telemetry": telemetry,
             "evals": evals,

@@ -143,7 +143,7 @@ def test_fast_path_agrees_with_fp32_path(name):
     x, w, dy = _operands(m=256, k=320, n=192, seed=2)
     key = jax.random.key(5)
     slow = _vjp(dataclasses.replace(precision.get(name), fast_path=False), x, w, dy, key)
-    fast = _vjp(precision.get(name), x, w, dy, key)
+    fast = _vjp(dataclasses.replace(precision.get(name), fast_path=True), x, w, dy, key)
     for s, f in zip(slow, fast):
         _close(f, s)
 
@@ -275,3 +275,15 @@ def test_grad_step_reports_block_amax_per_role():
         b = {k: float(v) for k, v in tel[role]["block_amax"].items()}
         assert 0.0 <= b["min"] <= b["p50"] <= b["max"] <= float(tel[role]["amax"]) * (1 + 1e-6), (role, b)
         assert b["min"] < b["max"]
+
+
+def test_the_gemm_path_follows_the_hardware_unless_the_recipe_says(monkeypatch):
+    from scaling import gemm, hardware
+
+    recipe = precision.get("fp8")
+    assert recipe.fast_path is None  # auto
+    for native in (True, False):
+        monkeypatch.setattr(hardware, "native_bf16", lambda native=native: native)
+        assert gemm.uses_bf16_dots(recipe) is native
+        assert gemm.uses_bf16_dots(dataclasses.replace(recipe, fast_path=False)) is False
+        assert gemm.uses_bf16_dots(dataclasses.replace(recipe, fast_path=True)) is True
