@@ -161,12 +161,12 @@ def design(points: Sequence[dict], plan: Design, vocab: int = 256) -> list[list[
     out = []
     for point, at_size in zip(points, served):
         cfgs = []
+        resolved = config.validate(point)
+        tokens_per_step = resolved["train"]["batch_size"] * resolved["model"]["seq_len"]
         for size in sorted(at_size):
             at = dict(sorted(at_size[size].items()))
             last = max(at)
             cfg = copy.deepcopy(point)
-            train = config.validate(cfg)["train"]
-            tokens_per_step = train["batch_size"] * config.validate(cfg)["model"]["seq_len"]
             config.set_dotted(cfg, "model.size", size)
             config.set_dotted(cfg, "train.tokens", last * tokens_per_step)
             config.set_dotted(cfg, "train.budgets", [s / last for s in at])

@@ -435,9 +435,10 @@ class _Trainer:
                   "train_loss": train_loss}
         if budget is not None:
             record["fraction"] = budget.fraction
-            labels = self.cfg["study"]["budgets"]  # the IsoFLOP budget this evaluation serves
-            if labels and labels[self.plan.budgets.index(budget)] > 0:
-                record["budget"] = labels[self.plan.budgets.index(budget)]
+            labels = self.cfg["study"]["budgets"]  # the IsoFLOP budget this evaluation serves (0: none)
+            label = labels[self.plan.budgets.index(budget)] if labels else 0
+            if label > 0:
+                record["budget"] = label
         self._log({"event": "eval", "tokens": record["D"], **record})
         self.echo(f"eval     step {step:6d}  val_loss {val_loss:.4f}  train_loss {train_loss:.4f}")
         for value, name in ((val_loss, "validation loss"), (train_loss, "train loss")):

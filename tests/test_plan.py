@@ -51,7 +51,9 @@ def test_mfu_falls_with_cluster_size_and_fp8_keeps_part_of_its_2x_peak():
     # (1 + K/K0) / (0.4 + 0.6/r + K/K0), r = 1979/989: 1.41x at 1,024 GPUs, 1.29x at 10,000 (< 2x peak)
     assert speedup[1024] == pytest.approx((1 + 1024 / 30000) / (0.4 + 0.6 * 989 / 1979 + 1024 / 30000))
     assert speedup[10000] == pytest.approx((1 + 10000 / 30000) / (0.4 + 0.6 * 989 / 1979 + 10000 / 30000))
-    assert 1 < speedup[10000] < speedup[1024] < 1979 / 989  # part of the 2x peak, less of it at scale
+    # at huge scale communication dominates the step, so FP8's GEMM gain vanishes (the model's limit)
+    huge = plan.train_days(1e24, 10**8) / plan.train_days(1e24, 10**8, precision="fp8")
+    assert huge == pytest.approx(1.0, abs=2e-3) and huge > 1.0
     # FP32 on TF32 tensor cores is slower than BF16
     assert plan.train_days(1e24, 1024, precision="tf32") > plan.train_days(1e24, 1024)
 
