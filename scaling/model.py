@@ -286,6 +286,21 @@ class Block(nnx.Module):
         return _sensitive(x_BxLxD + y_BxLxD, st), h_max
 
 
+def _stack(blocks: list[Block]) -> Block:
+    """One Block whose every variable holds all layers' values stacked on a leading axis (the
+    layers are built one by one, so initialisation draws the same numbers as an unstacked list)."""
+    stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *(nnx.state(b) for b in blocks))
+    nnx.update(blocks[0], stacked)
+    return blocks[0]
+
+
+def layer(blocks: Block, i: int) -> Block:
+    """Layer i of a stacked block (`Transformer.blocks`) as a Block of its own: a copy, for
+    inspecting or calling one layer."""
+    graphdef, state = nnx.split(blocks)
+    return nnx.merge(graphdef, jax.tree.map(lambda x: x[i], state))
+
+
 class Transformer(nnx.Module):
     """Decoder-only LM. Holds only the recipe's static structure plus its formats as Variables,
     so the compiled program depends on shapes and granularity, not on the element formats."""
@@ -296,7 +311,7 @@ class Transformer(nnx.Module):
         self.cfg, self.structure = cfg, structure
         d, V = cfg.d_model, cfg.vocab
         self.embed = nnx.Param(jax.random.normal(rngs.params(), (V, d), jnp.float32))  # unit-variance rows
-        self.blocks = nnx.List([Block(cfg, structure, rngs=rngs) for _ in range(cfg.n_layers)])
+        self.blocks = _stack([Block(cfg, structure, rngs=rngs) for _ in range(cfg.n_layers)])
         self.final_norm = RMSNorm(d, cfg.norm_eps)
         head_structure = structure if not structure.high_precision_embed else RecipeStructure()
         self.head = QDense(d, V, head_structure, std=cfg.init_std, rngs=rngs)
@@ -310,21 +325,41 @@ class Transformer(nnx.Module):
         """Logits for every position (fp32) and aux = {'telemetry': forward roles' per-layer stats,
         'act_max': (n_layers,) max |residual| after each block, 'swiglu_max': (n_layers,)}."""
         st = self.structure
-        ctx = _Ctx(st, self.formats(), key, update_state)
+        blocks_key, head_key = (None, None) if key is None else jax.random.split(key)
+        ctx = _Ctx(st, self.formats(), head_key, update_state)
         emb = self.embed[...]
         if not st.high_precision_embed and st.weight is not None:
             emb = gemm.fake_quant_along(emb, st.weight, ctx.fmt["weight"], 1)
         x_BxLxD = jnp.take(emb, tokens_BxL, axis=0)
-        act_max, swiglu_max = [], []
-        for block in self.blocks:
-            x_BxLxD, h_max = block(x_BxLxD, ctx)
-            act_max.append(jnp.max(jnp.abs(x_BxLxD)))
-            swiglu_max.append(h_max)
+        x_BxLxD, act_max, swiglu_max = self._scan_blocks(x_BxLxD, ctx, blocks_key)
         x_BxLxD = _sensitive(self.final_norm(x_BxLxD), st)
         head_ctx = ctx if not st.high_precision_embed else _Ctx(RecipeStructure(), {}, None, False)
         logits_BxLxV = self.head(x_BxLxD, head_ctx)
-        aux = {"telemetry": ctx.telemetry, "act_max": jnp.stack(act_max), "swiglu_max": jnp.stack(swiglu_max)}
+        aux = {"telemetry": ctx.telemetry, "act_max": act_max, "swiglu_max": swiglu_max}
         return logits_BxLxV, aux
+
+    def _scan_blocks(self, x_BxLxD: jax.Array, ctx: _Ctx, key: jax.Array | None):
+        """The layer stack as one `lax.scan` over the stacked block parameters: XLA compiles one
+        block, not n_layers copies, so compile time no longer grows with depth. Each layer gets
+        its own PRNG key; its telemetry rows and amax histories come out stacked by layer."""
+        graphdef, params, hist, rest = nnx.split(self.blocks, nnx.Param, AmaxHistory, ...)
+        n_layers = self.cfg.n_layers
+        keys = None if key is None else jax.random.split(key, n_layers)
+
+        def layer(x_BxLxD, per_layer):
+            p, h, r, k = per_layer
+            block = nnx.merge(graphdef, p, h, r)
+            layer_ctx = _Ctx(ctx.structure, ctx.fmt, k, ctx.update_state)
+            x_BxLxD, h_max = block(x_BxLxD, layer_ctx)
+            telemetry = {role: jnp.stack(rows) for role, rows in layer_ctx.telemetry.items()}
+            return x_BxLxD, (nnx.state(block, AmaxHistory), telemetry, jnp.max(jnp.abs(x_BxLxD)), h_max)
+
+        x_BxLxD, (new_hist, telemetry, act_max, swiglu_max) = jax.lax.scan(layer, x_BxLxD, (params, hist, rest, keys))
+        if ctx.update_state:
+            nnx.update(self.blocks, new_hist)
+        for role, rows in telemetry.items():
+            ctx.record({role: rows})
+        return x_BxLxD, act_max, swiglu_max
 
 
 # ---------------------------------------------------------------------------------------------
@@ -339,9 +374,10 @@ def _cross_entropy(logits_BxLxV: jax.Array, targets_BxL: jax.Array) -> jax.Array
 
 
 def _aggregate(per_layer: list[jax.Array]) -> dict[str, Any]:
-    """Layers' quant.TELEMETRY_FIELDS vectors -> the largest amax, mean fractions and SNR, and the
-    block amax spread over all layers' blocks (min of mins, median of medians, max of maxes)."""
-    t = jnp.stack(per_layer)
+    """Layers' quant.TELEMETRY_FIELDS vectors (each [..., TELEMETRY_SIZE]: one GEMM's, or stacked
+    by layer) -> the largest amax, mean fractions and SNR, and the block amax spread over all
+    layers' blocks (min of mins, median of medians, max of maxes)."""
+    t = jnp.concatenate([v.reshape(-1, gemm.TELEMETRY_SIZE) for v in per_layer])
     return {"amax": jnp.max(t[:, 0]), "frac_saturated": jnp.mean(t[:, 1]),
             "frac_underflow": jnp.mean(t[:, 2]), "snr_db": jnp.mean(t[:, 3]),
             "block_amax": {"min": jnp.min(t[:, 4]), "p50": jnp.median(t[:, 5]), "max": jnp.max(t[:, 6])}}
@@ -375,7 +411,7 @@ def grad_step(model: Transformer, tokens_BxL: jax.Array, key: jax.Array) -> tupl
     telemetry = dict(aux["telemetry"])
     sink_leaves = jax.tree.leaves(sink_cts)
     if sink_leaves:
-        telemetry["grad"] = _aggregate([leaf[:gemm.TELEMETRY_SIZE] for leaf in sink_leaves])
+        telemetry["grad"] = _aggregate([leaf[..., :gemm.TELEMETRY_SIZE] for leaf in sink_leaves])
     telemetry["act_max"] = aux["act_max"]
     telemetry["swiglu_max"] = aux["swiglu_max"]
     return loss, grads, telemetry

@@ -121,6 +121,17 @@ def optimizer_tx(train: dict):
     return _optimizer_tx(train["grad_clip"], train["weight_decay"])
 
 
+def decay_mask(params):
+    """Weight decay on matrices (embeddings, projections), not on norm gains (`scale`). By name,
+    not by rank: the layer stack's gains are stacked into [n_layers, d] arrays."""
+    import jax
+
+    def decays(path, _) -> bool:
+        return not any(getattr(k, "name", getattr(k, "key", None)) == "scale" for k in path)
+
+    return jax.tree_util.tree_map_with_path(decays, params)
+
+
 @functools.lru_cache(maxsize=None)
 def _optimizer_tx(grad_clip: float, weight_decay: float):
     # Cached: the transformation is part of the optimiser's static graph definition, so equal
@@ -137,7 +148,7 @@ def _optimizer_tx(grad_clip: float, weight_decay: float):
     return optax.chain(
         optax.clip_by_global_norm(grad_clip) if grad_clip > 0 else optax.identity(),
         optax.scale_by_adam(b1=ADAM_B1, b2=ADAM_B2, eps=ADAM_EPS),
-        optax.add_decayed_weights(weight_decay, mask=lambda p: jax.tree.map(lambda x: x.ndim >= 2, p)),
+        optax.add_decayed_weights(weight_decay, mask=decay_mask),
         scale_by_learning_rate_arg(),
     )
 

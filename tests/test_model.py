@@ -74,14 +74,14 @@ def test_smooth_swiglu_is_exact_at_full_precision():
 def _plant_outlier_channel(m: model.Transformer, factor: float) -> None:
     """Scale one SwiGLU channel's up-projection column by `factor`: the down-projection input
     gets an outlier channel (as observed in long FP8 runs, Fishman et al. 2024)."""
-    for block in m.blocks:
-        block.mlp.up_gate.kernel[...] = block.mlp.up_gate.kernel[...].at[:, 3].multiply(factor)
+    kernel = m.blocks.mlp.up_gate.kernel  # stacked: [layer, d_model, 2·d_ff]
+    kernel[...] = kernel[...].at[:, :, 3].multiply(factor)
 
 
 @nnx.jit
 def _mlp_out(m, x_BxLxD):
     ctx = model._Ctx(m.structure, m.formats(), None, False)
-    return m.blocks[0].mlp(x_BxLxD, ctx)[0]
+    return model.layer(m.blocks, 0).mlp(x_BxLxD, ctx)[0]
 
 
 # per-tensor INT8 activations; per-channel weights so the planted column keeps its own scale

@@ -43,6 +43,26 @@ def losses(run_dir: Path) -> list[tuple]:
 # ---------------------------------------------------------------- schedule and ladder arithmetic
 
 
+def test_weight_decay_shrinks_matrices_not_norm_gains():
+    """Zero gradients: AdamW's update is the decay alone, on every matrix (stacked layers
+    included) and on no norm gain, although the stacked gains are 2-D arrays."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from scaling import model
+
+    m = model.Transformer(model.config_for_size(1, seq_len=8), "fp32", rngs=nnx.Rngs(0))
+    params = nnx.state(m, nnx.Param)
+    tx = train.optimizer_tx({"grad_clip": 1.0, "weight_decay": 0.5})
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    updates, _ = tx.update(zeros, tx.init(params), params, learning_rate=1.0)
+    decayed = {jax.tree_util.keystr(path): bool(jnp.any(u != 0))
+               for path, u in jax.tree_util.tree_flatten_with_path(updates)[0]}
+    assert decayed and all(v == ("scale" not in k) for k, v in decayed.items()), decayed
+    assert any("blocks" in k and "scale" in k for k in decayed)  # the stacked gains were checked
+
+
 def test_learning_rate_schedules_by_hand():
     wsd = train.plan_for(tiny(100, train={"warmup": 0.1, "lr": 1.0, "budgets": [0.5, 1.0]}))
     half, full = wsd.budgets
