@@ -66,7 +66,7 @@ def config_for_size(size: int, *, vocab: int = 256, seq_len: int = 256, smooth_s
                    multiples of 32 tile MX blocks)
 
     Non-embedding N = n_layers·(4·d² + 3·d·d_ff + 2·d) + d, from ~25k (size 1) to ~4.8M (size 8);
-    see the README table. Sizes beyond 8 follow the same formula.
+    see the table in docs/training.md. Sizes beyond 8 follow the same formula.
     """
     if not isinstance(size, int) or size < 1:
         from scaling.errors import ConfigError
