@@ -170,7 +170,7 @@ def _is_token_array(path: Path) -> bool:
 
 
 def _stdlib_files() -> list[tuple[str, Path]]:
-    """(path relative to the stdlib root, path) of the standard library's *.py files, in path order."""
+    """(path relative to the stdlib root, path) of the standard library's *.py files."""
     root = Path(sysconfig.get_paths()["stdlib"])
     return [(str(f.relative_to(root)), f) for f in _walk(root) if f.suffix == ".py"]
 
