@@ -4,7 +4,9 @@
     precision = "fp8"          # a preset, a format name, or a [precision] table (scaling.precision.get)
     seed = 0
     [model]  size, seq_len, smooth_swiglu
-    [data]   source ("stdlib" | "synthetic" | a path), eval_tokens
+    [data]   source ("stdlib" | "pysrc" | "synthetic" | a text file or directory | a .npy/.bin token
+             array), tokenizer ("bytes" | "bpe:VOCAB", VOCAB 257..65536; BPE for text sources only),
+             eval_tokens (scaling.data)
     [train]  tokens (the budget D), batch_size, lr (a number, or "auto": the ladder's tuned rate for
              model.size, scaling.model.ladder_lr), weight_decay, warmup (a fraction of the steps
              below 1, or a whole number of steps: an IsoFLOP design fixes it in steps, so a
@@ -116,9 +118,16 @@ def _precision(key: str, value: Any) -> str | dict:
 
 
 def _source(key: str, value: Any) -> str:
-    if not isinstance(value, str) or not (value in ("stdlib", "synthetic") or Path(value).expanduser().exists()):
-        raise ConfigError(key, value, '"stdlib", "synthetic", or an existing file or directory')
+    if not isinstance(value, str) or not (value in ("stdlib", "pysrc", "synthetic") or Path(value).expanduser().exists()):
+        raise ConfigError(key, value, '"stdlib", "pysrc", "synthetic", or an existing file or directory')
     return value
+
+
+def _tokenizer(key: str, value: Any) -> str:
+    from scaling import data  # numpy; only configs that get this far need it
+
+    vocab = data.tokenizer_vocab(value)  # raises ConfigError naming data.tokenizer
+    return "bytes" if vocab is None else f"bpe:{vocab}"  # "bpe:04096" is the run "bpe:4096"
 
 
 def _warmup(key: str, value: Any) -> float | int:
@@ -173,6 +182,7 @@ SCHEMA: dict[str, Any] = {
     },
     "data": {
         "source": Field("stdlib", _source),
+        "tokenizer": Field("bytes", _tokenizer),
         "eval_tokens": Field(65536, _integer(1)),
     },
     "train": {
@@ -222,6 +232,10 @@ def validate(cfg: dict) -> dict:
     warmup_steps = train["warmup"] if train["warmup"] >= 1 else round(train["warmup"] * steps)
     if warmup_steps >= budget_steps[-1] and train["warmup"] >= 1:
         raise ConfigError("train.warmup", train["warmup"], f"fewer steps than the run's {budget_steps[-1]}")
+    if resolved["data"]["tokenizer"] != "bytes":  # a BPE needs text: not the synthetic chain, not token arrays
+        from scaling import data
+
+        data.tokenizer_vocab(resolved["data"]["tokenizer"], resolved["data"]["source"])
     study = resolved["study"]
     if study["budgets"] and len(study["budgets"]) != len(train["budgets"]):
         raise ConfigError("study.budgets", study["budgets"], f"one budget per train.budgets entry ({len(train['budgets'])})")
@@ -267,6 +281,8 @@ def run_id(cfg: dict) -> str:
     resolved = validate(cfg)
     if not resolved["study"]["budgets"]:  # runs outside a design keep the ids they had before [study]
         del resolved["study"]
+    if resolved["data"]["tokenizer"] == "bytes":  # byte-level runs keep the ids they had before data.tokenizer
+        del resolved["data"]["tokenizer"]
     if isinstance(resolved.get("precision"), str) and resolved["precision"].endswith(".toml"):
         from scaling import precision
 

@@ -24,7 +24,9 @@ COLUMNS = [
     "smooth_swiglu", "seed", "train_loss", "val_loss", "status", "wall_s", "tokens_per_s",
 ]
 # Run-level extras that fits and figures use (the floating-point law needs ebits/mbits/block).
-EXTRAS = ["size", "lr", "tokens", "ebits", "mbits", "block", "flops_per_token", "step", "corpus"]
+EXTRAS = ["size", "lr", "tokens", "ebits", "mbits", "block", "flops_per_token", "step", "corpus", "tokenizer",
+          "val_bpb", "train_bpb"]
+EVAL_KEYS = ("D", "step", "val_loss", "train_loss", "val_bpb", "train_bpb")  # what each evaluation row carries
 TELEMETRY_METRICS = ["amax", "frac_saturated", "frac_underflow", "snr_db"]
 
 
@@ -36,6 +38,10 @@ def rows_from_summary(summary: dict, run_id: str, sweep: str) -> list[dict]:
     corpus = summary.get("corpus")
     if isinstance(corpus, dict):  # which data: the source and the first 12 hex digits of its fingerprint
         base["corpus"] = f"{corpus.get('source', '?')} {str(corpus.get('fingerprint', ''))[:12]}".strip()
+        # summaries from before data.tokenizer: byte-level, unless a token array's vocab says otherwise
+        base["tokenizer"] = corpus.get("tokenizer") or ("bytes" if corpus.get("vocab", 256) == 256 else "array")
+        if base["tokenizer"] not in ("bytes", "array"):  # one text, another tokenizer: another corpus of tokens
+            base["corpus"] += f" {base['tokenizer']}"
     if summary.get("study"):  # an IsoFLOP design's run: its evaluations carry `budget` under this cost model
         base["budget_cost"] = summary["study"].get("cost")
     base.update(summary.get("compute") or {})  # FLOPs by part, effective bits (scaling.compute.columns)
@@ -44,11 +50,8 @@ def rows_from_summary(summary: dict, run_id: str, sweep: str) -> list[dict]:
             for metric in TELEMETRY_METRICS:
                 if metric in metrics:
                     base[f"{role}_{metric}"] = metrics[metric]
-    evals = summary.get("evals") or [
-        {k: summary.get(k) for k in ("D", "step", "val_loss", "train_loss")}
-    ]
-    return [{**base, **{k: v for k, v in e.items() if k in ("D", "step", "val_loss", "train_loss", "budget")}}
-            for e in evals]
+    evals = summary.get("evals") or [{k: summary.get(k) for k in EVAL_KEYS if k in summary}]
+    return [{**base, **{k: v for k, v in e.items() if k in (*EVAL_KEYS, "budget")}} for e in evals]
 
 
 def _run_dirs(root: Path) -> list[Path]:

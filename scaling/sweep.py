@@ -169,11 +169,14 @@ def expand(path: str | Path, overrides: list[str] = ()) -> list[RunSpec]:
 
 
 def _vocab(cfg: dict) -> int:
-    """The vocabulary a config's corpus gives (the head's FLOPs depend on it); byte corpora: 256."""
+    """The vocabulary a config's corpus gives (the head's FLOPs depend on it); byte corpora: 256, BPE: V."""
     from scaling import data
 
-    source = cfg.get("data", {}).get("source", "stdlib")
-    return 256 if source == "stdlib" else data.load(source).vocab
+    source, tokenizer = cfg.get("data", {}).get("source", "stdlib"), cfg.get("data", {}).get("tokenizer", "bytes")
+    bpe_vocab = data.tokenizer_vocab(tokenizer, source)  # known without training the tokenizer
+    if bpe_vocab is not None:
+        return bpe_vocab
+    return 256 if source in ("stdlib", "pysrc") else data.load(source).vocab
 
 
 # ---------------------------------------------------------------- running
@@ -437,9 +440,10 @@ TAKEOFF_STEPS = 2
 
 
 def shape_key(cfg: dict) -> str:
-    """Runs sharing a model shape, recipe and batch compile the same step: one take-off run covers them."""
-    return json.dumps([cfg["model"], cfg["precision"], cfg["train"]["batch_size"], cfg["data"]["source"]],
-                      sort_keys=True)
+    """Runs sharing a model shape, recipe and batch compile the same step: one take-off run covers them
+    (the corpus and its tokenizer set the vocabulary, part of the shape)."""
+    return json.dumps([cfg["model"], cfg["precision"], cfg["train"]["batch_size"], cfg["data"]["source"],
+                       cfg["data"]["tokenizer"]], sort_keys=True)
 
 
 def take_off(specs: list[RunSpec], out_root: str | Path, *, keep_going: bool = False,
@@ -457,8 +461,8 @@ def take_off(specs: list[RunSpec], out_root: str | Path, *, keep_going: bool = F
     free = shutil.disk_usage(out_root).free
     if free < MIN_FREE_BYTES:
         raise ConfigError("--out", str(out_root), f"a disk with at least 1 GiB free (has {free / 2**20:.0f} MiB)")
-    for source in sorted({s.config["data"]["source"] for s in specs}):
-        data.load(source)  # raises ConfigError naming data.source
+    for source, tokenizer in sorted({(s.config["data"]["source"], s.config["data"]["tokenizer"]) for s in specs}):
+        data.load(source, tokenizer)  # raises ConfigError naming data.source; builds a BPE once, before any run
     _use_compilation_cache()
     from scaling import train
 

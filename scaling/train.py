@@ -26,7 +26,9 @@ Cost: T (1 - decay) + decay sum_b E_b steps instead of sum_b E_b for separate ru
 
 Evaluation at each budget: mean loss over the fixed validation windows (`data.eval_tokens`
 contiguous tokens of the held-out split) and over a fixed sample of training windows of the same
-size. summary.json's `telemetry` is the mean, over the logged trunk steps, of each role's
+size, in nats per token (`val_loss`, `train_loss`) and in bits per byte of the text the target
+tokens decode to (`val_bpb`, `train_bpb` = loss x tokens / (bytes x ln 2): loss / ln 2 for byte
+tokens, comparable across tokenizers; null for pre-tokenised arrays, whose bytes are unknown). summary.json's `telemetry` is the mean, over the logged trunk steps, of each role's
 quantisation statistics (amax, saturated and underflow fractions, SNR) and activation maxima.
 
 Data and randomness are pure functions of (seed, step): batch t is `data.batch(train, seed, t)`,
@@ -218,6 +220,8 @@ class Setup:
     model_cfg: Any
     val_windows: np.ndarray
     train_windows: np.ndarray
+    val_bytes: int | None  # bytes the windows' target tokens decode to (bits per byte); None: unknown
+    train_bytes: int | None
 
 
 def prepare(cfg: dict) -> Setup:
@@ -226,15 +230,18 @@ def prepare(cfg: dict) -> Setup:
     from scaling import precision
 
     cfg = config_lib.validate(cfg)
-    corpus = data.load(cfg["data"]["source"])
+    corpus = data.load(cfg["data"]["source"], cfg["data"]["tokenizer"])
     seq_len, eval_tokens = cfg["model"]["seq_len"], cfg["data"]["eval_tokens"]
     if corpus.train.size < seq_len + 1:
         raise ConfigError("model.seq_len", seq_len, f"at most {corpus.train.size - 1} for this corpus")
     model_cfg = model_lib.config_for_size(cfg["model"]["size"], vocab=corpus.vocab, seq_len=seq_len,
                                           smooth_swiglu=cfg["model"]["smooth_swiglu"])
+    val_windows = data.eval_windows(corpus.val, eval_tokens, seq_len)
+    train_windows = data.train_sample(corpus.train, eval_tokens, seq_len)
     return Setup(cfg=cfg, plan=plan_for(cfg), corpus=corpus, recipe=precision.get(cfg["precision"]),
-                 model_cfg=model_cfg, val_windows=data.eval_windows(corpus.val, eval_tokens, seq_len),
-                 train_windows=data.train_sample(corpus.train, eval_tokens, seq_len))
+                 model_cfg=model_cfg, val_windows=val_windows, train_windows=train_windows,
+                 val_bytes=data.target_bytes(val_windows, corpus.token_bytes),
+                 train_bytes=data.target_bytes(train_windows, corpus.token_bytes))
 
 
 # ---------------------------------------------------------------- the run
@@ -437,13 +444,15 @@ class _Trainer:
         return self.progress.timed_tokens / self.progress.timed_s if self.progress.timed_s else 0.0
 
     def _evaluate(self, state, step: int, budget: Budget | None) -> dict:
-        """Mean loss over the fixed validation windows and the fixed train sample."""
-        started = time.perf_counter()
-        val_loss = self._mean_loss(state, self.setup.val_windows)
-        train_loss = self._mean_loss(state, self.setup.train_windows)
+        """Mean loss over the fixed validation windows and the fixed train sample, per token and per byte."""
+        setup, started = self.setup, time.perf_counter()
+        val_loss = self._mean_loss(state, setup.val_windows)
+        train_loss = self._mean_loss(state, setup.train_windows)
         self.progress.eval_s += time.perf_counter() - started
         record = {"D": step * self.plan.tokens_per_step, "step": step, "val_loss": val_loss,
-                  "train_loss": train_loss}
+                  "train_loss": train_loss,
+                  "val_bpb": data.bits_per_byte(val_loss, setup.val_windows, setup.val_bytes),
+                  "train_bpb": data.bits_per_byte(train_loss, setup.train_windows, setup.train_bytes)}
         if budget is not None:
             record["fraction"] = budget.fraction
             labels = self.cfg["study"]["budgets"]  # the IsoFLOP budget this evaluation serves (0: none)
@@ -451,7 +460,8 @@ class _Trainer:
             if label > 0:
                 record["budget"] = label
         self._log({"event": "eval", "tokens": record["D"], **record})
-        self.echo(f"eval     step {step:6d}  val_loss {val_loss:.4f}  train_loss {train_loss:.4f}")
+        bpb = "" if record["val_bpb"] is None else f"  val_bpb {record['val_bpb']:.4f}"
+        self.echo(f"eval     step {step:6d}  val_loss {val_loss:.4f}  train_loss {train_loss:.4f}{bpb}")
         for value, name in ((val_loss, "validation loss"), (train_loss, "train loss")):
             if not math.isfinite(value):
                 raise health.RunStopped("diverged", step, f"{name} is {value}")
@@ -485,6 +495,8 @@ class _Trainer:
             "run_id": config_lib.run_id(self.cfg),
             "val_loss": final.get("val_loss"),
             "train_loss": final.get("train_loss"),
+            "val_bpb": final.get("val_bpb"),  # bits per byte: comparable across tokenizers
+            "train_bpb": final.get("train_bpb"),
             "N": int(self.param_counts["non_embedding"]),
             "N_total": int(self.param_counts["total"]),
             "D": final.get("D", progress.step * plan.tokens_per_step),

@@ -31,6 +31,18 @@ def test_run_id_hashes_the_resolved_config():
     assert config.run_id(labelled) != config.run_id(short)
 
 
+def test_data_tokenizer_leaves_byte_level_run_ids_alone():
+    short = {"name": "x", "train": {"lr": 1e-3}}
+    assert config.validate(short)["data"]["tokenizer"] == "bytes"
+    assert config.run_id(short) == config.run_id({**short, "data": {"tokenizer": "bytes"}})
+    bpe = config.run_id({**short, "data": {"tokenizer": "bpe:4096"}})
+    assert bpe != config.run_id(short) and bpe == config.run_id({**short, "data": {"tokenizer": "bpe:04096"}})
+    assert config.validate({"data": {"source": "pysrc", "tokenizer": "bpe:4096"}})["data"]["source"] == "pysrc"
+    with pytest.raises(ConfigError) as err:  # a BPE needs text
+        config.validate({"data": {"source": "synthetic", "tokenizer": "bpe:4096"}})
+    assert err.value.key == "data.tokenizer" and "synthetic" in str(err.value) and "\n" not in str(err.value)
+
+
 def test_auto_learning_rate_is_the_ladder_rate_resolved_into_the_config():
     from scaling import model
 
@@ -64,6 +76,10 @@ def test_auto_learning_rate_is_the_ladder_rate_resolved_into_the_config():
     ("train.tokens=100", "train.tokens", "at least batch_size x seq_len = 4096"),
     ("seed=-1", "seed", "an integer >= 0"),
     ("data.source=/no/such/path", "data.source", "existing file or directory"),
+    ("data.tokenizer=bpe:256", "data.tokenizer", "an integer from 257 to 65536"),
+    ("data.tokenizer=bpe:65537", "data.tokenizer", "an integer from 257 to 65536"),
+    ("data.tokenizer=sentencepiece", "data.tokenizer", '"bytes", or "bpe:VOCAB"'),
+    ("data.tokenizer=4096", "data.tokenizer", '"bytes", or "bpe:VOCAB"'),
     ("precision=fp5", "precision", "a preset"),
     ("health.spike_factor=1", "health.spike_factor", "> 1"),
 ])

@@ -1,6 +1,5 @@
 import hashlib
 import math
-import sysconfig
 from pathlib import Path
 
 import numpy as np
@@ -30,10 +29,50 @@ def test_stdlib_corpus_is_the_interpreters_own_source_split_by_file():
 
 
 def test_stdlib_files_leave_out_tests_and_installed_packages():
-    root = Path(sysconfig.get_paths()["stdlib"])
-    parts = {part for f in data._stdlib_files(root) for part in f.relative_to(root).parts[:-1]}
+    parts = {part for rel, _ in data._stdlib_files() for part in Path(rel).parts[:-1]}
     assert not parts & {"test", "tests", "idle_test", "site-packages", "__pycache__"}
     assert {"json", "email", "asyncio"} <= parts
+
+
+def test_pysrc_is_the_stdlib_and_installed_packages_without_tests_or_the_project():
+    files, stdlib = dict(data._pysrc_files()), dict(data._stdlib_files())
+    # the stdlib under the same relative paths (so its files fall on the same side of the split), and more
+    assert all(files[rel].resolve() == path.resolve() for rel, path in stdlib.items()) and len(files) > 2 * len(stdlib)
+    assert files["numpy/__init__.py"].resolve() == Path(np.__file__).resolve()
+    assert not {part for rel in files for part in Path(rel).parts[:-1]} & {"test", "tests", "idle_test", "__pycache__"}
+    project = Path(__file__).resolve().parents[1]  # on sys.path when run with PYTHONPATH=the checkout
+    assert not any(path.resolve().is_relative_to(project) for path in files.values())
+
+    corpus = data.load("pysrc")
+    assert corpus.bytes == sum(path.stat().st_size for path in files.values()) > 3 * data.load("stdlib").bytes
+    assert isinstance(corpus.train, np.memmap) and corpus.train.size + corpus.val.size == corpus.bytes
+    # numpy's __init__.py is where the file offsets say, on the side its path hashes to
+    side = int(data.is_validation_file("numpy/__init__.py"))
+    index = [rel for rel in files if data.is_validation_file(rel) == side].index("numpy/__init__.py")
+    start = corpus.doc_starts[side][index]
+    content = Path(np.__file__).read_bytes()
+    assert (corpus.train, corpus.val)[side][start:start + len(content)].tobytes() == content
+    again = data.load("pysrc")
+    assert again.fingerprint == corpus.fingerprint and isinstance(again.val, np.memmap)
+
+
+def test_split_by_file_is_stable_when_files_are_added(tmp_path):
+    root = tmp_path / "texts"
+    root.mkdir()
+
+    def add(numbers):
+        for i in numbers:
+            (root / f"f{i:04d}.txt").write_text(f"line of file {i}\n")
+
+    def validation_lines():
+        return set(data.load(str(root)).val.tobytes().decode().splitlines())
+
+    add(range(300))
+    before = validation_lines()
+    assert before == {f"line of file {i}" for i in range(300) if data.is_validation_file(f"f{i:04d}.txt")} != set()
+    add(range(300, 900))
+    after = validation_lines()
+    assert {line for line in after if int(line.split()[-1]) < 300} == before and len(after) > len(before)
 
 
 def test_validation_membership_is_a_fixed_hash_of_the_path():
@@ -69,6 +108,109 @@ def test_token_arrays_npy_and_uint16_bin(tmp_path):
     assert npy.val.size == binary.val.size == 100  # the last 2%
     assert np.array_equal(npy.val, tokens[-100:]) and np.array_equal(binary.train, tokens[:-100])
     assert npy.fingerprint != binary.fingerprint  # dtype is part of the identity
+
+
+def test_token_files_are_memory_mapped_and_scanned_in_chunks(tmp_path, monkeypatch):
+    monkeypatch.setattr(data, "_CHUNK", 1000)  # the fingerprint and range come from 20+ chunks
+    tokens = np.random.default_rng(0).integers(0, 70_000, 20_011)
+    files = {"t.u32.bin": tokens.astype("<u4"), "t.bin": (tokens % 50_000).astype("<u2"), "t.npy": tokens.astype(np.int32)}
+    for name, array in files.items():
+        (array.tofile if name.endswith(".bin") else lambda path, a=array: np.save(path, a))(tmp_path / name)
+    for name, expected in files.items():
+        corpus = data.load(str(tmp_path / name))
+        assert isinstance(corpus.train, np.memmap) and isinstance(corpus.val, np.memmap)
+        assert not corpus.train.flags.owndata and corpus.train.dtype == expected.dtype
+        n_val = expected.size * data.VALIDATION_PER_MILLE // 1000
+        train, val = expected[:-n_val], expected[-n_val:]
+        assert np.array_equal(corpus.train, train) and np.array_equal(corpus.val, val)
+        # the streamed hash is the hash of the whole array; vocab from the largest token
+        assert corpus.fingerprint == hashlib.sha256(str(expected.dtype).encode() + expected.tobytes()).hexdigest()
+        assert corpus.vocab == -(-(int(expected.max()) + 1) // 64) * 64 and corpus.tokenizer == "array"
+        assert corpus.token_bytes is None  # no text behind these tokens: no bits per byte
+        for step in range(3):
+            assert np.array_equal(data.batch(corpus.train, 1, step, 4, 16), data.batch(train, 1, step, 4, 16))
+        assert np.array_equal(data.eval_windows(corpus.val, 256, 16), data.eval_windows(val, 256, 16))
+    # the scan is cached by (path, size, mtime): a second load does not read the file through
+    monkeypatch.setattr(data, "_scan", lambda tokens: pytest.fail("scanned again"))
+    assert data.load(str(tmp_path / "t.bin")).fingerprint == hashlib.sha256(
+        b"uint16" + files["t.bin"].tobytes()).hexdigest()
+    (tmp_path / "odd.bin").write_bytes(b"\x00" * 7)
+    with pytest.raises(ConfigError, match="data.source.*uint16 .bin"):
+        data.load(str(tmp_path / "odd.bin"))
+
+
+def _word_files(root: Path, n_files: int = 150) -> Path:
+    """~90 kB of ASCII text over a small vocabulary (so BPE merges whole words quickly)."""
+    words = "the of and to in is was for on that with as by at from def return self import class".split()
+    rng = np.random.default_rng(0)
+    root.mkdir()
+    for i in range(n_files):
+        lines = [" ".join(rng.choice(words, 10)) for _ in range(12)]
+        (root / f"doc{i:03d}.txt").write_text("\n".join(lines) + "\n")
+    return root
+
+
+def test_bpe_is_trained_on_the_training_split_round_trips_and_is_cached(tmp_path):
+    from tokenizers import Tokenizer
+
+    root = _word_files(tmp_path / "words")
+    # one word only in a validation file, another only in a training file, both frequent
+    held_out = next(f"held{i}.txt" for i in range(10_000) if data.is_validation_file(f"held{i}.txt"))
+    (root / held_out).write_text(" zyxwvutsrq" * 3000)
+    assert not data.is_validation_file("trainonly.txt")
+    (root / "trainonly.txt").write_text(" qrstuvwxyz" * 3000)
+    text, bpe = data.load(str(root)), data.load(str(root), "bpe:300")
+    assert (bpe.vocab, bpe.tokenizer, bpe.train.dtype) == (300, "bpe:300", np.uint16)
+    assert isinstance(bpe.train, np.memmap) and max(bpe.train.max(), bpe.val.max()) < 300
+    assert (bpe.fingerprint, bpe.bytes) == (text.fingerprint, text.bytes)  # the same text, other tokens
+    assert bpe.train.size < text.train.size / 2
+    tokenizer = Tokenizer.from_str(bpe.tokenizer_json)
+    learned = tokenizer.get_vocab()
+    assert any("qrstuvwxyz" in token for token in learned) and not any("zyxw" in token for token in learned)
+    val_text = text.val.tobytes().decode()
+    assert "zyxwvutsrq" in val_text and tokenizer.decode(bpe.val.tolist()) == val_text
+    assert tokenizer.decode(tokenizer.encode(val_text).ids) == val_text
+    unusual = "naïve café — ü ∑ 🙂\n\tx  y"  # characters the training text never had: byte fallback
+    assert tokenizer.decode(tokenizer.encode(unusual).ids) == unusual
+    assert bpe.token_bytes[bpe.val].sum() == len(val_text.encode())
+    described = bpe.describe()
+    assert described["tokenizer"] == "bpe:300" and described["vocab"] == 300
+    assert described["tokenizer_sha256"] == hashlib.sha256(bpe.tokenizer_json.encode()).hexdigest()
+    # a second load is the cache: identical tokens, tokenizer and fingerprint
+    again = data.load(str(root), "bpe:300")
+    assert np.array_equal(again.train, bpe.train) and np.array_equal(again.val, bpe.val)
+    assert (again.tokenizer_sha256, again.fingerprint) == (bpe.tokenizer_sha256, bpe.fingerprint)
+    assert len(list(data.cache_dir().glob("bpe-*/tokenizer.json"))) == 1
+
+
+@pytest.mark.parametrize("tokenizer, source", [
+    ("bpe:256", "stdlib"), ("bpe:65537", "stdlib"), ("bpe:x", "stdlib"), ("wordpiece", "stdlib"), (4096, "stdlib"),
+    ("bpe:4096", "synthetic"), ("bpe:4096", "tokens.npy"),
+])
+def test_bad_tokenizers_are_one_line_config_errors(tmp_path, tokenizer, source):
+    np.save(tmp_path / "tokens.npy", np.arange(100))
+    source = source if source in ("stdlib", "synthetic") else str(tmp_path / source)
+    with pytest.raises(ConfigError) as err:
+        data.load(source, tokenizer)
+    assert err.value.key == "data.tokenizer" and "\n" not in str(err.value)
+    assert ("257 to 65536" if source == "stdlib" else '"bytes" for data.source') in str(err.value)
+
+
+def test_bits_per_byte_counts_the_bytes_the_targets_decode_to(tmp_path):
+    from tokenizers import Tokenizer
+
+    byte_windows = data.eval_windows(np.frombuffer(b"hello world " * 100, np.uint8), 256, 32)
+    n_bytes = data.target_bytes(byte_windows, data.load("synthetic").token_bytes)
+    assert n_bytes == byte_windows[:, 1:].size  # one byte per byte token
+    assert data.bits_per_byte(2.0, byte_windows, n_bytes) == pytest.approx(2.0 / math.log(2))
+    assert data.target_bytes(byte_windows, None) is None and data.bits_per_byte(2.0, byte_windows, None) is None
+    bpe = data.load(str(_word_files(tmp_path / "words")), "bpe:300")
+    tokenizer = Tokenizer.from_str(bpe.tokenizer_json)
+    windows = data.train_sample(bpe.train, 2048, 16)
+    direct = sum(len(tokenizer.decode(w[1:].tolist()).encode()) for w in windows)  # ASCII: no cut characters
+    assert data.target_bytes(windows, bpe.token_bytes) == direct > 2 * windows[:, 1:].size
+    loss = 1.5
+    assert data.bits_per_byte(loss, windows, direct) == pytest.approx(loss * windows[:, 1:].size / direct / math.log(2))
 
 
 def test_bad_sources_name_the_key(tmp_path):

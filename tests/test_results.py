@@ -36,6 +36,19 @@ def test_one_row_per_run_and_budget(tmp_path):
     assert df.loc[df.run_id == "aaa", "corpus"].isna().all()
 
 
+def test_bits_per_byte_and_tokenizer_are_carried(tmp_path):
+    evals = [{"D": 100, "step": 1, "val_loss": 3.0, "train_loss": 3.1, "val_bpb": 1.2, "train_bpb": 1.25},
+             {"D": 200, "step": 2, "val_loss": 2.5, "train_loss": 2.6, "val_bpb": 1.0, "train_bpb": 1.05}]
+    corpus = {"source": "pysrc", "fingerprint": "ab" * 32, "bytes": 10, "vocab": 4096, "tokenizer": "bpe:4096"}
+    atomic_write_json(tmp_path / "sw" / "bpe" / "summary.json", _summary("bpe", evals, corpus=corpus))
+    old = {"source": "stdlib", "fingerprint": "cd" * 32, "bytes": 10, "vocab": 256}  # before data.tokenizer
+    atomic_write_json(tmp_path / "sw" / "old" / "summary.json", _summary("old", evals[:1], corpus=old))
+    df = results.load(tmp_path / "sw").set_index(["run_id", "D"])
+    assert df.loc[("bpe", 100), "val_bpb"] == 1.2 and df.loc[("bpe", 200), "train_bpb"] == 1.05
+    assert df.loc[("bpe", 200), "tokenizer"] == "bpe:4096" and df.loc[("bpe", 200), "corpus"].endswith(" bpe:4096")
+    assert df.loc[("old", 100), "tokenizer"] == "bytes" and df.loc[("old", 100), "corpus"] == "stdlib " + "cd" * 6
+
+
 def test_no_duplicate_rows_and_unreadable_summary_is_skipped(tmp_path):
     evals = [{"D": 100, "step": 1, "val_loss": 3.0, "train_loss": 3.1}] * 2
     atomic_write_json(tmp_path / "sw" / "aaa" / "summary.json", _summary("aaa", evals))

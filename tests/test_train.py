@@ -7,6 +7,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from scaling import config, data, health, train
@@ -87,6 +88,25 @@ def test_ladder_saves_tokens_against_separate_runs():
     assert longer.tokens_trained() == 130 * TOKENS_PER_STEP
 
 
+def test_evaluation_byte_counts_for_bits_per_byte(tmp_path, monkeypatch):
+    from tokenizers import Tokenizer
+
+    monkeypatch.setenv("SCALING_CACHE", str(tmp_path / "cache"))
+    byte_level = train.prepare(tiny(4))
+    assert byte_level.val_bytes == byte_level.val_windows[:, 1:].size  # bpb = loss / ln 2
+    assert byte_level.train_bytes == byte_level.train_windows[:, 1:].size
+    root, rng = tmp_path / "text", np.random.default_rng(0)
+    root.mkdir()
+    words = "alpha beta gamma delta epsilon return import class self".split()
+    for i in range(200):
+        (root / f"{i}.txt").write_text(" ".join(rng.choice(words, 100)) + "\n")
+    setup = train.prepare(tiny(4, data={"source": str(root), "tokenizer": "bpe:300", "eval_tokens": 64}))
+    assert setup.model_cfg.vocab == 300 and setup.corpus.describe()["tokenizer"] == "bpe:300"
+    tokenizer = Tokenizer.from_str(setup.corpus.tokenizer_json)
+    for windows, n_bytes in ((setup.val_windows, setup.val_bytes), (setup.train_windows, setup.train_bytes)):
+        assert n_bytes == sum(len(tokenizer.decode(w[1:].tolist()).encode()) for w in windows) > 2 * windows[:, 1:].size
+
+
 def test_loss_monitor_flags_nan_and_spikes_after_warmup():
     monitor = health.LossMonitor(spike_factor=3.0, window=10, warmup_steps=3)
     for step, loss in enumerate([5.0, 4.0, 3.0, 2.9, 2.8]):
@@ -133,12 +153,16 @@ def test_a_run_learns_lands_its_summary_and_is_not_rerun(tmp_path):
     # WSD: one evaluation per budget, each after its own cooldown
     assert [(e["D"], e["step"]) for e in summary["evals"]] == [(50 * TOKENS_PER_STEP, 50), (100 * TOKENS_PER_STEP, 100),
                                                               (200 * TOKENS_PER_STEP, 200)]
+    for e in [summary, *summary["evals"]]:  # byte tokens: bits per byte is nats per token / ln 2
+        assert e["val_bpb"] == pytest.approx(e["val_loss"] / math.log(2))
+        assert e["train_bpb"] == pytest.approx(e["train_loss"] / math.log(2))
     vals = [e["val_loss"] for e in summary["evals"]]
     assert vals[0] > vals[1] > vals[2] == summary["val_loss"]
     assert summary["ladder"]["tokens_trained"] == (200 + 10 + 20) * TOKENS_PER_STEP
     records = read_jsonl(out / "metrics.jsonl")
     trunk = [r for r in records if r.get("phase") == "trunk"]
     assert {"step", "tokens", "loss", "lr", "grad_norm", "tokens_per_s", "telemetry"} <= set(trunk[-1])
+    assert all("val_bpb" in r and "train_bpb" in r for r in records if r.get("event") == "eval")
     assert max(b["step"] - a["step"] for a, b in zip(trunk, trunk[1:])) <= cfg["train"]["log_every"]  # heartbeat
     assert any(r.get("phase") == "cooldown" and r.get("budget") == 50 * TOKENS_PER_STEP for r in records)
     assert json.loads((out / "config.json").read_text()) == cfg
