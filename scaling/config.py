@@ -13,7 +13,8 @@
              size trained to different lengths shares its warmup),
              schedule ("wsd" | "cosine"), decay (WSD cooldown fraction), budgets (WSD evaluation
              budgets as fractions of tokens, ending at 1.0), grad_clip, eval_every, log_every,
-             checkpoint_every (steps; 0 = never)
+             checkpoint_every (steps; 0 = never), tracker (live curves mirrored from metrics.jsonl:
+             a list of "tensorboard", "wandb"; default [], scaling.tracking)
     [health] spike_factor, spike_window, max_saturation (in-flight thresholds)
     [study]  budgets (the compute budget each train.budgets evaluation serves, in 16-bit FLOPs
              under study.cost, 0 = none; set by an IsoFLOP design, scaling.study.design), cost
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import importlib.util
 import json
 import re
 import tomllib
@@ -161,6 +163,17 @@ def _cost_model(key: str, value: Any) -> str:
     return value
 
 
+TRACKERS = ("tensorboard", "wandb")
+
+
+def _trackers(key: str, value: Any) -> list[str]:
+    if not isinstance(value, list) or len(set(map(str, value))) != len(value) or any(t not in TRACKERS for t in value):
+        raise ConfigError(key, value, f"a list of distinct trackers from {', '.join(TRACKERS)}, or []")
+    if "wandb" in value and importlib.util.find_spec("wandb") is None:
+        raise ConfigError(key, value, "trackers whose package is installed: wandb is not (pip install wandb)")
+    return value
+
+
 def _budgets(key: str, value: Any) -> list[float]:
     allowed = "an ascending list of distinct fractions in (0, 1] ending with 1.0"
     if not isinstance(value, list) or not value:
@@ -198,6 +211,7 @@ SCHEMA: dict[str, Any] = {
         "eval_every": Field(0, _integer(0)),  # 0 = evaluate only at the budgets
         "log_every": Field(10, _integer(1)),
         "checkpoint_every": Field(100, _integer(0)),  # 0 = never
+        "tracker": Field([], _trackers),  # mirrors of metrics.jsonl; [] drops out of run_id
     },
     "health": {
         "spike_factor": Field(3.0, _real(1.0, lo_open=True)),  # loss > factor x running median = diverged
@@ -283,6 +297,8 @@ def run_id(cfg: dict) -> str:
         del resolved["study"]
     if resolved["data"]["tokenizer"] == "bytes":  # byte-level runs keep the ids they had before data.tokenizer
         del resolved["data"]["tokenizer"]
+    if not resolved["train"]["tracker"]:  # likewise runs without a tracker, before train.tracker
+        resolved = {**resolved, "train": {k: v for k, v in resolved["train"].items() if k != "tracker"}}
     if isinstance(resolved.get("precision"), str) and resolved["precision"].endswith(".toml"):
         from scaling import precision
 

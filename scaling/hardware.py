@@ -7,6 +7,7 @@ bf16 dots and they run slower than fp32 ones; with them, or on a GPU, bf16 is na
 
 from __future__ import annotations
 
+import collections
 import functools
 import platform
 from dataclasses import dataclass
@@ -50,14 +51,18 @@ def native_bf16(platform_name: str | None = None, cpuinfo: str | None = None) ->
     return any(f in cpu(cpuinfo)["flags"] for f in BF16_FLAGS)
 
 
-def describe(platform_name: str | None = None, cpuinfo: str | None = None) -> str:
-    """One line: 'cpu: AMD EPYC (avx2; no avx512f, avx512_bf16, amx_bf16)' or 'gpu: NVIDIA H100 ...'."""
-    import jax
+def describe(platform_name: str | None = None, cpuinfo: str | None = None, devices: list | None = None) -> str:
+    """One line: 'cpu: AMD EPYC (avx2; no avx512f, avx512_bf16, amx_bf16)', or on an accelerator
+    each kind of device this process sees and how many: 'gpu: NVIDIA H100 80GB HBM3 x8'.
+    `devices` defaults to jax.local_devices() (anything with .platform and .device_kind)."""
+    if devices is None:
+        import jax
 
-    device = jax.devices()[0]
-    platform_name = platform_name or device.platform
+        devices = jax.local_devices()
+    platform_name = platform_name or devices[0].platform
     if platform_name != "cpu":
-        return f"{platform_name}: {getattr(device, 'device_kind', device)}"
+        kinds = collections.Counter(str(getattr(d, "device_kind", d)) for d in devices)
+        return f"{platform_name}: " + ", ".join(f"{kind} x{n}" for kind, n in kinds.items())
     info = cpu(cpuinfo)
     missing = [f for f in REPORTED_FLAGS if f not in info["flags"]]
     has = ", ".join(info["flags"]) or "none of " + ", ".join(REPORTED_FLAGS)
@@ -111,6 +116,15 @@ def canonical_precision(precision: str) -> str:
     if precision not in PRECISIONS:
         raise ConfigError("precision", precision, PRECISIONS)
     return "bf16" if precision == "fp16" else precision  # FP16 and BF16 share the tensor-core rate
+
+
+def gpu_key(device_kind: str) -> str | None:
+    """The GPUS entry whose peaks hold for a JAX device kind ('NVIDIA H100 80GB HBM3' -> 'h100'), or
+    None: not in the table, or a PCIe/NVL card (lower clocks and power than the SXM parts above)."""
+    kind = device_kind.upper()
+    if ("PCIE" in kind and "A100" not in kind) or "NVL" in kind:  # A100 PCIe keeps the SXM tensor peaks
+        return None
+    return next((key for key in GPUS if key.upper() in kind), None)
 
 
 def get_gpu(name: str) -> GPU:

@@ -1,6 +1,6 @@
 """Run health: in-flight checks that stop a run early, and the record of a run that failed.
 
-In flight (every training step):
+In flight (every training step's loss, read back in order at the next log step; scaling.train):
 - a NaN or infinite loss stops the run as `diverged`;
 - after warmup, a loss above `spike_factor` x the running median of the last `spike_window`
   trunk losses (once at least 5 are in) stops the run as `diverged` (a median ignores the odd

@@ -18,6 +18,13 @@ A grid key naming several comma-separated keys is one axis of tuples that vary t
 The run id is a stable hash of the resolved config, so running a sweep again skips what
 has finished. Layout: <out>/<sweep>/<run_id>/{config.json, metrics.jsonl, summary.json, failure.json}.
 
+GPUs (`--gpus-per-run G`): the Ray executor reserves G GPUs per run (a fraction packs runs onto one
+GPU, each child given that share of its memory); the local executor pins each run's child process
+to one GPU (CUDA_VISIBLE_DEVICES), at most one run per GPU, one concurrent run per visible GPU
+unless --workers says fewer. GPUs are found without JAX (CUDA_VISIBLE_DEVICES, else
+`nvidia-smi -L`); this process flies the take-off probes on the first one, allocating memory as
+needed and giving it back, so the runs find their GPUs free.
+
 Several sweeps may share an --out: each run is trained by the one process holding its lock
 (scaling.runs). A sweep that reaches a run another process owns moves on, and once its own runs
 have landed waits for those (training any whose owner died before landing them), so every sweep
@@ -33,6 +40,8 @@ import ctypes
 import itertools
 import json
 import os
+import queue
+import re
 import shutil
 import signal
 import statistics
@@ -42,7 +51,7 @@ import time
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from scaling import runs
 from scaling._io import atomic_write_json, atomic_write_text
@@ -204,10 +213,75 @@ def _compilation_cache_settings() -> dict[str, str]:
             "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
 
 
-def worker_env() -> dict[str, str]:
+def worker_env(pin: Mapping[str, str] = {}) -> dict[str, str]:
     """Runs share XLA's persistent compilation cache: a shape compiled once (at take-off) is loaded,
-    not recompiled, by every later run of that shape, in any process."""
-    return {**_compilation_cache_settings(), **os.environ}
+    not recompiled, by every later run of that shape, in any process. `pin`: a GPU slot's settings."""
+    return {**_compilation_cache_settings(), **os.environ, **pin}
+
+
+# ---------------------------------------------------------------- GPUs
+
+
+def visible_gpus(environ: Mapping[str, str] | None = None, listing: str | None = None) -> list[str]:
+    """The GPUs runs may use, found without JAX (a JAX backend here would claim them): the entries of
+    CUDA_VISIBLE_DEVICES if it is set (indices or UUIDs; CUDA ignores everything from an invalid
+    entry such as -1 on), else the GPUs `nvidia-smi -L` lists (`listing`: its output)."""
+    environ = os.environ if environ is None else environ
+    if "CUDA_VISIBLE_DEVICES" in environ:
+        entries = [e.strip() for e in environ["CUDA_VISIBLE_DEVICES"].split(",")]
+        return list(itertools.takewhile(lambda e: e and not e.startswith("-"), entries))
+    if listing is None:
+        try:
+            listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60).stdout
+        except (OSError, subprocess.SubprocessError):
+            listing = ""
+    return re.findall(r"^GPU (\d+):", listing, flags=re.MULTILINE)
+
+
+def gpu_slots(gpus: list[str], workers: int | None) -> list[dict[str, str]]:
+    """The local executor's concurrent runs with --gpus-per-run: one child process per slot, each
+    pinned to its own GPU; `workers` None = one slot per GPU, else at most that many."""
+    count = len(gpus) if workers is None else min(workers, len(gpus))
+    return [{"CUDA_VISIBLE_DEVICES": gpu} for gpu in gpus[:count]]
+
+
+def gpu_share(gpus_per_run: float, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """A Ray run reserving a fraction of a GPU gets that fraction of XLA's default 75% memory
+    preallocation (unless the user set a fraction), so the runs sharing the GPU fit on it."""
+    environ = os.environ if environ is None else environ
+    if not 0 < gpus_per_run < 1 or {"XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION"} & set(environ):
+        return {}
+    return {"XLA_PYTHON_CLIENT_MEM_FRACTION": f"{0.75 * gpus_per_run:.3f}"}
+
+
+def check_gpus_per_run(gpus_per_run: float, executor: str, gpus: list[str]) -> None:
+    """ConfigError unless --gpus-per-run fits the executor and, for the local one, this machine."""
+    if not 0 <= gpus_per_run <= 1:
+        raise ConfigError("--gpus-per-run", gpus_per_run, "a number in [0, 1]: a run trains on one device")
+    if executor == "local" and gpus_per_run not in (0, 1):
+        raise ConfigError("--gpus-per-run", gpus_per_run, "0 or 1 with the local executor (one GPU per run); "
+                          "fractions with --executor ray")
+    if executor == "local" and gpus_per_run and not gpus:
+        raise ConfigError("--gpus-per-run", gpus_per_run, "0 on a machine without GPUs (CUDA_VISIBLE_DEVICES "
+                          "names none and `nvidia-smi -L` lists none)")
+
+
+def _fly_probes_on_one_gpu() -> None:
+    """Start this process's JAX backend on its first GPU only, with memory allocated as needed and
+    given back (XLA would otherwise preallocate 75% of every visible GPU here, where the runs need
+    it); the environment is restored afterwards, for the runs and a Ray cluster started from here."""
+    import jax
+
+    jax.config.update("jax_cuda_visible_devices", "0")
+    saved = os.environ.get("XLA_PYTHON_CLIENT_ALLOCATOR")
+    os.environ["XLA_PYTHON_CLIENT_ALLOCATOR"] = "platform"
+    try:
+        jax.devices()
+    finally:
+        if saved is None:
+            del os.environ["XLA_PYTHON_CLIENT_ALLOCATOR"]
+        else:
+            os.environ["XLA_PYTHON_CLIENT_ALLOCATOR"] = saved
 
 
 def _use_compilation_cache() -> None:
@@ -220,7 +294,7 @@ def _use_compilation_cache() -> None:
 
 
 def execute(spec: RunSpec, out_root: str | Path, hang_timeout: float, poll_s: float = 1.0,
-            wait: bool = False) -> str:
+            wait: bool = False, pin: Mapping[str, str] = {}) -> str:
     """Run one spec in a child process, watched: returns its status ('skipped' if it had landed).
 
     This process holds the run's lock from the check that it has not landed until it has, and the
@@ -228,7 +302,7 @@ def execute(spec: RunSpec, out_root: str | Path, hang_timeout: float, poll_s: fl
     skipped if it landed for good, else trained here). The child resumes from its own checkpoint if
     a previous attempt was interrupted. A run whose heartbeat (metrics.jsonl, or the start) is
     older than `hang_timeout` seconds is killed and landed as `hung`; a child that dies without
-    a summary is landed as `failed`.
+    a summary is landed as `failed`. `pin`: environment settings of the child (its GPU).
     """
     out_dir = spec.out_dir(out_root)
     if runs.finished(out_dir):
@@ -241,16 +315,17 @@ def execute(spec: RunSpec, out_root: str | Path, hang_timeout: float, poll_s: fl
         if runs.finished(out_dir):  # landed by the process that held the lock before us
             return "skipped"
         runs.begin(out_dir, spec.config)
-        return _watch(spec, out_dir, lock, hang_timeout, poll_s)
+        return _watch(spec, out_dir, lock, hang_timeout, poll_s, pin)
 
 
-def _watch(spec: RunSpec, out_dir: Path, lock: runs.Lock, hang_timeout: float, poll_s: float) -> str:
+def _watch(spec: RunSpec, out_dir: Path, lock: runs.Lock, hang_timeout: float, poll_s: float,
+           pin: Mapping[str, str]) -> str:
     log_path = out_dir / "run.log"
     started = time.time()
     with open(log_path, "ab") as log:
         proc = subprocess.Popen([sys.executable, "-m", "scaling.sweep", "--worker", str(out_dir), str(os.getpid()),
                                  str(lock.fd)], pass_fds=(lock.fd,),
-                                stdout=log, stderr=subprocess.STDOUT, env=worker_env())
+                                stdout=log, stderr=subprocess.STDOUT, env=worker_env(pin))
         while proc.poll() is None:
             time.sleep(poll_s)
             heartbeat = max(started, _mtime(out_dir / "metrics.jsonl"))
@@ -298,9 +373,11 @@ def _worker(out_dir: str, parent_pid: int, lock_fd: int) -> int:
     return 0 if summary.get("status") in runs.STATUSES else 1
 
 
-def _ray_task(spec: RunSpec, out_root: str, hang_timeout: float, wait: bool) -> tuple[str, dict[str, str]]:
-    """One Ray task = one watched run; returns its files so the driver holds them even without shared storage."""
-    status = execute(spec, out_root, hang_timeout, wait=wait)
+def _ray_task(spec: RunSpec, out_root: str, hang_timeout: float, wait: bool,
+              gpus_per_run: float) -> tuple[str, dict[str, str]]:
+    """One Ray task = one watched run; returns its files so the driver holds them even without shared
+    storage. Ray sets the task's CUDA_VISIBLE_DEVICES to the GPUs it reserved; the child inherits it."""
+    status = execute(spec, out_root, hang_timeout, wait=wait, pin=gpu_share(gpus_per_run))
     out_dir = spec.out_dir(out_root)
     files = {} if status == OWNED else {name: (out_dir / name).read_text() for name in RUN_FILES
                                         if (out_dir / name).exists()}
@@ -310,13 +387,25 @@ def _ray_task(spec: RunSpec, out_root: str, hang_timeout: float, wait: bool) -> 
 RUN_FILES = ("config.json", "metrics.jsonl", "summary.json", "failure.json")
 
 
-def _run_local(specs, out_root, hang_timeout, workers, on_done, wait) -> None:
-    if workers == 0:  # in-process, sequential: compiled steps are reused in memory; no hang watchdog
+def _run_local(specs, out_root, hang_timeout, workers, on_done, wait, slots=None) -> None:
+    """`slots`: one environment pin per concurrent child (its GPU); default `workers` unpinned ones."""
+    if workers == 0 and not slots:  # in-process, sequential: compiled steps are reused in memory; no hang watchdog
         for spec in specs:
             on_done(spec, _run_in_process(spec, out_root, wait))
         return
-    with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
-        futures = {pool.submit(execute, s, out_root, hang_timeout, wait=wait): s for s in specs}
+    free: queue.Queue = queue.Queue()
+    for pin in slots or [{}] * workers:
+        free.put(pin)
+
+    def in_a_slot(spec: RunSpec) -> str:
+        pin = free.get()  # a thread starts only when a slot is free: there are as many threads as slots
+        try:
+            return execute(spec, out_root, hang_timeout, wait=wait, pin=pin)
+        finally:
+            free.put(pin)
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=free.qsize()) as pool:
+        futures = {pool.submit(in_a_slot, s): s for s in specs}
         for future in concurrent.futures.as_completed(futures):
             on_done(futures[future], future.result())
 
@@ -338,15 +427,18 @@ def _run_in_process(spec: RunSpec, out_root: Path, wait: bool) -> str:
         return train.run(spec.config, out_dir, lock=lock).get("status", "failed")
 
 
-def _run_ray(specs, out_root, hang_timeout, address, cpus_per_run, on_done, wait) -> None:
+def _run_ray(specs, out_root, hang_timeout, address, cpus_per_run, gpus_per_run, on_done, wait) -> None:
     import ray
 
     ray.init(address=address, ignore_reinit_error=True, include_dashboard=False,
              log_to_driver=False, configure_logging=False)
+    cluster_gpus = ray.cluster_resources().get("GPU", 0)
+    if gpus_per_run > cluster_gpus:
+        raise ConfigError("--gpus-per-run", gpus_per_run, f"at most the Ray cluster's {cluster_gpus:g} GPUs")
     # max_retries: a run whose worker (or node) dies is started again elsewhere; it resumes from its
     # checkpoint (the dead worker's lock died with it).
-    task = ray.remote(num_cpus=cpus_per_run, max_retries=3)(_ray_task)
-    pending = {task.remote(s, str(out_root), hang_timeout, wait): s for s in specs}
+    task = ray.remote(num_cpus=cpus_per_run, num_gpus=gpus_per_run, max_retries=3)(_ray_task)
+    pending = {task.remote(s, str(out_root), hang_timeout, wait, gpus_per_run): s for s in specs}
     while pending:
         done, _ = ray.wait(list(pending), num_returns=1)
         spec = pending.pop(done[0])
@@ -360,8 +452,10 @@ def _run_ray(specs, out_root, hang_timeout, address, cpus_per_run, on_done, wait
 
 def run_sweep(specs: list[RunSpec], out_root: str | Path, *, executor: str = "local", workers: int = 1,
               hang_timeout: float = 600.0, ray_address: str | None = None, cpus_per_run: float = 1,
+              gpus_per_run: float = 0, gpu_pins: list[dict[str, str]] | None = None,
               progress: bool = True) -> dict[str, Any]:
-    """Run every spec not yet landed; returns and writes <out>/<sweep>/sweep.json (counts, slow runs)."""
+    """Run every spec not yet landed; returns and writes <out>/<sweep>/sweep.json (counts, slow runs).
+    Local: `gpu_pins` (gpu_slots) runs one child per pin; Ray: each run reserves `gpus_per_run` GPUs."""
     if executor not in ("local", "ray"):
         raise ConfigError("executor", executor, ["local", "ray"])
     out_root = Path(out_root)
@@ -379,9 +473,9 @@ def run_sweep(specs: list[RunSpec], out_root: str | Path, *, executor: str = "lo
 
         def run(todo: list[RunSpec], wait: bool) -> None:
             if executor == "local":
-                _run_local(todo, out_root, hang_timeout, workers, on_done, wait)
+                _run_local(todo, out_root, hang_timeout, workers, on_done, wait, gpu_pins)
             else:
-                _run_ray(todo, out_root, hang_timeout, ray_address, cpus_per_run, on_done, wait)
+                _run_ray(todo, out_root, hang_timeout, ray_address, cpus_per_run, gpus_per_run, on_done, wait)
 
         run(specs, wait=False)
         # Runs another process was training: wait for them, so this sweep's counts and exit status
@@ -493,7 +587,7 @@ def _takeoff_spec(spec: RunSpec) -> RunSpec:
     cfg = copy.deepcopy(spec.config)
     tokens_per_step = cfg["train"]["batch_size"] * cfg["model"]["seq_len"]
     cfg["train"].update(tokens=TAKEOFF_STEPS * tokens_per_step, budgets=[1.0], schedule="wsd", warmup=0,
-                        checkpoint_every=0, eval_every=0, log_every=1)
+                        checkpoint_every=0, eval_every=0, log_every=1, tracker=[])  # a probe, not a curve
     cfg["study"]["budgets"] = []
     cfg["data"]["eval_tokens"] = min(cfg["data"]["eval_tokens"], tokens_per_step)
     cfg = config.validate(cfg)
@@ -549,10 +643,14 @@ def add_arguments(parser) -> None:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a base config key for every run (repeatable)")
     parser.add_argument("--executor", default="local", choices=["local", "ray"])
-    parser.add_argument("--workers", type=int, default=1,
-                        help="local: concurrent runs, each a watched child process; 0 = in-process, sequential")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="local: concurrent runs, each a watched child process; 0 = in-process, sequential "
+                             "(default 1, or one per visible GPU with --gpus-per-run)")
     parser.add_argument("--ray-address", default=None, help="ray: cluster address (default: start a local Ray)")
     parser.add_argument("--cpus-per-run", type=float, default=1, help="ray: CPUs reserved per run")
+    parser.add_argument("--gpus-per-run", type=float, default=0,
+                        help="GPUs per run: ray reserves this many (a fraction shares a GPU); local: 1 pins each "
+                             "run to its own GPU, one run per GPU (default 0: no GPU reserved)")
     parser.add_argument("--hang-timeout", type=float, default=600,
                         help="seconds without a metrics heartbeat before a run is stopped as hung")
     parser.add_argument("--dry-run", action="store_true", help="print the expanded runs and an ETA, run nothing")
@@ -562,10 +660,17 @@ def add_arguments(parser) -> None:
 
 
 def main(args) -> int:
-    if args.workers < 0:
+    if args.workers is not None and args.workers < 0:
         raise ConfigError("--workers", args.workers, "an integer >= 0")
     if args.hang_timeout <= 0:
         raise ConfigError("--hang-timeout", args.hang_timeout, "seconds > 0")
+    gpus = visible_gpus() if args.gpus_per_run else []
+    check_gpus_per_run(args.gpus_per_run, args.executor, gpus)
+    pins = gpu_slots(gpus, args.workers) if args.executor == "local" and args.gpus_per_run else None
+    if pins == []:
+        raise ConfigError("--workers", args.workers, "at least 1 with --gpus-per-run (each run a child on its GPU)")
+    if gpus:
+        _fly_probes_on_one_gpu()
     specs = expand(args.experiment, args.set)
     out_root = Path(args.out)
     todo = [s for s in specs if not runs.finished(s.out_dir(out_root))]
@@ -579,9 +684,9 @@ def main(args) -> int:
     todo, flights = take_off(todo, out_root, keep_going=args.keep_going, hang_timeout=args.hang_timeout)
     print(f"take-off: {len(flights)} shapes compiled and trained {TAKEOFF_STEPS} steps; "
           f"{len(todo)} runs cleared, measured ETA {measured_seconds(todo, flights) / 60:.1f} min")
-    report = run_sweep(todo, out_root, executor=args.executor, workers=args.workers,
-                       hang_timeout=args.hang_timeout, ray_address=args.ray_address,
-                       cpus_per_run=args.cpus_per_run, progress=not args.no_progress)
+    report = run_sweep(todo, out_root, executor=args.executor, workers=1 if args.workers is None else args.workers,
+                       hang_timeout=args.hang_timeout, ray_address=args.ray_address, cpus_per_run=args.cpus_per_run,
+                       gpus_per_run=args.gpus_per_run, gpu_pins=pins, progress=not args.no_progress)
     counts = report["counts"]
     print("landed: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
     for slow in report["slow_runs"]:

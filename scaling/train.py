@@ -4,7 +4,8 @@
 
 Writes DIR/{config.json, metrics.jsonl, summary.json} (and failure.json if the run did not end
 `ok`), with Orbax checkpoints in DIR/checkpoints/ while it runs (the latest two; removed once the
-run has landed). Nothing is written until the config, the corpus and the model are known to be
+run has landed), and live curves mirrored from metrics.jsonl if `train.tracker` names any
+(DIR/tensorboard/, DIR/wandb/; scaling.tracking). Nothing is written until the config, the corpus and the model are known to be
 valid; a finished run is not re-run; an interrupted run resumes from its last checkpoint. The
 process training a run owns its directory (scaling.runs: an exclusive lock), so a directory that
 another process is training is refused, not written into.
@@ -34,6 +35,12 @@ quantisation statistics (amax, saturated and underflow fractions, SNR) and activ
 Data and randomness are pure functions of (seed, step): batch t is `data.batch(train, seed, t)`,
 the step key is fold_in(key(seed), t). A branch step t sees what the trunk's step t would, and a
 resumed run sees exactly what the uninterrupted one did, so both reach bit-identical losses.
+
+The host never waits for a step it does not need: steps are dispatched asynchronously, batch t+1
+is drawn and sent to the device (jax.device_put) while step t runs, and losses come back to the
+host together at log steps (and before evaluations, branches, checkpoints and the first step of
+an attempt, which times the compile). The health checks then see every step's loss, in order, at
+most log_every steps late; throughput is tokens over the wall time between those waits.
 """
 
 from __future__ import annotations
@@ -52,8 +59,8 @@ import numpy as np
 
 from scaling import config as config_lib
 from scaling import compute as compute_lib
-from scaling import data, gemm, hardware, health, runs
-from scaling._io import append_jsonl
+from scaling import data, gemm, hardware, health, runs, tracking
+from scaling._io import append_jsonl, read_jsonl
 from scaling.errors import ConfigError
 
 ADAM_B1, ADAM_B2, ADAM_EPS = 0.9, 0.95, 1e-8
@@ -304,6 +311,9 @@ def _train(setup: Setup, out_dir: Path, echo: Callable[[str], None]) -> dict:
             runs.land_failure(out_dir, config=setup.cfg, status="failed", reason=reason, step=0, last_losses=[],
                               telemetry={}, error=error, run_id=config_lib.run_id(setup.cfg))
         raise
+    finally:
+        if trainer is not None:
+            trainer.mirror.close()
 
 
 class _Trainer:
@@ -329,6 +339,10 @@ class _Trainer:
         self.flops_per_token = float(model_lib.flops_per_token(setup.model_cfg))
         self.checkpoints = self._checkpoint_manager()
         self.metrics_file = out_dir / "metrics.jsonl"
+        self.mirror = tracking.Mirror([], {})  # opened by train()
+        self.pending: list[tuple] = []  # (step, phase, loss on the device) not yet checked
+        self.prefetched: tuple[int, Any] = (-1, None)  # (step, its batch on the device)
+        self.clock = time.perf_counter()  # start of the steps since the last wait
         self._jax = jax
 
     # -- checkpoints
@@ -373,7 +387,11 @@ class _Trainer:
     # -- the loop
 
     def train(self) -> dict:
+        logged = read_jsonl(self.metrics_file) if self.metrics_file.exists() else []
+        self.mirror = tracking.open_mirror(self.cfg["train"]["tracker"], self.out_dir, self.cfg,
+                                           config_lib.run_id(self.cfg), logged)
         self._restore()
+        self.clock = time.perf_counter()
         self.progress.attempts += 1
         plan, train_cfg = self.plan, self.cfg["train"]
         done = {e["fraction"] for e in self.progress.evals}
@@ -383,68 +401,98 @@ class _Trainer:
             for budget in [b for b in branches if b.cooldown_start == step]:
                 self._branch(budget)
                 branches.remove(budget)
-            self.state, loss = self._step(self.state, step, plan.final, phase="trunk")
+            self.state = self._step(self.state, step, plan.final, phase="trunk")
             self.progress.step = step + 1
             if train_cfg["eval_every"] and self.progress.step % train_cfg["eval_every"] == 0:
                 self._evaluate(self.state, self.progress.step, budget=None)
             if (train_cfg["checkpoint_every"] and self.progress.step % train_cfg["checkpoint_every"] == 0
                     and self.progress.step < plan.steps):
+                self._drain()
                 self.progress.recent_losses = list(self.monitor.recent)
                 self._save()
+                self.clock = time.perf_counter()
         self.progress.evals.append(self._evaluate(self.state, plan.steps, budget=plan.final))
         return runs.land(self.out_dir, self._summary("ok", reason=None))
 
     def _branch(self, budget: Budget) -> None:
         """The cooldown to `budget` from the trunk's current state; the trunk state is untouched
         (arrays are immutable and steps are not donated, so keeping the reference is the snapshot)."""
+        self._drain()  # the trunk's losses so far are checked before the branch's
         state = self.state
         for step in range(budget.cooldown_start, budget.end):
-            state, _ = self._step(state, step, budget, phase="cooldown")
+            state = self._step(state, step, budget, phase="cooldown")
         self.progress.evals.append(self._evaluate(state, budget.end, budget=budget))
+
+    def _batch(self, step: int):
+        """Training batch `step` on the device: the one sent while the previous step ran, else now."""
+        if self.prefetched[0] == step:
+            return self.prefetched[1]
+        return self._jax.device_put(data.batch(self.setup.corpus.train, self.cfg["seed"], step,
+                                               self.cfg["train"]["batch_size"], self.cfg["model"]["seq_len"]))
+
+    def _prefetch(self, step: int) -> None:
+        try:
+            self.prefetched = (step, self._batch(step))
+        except Exception:  # noqa: BLE001 - drawn again where it is used, so its error lands at its own step
+            self.prefetched = (-1, None)
 
     def _step(self, state, step: int, budget: Budget, phase: str):
         plan = self.plan
         lr = learning_rate(plan, step, budget)
-        tokens = data.batch(self.setup.corpus.train, self.cfg["seed"], step, self.cfg["train"]["batch_size"],
-                            self.cfg["model"]["seq_len"])
-        started = time.perf_counter()
-        state, loss, grad_norm, telemetry = self.train_step(self.model_def, self.opt_def, state, tokens,
+        state, loss, grad_norm, telemetry = self.train_step(self.model_def, self.opt_def, state, self._batch(step),
                                                             self.cfg["seed"], step, np.float32(lr))
-        loss = float(loss)  # waits for the step: the timing below is the step's
-        seconds = time.perf_counter() - started
-        if not self.compiled:
+        self.pending.append((step, phase, loss))  # dispatched, not waited for
+        if step + 1 < budget.end:
+            self._prefetch(step + 1)  # batch t+1 goes to the device while step t runs
+        self.progress.tokens_trained += plan.tokens_per_step
+        done = step + 1
+        if not (done % self.cfg["train"]["log_every"] == 0 or done == budget.end or step == 0):
+            if not self.compiled:
+                self._drain()  # the attempt's first step: its time is the compile's
+            return state
+        loss = self._drain()[-1]
+        telemetry = _to_python(self._jax.device_get(telemetry))
+        self.last_telemetry = telemetry
+        record = {"step": done, "tokens": done * plan.tokens_per_step, "phase": phase, "loss": loss,
+                  "lr": lr, "grad_norm": float(grad_norm), "tokens_per_s": self._throughput(),
+                  "telemetry": telemetry}
+        if phase == "cooldown":
+            record["budget"] = budget.end * plan.tokens_per_step
+        else:
+            self.progress.telemetry_sum = _tree_add(self.progress.telemetry_sum, telemetry)
+            self.progress.telemetry_count += 1
+        self._log(record)
+        for event in health.saturation_events(telemetry, self.cfg["health"]["max_saturation"]):
+            self._log({"step": done, "phase": phase, **event})
+        self.echo(f"{phase:8s} step {done:6d}  loss {loss:.4f}  lr {lr:.2e}  "
+                  f"{record['tokens_per_s']:.0f} tok/s")
+        self.clock = time.perf_counter()
+        return state
+
+    def _drain(self) -> list[float]:
+        """Wait for the steps dispatched since the last wait, time them (the first of an attempt
+        is its compile), and run the health checks on their losses in order."""
+        pending, self.pending = self.pending, []
+        losses = [float(x) for x in self._jax.device_get([loss for _, _, loss in pending])]
+        now = time.perf_counter()
+        seconds, self.clock = now - self.clock, now
+        if pending and not self.compiled:
             self.compiled = True
             self.progress.compile_s += seconds
-        else:
+        elif pending:
             self.progress.timed_s += seconds
-            self.progress.timed_tokens += plan.tokens_per_step
-        self.progress.tokens_trained += plan.tokens_per_step
-        self.last_losses = (self.last_losses + [loss])[-20:]
-        self.monitor.check(step, loss, trunk=phase == "trunk")
-        done = step + 1
-        if done % self.cfg["train"]["log_every"] == 0 or done == budget.end or step == 0:
-            telemetry = _to_python(self._jax.device_get(telemetry))
-            self.last_telemetry = telemetry
-            record = {"step": done, "tokens": done * plan.tokens_per_step, "phase": phase, "loss": loss,
-                      "lr": lr, "grad_norm": float(grad_norm), "tokens_per_s": self._throughput(),
-                      "telemetry": telemetry}
-            if phase == "cooldown":
-                record["budget"] = budget.end * plan.tokens_per_step
-            else:
-                self.progress.telemetry_sum = _tree_add(self.progress.telemetry_sum, telemetry)
-                self.progress.telemetry_count += 1
-            self._log(record)
-            for event in health.saturation_events(telemetry, self.cfg["health"]["max_saturation"]):
-                self._log({"step": done, "phase": phase, **event})
-            self.echo(f"{phase:8s} step {done:6d}  loss {loss:.4f}  lr {lr:.2e}  "
-                      f"{record['tokens_per_s']:.0f} tok/s")
-        return state, loss
+            self.progress.timed_tokens += len(pending) * self.plan.tokens_per_step
+        for (step, phase, _), loss in zip(pending, losses):
+            self.last_losses = (self.last_losses + [loss])[-20:]
+            self.monitor.check(step, loss, trunk=phase == "trunk")
+        return losses
 
     def _throughput(self) -> float:
         return self.progress.timed_tokens / self.progress.timed_s if self.progress.timed_s else 0.0
 
     def _evaluate(self, state, step: int, budget: Budget | None) -> dict:
         """Mean loss over the fixed validation windows and the fixed train sample, per token and per byte."""
+        self._drain()
         setup, started = self.setup, time.perf_counter()
         val_loss = self._mean_loss(state, setup.val_windows)
         train_loss = self._mean_loss(state, setup.train_windows)
@@ -465,19 +513,23 @@ class _Trainer:
         for value, name in ((val_loss, "validation loss"), (train_loss, "train loss")):
             if not math.isfinite(value):
                 raise health.RunStopped("diverged", step, f"{name} is {value}")
+        self.clock = time.perf_counter()
         return record
 
     def _mean_loss(self, state, windows: np.ndarray) -> float:
-        """Windows in chunks of batch_size; each chunk's mean weighted by its window count."""
+        """Windows in chunks of batch_size; each chunk's mean weighted by its window count (one
+        wait for all chunks)."""
         chunk = self.cfg["train"]["batch_size"]
+        parts = [windows[start:start + chunk] for start in range(0, len(windows), chunk)]
+        losses = self._jax.device_get([self.eval_step(self.model_def, state["model"], part) for part in parts])
         total = 0.0
-        for start in range(0, len(windows), chunk):
-            part = windows[start:start + chunk]
-            total += float(self.eval_step(self.model_def, state["model"], part)) * len(part)
+        for loss, part in zip(losses, parts):
+            total += float(loss) * len(part)
         return total / len(windows)
 
     def _log(self, record: dict) -> None:
         append_jsonl(self.metrics_file, record)
+        self.mirror.log(record)
 
     # -- landing
 
@@ -537,6 +589,13 @@ class _Trainer:
 
     def land(self, status: str, step: int, reason: str, error: BaseException | None) -> dict:
         self.echo(f"{status} at step {step}: {reason}")
+        if self.pending and error is not None:  # losses of steps that ran before the error, unchecked
+            with contextlib.suppress(Exception):
+                losses = self._jax.device_get([loss for _, _, loss in self.pending])
+                self.last_losses = (self.last_losses + [float(x) for x in losses])[-20:]
+        self.pending = []
+        # a health check reads losses at log steps: the trunk may have run past the step it stopped at
+        self.progress.step = min(self.progress.step, step)
         return runs.land_failure(self.out_dir, config=self.cfg, status=status, reason=reason, step=step,
                                  last_losses=self.last_losses, telemetry=self.last_telemetry, error=error,
                                  landed=self._summary(status, reason))

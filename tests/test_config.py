@@ -82,6 +82,9 @@ def test_auto_learning_rate_is_the_ladder_rate_resolved_into_the_config():
     ("data.tokenizer=4096", "data.tokenizer", '"bytes", or "bpe:VOCAB"'),
     ("precision=fp5", "precision", "a preset"),
     ("health.spike_factor=1", "health.spike_factor", "> 1"),
+    ('train.tracker=["mlflow"]', "train.tracker", "from tensorboard, wandb"),
+    ("train.tracker=tensorboard", "train.tracker", "a list"),
+    ('train.tracker=["tensorboard", "tensorboard"]', "train.tracker", "distinct"),
 ])
 def test_bad_values_name_key_value_and_what_is_allowed(override, key, allowed):
     with pytest.raises(ConfigError) as err:
@@ -171,3 +174,24 @@ def test_recipe_file_is_hashed_by_content_not_path(tmp_path):
     assert config.run_id({"precision": str(a)}) == config.run_id({"precision": str(b)})
     b.write_text(recipe.replace('grad = "fp8_e5m2"', 'grad = "fp8_e4m3"'))
     assert config.run_id({"precision": str(a)}) != config.run_id({"precision": str(b)})
+
+
+def test_existing_run_ids_are_unchanged_by_the_tracker_key():
+    """Ids computed before train.tracker existed (pinned literals): a run without a tracker keeps
+    its id, so finished runs are still found; naming a tracker gives a new run."""
+    smoke = config.load(Path(__file__).resolve().parents[1] / "experiments" / "smoke.toml")
+    assert config.run_id(smoke) == "c2198edb8f83"
+    assert config.run_id({"name": "x", "train": {"lr": 1e-3}}) == "5575666bdbe5"
+    assert config.run_id({"name": "x", "train": {"lr": 1e-3, "tracker": []}}) == "5575666bdbe5"
+    assert config.run_id({"name": "x", "train": {"lr": 1e-3, "tracker": ["tensorboard"]}}) != "5575666bdbe5"
+    assert config.validate({})["train"]["tracker"] == []
+
+
+def test_wandb_tracker_needs_the_package(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
+    with pytest.raises(ConfigError, match=r"train.tracker: got \['wandb'\]; allowed: .*wandb is not \(pip install wandb\)"):
+        config.validate({"train": {"tracker": ["wandb"]}})
+    assert config.validate({"train": {"tracker": ["tensorboard"]}})["train"]["tracker"] == ["tensorboard"]

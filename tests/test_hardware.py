@@ -17,3 +17,24 @@ def test_cpu_flags_and_native_bf16():
 def test_describe_names_the_model_and_the_flags_it_lacks():
     assert hardware.describe("cpu", ZEN3) == "cpu: AMD EPYC 7B13 (avx2; no avx512f, avx512_bf16, amx_bf16)"
     assert hardware.describe("cpu", SAPPHIRE) == "cpu: Intel(R) Xeon(R) Platinum 8481C (avx2, avx512f, avx512_bf16, amx_bf16)"
+
+
+class FakeDevice:
+    def __init__(self, platform, device_kind):
+        self.platform, self.device_kind = platform, device_kind
+
+
+def test_describe_names_each_accelerator_kind_and_count():
+    h100 = [FakeDevice("gpu", "NVIDIA H100 80GB HBM3")] * 8
+    assert hardware.describe(devices=h100[:1]) == "gpu: NVIDIA H100 80GB HBM3 x1"
+    assert hardware.describe(devices=h100) == "gpu: NVIDIA H100 80GB HBM3 x8"
+    mixed = [FakeDevice("gpu", "NVIDIA A100-SXM4-80GB"), FakeDevice("gpu", "NVIDIA H100 80GB HBM3")]
+    assert hardware.describe(devices=mixed) == "gpu: NVIDIA A100-SXM4-80GB x1, NVIDIA H100 80GB HBM3 x1"
+    assert hardware.describe(cpuinfo=ZEN3, devices=[FakeDevice("cpu", "cpu")]).startswith("cpu: AMD EPYC 7B13 (avx2;")
+
+
+def test_device_kinds_map_to_the_gpu_table_only_where_its_peaks_hold():
+    kinds = {"NVIDIA H100 80GB HBM3": "h100", "NVIDIA H200": "h200", "NVIDIA B200": "b200",
+             "NVIDIA A100-SXM4-40GB": "a100", "NVIDIA A100 80GB PCIe": "a100",
+             "NVIDIA H100 PCIe": None, "NVIDIA H100 NVL": None, "Tesla V100-SXM2-16GB": None}
+    assert {kind: hardware.gpu_key(kind) for kind in kinds} == kinds

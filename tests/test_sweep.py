@@ -69,3 +69,74 @@ def test_a_run_another_process_owns_is_left_alone_then_waited_for(tmp_path):
         assert attempt(True) == "skipped"
         timer.join()
         (run_dir / runs.SUMMARY_FILE).unlink()
+
+
+# ---------------------------------------------------------------- GPUs (pure functions; no GPU needed)
+
+SMI = ("GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-5f2c0a1e-0000-0000-0000-000000000000)\n"
+       "GPU 1: NVIDIA H100 80GB HBM3 (UUID: GPU-77aa0a1e-0000-0000-0000-000000000000)\n")
+
+
+def test_visible_gpus_from_cuda_visible_devices_or_nvidia_smi():
+    assert sweep.visible_gpus({}, listing=SMI) == ["0", "1"]
+    assert sweep.visible_gpus({}, listing="") == []  # no nvidia-smi, or no GPU
+    assert sweep.visible_gpus({"CUDA_VISIBLE_DEVICES": "3,1"}, listing=SMI) == ["3", "1"]
+    assert sweep.visible_gpus({"CUDA_VISIBLE_DEVICES": "GPU-77aa0a1e"}, listing=SMI) == ["GPU-77aa0a1e"]
+    assert sweep.visible_gpus({"CUDA_VISIBLE_DEVICES": ""}, listing=SMI) == []  # hides every GPU
+    assert sweep.visible_gpus({"CUDA_VISIBLE_DEVICES": "2,-1,0"}, listing=SMI) == ["2"]  # CUDA stops at -1
+
+
+def test_each_worker_is_pinned_to_its_own_gpu():
+    pins = [{"CUDA_VISIBLE_DEVICES": g} for g in ("0", "1", "2", "3")]
+    assert sweep.gpu_slots(["0", "1", "2", "3"], workers=None) == pins  # one run per GPU
+    assert sweep.gpu_slots(["0", "1", "2", "3"], workers=2) == pins[:2]
+    assert sweep.gpu_slots(["0", "1"], workers=8) == pins[:2]  # never two runs on one GPU
+    assert sweep.gpu_slots([], workers=None) == []
+    assert sweep.worker_env(pins[1])["CUDA_VISIBLE_DEVICES"] == "1"
+
+
+def test_a_gpu_fraction_shares_memory_unless_the_user_set_it():
+    assert sweep.gpu_share(0.5, {}) == {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.375"}
+    assert sweep.gpu_share(1, {}) == {} and sweep.gpu_share(0, {}) == {}
+    assert sweep.gpu_share(0.25, {"XLA_CLIENT_MEM_FRACTION": "0.2"}) == {}
+
+
+@pytest.mark.parametrize("gpus_per_run, executor, gpus, allowed", [
+    (1, "local", [], "0 on a machine without GPUs"),
+    (0.5, "local", ["0"], "0 or 1 with the local executor"),
+    (2, "ray", ["0"], "a number in [0, 1]"),
+    (-1, "local", ["0"], "a number in [0, 1]"),
+])
+def test_gpus_per_run_that_cannot_be_met_is_one_line(gpus_per_run, executor, gpus, allowed):
+    with pytest.raises(ConfigError, match=r"^--gpus-per-run: got .*; allowed: ") as err:
+        sweep.check_gpus_per_run(gpus_per_run, executor, gpus)
+    assert allowed in err.value.allowed
+    sweep.check_gpus_per_run(0, "local", [])
+    sweep.check_gpus_per_run(1, "local", ["0"])
+    sweep.check_gpus_per_run(0.5, "ray", [])  # a Ray cluster's GPUs may be on other machines
+
+
+def test_local_executor_runs_at_most_one_run_per_gpu(tmp_path, monkeypatch):
+    import threading
+    import time
+
+    held, seen, lock = set(), [], threading.Lock()
+
+    def fake_execute(spec, out_root, hang_timeout, wait=False, pin={}):
+        gpu = pin["CUDA_VISIBLE_DEVICES"]
+        with lock:
+            assert gpu not in held
+            held.add(gpu)
+            seen.append((spec.run_id, gpu))
+        time.sleep(0.05)
+        with lock:
+            held.remove(gpu)
+        return "ok"
+
+    monkeypatch.setattr(sweep, "execute", fake_execute)
+    specs = [sweep.RunSpec(run_id=f"r{i}", sweep="s", config={}) for i in range(7)]
+    done = []
+    sweep._run_local(specs, tmp_path, 60, 1, lambda spec, status: done.append(status), False,
+                     sweep.gpu_slots(["0", "1", "2"], None))
+    assert done == ["ok"] * 7 and sorted(r for r, _ in seen) == sorted(s.run_id for s in specs)
+    assert {g for _, g in seen} == {"0", "1", "2"}

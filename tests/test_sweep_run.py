@@ -147,9 +147,13 @@ def test_hung_and_crashed_runs_land_with_failure_records(tmp_path):
     (["--set", "data.source=/no/such/corpus"], "data.source"),
     (["--set", "model.size=0"], "model.size"),
     (["--workers", "-1"], "--workers"),
+    (["--gpus-per-run", "1"], "--gpus-per-run"),  # no GPU visible (CUDA_VISIBLE_DEVICES="" below)
+    (["--gpus-per-run", "0.5"], "--gpus-per-run"),  # local: whole GPUs only
+    (["--gpus-per-run", "2", "--executor", "ray"], "--gpus-per-run"),
 ])
 def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, args, key):
-    proc = scaling_cli("sweep", SMOKE, "--out", tmp_path / "out", *args)
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    proc = scaling_cli("sweep", SMOKE, "--out", tmp_path / "out", *args, env=env)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: {key}") and "allowed" in lines[0]

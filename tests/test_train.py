@@ -275,3 +275,70 @@ def _toml(cfg: dict) -> str:
     for section in ("model", "data", "train", "health"):
         lines += [f"[{section}]"] + [f"{k} = {value(v)}" for k, v in cfg[section].items()]
     return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------- live curves (train.tracker)
+
+
+def tensorboard_scalars(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar in the event files under log_dir, per tag, as (step, value) in written order."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.util import tensor_util
+
+    events = EventAccumulator(str(log_dir), size_guidance={"tensors": 0})  # 0: keep every point
+    events.Reload()
+    return {tag: [(e.step, float(tensor_util.make_ndarray(e.tensor_proto))) for e in events.Tensors(tag)]
+            for tag in events.Tags()["tensors"]}
+
+
+@pytest.mark.slow
+def test_tensorboard_mirrors_every_step_and_evaluation_record(tmp_path):
+    cfg = tiny(60, precision="fp8", train={"tracker": ["tensorboard"], "log_every": 5, "eval_every": 20,
+                                           "budgets": [0.5, 1.0]})
+    out = tmp_path / "run"
+    assert train.run(cfg, out)["status"] == "ok"
+    scalars = tensorboard_scalars(out / "tensorboard")
+    records = read_jsonl(out / "metrics.jsonl")
+    trunk = [r for r in records if r.get("phase") == "trunk" and "loss" in r]
+    cooldown = [r for r in records if r.get("phase") == "cooldown" and "loss" in r]
+    assert len(trunk) == 60 // 5 + 1 and len(cooldown) == 2  # step 1, every 5th; the branch's 25th and 30th
+    assert scalars["loss"] == [(r["step"], r["loss"]) for r in trunk]  # fp32 losses: exact in the event file
+    assert scalars["grad_norm"] == [(r["step"], r["grad_norm"]) for r in trunk]
+    assert scalars[f"cooldown_{30 * TOKENS_PER_STEP}/loss"] == [(r["step"], r["loss"]) for r in cooldown]
+    for role_stat in ("weight/amax", "activation/frac_saturated", "grad/snr_db", "weight/block_amax/max"):
+        role, *stat = role_stat.split("/")
+        expected = [(r["step"], _get(r["telemetry"][role], stat)) for r in trunk]
+        assert scalars[f"telemetry/{role_stat}"] == [(s, float(np.float32(v))) for s, v in expected]
+    assert scalars["telemetry/act_max/1"] == [(r["step"], float(np.float32(r["telemetry"]["act_max"][1]))) for r in trunk]
+    evals = [r for r in records if r.get("event") == "eval"]
+    assert scalars["eval/val_loss"] == [(r["step"], float(np.float32(r["val_loss"]))) for r in evals if "fraction" in r]
+    assert [s for s, _ in scalars["eval_trunk/train_loss"]] == [20, 40, 60]
+
+
+def _get(tree: dict, path: list[str]) -> float:
+    for key in path:
+        tree = tree[key]
+    return tree
+
+
+@pytest.mark.slow
+def test_tensorboard_after_a_resume_holds_each_step_once(tmp_path, monkeypatch):
+    """A run that fails after its checkpoint and is run again resumes there and logs the steps
+    after the checkpoint again (metrics.jsonl has them twice); the event files have each once."""
+    cfg = tiny(40, train={"tracker": ["tensorboard"], "log_every": 1, "checkpoint_every": 10, "budgets": [1.0]})
+    out, real_batch = tmp_path / "run", data.batch
+
+    def batch_failing_at_step_25(tokens, seed, step, batch_size, seq_len):
+        if step == 25:
+            raise RuntimeError("node lost")
+        return real_batch(tokens, seed, step, batch_size, seq_len)
+
+    monkeypatch.setattr(train.data, "batch", batch_failing_at_step_25)
+    with pytest.raises(RuntimeError, match="node lost"):
+        train.run(cfg, out)
+    monkeypatch.setattr(train.data, "batch", real_batch)
+    assert train.run(cfg, out)["attempts"] == 2
+    logged = losses(out)
+    assert [step for _, step, _ in logged] == list(range(1, 26)) + list(range(21, 41))  # 21..25 twice
+    assert len(list((out / "tensorboard").iterdir())) == 2  # one event file per attempt
+    assert tensorboard_scalars(out / "tensorboard")["loss"] == sorted({(s, x) for _, s, x in logged})
