@@ -50,7 +50,7 @@ def rows_from_summary(summary: dict, run_id: str, sweep: str) -> list[dict]:
             for metric in TELEMETRY_METRICS:
                 if metric in metrics:
                     base[f"{role}_{metric}"] = metrics[metric]
-    evals = summary.get("evals") or [{k: summary.get(k) for k in EVAL_KEYS if k in summary}]
+    evals = summary.get("evals") or [{k: summary.get(k) for k in EVAL_KEYS}]  # a failed run: one row
     return [{**base, **{k: v for k, v in e.items() if k in (*EVAL_KEYS, "budget")}} for e in evals]
 
 

@@ -21,8 +21,9 @@ def _dot_flops(jaxpr) -> float:
             lhs = eqn.invars[0].aval.shape
             k = math.prod(lhs[i] for i in contract_lhs)
             total += 2.0 * math.prod(eqn.outvars[0].aval.shape) * k
+        repeats = eqn.params.get("length", 1) if eqn.primitive.name == "scan" else 1  # the layer stack
         for sub in jax.core.subjaxprs(eqn) if hasattr(jax.core, "subjaxprs") else _subjaxprs(eqn):
-            total += _dot_flops(sub)
+            total += repeats * _dot_flops(sub)
     return total
 
 
