@@ -1,6 +1,8 @@
 """Decoder-only transformer (Flax NNX) whose every dense projection runs the recipe's quantised matmul.
 
 Pre-norm blocks: x += Attn(RMSNorm(x)); x += MLP(RMSNorm(x)); final RMSNorm; untied output head.
+The n_layers blocks are one Block whose variables are stacked on a leading layer axis, run as one
+`lax.scan` (XLA compiles one block, not n_layers copies); `layer(blocks, i)` gives layer i alone.
 Attention: causal multi-head with RoPE; MLP: SwiGLU, optionally Smooth-SwiGLU (Fishman et al. 2024).
 Tensor names carry their shapes (nanodo style): B batch, L length, D d_model, H heads, K head_dim,
 F d_ff, V vocab.
