@@ -37,6 +37,20 @@ def tiny(steps: int, **sections) -> dict:
     return config.validate(cfg)
 
 
+def fail_batch_at(monkeypatch, failing_step: int, message: str):
+    """Make drawing training batch `failing_step` raise RuntimeError(message); returns the real
+    data.batch, to put back for a retry."""
+    real_batch = data.batch
+
+    def batch(tokens, seed, step, batch_size, seq_len):
+        if step == failing_step:
+            raise RuntimeError(message)
+        return real_batch(tokens, seed, step, batch_size, seq_len)
+
+    monkeypatch.setattr(train.data, "batch", batch)
+    return real_batch
+
+
 def losses(run_dir: Path) -> list[tuple]:
     return [(r["phase"], r["step"], r["loss"]) for r in read_jsonl(run_dir / "metrics.jsonl") if "loss" in r]
 
@@ -248,14 +262,7 @@ def test_divergence_lands_as_diverged_with_failure_json(tmp_path):
 
 @pytest.mark.slow
 def test_unexpected_error_writes_failure_json_and_propagates(tmp_path, monkeypatch):
-    real_batch = data.batch
-
-    def batch_failing_at_step_3(tokens, seed, step, batch_size, seq_len):
-        if step == 3:
-            raise RuntimeError("disk on fire")
-        return real_batch(tokens, seed, step, batch_size, seq_len)
-
-    monkeypatch.setattr(train.data, "batch", batch_failing_at_step_3)
+    fail_batch_at(monkeypatch, 3, "disk on fire")
     with pytest.raises(RuntimeError, match="disk on fire"):
         train.run(tiny(20), tmp_path / "run")
     failure = json.loads((tmp_path / "run" / "failure.json").read_text())
@@ -326,14 +333,8 @@ def test_tensorboard_after_a_resume_holds_each_step_once(tmp_path, monkeypatch):
     """A run that fails after its checkpoint and is run again resumes there and logs the steps
     after the checkpoint again (metrics.jsonl has them twice); the event files have each once."""
     cfg = tiny(40, train={"tracker": ["tensorboard"], "log_every": 1, "checkpoint_every": 10, "budgets": [1.0]})
-    out, real_batch = tmp_path / "run", data.batch
-
-    def batch_failing_at_step_25(tokens, seed, step, batch_size, seq_len):
-        if step == 25:
-            raise RuntimeError("node lost")
-        return real_batch(tokens, seed, step, batch_size, seq_len)
-
-    monkeypatch.setattr(train.data, "batch", batch_failing_at_step_25)
+    out = tmp_path / "run"
+    real_batch = fail_batch_at(monkeypatch, 25, "node lost")
     with pytest.raises(RuntimeError, match="node lost"):
         train.run(cfg, out)
     monkeypatch.setattr(train.data, "batch", real_batch)
