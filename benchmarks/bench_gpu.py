@@ -43,7 +43,7 @@ def size_near(params: float) -> int:
 def time_ours(cfg: model.ModelConfig, recipe_name: str, tokens: np.ndarray, steps: int, warmup: int) -> tuple[float, float]:
     """(compile seconds, seconds per step) of the training step `scaling train` runs."""
     recipe = precision.get(recipe_name)
-    tx = train.optimizer_tx({"grad_clip": 1.0, "weight_decay": 0.1})
+    tx = train.optimizer_tx(grad_clip=1.0, weight_decay=0.1)
     train_step, _, init = train._compiled()
     from flax import nnx
 

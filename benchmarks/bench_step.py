@@ -45,7 +45,7 @@ def matmul_flops(m: int, k: int, n: int, reps: int = 20) -> float:
 
 def make_step(cfg: model.ModelConfig, recipe: precision.Recipe, tokens_BxL1):
     """(state, compiled step, compile wall s, compile CPU s) for the trainer's step of this recipe."""
-    tx = train.optimizer_tx({"grad_clip": 1.0, "weight_decay": 0.1})
+    tx = train.optimizer_tx(grad_clip=1.0, weight_decay=0.1)
     train_step, _, init = train._compiled()
     model_def, opt_def = nnx.eval_shape(lambda: train._graph_defs(cfg, recipe, tx, 0))
     state = init(cfg, recipe, tx, 0)

@@ -355,16 +355,15 @@ def hypothetical_tokens(cost: CostModel, shape: Shape, N, C, P, overhead: float 
     return C / hypothetical_compute(cost, shape, N, 1.0, P, overhead)
 
 
-def run_row(cfg: Mapping[str, Any], vocab: int = 256) -> dict[str, float]:
-    """What a results row of a resolved run config (scaling.config.validate) will carry for the cost
+def run_row(cfg, vocab: int = 256) -> dict[str, float]:
+    """What a results row of a run config (scaling.config.RunConfig) will carry for the cost
     models, known before it runs: `columns`, N and P."""
-    from scaling import model, precision
+    from scaling import model
 
-    m = cfg["model"]
-    model_cfg = model.config_for_size(m["size"], vocab=vocab, seq_len=m["seq_len"], smooth_swiglu=m["smooth_swiglu"])
-    recipe = precision.get(cfg["precision"])
-    return {**columns(model_cfg, recipe, cfg["train"]["batch_size"] * m["seq_len"]),
-            "N": float(model.param_counts(model_cfg)["non_embedding"]), "P": float(recipe.bits)}
+    m = cfg.model
+    model_cfg = model.config_for_size(m.size, vocab=vocab, seq_len=m.seq_len, smooth_swiglu=m.smooth_swiglu)
+    return {**columns(model_cfg, cfg.recipe, cfg.tokens_per_step),
+            "N": float(model.param_counts(model_cfg)["non_embedding"]), "P": float(cfg.recipe.bits)}
 
 
 # ----------------------------------------------------------------------------- older tables

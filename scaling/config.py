@@ -12,7 +12,7 @@
              below 1, or a whole number of steps: an IsoFLOP design fixes it in steps, so a
              size trained to different lengths shares its warmup),
              schedule ("wsd" | "cosine"), decay (WSD cooldown fraction), budgets (WSD evaluation
-             budgets as fractions of tokens, ending at 1.0), grad_clip, eval_every, log_every,
+             budgets as fractions of tokens, ending at 1.0), grad_clip, log_every,
              checkpoint_every (steps; 0 = never), tracker (live curves mirrored from metrics.jsonl:
              a list of "tensorboard", "wandb"; default [], scaling.tracking)
     [health] spike_factor, spike_window, max_saturation (in-flight thresholds)
@@ -28,12 +28,13 @@ out-of-range values raise ConfigError naming the key, the value and what is allo
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import importlib.util
 import json
 import re
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -111,12 +112,9 @@ def _name(key: str, value: Any) -> str:
 
 
 def _precision(key: str, value: Any) -> str | dict:
-    from scaling import precision  # imports JAX; only configs that get this far need it
-
     if not isinstance(value, (str, dict)):
         raise ConfigError(key, value, "a preset or format name, or a [precision] table")
-    precision.get(value)  # raises ConfigError naming what is wrong
-    return value
+    return value  # parsed once, into RunConfig.recipe, by validate
 
 
 def _source(key: str, value: Any) -> str:
@@ -208,7 +206,6 @@ SCHEMA: dict[str, Any] = {
         "decay": Field(0.2, _real(0.0, 1.0, lo_open=True)),
         "budgets": Field(None, _budgets),  # default depends on the schedule (see validate)
         "grad_clip": Field(1.0, _real(0.0)),  # 0 = no clipping
-        "eval_every": Field(0, _integer(0)),  # 0 = evaluate only at the budgets
         "log_every": Field(10, _integer(1)),
         "checkpoint_every": Field(100, _integer(0)),  # 0 = never
         "tracker": Field([], _trackers),  # mirrors of metrics.jsonl; [] drops out of run_id
@@ -225,11 +222,119 @@ SCHEMA: dict[str, Any] = {
 }
 
 
-def validate(cfg: dict) -> dict:
-    """The resolved config: defaults filled, every value checked and normalised. Raises ConfigError."""
+@dataclass(frozen=True)
+class Model:
+    size: int
+    seq_len: int
+    smooth_swiglu: bool
+
+
+@dataclass(frozen=True)
+class Data:
+    source: str
+    tokenizer: str  # "bytes" or "bpe:VOCAB"
+    eval_tokens: int
+
+
+@dataclass(frozen=True)
+class Train:
+    tokens: int
+    batch_size: int
+    lr: float  # "auto" is resolved to a number by validate
+    weight_decay: float
+    warmup: float | int  # a fraction (< 1) or a whole number of steps
+    schedule: str
+    decay: float
+    budgets: tuple[float, ...]
+    grad_clip: float
+    log_every: int
+    checkpoint_every: int
+    tracker: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Health:
+    spike_factor: float
+    spike_window: int
+    max_saturation: float
+
+
+@dataclass(frozen=True)
+class Study:
+    budgets: tuple[float, ...]
+    cost: str
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """A run's resolved config: every key checked and defaulted once (validate), immutable, typed.
+    `precision` is as written (a name, a recipe file or a table: what run_id hashes); `recipe` is
+    it parsed (scaling.precision.Recipe). `to_dict()` is the JSON form config.json stores."""
+
+    name: str
+    precision: str | dict
+    seed: int
+    model: Model
+    data: Data
+    train: Train
+    health: Health
+    study: Study
+    recipe: Any = field(compare=False, repr=False)
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.train.batch_size * self.model.seq_len
+
+    @property
+    def steps(self) -> int:
+        return self.train.tokens // self.tokens_per_step
+
+    def to_dict(self) -> dict:
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "recipe"}
+        d = {k: (_section_dict(v) if is_dataclass(v) else copy.deepcopy(v)) for k, v in d.items()}
+        return d
+
+    @functools.cached_property
+    def run_id(self) -> str:
+        """12 hex characters of sha256 over the canonical JSON of the resolved config. A recipe file is
+        hashed by what it says, not where it is: editing it gives new runs, moving it does not."""
+        resolved = self.to_dict()
+        resolved["train"]["eval_every"] = 0  # a removed knob whose default every existing run id hashed
+        if not resolved["study"]["budgets"]:  # runs outside a design keep the ids they had before [study]
+            del resolved["study"]
+        if resolved["data"]["tokenizer"] == "bytes":  # byte-level runs keep the ids they had before data.tokenizer
+            del resolved["data"]["tokenizer"]
+        if not resolved["train"]["tracker"]:  # likewise runs without a tracker, before train.tracker
+            del resolved["train"]["tracker"]
+        if isinstance(self.precision, str) and self.precision.endswith(".toml"):
+            resolved["precision"] = self.recipe.describe()
+        canonical = json.dumps(resolved, sort_keys=True, separators=(",", ":"), default=str)
+        return hashlib.sha256(canonical.encode()).hexdigest()[:12]
+
+    def replace(self, **dotted: Any) -> RunConfig:
+        """A new validated config with `dotted` keys set (`replace(**{"train.tokens": 512})`)."""
+        cfg = self.to_dict()
+        for key, value in dotted.items():
+            set_dotted(cfg, key, value)
+        return validate(cfg)
+
+
+def _section_dict(section: Any) -> dict:
+    return {f.name: list(v) if isinstance(v := getattr(section, f.name), tuple) else v for f in fields(section)}
+
+
+SECTIONS = {"model": Model, "data": Data, "train": Train, "health": Health, "study": Study}
+
+
+def validate(cfg: dict | RunConfig) -> RunConfig:
+    """The resolved config: defaults filled, every value checked and normalised. Raises ConfigError.
+    A RunConfig is already resolved and comes back as it is."""
+    if isinstance(cfg, RunConfig):
+        return cfg
     if not isinstance(cfg, dict):
         raise ConfigError("config", cfg, "a table of sections")
     resolved = _resolve(cfg, SCHEMA, prefix="")
+    recipe = _recipe(resolved["precision"])
     train, model = resolved["train"], resolved["model"]
     if resolved["train"]["budgets"] is None:
         train["budgets"] = list(WSD_BUDGETS) if train["schedule"] == "wsd" else [1.0]
@@ -258,7 +363,16 @@ def validate(cfg: dict) -> dict:
         from scaling import model
 
         train["lr"] = model.ladder_lr(resolved["model"]["size"])
-    return resolved
+    sections = {key: cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in resolved[key].items()})
+                for key, cls in SECTIONS.items()}
+    return RunConfig(name=resolved["name"], precision=resolved["precision"], seed=resolved["seed"], **sections,
+                     recipe=recipe)
+
+
+def _recipe(spec: str | dict):
+    from scaling import precision  # imports JAX; only configs that get this far need it
+
+    return precision.get(spec)  # raises ConfigError naming what is wrong
 
 
 def _resolve(cfg: dict, schema: dict, prefix: str) -> dict:
@@ -289,22 +403,9 @@ def _check_model(cfg: dict) -> None:
     model.config_for_size(m["size"], seq_len=m["seq_len"], smooth_swiglu=m["smooth_swiglu"])
 
 
-def run_id(cfg: dict) -> str:
-    """12 hex characters of sha256 over the canonical JSON of the resolved config. A recipe file is
-    hashed by what it says, not where it is: editing it gives new runs, moving it does not."""
-    resolved = validate(cfg)
-    if not resolved["study"]["budgets"]:  # runs outside a design keep the ids they had before [study]
-        del resolved["study"]
-    if resolved["data"]["tokenizer"] == "bytes":  # byte-level runs keep the ids they had before data.tokenizer
-        del resolved["data"]["tokenizer"]
-    if not resolved["train"]["tracker"]:  # likewise runs without a tracker, before train.tracker
-        resolved = {**resolved, "train": {k: v for k, v in resolved["train"].items() if k != "tracker"}}
-    if isinstance(resolved.get("precision"), str) and resolved["precision"].endswith(".toml"):
-        from scaling import precision
-
-        resolved = {**resolved, "precision": precision.get(resolved["precision"]).describe()}
-    canonical = json.dumps(resolved, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(canonical.encode()).hexdigest()[:12]
+def run_id(cfg: dict | RunConfig) -> str:
+    """The run id of a config (RunConfig.run_id), validating a dict first."""
+    return validate(cfg).run_id
 
 
 def parse_value(text: str) -> Any:

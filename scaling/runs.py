@@ -27,6 +27,7 @@ import socket
 import time
 from pathlib import Path
 
+from scaling import config as config_lib
 from scaling import health
 from scaling._io import atomic_write_json, read_jsonl
 from scaling.errors import ConfigError
@@ -123,17 +124,17 @@ def summary(run_dir: str | Path) -> dict | None:
         return None
 
 
-def _resolved(stored: dict) -> dict | None:
+def _resolved(stored: dict) -> config_lib.RunConfig | None:
     """A config.json as today's schema resolves it (a key added since compares equal); None if invalid."""
-    from scaling import config
-
+    if stored.get("train", {}).get("eval_every") == 0:  # a removed knob, at the value every run had
+        stored = {**stored, "train": {k: v for k, v in stored["train"].items() if k != "eval_every"}}
     try:
-        return config.validate(stored)
+        return config_lib.validate(stored)
     except ConfigError:
         return None
 
 
-def finished(run_dir: str | Path, config: dict | None = None) -> dict | None:
+def finished(run_dir: str | Path, config: config_lib.RunConfig | None = None) -> dict | None:
     """The summary of a run landed for good (`ok` or `diverged`: not to be re-run), else None.
 
     With `config`, a directory holding another run is refused (it would mix two runs' logs): one
@@ -156,10 +157,10 @@ def finished(run_dir: str | Path, config: dict | None = None) -> dict | None:
 # ---------------------------------------------------------------- starting and landing (the owner only)
 
 
-def begin(run_dir: str | Path, config: dict) -> None:
+def begin(run_dir: str | Path, config: config_lib.RunConfig) -> None:
     """Start (or retry) a run: its config, and no summary or failure record of an earlier attempt."""
     run_dir = Path(run_dir)
-    atomic_write_json(run_dir / "config.json", config)
+    atomic_write_json(run_dir / "config.json", config.to_dict())
     (run_dir / SUMMARY_FILE).unlink(missing_ok=True)
     (run_dir / FAILURE_FILE).unlink(missing_ok=True)
 

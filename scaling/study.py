@@ -142,9 +142,9 @@ def design(points: Sequence[dict], plan: Design, vocab: int = 256) -> list[list[
     evaluates at, every step another recipe's run of the same size lands on (same grid point
     otherwise): the matched high-precision loss that a precision gap (scaling.fit.select_law) needs.
     Raises ConfigError when a budget cannot get its sizes or two budgets fall on one step."""
-    from scaling import config, precision
+    from scaling import config
 
-    names = [precision.get(config.validate(p)["precision"]).name for p in points]
+    names = [config.validate(p).recipe.name for p in points]
     if plan.reference and plan.reference not in names:
         raise ConfigError("isoflop.reference", plan.reference, f"a recipe of the grid ({', '.join(dict.fromkeys(names))})")
     served = [_served(point, plan, vocab) for point in points]  # per point: size -> {steps: budget}
@@ -161,8 +161,7 @@ def design(points: Sequence[dict], plan: Design, vocab: int = 256) -> list[list[
     out = []
     for point, at_size in zip(points, served):
         cfgs = []
-        resolved = config.validate(point)
-        tokens_per_step = resolved["train"]["batch_size"] * resolved["model"]["seq_len"]
+        tokens_per_step = config.validate(point).tokens_per_step
         for size in sorted(at_size):
             at = dict(sorted(at_size[size].items()))
             last = max(at)
@@ -182,22 +181,20 @@ def _served(point: dict, plan: Design, vocab: int) -> dict[int, dict[int, float]
     from scaling import config
 
     base = config.validate(point)
-    if base["train"]["warmup"] < 1:  # a fraction would give one size different warmups at different lengths
-        raise ConfigError("train.warmup", base["train"]["warmup"],
+    if base.train.warmup < 1:  # a fraction would give one size different warmups at different lengths
+        raise ConfigError("train.warmup", base.train.warmup,
                           "a whole number of steps in an IsoFLOP design (the same warmup at every budget)")
     cost = compute_lib.get(plan.cost)
-    tokens_per_step = base["train"]["batch_size"] * base["model"]["seq_len"]
+    tokens_per_step = base.tokens_per_step
     rows = []
     for size in plan.sizes:
-        cfg = copy.deepcopy(base)
-        cfg["model"]["size"] = size
-        row = compute_lib.run_row(cfg, vocab)
+        row = compute_lib.run_row(base.replace(**{"model.size": size}), vocab)
         rows.append({"size": size, "N": row["N"], "per_token": float(cost.per_token(pd.DataFrame([row]))[0])})
     sizes = pd.DataFrame(rows).sort_values("N").reset_index(drop=True)
     served: dict[int, dict[int, float]] = {}
     for budget in plan.budgets:
         steps = np.round(budget / sizes["per_token"] / tokens_per_step).astype(int)
-        ok = sizes[(steps >= max(plan.min_steps, base["train"]["warmup"] + 1))].index
+        ok = sizes[(steps >= max(plan.min_steps, base.train.warmup + 1))].index
         if len(ok) < plan.sizes_per_budget:
             raise ConfigError("isoflop.budgets", budget,
                               f"budgets giving {plan.sizes_per_budget} of the sizes {list(plan.sizes)} at least "

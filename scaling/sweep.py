@@ -65,7 +65,7 @@ EXPERIMENT_KEYS = ("grid", "include", "exclude", "isoflop")
 class RunSpec:
     run_id: str
     sweep: str
-    config: dict
+    config: Any  # scaling.config.RunConfig
 
     def out_dir(self, root: str | Path) -> Path:
         return Path(root) / self.sweep / self.run_id
@@ -81,15 +81,6 @@ def flatten(table: dict, prefix: str = "") -> dict[str, Any]:
         else:
             flat[dotted] = value
     return flat
-
-
-def get_dotted(cfg: dict, dotted: str, default: Any = None) -> Any:
-    node: Any = cfg
-    for part in dotted.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return default
-        node = node[part]
-    return node
 
 
 def grid_points(experiment: dict) -> list[dict[str, Any]]:
@@ -172,8 +163,7 @@ def expand(path: str | Path, overrides: list[str] = ()) -> list[RunSpec]:
             where = ", ".join(f"{k}={v!r}" for k, v in point.items())
             raise ConfigError(e.key, e.value, f"{e.allowed} (grid point {where})") from None
         for cfg in cfgs:
-            run_id = config.run_id(cfg)
-            specs.setdefault(run_id, RunSpec(run_id=run_id, sweep=sweep, config=cfg))
+            specs.setdefault(cfg.run_id, RunSpec(run_id=cfg.run_id, sweep=sweep, config=cfg))
     return list(specs.values())
 
 
@@ -341,10 +331,10 @@ def _watch(spec: RunSpec, out_dir: Path, lock: runs.Lock, hang_timeout: float, p
     return landed.get("status", "ok")
 
 
-def _land_dead(out_dir: Path, config: dict, status: str, reason: str, log_path: Path) -> None:
+def _land_dead(out_dir: Path, config, status: str, reason: str, log_path: Path) -> None:
     """Land a run whose process died or hung: what it logged, and its log's tail as the traceback
     (the child's own traceback is in its log, not in this process)."""
-    runs.land_failure(out_dir, config=config, status=status, reason=reason, **runs.last_logged(out_dir),
+    runs.land_failure(out_dir, config=config.to_dict(), status=status, reason=reason, **runs.last_logged(out_dir),
                       log_tail=_tail(log_path))
 
 
@@ -492,7 +482,7 @@ def run_sweep(specs: list[RunSpec], out_root: str | Path, *, executor: str = "lo
 
 
 def _tokens(spec: RunSpec) -> int:
-    return int(get_dotted(spec.config, "train.tokens", 1))
+    return spec.config.train.tokens
 
 
 @contextlib.contextmanager
@@ -515,8 +505,7 @@ def slow_runs(specs: list[RunSpec], out_root: Path, factor: float = 0.5) -> list
         except (OSError, json.JSONDecodeError):
             continue
         if summary.get("status") == "ok" and summary.get("tokens_per_s"):
-            key = json.dumps([spec.config.get("model"), spec.config.get("precision"),
-                              get_dotted(spec.config, "train.batch_size")], sort_keys=True)
+            key = shape_key(spec.config)
             peers.setdefault(key, []).append((spec.run_id, float(summary["tokens_per_s"])))
     flagged = []
     for group in peers.values():
@@ -533,11 +522,12 @@ MIN_FREE_BYTES = 1 << 30
 TAKEOFF_STEPS = 2
 
 
-def shape_key(cfg: dict) -> str:
+def shape_key(cfg) -> str:
     """Runs sharing a model shape, recipe and batch compile the same step: one take-off run covers them
     (the corpus and its tokenizer set the vocabulary, part of the shape)."""
-    return json.dumps([cfg["model"], cfg["precision"], cfg["train"]["batch_size"], cfg["data"]["source"],
-                       cfg["data"]["tokenizer"]], sort_keys=True)
+    d = cfg.to_dict()
+    return json.dumps([d["model"], d["precision"], cfg.train.batch_size, cfg.data.source, cfg.data.tokenizer],
+                      sort_keys=True)
 
 
 def take_off(specs: list[RunSpec], out_root: str | Path, *, keep_going: bool = False,
@@ -555,7 +545,7 @@ def take_off(specs: list[RunSpec], out_root: str | Path, *, keep_going: bool = F
     free = shutil.disk_usage(out_root).free
     if free < MIN_FREE_BYTES:
         raise ConfigError("--out", str(out_root), f"a disk with at least 1 GiB free (has {free / 2**20:.0f} MiB)")
-    for source, tokenizer in sorted({(s.config["data"]["source"], s.config["data"]["tokenizer"]) for s in specs}):
+    for source, tokenizer in sorted({(s.config.data.source, s.config.data.tokenizer) for s in specs}):
         data.load(source, tokenizer)  # raises ConfigError naming data.source; builds a BPE once, before any run
     _use_compilation_cache()
     from scaling import train
@@ -582,16 +572,12 @@ def take_off(specs: list[RunSpec], out_root: str | Path, *, keep_going: bool = F
 
 
 def _takeoff_spec(spec: RunSpec) -> RunSpec:
-    from scaling import config
-
-    cfg = copy.deepcopy(spec.config)
-    tokens_per_step = cfg["train"]["batch_size"] * cfg["model"]["seq_len"]
-    cfg["train"].update(tokens=TAKEOFF_STEPS * tokens_per_step, budgets=[1.0], schedule="wsd", warmup=0,
-                        checkpoint_every=0, eval_every=0, log_every=1, tracker=[])  # a probe, not a curve
-    cfg["study"]["budgets"] = []
-    cfg["data"]["eval_tokens"] = min(cfg["data"]["eval_tokens"], tokens_per_step)
-    cfg = config.validate(cfg)
-    return RunSpec(run_id=config.run_id(cfg), sweep=spec.sweep, config=cfg)
+    cfg = spec.config
+    probe = {"tokens": TAKEOFF_STEPS * cfg.tokens_per_step, "budgets": [1.0], "schedule": "wsd", "warmup": 0,
+             "checkpoint_every": 0, "log_every": 1, "tracker": []}  # a probe, not a curve
+    cfg = cfg.replace(**{f"train.{k}": v for k, v in probe.items()}, **{"study.budgets": [],
+                      "data.eval_tokens": min(cfg.data.eval_tokens, cfg.tokens_per_step)})
+    return RunSpec(run_id=cfg.run_id, sweep=spec.sweep, config=cfg)
 
 
 def measured_seconds(specs: list[RunSpec], flights: dict[str, dict]) -> float:
@@ -630,10 +616,10 @@ def estimate_seconds(specs: list[RunSpec], flops_per_s: float) -> float:
 
     total, shapes = 0.0, set()
     for spec in specs:
-        m = spec.config["model"]
-        cfg = model.config_for_size(m["size"], seq_len=m["seq_len"], smooth_swiglu=m["smooth_swiglu"])
+        m = spec.config.model
+        cfg = model.config_for_size(m.size, seq_len=m.seq_len, smooth_swiglu=m.smooth_swiglu)
         total += model.flops_per_token(cfg) * _tokens(spec)
-        shapes.add((m["size"], m["seq_len"]))
+        shapes.add((m.size, m.seq_len))
     return total / (flops_per_s * ASSUMED_MODEL_FLOPS_UTILISATION) + COMPILE_SECONDS_PER_SHAPE * len(shapes)
 
 
@@ -695,10 +681,9 @@ def main(args) -> int:
     return 0 if counts["failed"] == counts["hung"] == 0 else 1
 
 
-def _describe(cfg: dict) -> str:
-    p = cfg["precision"] if isinstance(cfg["precision"], str) else cfg["precision"].get("name", "custom")
-    return (f"size={cfg['model']['size']} precision={p} tokens={cfg['train']['tokens']:,} "
-            f"lr={cfg['train']['lr']:g} seed={cfg['seed']}")
+def _describe(cfg) -> str:
+    return (f"size={cfg.model.size} precision={cfg.recipe.name} tokens={cfg.train.tokens:,} "
+            f"lr={cfg.train.lr:g} seed={cfg.seed}")
 
 
 if __name__ == "__main__":

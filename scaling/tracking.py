@@ -6,7 +6,6 @@ and evaluation records as scalars, at the record's training step:
     trunk step record        loss, lr, grad_norm, tokens_per_s, telemetry/<role>/<stat>
     cooldown step record     cooldown_<budget tokens>/loss, ... (one curve per WSD branch)
     evaluation at a budget   eval/val_loss, eval/train_loss
-    other evaluations        eval_trunk/val_loss, eval_trunk/train_loss (train.eval_every)
 
 Nested telemetry becomes slash-separated tags, a list element's index the last part
 (`telemetry/weight/block_amax/max`, `telemetry/act_max/0` for layer 0). Other records (resumed,
@@ -33,8 +32,7 @@ EVAL_KEYS = ("val_loss", "train_loss")
 def scalars(record: dict) -> tuple[str, int, dict[str, float]] | None:
     """(curve, step, {tag: value}) for a metrics.jsonl record, or None if it is not mirrored."""
     if record.get("event") == "eval":
-        curve = "eval" if "fraction" in record else "eval_trunk"
-        return curve, int(record["step"]), {f"{curve}/{k}": float(record[k]) for k in EVAL_KEYS}
+        return "eval", int(record["step"]), {f"eval/{k}": float(record[k]) for k in EVAL_KEYS}
     if "event" in record or "loss" not in record:
         return None
     curve = "trunk" if record["phase"] == "trunk" else f"cooldown_{record['budget']}"
@@ -88,11 +86,12 @@ class Mirror:
         self.trackers = []
 
 
-def open_mirror(names: list[str], run_dir: Path, cfg: dict, run_id: str, records: Iterable[dict]) -> Mirror:
-    """The trackers `names` for the run in `run_dir`, past what `records` (its metrics so far) held."""
+def open_mirror(cfg, run_dir: Path, records: Iterable[dict]) -> Mirror:
+    """The trackers cfg.train.tracker names (cfg: a config.RunConfig) for the run in `run_dir`,
+    past what `records` (its metrics so far) held."""
     opened = {"tensorboard": lambda: TensorBoard(run_dir / "tensorboard"),
-              "wandb": lambda: Wandb(run_dir, cfg, run_id)}
-    return Mirror([opened[name]() for name in names], high_water(records))
+              "wandb": lambda: Wandb(run_dir, cfg)}
+    return Mirror([opened[name]() for name in cfg.train.tracker], high_water(records))
 
 
 class TensorBoard:
@@ -115,12 +114,12 @@ class TensorBoard:
 class Wandb:
     """One wandb run per run id (resumed by a later attempt), its x-axis the training step."""
 
-    def __init__(self, run_dir: Path, cfg: dict, run_id: str):
+    def __init__(self, run_dir: Path, cfg):
         import wandb
 
-        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "scaling"), group=cfg["name"],
-                              name=f"{cfg['name']}-{run_id}", id=run_id, resume="allow", dir=str(run_dir),
-                              config=cfg, mode=os.environ.get("WANDB_MODE", "offline"))
+        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "scaling"), group=cfg.name,
+                              name=f"{cfg.name}-{cfg.run_id}", id=cfg.run_id, resume="allow", dir=str(run_dir),
+                              config=cfg.to_dict(), mode=os.environ.get("WANDB_MODE", "offline"))
         self.run.define_metric("step")
         self.run.define_metric("*", step_metric="step")
 

@@ -100,18 +100,16 @@ class Plan:
         return sum(b.end for b in self.budgets) * self.tokens_per_step
 
 
-def plan_for(cfg: dict) -> Plan:
-    train = cfg["train"]
-    tokens_per_step = train["batch_size"] * cfg["model"]["seq_len"]
-    steps = train["tokens"] // tokens_per_step
+def plan_for(cfg: config_lib.RunConfig) -> Plan:
+    train, steps = cfg.train, cfg.steps
     budgets = []
-    for fraction in train["budgets"]:
+    for fraction in train.budgets:
         end = round(fraction * steps)
-        cooldown = max(1, round(train["decay"] * end)) if train["schedule"] == "wsd" else 0
+        cooldown = max(1, round(train.decay * end)) if train.schedule == "wsd" else 0
         budgets.append(Budget(fraction, end, end - cooldown))
-    warmup = train["warmup"] if train["warmup"] >= 1 else round(train["warmup"] * steps)
-    return Plan(steps=steps, tokens_per_step=tokens_per_step, warmup_steps=warmup,
-                schedule=train["schedule"], lr=train["lr"], budgets=tuple(budgets))
+    warmup = train.warmup if train.warmup >= 1 else round(train.warmup * steps)
+    return Plan(steps=steps, tokens_per_step=cfg.tokens_per_step, warmup_steps=warmup,
+                schedule=train.schedule, lr=train.lr, budgets=tuple(budgets))
 
 
 def learning_rate(plan: Plan, step: int, budget: Budget) -> float:
@@ -123,11 +121,6 @@ def learning_rate(plan: Plan, step: int, budget: Budget) -> float:
         return plan.lr * warm * 0.5 * (1.0 + math.cos(math.pi * progress))
     cool = min(1.0, (budget.end - step) / (budget.end - budget.cooldown_start))
     return plan.lr * warm * cool
-
-
-def optimizer_tx(train: dict):
-    """AdamW whose learning rate is an argument of each update (`learning_rate=`), not a schedule."""
-    return _optimizer_tx(train["grad_clip"], train["weight_decay"])
 
 
 def decay_mask(params):
@@ -142,7 +135,8 @@ def decay_mask(params):
 
 
 @functools.lru_cache(maxsize=None)
-def _optimizer_tx(grad_clip: float, weight_decay: float):
+def optimizer_tx(grad_clip: float, weight_decay: float):
+    """AdamW whose learning rate is an argument of each update (`learning_rate=`), not a schedule."""
     # Cached: the transformation is part of the optimiser's static graph definition, so equal
     # settings must give the identical object for runs in one process to share a compiled step.
     import jax
@@ -220,10 +214,9 @@ def _graph_defs(model_cfg, recipe, tx, seed):
 
 @dataclass
 class Setup:
-    cfg: dict
+    cfg: config_lib.RunConfig
     plan: Plan
     corpus: data.Corpus
-    recipe: Any
     model_cfg: Any
     val_windows: np.ndarray
     train_windows: np.ndarray
@@ -231,22 +224,19 @@ class Setup:
     train_bytes: int | None
 
 
-def prepare(cfg: dict) -> Setup:
-    """Validate and load everything a run needs; raises ConfigError before anything is written."""
+def prepare(cfg: config_lib.RunConfig) -> Setup:
+    """Load everything a run needs; raises ConfigError before anything is written."""
     from scaling import model as model_lib
-    from scaling import precision
 
-    cfg = config_lib.validate(cfg)
-    corpus = data.load(cfg["data"]["source"], cfg["data"]["tokenizer"])
-    seq_len, eval_tokens = cfg["model"]["seq_len"], cfg["data"]["eval_tokens"]
+    corpus = data.load(cfg.data.source, cfg.data.tokenizer)
+    seq_len, eval_tokens = cfg.model.seq_len, cfg.data.eval_tokens
     if corpus.train.size < seq_len + 1:
         raise ConfigError("model.seq_len", seq_len, f"at most {corpus.train.size - 1} for this corpus")
-    model_cfg = model_lib.config_for_size(cfg["model"]["size"], vocab=corpus.vocab, seq_len=seq_len,
-                                          smooth_swiglu=cfg["model"]["smooth_swiglu"])
+    model_cfg = model_lib.config_for_size(cfg.model.size, vocab=corpus.vocab, seq_len=seq_len,
+                                          smooth_swiglu=cfg.model.smooth_swiglu)
     val_windows = data.eval_windows(corpus.val, eval_tokens, seq_len)
     train_windows = data.train_sample(corpus.train, eval_tokens, seq_len)
-    return Setup(cfg=cfg, plan=plan_for(cfg), corpus=corpus, recipe=precision.get(cfg["precision"]),
-                 model_cfg=model_cfg, val_windows=val_windows, train_windows=train_windows,
+    return Setup(cfg=cfg, plan=plan_for(cfg), corpus=corpus, model_cfg=model_cfg, val_windows=val_windows, train_windows=train_windows,
                  val_bytes=data.target_bytes(val_windows, corpus.token_bytes),
                  train_bytes=data.target_bytes(train_windows, corpus.token_bytes))
 
@@ -271,8 +261,12 @@ class Progress:
     wall_s: float = 0.0  # over all attempts
     attempts: int = 0
 
+    def tokens_per_s(self) -> float:
+        """Training throughput, compile steps excluded."""
+        return self.timed_tokens / self.timed_s if self.timed_s else 0.0
 
-def run(cfg: dict, out_dir: str | Path, echo: Callable[[str], None] | None = None, *,
+
+def run(cfg: config_lib.RunConfig | dict, out_dir: str | Path, echo: Callable[[str], None] | None = None, *,
         wait: bool = False, lock: runs.Lock | None = None) -> dict:
     """Train one run into `out_dir` and return its summary (also written to summary.json).
 
@@ -308,8 +302,8 @@ def _train(setup: Setup, out_dir: Path, echo: Callable[[str], None]) -> dict:
         if trainer is not None:
             trainer.land("failed", trainer.progress.step, reason, error)
         else:  # the model or optimiser could not be built: no step, no losses
-            runs.land_failure(out_dir, config=setup.cfg, status="failed", reason=reason, step=0, last_losses=[],
-                              telemetry={}, error=error, run_id=config_lib.run_id(setup.cfg))
+            runs.land_failure(out_dir, config=setup.cfg.to_dict(), status="failed", reason=reason, step=0, last_losses=[],
+                              telemetry={}, error=error, run_id=setup.cfg.run_id)
         raise
     finally:
         if trainer is not None:
@@ -321,22 +315,19 @@ class _Trainer:
         import jax
         from flax import nnx
 
-        from scaling import model as model_lib
-
         self.setup, self.cfg, self.plan, self.out_dir, self.echo = setup, setup.cfg, setup.plan, out_dir, echo
         self.started = time.perf_counter()
         self.compiled = False  # per attempt: a resumed run compiles again
         self.progress = Progress()
         self.last_telemetry: dict = {}
         self.last_losses: list[float] = []
-        h = self.cfg["health"]
-        self.monitor = health.LossMonitor(h["spike_factor"], h["spike_window"], self.plan.warmup_steps)
+        h = self.cfg.health
+        self.monitor = health.LossMonitor(h.spike_factor, h.spike_window, self.plan.warmup_steps)
         self.train_step, self.eval_step, init = _compiled()
-        tx = optimizer_tx(self.cfg["train"])
-        self.model_def, self.opt_def = nnx.eval_shape(lambda: _graph_defs(setup.model_cfg, setup.recipe, tx, 0))
-        self.state = init(setup.model_cfg, setup.recipe, tx, self.cfg["seed"])
-        self.param_counts = model_lib.param_counts(setup.model_cfg)
-        self.flops_per_token = float(model_lib.flops_per_token(setup.model_cfg))
+        tx = optimizer_tx(self.cfg.train.grad_clip, self.cfg.train.weight_decay)
+        recipe = self.cfg.recipe
+        self.model_def, self.opt_def = nnx.eval_shape(lambda: _graph_defs(setup.model_cfg, recipe, tx, 0))
+        self.state = init(setup.model_cfg, recipe, tx, self.cfg.seed)
         self.checkpoints = self._checkpoint_manager()
         self.metrics_file = out_dir / "metrics.jsonl"
         self.mirror = tracking.Mirror([], {})  # opened by train()
@@ -350,7 +341,7 @@ class _Trainer:
     def _checkpoint_manager(self):
         import orbax.checkpoint as ocp
 
-        if not self.cfg["train"]["checkpoint_every"]:
+        if not self.cfg.train.checkpoint_every:
             return None
         options = ocp.CheckpointManagerOptions(max_to_keep=KEEP_CHECKPOINTS, enable_async_checkpointing=False)
         return ocp.CheckpointManager((self.out_dir / "checkpoints").absolute(), options=options)
@@ -388,12 +379,11 @@ class _Trainer:
 
     def train(self) -> dict:
         logged = read_jsonl(self.metrics_file) if self.metrics_file.exists() else []
-        self.mirror = tracking.open_mirror(self.cfg["train"]["tracker"], self.out_dir, self.cfg,
-                                           config_lib.run_id(self.cfg), logged)
+        self.mirror = tracking.open_mirror(self.cfg, self.out_dir, logged)
         self._restore()
         self.clock = time.perf_counter()
         self.progress.attempts += 1
-        plan, train_cfg = self.plan, self.cfg["train"]
+        plan, every = self.plan, self.cfg.train.checkpoint_every
         done = {e["fraction"] for e in self.progress.evals}
         branches = [b for b in plan.budgets[:-1] if b.fraction not in done]
         while self.progress.step < plan.steps:
@@ -403,10 +393,7 @@ class _Trainer:
                 branches.remove(budget)
             self.state = self._step(self.state, step, plan.final, phase="trunk")
             self.progress.step = step + 1
-            if train_cfg["eval_every"] and self.progress.step % train_cfg["eval_every"] == 0:
-                self._evaluate(self.state, self.progress.step, budget=None)
-            if (train_cfg["checkpoint_every"] and self.progress.step % train_cfg["checkpoint_every"] == 0
-                    and self.progress.step < plan.steps):
+            if every and self.progress.step % every == 0 and self.progress.step < plan.steps:
                 self._drain()
                 self.progress.recent_losses = list(self.monitor.recent)
                 self._save()
@@ -427,8 +414,9 @@ class _Trainer:
         """Training batch `step` on the device: the one sent while the previous step ran, else now."""
         if self.prefetched[0] == step:
             return self.prefetched[1]
-        return self._jax.device_put(data.batch(self.setup.corpus.train, self.cfg["seed"], step,
-                                               self.cfg["train"]["batch_size"], self.cfg["model"]["seq_len"]))
+        cfg = self.cfg
+        return self._jax.device_put(data.batch(self.setup.corpus.train, cfg.seed, step, cfg.train.batch_size,
+                                               cfg.model.seq_len))
 
     def _prefetch(self, step: int) -> None:
         try:
@@ -440,13 +428,13 @@ class _Trainer:
         plan = self.plan
         lr = learning_rate(plan, step, budget)
         state, loss, grad_norm, telemetry = self.train_step(self.model_def, self.opt_def, state, self._batch(step),
-                                                            self.cfg["seed"], step, np.float32(lr))
+                                                            self.cfg.seed, step, np.float32(lr))
         self.pending.append((step, phase, loss))  # dispatched, not waited for
         if step + 1 < budget.end:
             self._prefetch(step + 1)  # batch t+1 goes to the device while step t runs
         self.progress.tokens_trained += plan.tokens_per_step
         done = step + 1
-        if not (done % self.cfg["train"]["log_every"] == 0 or done == budget.end or step == 0):
+        if not (done % self.cfg.train.log_every == 0 or done == budget.end or step == 0):
             if not self.compiled:
                 self._drain()  # the attempt's first step: its time is the compile's
             return state
@@ -454,7 +442,7 @@ class _Trainer:
         telemetry = _to_python(self._jax.device_get(telemetry))
         self.last_telemetry = telemetry
         record = {"step": done, "tokens": done * plan.tokens_per_step, "phase": phase, "loss": loss,
-                  "lr": lr, "grad_norm": float(grad_norm), "tokens_per_s": self._throughput(),
+                  "lr": lr, "grad_norm": float(grad_norm), "tokens_per_s": self.progress.tokens_per_s(),
                   "telemetry": telemetry}
         if phase == "cooldown":
             record["budget"] = budget.end * plan.tokens_per_step
@@ -462,7 +450,7 @@ class _Trainer:
             self.progress.telemetry_sum = _tree_add(self.progress.telemetry_sum, telemetry)
             self.progress.telemetry_count += 1
         self._log(record)
-        for event in health.saturation_events(telemetry, self.cfg["health"]["max_saturation"]):
+        for event in health.saturation_events(telemetry, self.cfg.health.max_saturation):
             self._log({"step": done, "phase": phase, **event})
         self.echo(f"{phase:8s} step {done:6d}  loss {loss:.4f}  lr {lr:.2e}  "
                   f"{record['tokens_per_s']:.0f} tok/s")
@@ -487,9 +475,6 @@ class _Trainer:
             self.monitor.check(step, loss, trunk=phase == "trunk")
         return losses
 
-    def _throughput(self) -> float:
-        return self.progress.timed_tokens / self.progress.timed_s if self.progress.timed_s else 0.0
-
     def _evaluate(self, state, step: int, budget: Budget | None) -> dict:
         """Mean loss over the fixed validation windows and the fixed train sample, per token and per byte."""
         self._drain()
@@ -503,7 +488,7 @@ class _Trainer:
                   "train_bpb": data.bits_per_byte(train_loss, setup.train_windows, setup.train_bytes)}
         if budget is not None:
             record["fraction"] = budget.fraction
-            labels = self.cfg["study"]["budgets"]  # the IsoFLOP budget this evaluation serves (0: none)
+            labels = self.cfg.study.budgets  # the IsoFLOP budget this evaluation serves (0: none)
             label = labels[self.plan.budgets.index(budget)] if labels else 0
             if label > 0:
                 record["budget"] = label
@@ -519,7 +504,7 @@ class _Trainer:
     def _mean_loss(self, state, windows: np.ndarray) -> float:
         """Windows in chunks of batch_size; each chunk's mean weighted by its window count (one
         wait for all chunks)."""
-        chunk = self.cfg["train"]["batch_size"]
+        chunk = self.cfg.train.batch_size
         parts = [windows[start:start + chunk] for start in range(0, len(windows), chunk)]
         losses = self._jax.device_get([self.eval_step(self.model_def, state["model"], part) for part in parts])
         total = 0.0
@@ -534,58 +519,8 @@ class _Trainer:
     # -- landing
 
     def _summary(self, status: str, reason: str | None) -> dict:
-        setup, plan, progress = self.setup, self.plan, self.progress
         self.progress.wall_s += self._elapsed()
-        evals = sorted(progress.evals, key=lambda e: e["D"])
-        final = evals[-1] if evals and evals[-1]["step"] == plan.steps else {}
-        telemetry = ({k: _tree_scale(v, 1.0 / progress.telemetry_count) for k, v in progress.telemetry_sum.items()}
-                     if progress.telemetry_count else {})
-        summary = {
-            "status": status,
-            "reason": reason,
-            "name": self.cfg["name"],
-            "run_id": config_lib.run_id(self.cfg),
-            "val_loss": final.get("val_loss"),
-            "train_loss": final.get("train_loss"),
-            "val_bpb": final.get("val_bpb"),  # bits per byte: comparable across tokenizers
-            "train_bpb": final.get("train_bpb"),
-            "N": int(self.param_counts["non_embedding"]),
-            "N_total": int(self.param_counts["total"]),
-            "D": final.get("D", progress.step * plan.tokens_per_step),
-            "step": final.get("step", progress.step),
-            "steps": plan.steps,
-            "size": self.cfg["model"]["size"],
-            "lr": self.cfg["train"]["lr"],
-            "tokens": self.cfg["train"]["tokens"],
-            "seed": self.cfg["seed"],
-            "smooth_swiglu": self.cfg["model"]["smooth_swiglu"],
-            **_recipe_columns(setup.recipe),
-            "recipe_detail": setup.recipe.describe(),
-            "flops_per_token": self.flops_per_token,
-            # FLOPs by GEMM part with each operand's effective bits, per-role precision columns
-            "compute": compute_lib.columns(setup.model_cfg, setup.recipe, plan.tokens_per_step),
-            "tokens_per_s": self._throughput(),
-            "wall_s": progress.wall_s,
-            "compile_s": progress.compile_s,
-            "eval_s": progress.eval_s,
-            "attempts": progress.attempts,
-            "corpus": setup.corpus.describe(),
-            "hardware": hardware.describe(),  # timings and the GEMM path hold for this kind of machine
-            "bf16_dots": gemm.uses_bf16_dots(setup.recipe),  # exact low-precision GEMMs as bf16 dots (fast_path)
-            "entropy_rate": setup.corpus.entropy_rate,
-            "telemetry": telemetry,
-            "evals": evals,
-            **({"study": self.cfg["study"]} if self.cfg["study"]["budgets"] else {}),
-            "ladder": {
-                "schedule": plan.schedule,
-                "budgets": [b.fraction for b in plan.budgets],
-                "tokens_trained": progress.tokens_trained,
-                "tokens_planned": plan.tokens_trained(),
-                "tokens_separate_runs": plan.tokens_separate_runs(),
-                "saved_fraction": 1.0 - plan.tokens_trained() / plan.tokens_separate_runs(),
-            },
-        }
-        return summary
+        return summarize(self.setup, self.progress, status, reason)
 
     def land(self, status: str, step: int, reason: str, error: BaseException | None) -> dict:
         self.echo(f"{status} at step {step}: {reason}")
@@ -596,9 +531,67 @@ class _Trainer:
         self.pending = []
         # a health check reads losses at log steps: the trunk may have run past the step it stopped at
         self.progress.step = min(self.progress.step, step)
-        return runs.land_failure(self.out_dir, config=self.cfg, status=status, reason=reason, step=step,
+        return runs.land_failure(self.out_dir, config=self.cfg.to_dict(), status=status, reason=reason, step=step,
                                  last_losses=self.last_losses, telemetry=self.last_telemetry, error=error,
                                  landed=self._summary(status, reason))
+
+
+def summarize(setup: Setup, progress: Progress, status: str, reason: str | None) -> dict:
+    """summary.json of a run: what it is (config, recipe, sizes, compute), how it ended and what it
+    measured (evaluations, mean telemetry, timings), from its setup and progress record alone."""
+    from scaling import model as model_lib
+
+    cfg, plan = setup.cfg, setup.plan
+    evals = sorted(progress.evals, key=lambda e: e["D"])
+    final = evals[-1] if evals and evals[-1]["step"] == plan.steps else {}
+    telemetry = ({k: _tree_scale(v, 1.0 / progress.telemetry_count) for k, v in progress.telemetry_sum.items()}
+                 if progress.telemetry_count else {})
+    params = model_lib.param_counts(setup.model_cfg)
+    return {
+        "status": status,
+        "reason": reason,
+        "name": cfg.name,
+        "run_id": cfg.run_id,
+        "val_loss": final.get("val_loss"),
+        "train_loss": final.get("train_loss"),
+        "val_bpb": final.get("val_bpb"),  # bits per byte: comparable across tokenizers
+        "train_bpb": final.get("train_bpb"),
+        "N": int(params["non_embedding"]),
+        "N_total": int(params["total"]),
+        "D": final.get("D", progress.step * plan.tokens_per_step),
+        "step": final.get("step", progress.step),
+        "steps": plan.steps,
+        "size": cfg.model.size,
+        "lr": cfg.train.lr,
+        "tokens": cfg.train.tokens,
+        "seed": cfg.seed,
+        "smooth_swiglu": cfg.model.smooth_swiglu,
+        **_recipe_columns(cfg.recipe),
+        "recipe_detail": cfg.recipe.describe(),
+        "flops_per_token": float(model_lib.flops_per_token(setup.model_cfg)),
+        # FLOPs by GEMM part with each operand's effective bits, per-role precision columns
+        "compute": compute_lib.columns(setup.model_cfg, cfg.recipe, plan.tokens_per_step),
+        "tokens_per_s": progress.tokens_per_s(),
+        "wall_s": progress.wall_s,
+        "compile_s": progress.compile_s,
+        "eval_s": progress.eval_s,
+        "attempts": progress.attempts,
+        "corpus": setup.corpus.describe(),
+        "hardware": hardware.describe(),  # timings and the GEMM path hold for this kind of machine
+        "bf16_dots": gemm.uses_bf16_dots(cfg.recipe),  # exact low-precision GEMMs as bf16 dots (fast_path)
+        "entropy_rate": setup.corpus.entropy_rate,
+        "telemetry": telemetry,
+        "evals": evals,
+        **({"study": cfg.to_dict()["study"]} if cfg.study.budgets else {}),
+        "ladder": {
+            "schedule": plan.schedule,
+            "budgets": [b.fraction for b in plan.budgets],
+            "tokens_trained": progress.tokens_trained,
+            "tokens_planned": plan.tokens_trained(),
+            "tokens_separate_runs": plan.tokens_separate_runs(),
+            "saved_fraction": 1.0 - plan.tokens_trained() / plan.tokens_separate_runs(),
+        },
+    }
 
 
 def _recipe_columns(recipe) -> dict:
@@ -655,7 +648,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     cfg = config_lib.validate(config_lib.load(args.config, args.set))
-    out_dir = Path(args.out) if args.out else Path("runs") / cfg["name"] / config_lib.run_id(cfg)
+    out_dir = Path(args.out) if args.out else Path("runs") / cfg.name / cfg.run_id
     summary = run(cfg, out_dir, echo=print)
     for e in summary["evals"]:
         print(f"D={e['D']:>10d}  val_loss={e['val_loss']:.4f}  train_loss={e['train_loss']:.4f}")

@@ -208,9 +208,9 @@ def test_design_lands_each_size_on_every_budget_it_serves(recipe):
     tokens_per_step = 8 * 32
     for cfg in cfgs:
         per_token = _per_token(cfg)
-        steps = cfg["train"]["tokens"] // tokens_per_step
-        assert cfg["study"]["cost"] == "bits" and len(cfg["study"]["budgets"]) == len(cfg["train"]["budgets"])
-        for fraction, budget in zip(cfg["train"]["budgets"], cfg["study"]["budgets"]):
+        steps = cfg.train.tokens // tokens_per_step
+        assert cfg.study.cost == "bits" and len(cfg.study.budgets) == len(cfg.train.budgets)
+        for fraction, budget in zip(cfg.train.budgets, cfg.study.budgets):
             landed = round(fraction * steps) * tokens_per_step * per_token
             # the nearest whole step: within half a step's compute of the budget
             assert abs(landed - budget) <= 0.5 * tokens_per_step * per_token
@@ -256,7 +256,7 @@ def test_warmup_in_steps_gives_a_budget_the_same_schedule_in_any_run_length():
     lrs = [[train.learning_rate(p, t, p.budgets[0]) for t in range(60)] for p in (a, b)]
     assert lrs[0] == lrs[1]
     # with warmup as a fraction the same 60-step budget would see a different schedule
-    frac = [config.validate({**DESIGN_POINT, "train": {**c["train"], "warmup": 0.1}}) for c in (short, long)]
+    frac = [c.replace(**{"train.warmup": 0.1}) for c in (short, long)]
     assert train.plan_for(frac[0]).warmup_steps != train.plan_for(frac[1]).warmup_steps
 
 
@@ -286,18 +286,18 @@ min_steps = 4
 reference = "fp32"
 """)
     specs = sweep.expand(experiment)
-    assert {s.config["precision"] for s in specs} == {"fp32", "fp8"}
-    assert all(s.config["model"]["size"] in (1, 2, 3) for s in specs)
-    by = {(s.config["precision"], s.config["model"]["size"]): s.config for s in specs}
+    assert {s.config.precision for s in specs} == {"fp32", "fp8"}
+    assert all(s.config.model.size in (1, 2, 3) for s in specs)
+    by = {(s.config.precision, s.config.model.size): s.config for s in specs}
     for size in (1, 2, 3):  # the reference also lands on every step FP8 lands on, unlabelled
         fp8, ref = by["fp8", size], by["fp32", size]
-        steps = lambda c: {round(f * c["train"]["tokens"] / 256): b for f, b in zip(c["train"]["budgets"], c["study"]["budgets"])}
+        steps = lambda c: {round(f * c.train.tokens / 256): b for f, b in zip(c.train.budgets, c.study.budgets)}
         assert set(steps(fp8)) < set(steps(ref)) and all(steps(ref)[s] == 0 for s in steps(fp8))
         assert sorted(b for b in steps(ref).values() if b) == [2e10, 4e10]
-    smallest = min((s for s in specs if s.config["precision"] == "fp8"), key=lambda s: s.config["train"]["tokens"])
+    smallest = min((s for s in specs if s.config.precision == "fp8"), key=lambda s: s.config.train.tokens)
     train.run(smallest.config, smallest.out_dir(tmp_path / "runs"))
     df = results.load(tmp_path / "runs")
-    assert sorted(df["budget"]) == sorted(smallest.config["study"]["budgets"]) and (df["budget_cost"] == "bits").all()
+    assert sorted(df["budget"]) == sorted(smallest.config.study.budgets) and (df["budget_cost"] == "bits").all()
     points = study.points_at(df, 4e10, compute.get("bits"))
     assert len(points) == 1 and not points["interpolated"].any()
     assert study.default_budgets(df, compute.get("bits")) == [2e10, 4e10]

@@ -90,30 +90,35 @@ def test_inherited_lock_lives_while_parent_or_child_does(tmp_path):
 
 
 def test_finished_is_a_landed_ok_or_diverged_run_of_this_config(tmp_path):
+    from scaling import config
+
+    seed0, seed1 = config.validate({"seed": 0}), config.validate({"seed": 1})
     run = tmp_path / "run"
-    assert runs.finished(run, {"seed": 0}) is None  # no directory yet
+    assert runs.finished(run, seed0) is None  # no directory yet
     runs.acquire(run).release()
-    assert runs.finished(run, {"seed": 0}) is None  # only the lock file: still empty
+    assert runs.finished(run, seed0) is None  # only the lock file: still empty
     (run / ".config.json.x1.tmp").write_text("{")  # another process's config.json being written
-    assert runs.finished(run, {"seed": 0}) is None
+    assert runs.finished(run, seed0) is None
     (run / ".config.json.x1.tmp").unlink()
     (run / "stray.txt").write_text("x")
     with pytest.raises(ConfigError, match="--out.*a new or empty directory"):
-        runs.finished(run, {"seed": 0})
+        runs.finished(run, seed0)
     (run / "stray.txt").unlink()
-    runs.begin(run, {"seed": 0})
+    runs.begin(run, seed0)
     with pytest.raises(ConfigError, match="--out"):
-        runs.finished(run, {"seed": 1})
+        runs.finished(run, seed1)
     for status, done in [("failed", False), ("hung", False), ("diverged", True), ("ok", True)]:
         runs.land(run, {"status": status})
         assert (runs.finished(run) is not None) == done and runs.summary(run)["status"] == status
-    runs.begin(run, {"seed": 0})  # a retry lands afresh
+    runs.begin(run, seed0)  # a retry lands afresh
     assert runs.summary(run) is None and runs.finished(run) is None
 
 
 def test_land_failure_from_what_a_dead_run_logged(tmp_path):
+    from scaling import config
+
     run = tmp_path / "sw" / "abc"
-    runs.begin(run, {"seed": 0})
+    runs.begin(run, config.validate({"seed": 0}))
     (run / "checkpoints" / "10").mkdir(parents=True)
     for step, loss in [(5, 3.0), (10, float("nan"))]:
         append_jsonl(run / "metrics.jsonl", {"step": step, "loss": loss, "telemetry": {"weight": {"amax": step}}})
@@ -143,7 +148,7 @@ def test_train_refuses_a_run_another_process_is_training(tmp_path):
                            "data": {"source": "synthetic", "eval_tokens": 256},
                            "train": {"tokens": 2560, "batch_size": 8}})
     run = tmp_path / "run"
-    atomic_write_json(run / "config.json", cfg)  # what a sweep writes once it holds the lock
+    atomic_write_json(run / "config.json", cfg.to_dict())  # what a sweep writes once it holds the lock
     with runs.acquire(run):
         before = {p.name: p.stat().st_mtime_ns for p in run.iterdir()}
         with pytest.raises(runs.RunOwned) as refused:
@@ -152,3 +157,17 @@ def test_train_refuses_a_run_another_process_is_training(tmp_path):
     message = str(refused.value)
     assert message.startswith(f"--out: got '{run}'; allowed: a run directory no other process is training")
     assert "\n" not in message and f"pid {os.getpid()}" in message
+
+
+def test_a_config_json_written_before_a_knob_was_removed_is_the_same_run(tmp_path):
+    from scaling import config
+
+    cfg = config.validate({"name": "t", "data": {"source": "synthetic"}})
+    old = cfg.to_dict()
+    old["train"]["eval_every"] = 0  # every config.json had it until the knob went
+    atomic_write_json(tmp_path / "config.json", old)
+    assert runs.finished(tmp_path, cfg) is None  # same run, not landed: no refusal
+    old["train"]["eval_every"] = 5  # a run that did use it is another run
+    atomic_write_json(tmp_path / "config.json", old)
+    with pytest.raises(ConfigError, match="--out"):
+        runs.finished(tmp_path, cfg)

@@ -30,11 +30,11 @@ def test_bad_grid_axis_names_key_and_value():
         sweep.grid_points({"exclude": {"a": 1}})
 
 
-def test_dotted_set_and_get():
+def test_dotted_set():
     cfg = {}
     sweep.set_dotted(cfg, "train.lr", 0.1)
-    assert cfg == {"train": {"lr": 0.1}} and sweep.get_dotted(cfg, "train.lr") == 0.1
-    assert sweep.get_dotted(cfg, "train.nope", "d") == "d"
+    sweep.set_dotted(cfg, "model.size", 2)
+    assert cfg == {"train": {"lr": 0.1}, "model": {"size": 2}}
 
 
 def test_zipped_axis_varies_keys_together():

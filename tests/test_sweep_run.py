@@ -135,10 +135,14 @@ def test_hung_and_crashed_runs_land_with_failure_records(tmp_path):
     assert failure["status"] == "hung" and "no progress" in failure["reason"]
     assert results.load(tmp_path).status.tolist() == ["hung"]
 
-    broken = sweep.RunSpec(run_id="broken", sweep="s", config={"train": {"lr": -1}})
+    corpus = tmp_path / "corpus.txt"  # valid when the sweep expands, gone when the run starts
+    corpus.write_text("def f(x):\n    return x\n" * 2000)
+    broken = spec.config.replace(**{"data.source": str(corpus)})
+    broken = sweep.RunSpec(run_id=broken.run_id, sweep="s", config=broken)
+    corpus.unlink()
     assert sweep.execute(broken, tmp_path, hang_timeout=120) == "failed"
     failure = json.loads((broken.out_dir(tmp_path) / "failure.json").read_text())
-    assert "train.lr" in failure["traceback"] and failure["status"] == "failed"
+    assert "data.source" in failure["traceback"] and failure["status"] == "failed"
 
 
 @pytest.mark.parametrize("args, key", [

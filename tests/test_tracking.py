@@ -15,12 +15,10 @@ def test_step_records_become_flat_tags():
     assert (curve, step) == ("cooldown_5120", 20) and values["cooldown_5120/telemetry/weight/amax"] == 3.0
 
 
-def test_evaluations_split_by_budget_and_other_records_are_not_mirrored():
+def test_evaluations_are_mirrored_and_other_records_are_not():
     at_budget = {"event": "eval", "tokens": 2560, "D": 2560, "step": 10, "val_loss": 2.0, "train_loss": 1.9,
                  "fraction": 0.5}
     assert tracking.scalars(at_budget) == ("eval", 10, {"eval/val_loss": 2.0, "eval/train_loss": 1.9})
-    periodic = {k: v for k, v in at_budget.items() if k != "fraction"}
-    assert tracking.scalars(periodic) == ("eval_trunk", 10, {"eval_trunk/val_loss": 2.0, "eval_trunk/train_loss": 1.9})
     assert tracking.scalars({"event": "resumed", "step": 50, "tokens": 1}) is None
     assert tracking.scalars({"step": 10, "phase": "trunk", "event": "saturation", "role": "grad"}) is None
 
