@@ -36,7 +36,9 @@ BF16), except in a run that quantises nothing: the FP32 reference costs 32 bits 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -44,6 +46,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from scaling import hardware
 from scaling.errors import ConfigError
 
 PARTS = ("fprop", "dgrad", "wgrad", "head_fprop", "head_dgrad", "head_wgrad", "attn_fwd", "attn_bwd")
@@ -147,8 +150,6 @@ def quant_error(spec: Any) -> float:
     before training (Panferov et al. 2025 put precision into a law through such an error)."""
     if spec is None:
         return 0.0
-    import dataclasses
-
     import jax
     import jax.numpy as jnp
 
@@ -230,8 +231,6 @@ class CostModel:
     high_bits: float = 16.0
 
     def __post_init__(self):
-        from scaling import hardware
-
         if self.kind not in ("bits", "nominal") and self.kind not in hardware.GPUS:
             raise ConfigError("cost_model", self.kind, ["bits", "nominal", *hardware.GPUS])
         if not 0 < self.high_bits <= 32:
@@ -254,8 +253,6 @@ class CostModel:
         bits_0, bits_1, width = (np.asarray(v, float) for v in (bits_0, bits_1, width))
         if self.kind == "bits":
             return (bits_0 + bits_1) / 32.0
-        from scaling import hardware
-
         gpu = hardware.get_gpu(self.kind)
         bf16 = gpu.peak("bf16")
         rate = {w: bf16 / gpu.peak(hardware.precision_for_bits(w, self.kind)) for w in np.unique(width)}
@@ -404,8 +401,6 @@ def backfill(df: pd.DataFrame, *, batch_size: int = 16) -> pd.DataFrame:
 def _recipe_by_name(name: str) -> Any:
     """A recipe named in an older table: a preset, a file in experiments/recipes, or a named
     `precision` table in an experiment grid (the granularity sweep names its recipes that way)."""
-    import tomllib
-
     experiments = Path(__file__).resolve().parents[1] / "experiments"
     path = experiments / "recipes" / f"{name}.toml"
     if path.is_file():

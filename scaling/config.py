@@ -38,6 +38,7 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from scaling import data, hardware
 from scaling.errors import ConfigError
 
 WSD_BUDGETS = [0.25, 0.5, 1.0]
@@ -124,8 +125,6 @@ def _source(key: str, value: Any) -> str:
 
 
 def _tokenizer(key: str, value: Any) -> str:
-    from scaling import data  # numpy; only configs that get this far need it
-
     vocab = data.tokenizer_vocab(value)  # raises ConfigError naming data.tokenizer
     return "bytes" if vocab is None else f"bpe:{vocab}"  # "bpe:04096" is the run "bpe:4096"
 
@@ -153,8 +152,6 @@ def _flops_budgets(key: str, value: Any) -> list[float]:
 
 
 def _cost_model(key: str, value: Any) -> str:
-    from scaling import hardware
-
     options = ("bits", "nominal", *hardware.GPUS)
     if value not in options:
         raise ConfigError(key, value, options)
@@ -352,8 +349,6 @@ def validate(cfg: dict | RunConfig) -> RunConfig:
     if warmup_steps >= budget_steps[-1] and train["warmup"] >= 1:
         raise ConfigError("train.warmup", train["warmup"], f"fewer steps than the run's {budget_steps[-1]}")
     if resolved["data"]["tokenizer"] != "bytes":  # a BPE needs text: not the synthetic chain, not token arrays
-        from scaling import data
-
         data.tokenizer_vocab(resolved["data"]["tokenizer"], resolved["data"]["source"])
     study = resolved["study"]
     if study["budgets"] and len(study["budgets"]) != len(train["budgets"]):

@@ -39,8 +39,9 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
+from scipy.optimize import minimize
 
-from scaling import laws
+from scaling import compute, laws, results
 from scaling._io import atomic_write_json
 from scaling.errors import ConfigError
 
@@ -289,7 +290,6 @@ def _padded_data(problem: _Problem, weights: np.ndarray, dtype: str):
 def _polish(problem: _Problem, theta0: np.ndarray, weights: np.ndarray, delta: float, memory: int = 5):
     """scipy L-BFGS-B in float64 from theta0 with the exact JAX gradient -> (theta, value)."""
     import jax
-    from scipy.optimize import minimize
 
     fixed_names, fixed_vals = _jax_args(problem)
     value_and_grad, _ = _jax_solvers(problem.law.name, problem.free, fixed_names, memory)
@@ -412,8 +412,6 @@ def _data_summary(problem: _Problem) -> dict[str, Any]:
 def _shape(df: pd.DataFrame) -> dict[str, Any]:
     """The fitted runs' unquantised FLOPs per dense FLOP by N (compute.Shape), which scaling.optimal
     needs to cost a hypothetical model like the runs it was fitted on; {} for tables without FLOPs by part."""
-    from scaling import compute
-
     shape = compute.Shape.from_results(df)
     return {"shape": shape.to_dict()} if shape.knots_N else {}
 
@@ -510,8 +508,6 @@ def reference_fit(df: pd.DataFrame, law: str = "chinchilla", *, starts: np.ndarr
 
     starts: rows of optimiser-space starts (default: the law's full grid). Returns params, objective, theta.
     """
-    from scipy.optimize import minimize
-
     problem = _prepare(df, law, fixed, loss_column)
     starts = _grid(problem, init) if starts is None else np.asarray(starts, float)
     best = None
@@ -1014,8 +1010,6 @@ def bootstrap_fit(df: pd.DataFrame, result: FitResult, n: int, seed: int, loss_c
 
 
 def main(args: argparse.Namespace) -> int:
-    from scaling import results
-
     df = results.load(args.results)
     if args.sweep is not None:
         sweeps = sorted(df["sweep"].astype(str).unique()) if "sweep" in df.columns else []

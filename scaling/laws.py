@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
+from scipy.optimize import brentq
 
 from scaling.errors import ConfigError
 
@@ -318,8 +319,6 @@ def kumar_sweet_spot_x(kappa: float) -> float:
     """Positive root x of e^x - 1 = kappa·x (the sweet spot is P* = gamma·x); none for kappa <= 1."""
     if kappa <= 1:
         raise ConfigError("kappa", kappa, "> 1 (for kappa <= 1 the lowest allowed precision is optimal)")
-    from scipy.optimize import brentq
-
     # f(x) = e^x - 1 - kappa·x is negative just right of 0 (f'(0) = 1 - kappa < 0) and positive for
     # large x; the bracket's upper end 2·log(kappa) + 2 is past the root for any kappa > 1.
     return brentq(lambda x: math.expm1(x) - kappa * x, 1e-9, 2 * math.log(kappa) + 2, xtol=1e-14)

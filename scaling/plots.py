@@ -42,6 +42,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
+from scaling import compute, laws, optimal, plan, study
 from scaling import curves as curves_lib  # noqa: E402
 from scaling.errors import ConfigError  # noqa: E402
 from scaling.study import study_part  # noqa: E402  (each figure reads its own study part)
@@ -217,8 +218,6 @@ def param_samples(fit: Any) -> list[dict]:
 
 def precision_grid(fit: Any) -> np.ndarray:
     """Bits to draw L*(P) at: log-spaced in 3-32 bits, or the integers 3..32 for laws on (E, M) bits."""
-    from scaling import laws
-
     if {"ebits", "mbits"} <= set(laws.get(fit.law).columns):
         return np.arange(3.0, 33.0)
     return P_GRID
@@ -227,16 +226,12 @@ def precision_grid(fit: Any) -> np.ndarray:
 def precision_term(fit: Any) -> bool:
     """Whether the law sees precision at all (columns P, P_w/P_a/P_g or E/M bits): without it the
     cost model alone would pick the fewest bits, which says nothing about a sweet spot."""
-    from scaling import laws
-
     return bool({"P", "P_w", "P_a", "P_g", "ebits", "mbits"} & set(laws.get(fit.law).columns))
 
 
 def optimum(fit: Any, compute: float, precisions: Sequence[float] | None = None, params: dict | None = None,
             n_range: tuple[float, float] = (1.0, np.inf), cost: Any = None) -> dict:
     """scaling.optimal.optimal_precision: the best (P, N, D, loss) and the per_precision table."""
-    from scaling import optimal
-
     return optimal.optimal_precision(fit, compute=compute, precisions=None if precisions is None else list(precisions),
                                      params=params, n_range=n_range, **({"cost": cost} if cost is not None else {}))
 
@@ -299,8 +294,6 @@ def iso_loss(fit: Any, compute: float, stem: str | Path, cost: Any = None) -> Fi
     """Figure 2: the law's loss over (N, P) at fixed C, each (N, P) given the tokens C affords it under
     `cost` (a scaling.optimal.Cost; default: the fit's runs' shape under the `bits` cost model);
     the frontier N*(P) and the optimum."""
-    from scaling import optimal
-
     cost = cost or optimal.Cost(shape=optimal.shape_of(fit))
     best = optimum(fit, compute, cost=cost)
     frontier = loss_vs_precision(fit, compute, cost=cost)
@@ -631,8 +624,6 @@ def cluster_time_table(fit: Any = None, compute: float = CLUSTER_COMPUTE, gpus: 
                        gpu: str = "h100") -> pd.DataFrame:
     """Days on `gpus` GPUs (scaling.plan): the reference runs in BF16 and FP8, and, given a fit, its
     compute-optimal (N, D) per precision at `compute` run at the hardware format for P bits."""
-    from scaling import plan
-
     rows = []
     for name, flops in REFERENCE_RUNS.items():
         for precision in ("bf16", "fp8"):
@@ -703,8 +694,6 @@ def make_figures(results: pd.DataFrame | None, fit: Any, out_dir: str | Path, *,
     """Every figure whose inputs are present, in number order; a `Skipped` (with its reason) for the rest.
     facts: scaling.study.findings of the results (computed here when absent): figure 1 draws its
     IsoFLOP analyses, figure 2 its largest budget under its cost model."""
-    from scaling import compute, optimal, study
-
     out_dir = Path(out_dir)
     results = validate_results(results) if results is not None else None
     curves = curves_lib.validate_curves(curves) if curves is not None else None

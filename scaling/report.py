@@ -17,11 +17,13 @@ from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
+from scipy import stats
 
 from scaling import curves as curves_lib
-from scaling import plots, study
-from scaling.errors import ConfigError
+from scaling import fit, plots, study
+from scaling import results as results_lib
 from scaling._io import atomic_write_json, atomic_write_text
+from scaling.errors import ConfigError
 
 # Chinchilla's compute-optimal ratio (Hoffmann et al. 2022), for the limitations paragraph.
 CHINCHILLA_TOKENS_PER_PARAM = 20.0
@@ -194,8 +196,6 @@ def cost_of_precision(ok: pd.DataFrame, fit: Any) -> str:
         first, last = table.loc[lowest].dropna().iloc[[0, -1]]
         text += ["", f"{lowest}'s gap goes from {first:+.3f} at the fewest tokens to {last:+.3f} at the most (mean over sizes)."]
         if dof >= 1:
-            from scipy import stats
-
             resid = centred["gap"] - slope * centred["log_d"]
             se = math.sqrt(float((resid ** 2).sum()) / dof / sxx)
             half = stats.t.ppf(0.975, dof) * se
@@ -280,8 +280,6 @@ def pstar_section(f: dict) -> str:
 
 
 def _published() -> dict:
-    from scaling import study
-
     return study.PUBLISHED
 
 
@@ -448,8 +446,6 @@ def write_report(results_df: pd.DataFrame, fit_result: Any, out_dir: str | Path,
 
 def load_fit(path: str | Path) -> Any:
     """A fitted law from fits/NAME.json; an unreadable or malformed file is a ConfigError."""
-    from scaling import fit
-
     path = Path(path)
     if not path.is_file():
         raise ConfigError("fit", str(path), "an existing fitted-law JSON file (fits/NAME.json)")
@@ -476,8 +472,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     if not args.results:
         raise ConfigError("results", args.results, "a results directory, .csv or .parquet (--results)")
-    from scaling import results as results_lib
-
     results = results_lib.load(args.results)
     curves = None
     if args.curves:

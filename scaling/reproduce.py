@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from scaling import curves, fit, report, results, runs, study, sweep
 from scaling.errors import ConfigError
 
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
@@ -40,8 +41,6 @@ WORKERS = min(4, os.cpu_count() or 1)  # small models leave cores idle: 2 runs o
 def reproduce(preset: str, out: str | Path, *, bootstrap: int = 100, workers: int = WORKERS,
               hang_timeout: float = 600.0, progress: bool = True) -> Path:
     """Run the preset and write its report; returns the path of REPORT.md."""
-    from scaling import curves, fit, report, results, runs, study, sweep
-
     if preset not in PRESETS:
         raise ConfigError("--preset", preset, list(PRESETS))
     out = Path(out)
@@ -86,8 +85,6 @@ def reproduce(preset: str, out: str | Path, *, bootstrap: int = 100, workers: in
 
 def _landed(out: Path, specs: list) -> pd.DataFrame:
     """The results table of these specs' landed runs (one row per run and evaluated budget)."""
-    from scaling import results
-
     df = results.load(out / "runs")
     return df[df["run_id"].isin({s.run_id for s in specs})].reset_index(drop=True)
 

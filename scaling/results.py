@@ -16,6 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from scaling import compute
+from scaling._io import atomic_write_text
 from scaling.errors import ConfigError
 
 # The DESIGN.md schema, in order; telemetry columns (`<role>_<metric>`) follow.
@@ -93,8 +94,6 @@ def load(path: str | Path) -> pd.DataFrame:
 
 def export(df: pd.DataFrame, path: str | Path) -> Path:
     """Write a small committed summary (.parquet or .csv), atomically."""
-    from scaling._io import atomic_write_text
-
     path = Path(path)
     if path.suffix == ".csv":
         atomic_write_text(path, df.to_csv(index=False))

@@ -30,8 +30,11 @@ from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
+from scipy import stats
 
 from scaling import compute as compute_lib
+from scaling import config, laws, optimal
+from scaling import fit as fit_lib
 from scaling.errors import ConfigError
 
 MATCH_RTOL = 1e-3  # an evaluation "lands on" a budget within this relative compute difference
@@ -104,8 +107,6 @@ class Design:
     @classmethod
     def from_table(cls, table: Any) -> "Design":
         """Validated; a bad key or value is a one-line ConfigError naming `isoflop.<key>`."""
-        from scaling import config
-
         if not isinstance(table, dict):
             raise ConfigError("isoflop", table, "an [isoflop] table")
         unknown = sorted(set(table) - set(cls.__dataclass_fields__))
@@ -142,8 +143,6 @@ def design(points: Sequence[dict], plan: Design, vocab: int = 256) -> list[list[
     evaluates at, every step another recipe's run of the same size lands on (same grid point
     otherwise): the matched high-precision loss that a precision gap (scaling.fit.select_law) needs.
     Raises ConfigError when a budget cannot get its sizes or two budgets fall on one step."""
-    from scaling import config
-
     names = [config.validate(p).recipe.name for p in points]
     if plan.reference and plan.reference not in names:
         raise ConfigError("isoflop.reference", plan.reference, f"a recipe of the grid ({', '.join(dict.fromkeys(names))})")
@@ -178,8 +177,6 @@ def design(points: Sequence[dict], plan: Design, vocab: int = 256) -> list[list[
 
 def _served(point: dict, plan: Design, vocab: int) -> dict[int, dict[int, float]]:
     """size -> {steps: budget}: where one grid point's runs land on each budget (see Design)."""
-    from scaling import config
-
     base = config.validate(point)
     if base.train.warmup < 1:  # a fraction would give one size different warmups at different lengths
         raise ConfigError("train.warmup", base.train.warmup,
@@ -466,8 +463,6 @@ def residuals_by_recipe(df: pd.DataFrame, fit: Any, level: float = LEVEL,
     """Where a fitted law is biased: (rows with `residual` = observed - fitted loss, per recipe the
     mean residual over runs with a t confidence interval: recipe, mean, lo, hi, runs). A run's
     evaluations share its noise, so the interval treats runs, not rows, as independent."""
-    from scipy import stats
-
     rows = ok_rows(df)
     rows = rows.assign(residual=rows[loss_column].to_numpy(float) - np.asarray(fit.predict(rows), float))
     per_run = rows.groupby(["recipe", "run_id"], sort=True)["residual"].mean()
@@ -507,8 +502,6 @@ def specification_fits(df: pd.DataFrame, fit: Any, loss_column: str = "val_loss"
     """The fits P* is reported across: the chosen law; for a law with kappa, kappa at each of KAPPAS
     and fitted; every candidate the selection found within noise of the best (fit.selection) whose
     precision axis is bits (`_has_bits`)."""
-    from scaling import fit as fit_lib
-
     out = [(f"{fit.law} (chosen{', kappa ' + format(fit.params['kappa'], 'g') if 'kappa' in fit.params else ''})", fit)]
     rows = ok_rows(df)
     if "kappa" in fit.params:
@@ -534,8 +527,6 @@ def _has_bits(law: str) -> bool:
     """Whether a law's precision axis is bits, which P* optimises over: not chinchilla (no precision
     term: the cost alone would pick the fewest bits) nor capacity (precision as each role's
     quantisation error, with no map from a hypothetical P to that error)."""
-    from scaling import laws
-
     return bool({"P", "P_w", "P_a", "P_g", "P_fwd", "P_bwd", "ebits", "mbits"} & set(laws.get(law).columns))
 
 
@@ -547,8 +538,6 @@ def findings(df: pd.DataFrame, fit: Any | None, *, cost: str = "bits", budgets: 
     each budget with its bootstrap CI (chosen law, chosen cost model), its specification range
     (across specification_fits x optimal.cost_models) and the verdict against each published range.
     noise_rows: the table whose seed replicates measure run-to-run noise (default df)."""
-    from scaling import optimal
-
     cost_model = compute_lib.get(cost)
     main = compute_lib.backfill(ok_rows(df))
     costable = "flops_fprop" in main.columns and main["flops_fprop"].notna().all()
@@ -571,8 +560,6 @@ def findings(df: pd.DataFrame, fit: Any | None, *, cost: str = "bits", budgets: 
     if not ({"P", "P_w", "P_a", "P_g", "P_fwd", "P_bwd", "ebits", "qerr_w"} & set(_law_columns(fit))):
         return out
     if not (fit.data or {}).get("shape"):  # the fit's runs' unquantised share, for the cost of a hypothetical model
-        import copy
-
         fit = copy.copy(fit)
         fit.data = {**(fit.data or {}), "shape": compute_lib.Shape.from_results(compute_lib.backfill(main)).to_dict()}
     specs = specification_fits(main, fit, loss_column)
@@ -605,8 +592,6 @@ def findings(df: pd.DataFrame, fit: Any | None, *, cost: str = "bits", budgets: 
 
 
 def _law_columns(fit: Any) -> tuple[str, ...]:
-    from scaling import laws
-
     return laws.get(fit.law).columns
 
 

@@ -53,7 +53,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from scaling import runs
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from scaling import config, data, runs, study
 from scaling._io import atomic_write_json, atomic_write_text
 from scaling.config import set_dotted
 from scaling.errors import ConfigError
@@ -134,16 +136,12 @@ def expand(path: str | Path, overrides: list[str] = ()) -> list[RunSpec]:
     `overrides` are `key=value` strings applied to the base config (as `scaling train --set`).
     Every point is validated before anything runs: a bad value anywhere is a ConfigError.
     """
-    from scaling import config  # training-side schema: validate() and run_id()
-
     experiment = load_experiment(path)
     base = {k: v for k, v in experiment.items() if k not in EXPERIMENT_KEYS}
     base = config.apply_overrides(base, list(overrides))
     sweep = str(base.get("name") or Path(path).stem)
     design = None
     if "isoflop" in experiment:  # an IsoFLOP design places the sizes and budgets of every grid point
-        from scaling import study
-
         design = study.Design.from_table(experiment["isoflop"])
     points = []
     for point in grid_points(experiment):
@@ -169,8 +167,6 @@ def expand(path: str | Path, overrides: list[str] = ()) -> list[RunSpec]:
 
 def _vocab(cfg: dict) -> int:
     """The vocabulary a config's corpus gives (the head's FLOPs depend on it); byte corpora: 256, BPE: V."""
-    from scaling import data
-
     source, tokenizer = cfg.get("data", {}).get("source", "stdlib"), cfg.get("data", {}).get("tokenizer", "bytes")
     bpe_vocab = data.tokenizer_vocab(tokenizer, source)  # known without training the tokenizer
     if bpe_vocab is not None:
@@ -196,8 +192,6 @@ def _die_with_parent(parent_pid: int) -> None:
 
 
 def _compilation_cache_settings() -> dict[str, str]:
-    from scaling import data
-
     cache = data.cache_dir() / "jax"  # where train.run puts it too
     return {"JAX_COMPILATION_CACHE_DIR": str(cache), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
             "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
@@ -487,8 +481,6 @@ def _tokens(spec: RunSpec) -> int:
 
 @contextlib.contextmanager
 def _progress(enabled: bool, total: int):
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
     columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}% of tokens"),
                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
     with Progress(*columns, disable=not enabled, transient=False) as bar:
@@ -538,8 +530,6 @@ def take_off(specs: list[RunSpec], out_root: str | Path, *, keep_going: bool = F
     key, the take-off run's summary (its step time drives the ETA). Any failure refuses the whole
     sweep with a one-line ConfigError, unless keep_going, which drops the affected runs instead.
     """
-    from scaling import data
-
     out_root = Path(out_root)
     out_root.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(out_root).free
