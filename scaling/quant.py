@@ -21,11 +21,13 @@ axis of the GEMM the operand feeds; blocks run along it, so no scale straddles a
 A block dimension that k does not divide is zero-padded to a multiple of k internally: the last
 block is partial (fewer than k real elements) and has its own scale; padding never reaches the
 outputs. An amax of 0 (or a non-finite amax) gives scale 1, so all-zero tensors and blocks are safe.
-`pow2_scale` rounds a scale UP to a power of two (the amax still never clips).
+`pow2_scale` rounds a scale UP to a power of two (the amax still never clips): UE8M0 scales for
+per-tensor/channel/block formats, as DeepSeek-V3.1's blockwise FP8 (experiments/recipes/
+fp8-blockwise-ue8m0.toml). mx's `scale_rounding = "ceil"` rounds the E8M0 exponent up instead of
+OCP's floor, so no block element saturates: NVIDIA's MXFP8 recipe (experiments/recipes/mxfp8-nvidia.toml).
 
 Scale timing. 'current': from this tensor. 'delayed' (per tensor, TransformerEngine semantics):
-from the amax history BEFORE this step's amax is pushed, max over the history or its most recent
-entry; an all-zero history (the first step) falls back to the current amax. The history (newest
+from the max over the amax history BEFORE this step's amax is pushed; an all-zero history (the first step) falls back to the current amax. The history (newest
 first) is explicit state: `quantize(..., history=h).history` / `fake_quant_with_history` return
 it rolled with this step's amax.
 
@@ -58,7 +60,6 @@ from scaling.errors import ConfigError
 
 GRANULARITIES = ("none", "tensor", "channel", "block", "block2d", "mx", "nvfp4")
 SCALINGS = ("current", "delayed")
-AMAX_COMPUTES = ("max", "most_recent")
 SCALE_ROUNDINGS = ("floor", "ceil")
 DEFAULT_BLOCK = {"block": 128, "block2d": 128, "mx": 32, "nvfp4": 16}
 E4M3_MAX = 448.0
@@ -77,7 +78,6 @@ class QuantSpec:
     rounding: str = "nearest"
     margin: int = 0  # scale = 2^margin · amax / max
     amax_history: int = 16
-    amax_compute: str = "max"
     pow2_scale: bool = False
     scale_rounding: str = "floor"  # mx only
 
@@ -105,8 +105,6 @@ class QuantSpec:
             raise ConfigError("margin", self.margin, "an integer (scale = 2^margin · amax / max)")
         if isinstance(self.amax_history, bool) or not isinstance(self.amax_history, int) or self.amax_history < 1:
             raise ConfigError("amax_history", self.amax_history, "an integer >= 1")
-        if self.amax_compute not in AMAX_COMPUTES:
-            raise ConfigError("amax_compute", self.amax_compute, AMAX_COMPUTES)
         if not isinstance(self.pow2_scale, bool):
             raise ConfigError("pow2_scale", self.pow2_scale, "true or false")
         if self.pow2_scale and g in ("none", "mx", "nvfp4"):
@@ -184,7 +182,7 @@ def _delayed_amax(amax: jax.Array, history: jax.Array | None, spec: QuantSpec) -
     if history is None:
         raise ConfigError("history", None, "an amax history (quant.init_history(spec)) with scaling='delayed'")
     history = jnp.asarray(history, jnp.float32)
-    past = jnp.max(history) if spec.amax_compute == "max" else history[0]
+    past = jnp.max(history)
     used = jnp.where(past > 0, past, amax)
     return used, jnp.concatenate([amax[None], history[:-1]])
 
@@ -463,7 +461,7 @@ def _telemetry(x, q, spec: QuantSpec, history, fmt_params) -> jax.Array:
     return telemetry_vector(x, xhat, expand_scale(scale, spec, x.shape), amax, p.max, axis)
 
 
-__all__ = ["QuantSpec", "Quantized", "GRANULARITIES", "SCALINGS", "AMAX_COMPUTES", "SCALE_ROUNDINGS",
+__all__ = ["QuantSpec", "Quantized", "GRANULARITIES", "SCALINGS", "SCALE_ROUNDINGS",
            "DEFAULT_BLOCK", "TELEMETRY_FIELDS", "TELEMETRY_BLOCK", "init_history", "quantize", "dequantize",
            "expand_scale", "repeat_blocks", "nvfp4_tensor_scale", "fake_quant", "fake_quant_with_history",
            "telemetry", "telemetry_vector"]

@@ -65,3 +65,8 @@ def test_example_recipe_files_load():
         assert r == precision.get(table)
         assert r.name == table["name"]
         assert r.bits <= 32
+    # the documented examples of the rarer scale options carry them into every role
+    nvidia = precision.get(os.path.join(ROOT, "experiments", "recipes", "mxfp8-nvidia.toml"))
+    assert {s.scale_rounding for s in (nvidia.weight, nvidia.activation, nvidia.grad)} == {"ceil"}
+    ue8m0 = precision.get(os.path.join(ROOT, "experiments", "recipes", "fp8-blockwise-ue8m0.toml"))
+    assert all(s.pow2_scale for s in (ue8m0.weight, ue8m0.activation, ue8m0.grad))
