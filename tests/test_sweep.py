@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pytest
 
 from scaling import sweep
@@ -140,3 +142,19 @@ def test_local_executor_runs_at_most_one_run_per_gpu(tmp_path, monkeypatch):
                      sweep.gpu_slots(["0", "1", "2"], None))
     assert done == ["ok"] * 7 and sorted(r for r, _ in seen) == sorted(s.run_id for s in specs)
     assert {g for _, g in seen} == {"0", "1", "2"}
+
+
+def test_every_shipped_experiment_expands_and_the_gpu_pilot_spans_its_design():
+    from scaling import compute
+
+    root = Path(__file__).resolve().parents[1] / "experiments"
+    for path in sorted(root.glob("*.toml")):
+        assert sweep.expand(path), path.name
+    pilot = sweep.expand(root / "gpu_pilot.toml")
+    n = {s.run_id: compute.run_row(s.config)["N"] for s in pilot}
+    assert {s.config.recipe.name for s in pilot} == {"bf16", "fp8", "mxfp6", "mxfp4"}
+    assert 1.5e6 <= min(n.values()) and max(n.values()) <= 16e6  # about 2-15M non-embedding parameters
+    # tokens per parameter at the budget (the reference's extra evaluations excluded): about 10-80
+    per_param = [s.config.train.tokens * f / n[s.run_id] for s in pilot
+                 for f, b in zip(s.config.train.budgets, s.config.study.budgets) if b > 0]
+    assert min(per_param) <= 12 and max(per_param) >= 60
