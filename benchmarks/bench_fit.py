@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import minimize
 
-from scaling import hardware, fit, laws
+from scaling import fit, hardware, laws
 
 DATA = Path(__file__).resolve().parents[1] / "tests" / "data" / "chinchilla_svg_extracted.csv"
 

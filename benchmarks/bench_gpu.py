@@ -6,13 +6,13 @@
         [--torch auto|compile|eager|off]
     python benchmarks/bench_gpu.py --sizes 1 --seq-len 64 --batch 4 --steps 3 --warmup 1   # CPU smoke run
 
-Per ladder size (the one whose non-embedding N is nearest each --params target, model.param_counts),
+Per ladder size (the one whose non-embedding N is nearest each --params target, ladder.param_counts),
 one process measures, the same way for each: our training step as `scaling train` runs it
 (train._compiled: the model's quantised GEMMs, AdamW, clipping; fast path where bf16 is native),
 compiled and warmed up, then --steps steps dispatched back to back and waited for once; and the
 same model in PyTorch (benchmarks/bench_torch.TorchLM) under bf16 autocast with fused AdamW,
 torch.compile'd when it compiles. Printed per row: step time, tokens/s, and model FLOP/s
-utilisation = model.flops_per_token x tokens/s / the GPU's dense bf16 peak (scaling.hardware.GPUS;
+utilisation = ladder.flops_per_token x tokens/s / the GPU's dense bf16 peak (scaling.hardware.GPUS;
 "-" on a device the table lacks, unless --gpu names one). Ratios: our bf16 tokens/s over PyTorch's
 (target >= 0.8), and each simulated recipe's step time over our bf16's (target <= 1.3).
 The first line is hardware.describe(): timings hold for that machine only.
@@ -28,7 +28,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from scaling import data, hardware, model, precision, train
+from scaling import data, hardware, ladder, precision, train
 
 TORCH_VS_OURS_TARGET, RECIPE_VS_BF16_TARGET = 0.8, 1.3
 
@@ -36,11 +36,11 @@ TORCH_VS_OURS_TARGET, RECIPE_VS_BF16_TARGET = 0.8, 1.3
 def size_near(params: float) -> int:
     """The ladder size whose non-embedding parameter count is nearest `params` (in log terms)."""
     sizes = range(1, 129)
-    counts = {s: model.param_counts(model.config_for_size(s))["non_embedding"] for s in sizes}
+    counts = {s: ladder.param_counts(ladder.config_for_size(s))["non_embedding"] for s in sizes}
     return min(sizes, key=lambda s: abs(np.log(counts[s] / params)))
 
 
-def time_ours(cfg: model.ModelConfig, recipe_name: str, tokens: np.ndarray, steps: int, warmup: int) -> tuple[float, float]:
+def time_ours(cfg: ladder.ModelConfig, recipe_name: str, tokens: np.ndarray, steps: int, warmup: int) -> tuple[float, float]:
     """(compile seconds, seconds per step) of the training step `scaling train` runs."""
     recipe = precision.get(recipe_name)
     tx = train.optimizer_tx(grad_clip=1.0, weight_decay=0.1)
@@ -64,7 +64,7 @@ def time_ours(cfg: model.ModelConfig, recipe_name: str, tokens: np.ndarray, step
     return compile_s, (time.perf_counter() - started) / steps
 
 
-def time_torch(cfg: model.ModelConfig, tokens: np.ndarray, steps: int, warmup: int, mode: str) -> tuple[str, float, float]:
+def time_torch(cfg: ladder.ModelConfig, tokens: np.ndarray, steps: int, warmup: int, mode: str) -> tuple[str, float, float]:
     """(label, compile seconds, seconds per step) of the PyTorch bf16 reference (bf16 autocast
     matmuls, fp32 master weights, as our bf16 recipe)."""
     import torch
@@ -146,13 +146,13 @@ def main() -> None:
     sizes = ([int(s) for s in args.sizes.split(",")] if args.sizes
              else [size_near(float(p)) for p in args.params.split(",")])
     for size in sizes:
-        cfg = model.config_for_size(size, seq_len=args.seq_len)
+        cfg = ladder.config_for_size(size, seq_len=args.seq_len)
         tokens = data.batch(data.synthetic_corpus().train, 0, 0, args.batch, args.seq_len)
         n_tok = args.batch * args.seq_len
-        flops_step = model.flops_per_token(cfg) * n_tok
+        flops_step = ladder.flops_per_token(cfg) * n_tok
         print(f"\nsize {size}: d_model {cfg.d_model}, {cfg.n_layers} layers, d_ff {cfg.d_ff}, "
-              f"N {model.param_counts(cfg)['non_embedding'] / 1e6:.2f}M non-embedding; "
-              f"batch {args.batch} x {args.seq_len} = {n_tok} tokens; {model.flops_per_token(cfg) / 1e6:,.2f} MFLOP/token")
+              f"N {ladder.param_counts(cfg)['non_embedding'] / 1e6:.2f}M non-embedding; "
+              f"batch {args.batch} x {args.seq_len} = {n_tok} tokens; {ladder.flops_per_token(cfg) / 1e6:,.2f} MFLOP/token")
         rows = {}
         if args.torch != "off":
             try:

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from scaling import hardware, model, precision, train
+from scaling import hardware, ladder, precision, train
 
 TARGETS = {"fp8": 1.0 if not hardware.native_bf16() else 0.8, "fp8-blockwise": 1.2, "mxfp4": 1.1, "nvfp4": 1.1}
 
@@ -43,7 +43,7 @@ def matmul_flops(m: int, k: int, n: int, reps: int = 20) -> float:
     return 2.0 * m * k * n / statistics.median(times)
 
 
-def make_step(cfg: model.ModelConfig, recipe: precision.Recipe, tokens_BxL1):
+def make_step(cfg: ladder.ModelConfig, recipe: precision.Recipe, tokens_BxL1):
     """(state, compiled step, compile wall s, compile CPU s) for the trainer's step of this recipe."""
     tx = train.optimizer_tx(grad_clip=1.0, weight_decay=0.1)
     train_step, _, init = train._compiled()
@@ -67,11 +67,11 @@ def main() -> None:
                     help="GEMM path of exact low-precision dots: auto (bf16 where native), or forced")
     args = ap.parse_args()
 
-    cfg = model.config_for_size(args.size, seq_len=args.seq_len)
+    cfg = ladder.config_for_size(args.size, seq_len=args.seq_len)
     tokens = jax.random.randint(jax.random.key(0), (args.batch, args.seq_len + 1), 0, cfg.vocab)
     n_tok = args.batch * args.seq_len
     print(f"model size {args.size}: d_model {cfg.d_model}, layers {cfg.n_layers}, d_ff {cfg.d_ff}, "
-          f"N {model.param_counts(cfg)['non_embedding']:,}; batch {args.batch}x{args.seq_len} = {n_tok} tokens; "
+          f"N {ladder.param_counts(cfg)['non_embedding']:,}; batch {args.batch}x{args.seq_len} = {n_tok} tokens; "
           f"{jax.devices()[0].device_kind}, GEMM path {args.path}")
     names = args.recipes.split(",")
     jax.config.update("jax_enable_compilation_cache", False)  # measure real compiles, every time
@@ -92,7 +92,7 @@ def main() -> None:
                 times[name].append(time.perf_counter() - t)
                 cpu[name].append(time.process_time() - c)
     ref_flops = matmul_flops(n_tok, cfg.d_model, 3 * cfg.d_model)
-    flops_step = model.flops_per_token(cfg) * n_tok
+    flops_step = ladder.flops_per_token(cfg) * n_tok
     t32 = statistics.median(times["fp32"]) if "fp32" in times else None
     c32 = statistics.median(cpu["fp32"]) if "fp32" in cpu else None
     print(f"jitted fp32 matmul {n_tok}x{cfg.d_model}x{3 * cfg.d_model}: {ref_flops / 1e9:.1f} GFLOP/s")

@@ -17,6 +17,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
 from scaling import hardware
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -24,11 +24,11 @@ import torch
 import torch.nn.functional as F
 from flax import nnx
 
-from scaling import hardware, model
+from scaling import hardware, ladder, model
 
 
 class TorchLM(torch.nn.Module):
-    def __init__(self, cfg: model.ModelConfig):
+    def __init__(self, cfg: ladder.ModelConfig):
         super().__init__()
         d, f = cfg.d_model, cfg.d_ff
         self.cfg = cfg
@@ -86,7 +86,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args()
-    cfg = model.config_for_size(args.size, seq_len=args.seq_len)
+    cfg = ladder.config_for_size(args.size, seq_len=args.seq_len)
     tokens_np = jax.random.randint(jax.random.key(0), (args.batch, args.seq_len + 1), 0, cfg.vocab)
     n_tok = args.batch * args.seq_len
 

@@ -46,7 +46,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from scaling import hardware
+from scaling import hardware, ladder
 from scaling.errors import ConfigError
 
 PARTS = ("fprop", "dgrad", "wgrad", "head_fprop", "head_dgrad", "head_wgrad", "attn_fwd", "attn_bwd")
@@ -355,12 +355,10 @@ def hypothetical_tokens(cost: CostModel, shape: Shape, N, C, P, overhead: float 
 def run_row(cfg, vocab: int = 256) -> dict[str, float]:
     """What a results row of a run config (scaling.config.RunConfig) will carry for the cost
     models, known before it runs: `columns`, N and P."""
-    from scaling import model
-
     m = cfg.model
-    model_cfg = model.config_for_size(m.size, vocab=vocab, seq_len=m.seq_len, smooth_swiglu=m.smooth_swiglu)
+    model_cfg = ladder.config_for_size(m.size, vocab=vocab, seq_len=m.seq_len, smooth_swiglu=m.smooth_swiglu)
     return {**columns(model_cfg, cfg.recipe, cfg.tokens_per_step),
-            "N": float(model.param_counts(model_cfg)["non_embedding"]), "P": float(cfg.recipe.bits)}
+            "N": float(ladder.param_counts(model_cfg)["non_embedding"]), "P": float(cfg.recipe.bits)}
 
 
 # ----------------------------------------------------------------------------- older tables
@@ -369,7 +367,7 @@ def backfill(df: pd.DataFrame, *, batch_size: int = 16) -> pd.DataFrame:
     """Add `columns` to a results table written before runs recorded them, from each row's `size`,
     `recipe` (a preset or a recipe file in experiments/recipes) and `flops_per_token` (which fixes
     seq_len); rows already carrying them are kept. batch_size only enters per-channel wgrad scales."""
-    from scaling import model, precision
+    from scaling import precision
 
     if df.empty or ("flops_fprop" in df.columns and df["flops_fprop"].notna().all()):
         return df
@@ -383,11 +381,11 @@ def backfill(df: pd.DataFrame, *, batch_size: int = 16) -> pd.DataFrame:
             continue
         key = (int(size), str(recipe), float(fpt))
         if key not in cache:
-            base = model.config_for_size(int(size))
+            base = ladder.config_for_size(int(size))
             # flops_per_token = 6·(N_matmul + d·V) + 12·n_layers·T·d  =>  T
             n_matmul = base.n_layers * sum(i * o for i, o in _projections(base))
             T = round((float(fpt) - 6 * (n_matmul + base.d_model * base.vocab)) / (12 * base.n_layers * base.d_model))
-            cfg = model.config_for_size(int(size), seq_len=T)
+            cfg = ladder.config_for_size(int(size), seq_len=T)
             rec = precision.get(_recipe_by_name(str(recipe)))
             cache[key] = columns(cfg, rec, batch_size * T)
         rows.append(cache[key])

@@ -8,7 +8,7 @@
              array), tokenizer ("bytes" | "bpe:VOCAB", VOCAB 257..65536; BPE for text sources only),
              eval_tokens (scaling.data)
     [train]  tokens (the budget D), batch_size, lr (a number, or "auto": the ladder's tuned rate for
-             model.size, scaling.model.ladder_lr), weight_decay, warmup (a fraction of the steps
+             model.size, scaling.ladder.ladder_lr), weight_decay, warmup (a fraction of the steps
              below 1, or a whole number of steps: an IsoFLOP design fixes it in steps, so a
              size trained to different lengths shares its warmup),
              schedule ("wsd" | "cosine"), decay (WSD cooldown fraction), budgets (WSD evaluation
@@ -38,7 +38,7 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from scaling import data, hardware
+from scaling import data, hardware, ladder
 from scaling.errors import ConfigError
 
 WSD_BUDGETS = [0.25, 0.5, 1.0]
@@ -355,9 +355,7 @@ def validate(cfg: dict | RunConfig) -> RunConfig:
         raise ConfigError("study.budgets", study["budgets"], f"one budget per train.budgets entry ({len(train['budgets'])})")
     _check_model(resolved)
     if train["lr"] == "auto":  # resolved here, so a run's config, id and results hold the number
-        from scaling import model
-
-        train["lr"] = model.ladder_lr(resolved["model"]["size"])
+        train["lr"] = ladder.ladder_lr(resolved["model"]["size"])
     sections = {key: cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in resolved[key].items()})
                 for key, cls in SECTIONS.items()}
     return RunConfig(name=resolved["name"], precision=resolved["precision"], seed=resolved["seed"], **sections,
@@ -391,11 +389,9 @@ def _resolve(cfg: dict, schema: dict, prefix: str) -> dict:
 
 
 def _check_model(cfg: dict) -> None:
-    """The model module owns which sizes exist; let it reject what it cannot build."""
-    from scaling import model
-
+    """The ladder owns which sizes exist; let it reject what it cannot build."""
     m = cfg["model"]
-    model.config_for_size(m["size"], seq_len=m["seq_len"], smooth_swiglu=m["smooth_swiglu"])
+    ladder.config_for_size(m["size"], seq_len=m["seq_len"], smooth_swiglu=m["smooth_swiglu"])
 
 
 def run_id(cfg: dict | RunConfig) -> str:

@@ -20,7 +20,6 @@ tokens[:, 1:], so the loss is next-token cross-entropy (fp32) over B·seq_len po
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import jax
@@ -29,97 +28,8 @@ from flax import nnx
 
 from scaling import formats, gemm, precision
 from scaling.gemm import QdotState
+from scaling.ladder import ModelConfig
 from scaling.precision import Recipe, RecipeStructure
-
-# ---------------------------------------------------------------------------------------------
-# Config and the size ladder
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    d_model: int
-    n_layers: int
-    n_heads: int
-    d_ff: int
-    vocab: int = 256  # byte tokens
-    seq_len: int = 256
-    smooth_swiglu: bool = False
-    rope_base: float = 10_000.0
-    init_std: float = 0.02  # N(0, 0.02²) init; output projections additionally / sqrt(2·n_layers)
-    norm_eps: float = 1e-6
-
-    @property
-    def head_dim(self) -> int:
-        return self.d_model // self.n_heads
-
-    def __post_init__(self) -> None:
-        if self.d_model % self.n_heads or self.head_dim % 2:
-            raise ValueError(f"d_model={self.d_model} must split into n_heads={self.n_heads} even-sized heads")
-
-
-def config_for_size(size: int, *, vocab: int = 256, seq_len: int = 256, smooth_swiglu: bool = False) -> ModelConfig:
-    """The ladder: one knob -> width, depth, heads (OLMo-ladder style: a formula, not a table).
-
-        d_model  = 32·size
-        n_layers = 2 + size // 2
-        n_heads  = max(2, d_model // 32)          (head_dim 32; 16 at size 1)
-        d_ff     = 8/3·d_model rounded up to a multiple of 32 (SwiGLU keeps ~8·d² MLP params;
-                   multiples of 32 tile MX blocks)
-
-    Non-embedding N = n_layers·(4·d² + 3·d·d_ff + 2·d) + d, from ~25k (size 1) to ~4.8M (size 8);
-    see the table in docs/training.md. Sizes beyond 8 follow the same formula.
-    """
-    if not isinstance(size, int) or size < 1:
-        from scaling.errors import ConfigError
-
-        raise ConfigError("model.size", size, "an integer >= 1")
-    d = 32 * size
-    d_ff = 32 * math.ceil(8 * d / 3 / 32)
-    return ModelConfig(d_model=d, n_layers=2 + size // 2, n_heads=max(2, d // 32), d_ff=d_ff,
-                       vocab=vocab, seq_len=seq_len, smooth_swiglu=smooth_swiglu)
-
-
-# The ladder's AdamW peak learning rate falls with width: lr = 1.6e-2 · (32 / d_model)^1.2.
-# Fitted to the optimum of each size in experiments/lr.toml (sizes 1-5, FP32, 655k tokens, WSD;
-# results/lr.csv): 1.5e-2, 7.5e-3, 4.7e-3, 2.7e-3, 2.3e-3 at d_model 32..160. With one LR for every
-# width the largest sizes trained worse than smaller ones and the law saw no gain from N.
-LR_AT_WIDTH_32 = 1.6e-2
-LR_WIDTH_EXPONENT = 1.2
-
-
-def ladder_lr(size: int) -> float:
-    """The tuned peak learning rate of a ladder size (`train.lr = "auto"`)."""
-    return LR_AT_WIDTH_32 * (32 / config_for_size(size).d_model) ** LR_WIDTH_EXPONENT
-
-
-def param_counts(cfg: ModelConfig) -> dict[str, int]:
-    """N (non-embedding: every parameter except the embedding table and the output head, what
-    Kaplan et al. and Kumar et al. fit on) and the total.
-
-    per layer: attention 4·d² (fused QKV 3d² + out d²), MLP 3·d·d_ff (up, gate, down), 2 RMSNorm
-    gains d each; plus the final norm d. Embedding V·d and untied head d·V are the rest.
-    """
-    d, f, L, V = cfg.d_model, cfg.d_ff, cfg.n_layers, cfg.vocab
-    non_embedding = L * (4 * d * d + 3 * d * f + 2 * d) + d
-    return {"non_embedding": non_embedding, "total": non_embedding + 2 * V * d}
-
-
-def flops_per_token(cfg: ModelConfig) -> float:
-    """Training FLOPs per token (forward + backward = 3 × forward), Chinchilla's convention
-    (Hoffmann et al. 2022, App. F):
-
-        6·(N_matmul + d·V)  +  12·n_layers·seq_len·d_model
-
-    N_matmul = n_layers·(4·d² + 3·d·d_ff) are the dense-projection weights (each does 2 FLOPs
-    per token forward), d·V the output head; the embedding lookup, norms, softmax and RoPE are
-    not counted. Attention scores Q·Kᵀ and the weighted sum P·V cost 2·T·d each per token and
-    layer forward, over the full T×T (no causal discount), hence 3·4 = 12·n_layers·T·d.
-    """
-    d, f, L, V, T = cfg.d_model, cfg.d_ff, cfg.n_layers, cfg.vocab, cfg.seq_len
-    n_matmul = L * (4 * d * d + 3 * d * f)
-    return float(6 * (n_matmul + d * V) + 12 * L * T * d)
-
 
 # ---------------------------------------------------------------------------------------------
 # Variables for quantisation state

@@ -55,7 +55,7 @@ from typing import Any, Mapping
 
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from scaling import config, data, runs, study
+from scaling import config, data, ladder, runs, study
 from scaling._io import atomic_write_json, atomic_write_text
 from scaling.config import set_dotted
 from scaling.errors import ConfigError
@@ -602,13 +602,11 @@ def matmul_flops_per_s(n: int = 1024, repeats: int = 5) -> float:
 
 def estimate_seconds(specs: list[RunSpec], flops_per_s: float) -> float:
     """Training FLOPs / (machine FLOP/s x assumed utilisation) + one compile per distinct model shape."""
-    from scaling import model
-
     total, shapes = 0.0, set()
     for spec in specs:
         m = spec.config.model
-        cfg = model.config_for_size(m.size, seq_len=m.seq_len, smooth_swiglu=m.smooth_swiglu)
-        total += model.flops_per_token(cfg) * _tokens(spec)
+        cfg = ladder.config_for_size(m.size, seq_len=m.seq_len, smooth_swiglu=m.smooth_swiglu)
+        total += ladder.flops_per_token(cfg) * _tokens(spec)
         shapes.add((m.size, m.seq_len))
     return total / (flops_per_s * ASSUMED_MODEL_FLOPS_UTILISATION) + COMPILE_SECONDS_PER_SHAPE * len(shapes)
 

@@ -57,9 +57,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from scaling import config as config_lib
 from scaling import compute as compute_lib
-from scaling import data, gemm, hardware, health, runs, tracking
+from scaling import config as config_lib
+from scaling import data, gemm, hardware, health, ladder, runs, tracking
 from scaling._io import append_jsonl, read_jsonl
 from scaling.errors import ConfigError
 
@@ -226,14 +226,12 @@ class Setup:
 
 def prepare(cfg: config_lib.RunConfig) -> Setup:
     """Load everything a run needs; raises ConfigError before anything is written."""
-    from scaling import model as model_lib
-
     corpus = data.load(cfg.data.source, cfg.data.tokenizer)
     seq_len, eval_tokens = cfg.model.seq_len, cfg.data.eval_tokens
     if corpus.train.size < seq_len + 1:
         raise ConfigError("model.seq_len", seq_len, f"at most {corpus.train.size - 1} for this corpus")
-    model_cfg = model_lib.config_for_size(cfg.model.size, vocab=corpus.vocab, seq_len=seq_len,
-                                          smooth_swiglu=cfg.model.smooth_swiglu)
+    model_cfg = ladder.config_for_size(cfg.model.size, vocab=corpus.vocab, seq_len=seq_len,
+                                       smooth_swiglu=cfg.model.smooth_swiglu)
     val_windows = data.eval_windows(corpus.val, eval_tokens, seq_len)
     train_windows = data.train_sample(corpus.train, eval_tokens, seq_len)
     return Setup(cfg=cfg, plan=plan_for(cfg), corpus=corpus, model_cfg=model_cfg, val_windows=val_windows, train_windows=train_windows,
@@ -539,14 +537,12 @@ class _Trainer:
 def summarize(setup: Setup, progress: Progress, status: str, reason: str | None) -> dict:
     """summary.json of a run: what it is (config, recipe, sizes, compute), how it ended and what it
     measured (evaluations, mean telemetry, timings), from its setup and progress record alone."""
-    from scaling import model as model_lib
-
     cfg, plan = setup.cfg, setup.plan
     evals = sorted(progress.evals, key=lambda e: e["D"])
     final = evals[-1] if evals and evals[-1]["step"] == plan.steps else {}
     telemetry = ({k: _tree_scale(v, 1.0 / progress.telemetry_count) for k, v in progress.telemetry_sum.items()}
                  if progress.telemetry_count else {})
-    params = model_lib.param_counts(setup.model_cfg)
+    params = ladder.param_counts(setup.model_cfg)
     return {
         "status": status,
         "reason": reason,
@@ -568,7 +564,7 @@ def summarize(setup: Setup, progress: Progress, status: str, reason: str | None)
         "smooth_swiglu": cfg.model.smooth_swiglu,
         **_recipe_columns(cfg.recipe),
         "recipe_detail": cfg.recipe.describe(),
-        "flops_per_token": float(model_lib.flops_per_token(setup.model_cfg)),
+        "flops_per_token": float(ladder.flops_per_token(setup.model_cfg)),
         # FLOPs by GEMM part with each operand's effective bits, per-role precision columns
         "compute": compute_lib.columns(setup.model_cfg, cfg.recipe, plan.tokens_per_step),
         "tokens_per_s": progress.tokens_per_s(),

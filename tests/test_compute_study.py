@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from flax import nnx
 
-from scaling import compute, config, model, precision, study
+from scaling import compute, config, ladder, model, precision, study
 
 
 def _dot_flops(jaxpr) -> float:
@@ -38,7 +38,7 @@ def _subjaxprs(eqn):
 
 @pytest.mark.parametrize("size,seq_len", [(1, 16), (2, 32), (3, 24)])
 def test_flops_by_part_equal_the_dots_of_a_training_step(size, seq_len):
-    cfg = model.config_for_size(size, seq_len=seq_len)
+    cfg = ladder.config_for_size(size, seq_len=seq_len)
     batch = 2
     m = model.Transformer(cfg, "fp32", rngs=nnx.Rngs(0))
     tokens = jnp.zeros((batch, seq_len + 1), jnp.int32)
@@ -51,11 +51,11 @@ def test_flops_by_part_equal_the_dots_of_a_training_step(size, seq_len):
     parts = compute.parts(cfg, "fp32", batch * seq_len)
     assert sum(p.flops for p in parts) * batch * seq_len == pytest.approx(counted, rel=1e-9)
     # and the Chinchilla-convention total the runs always recorded
-    assert sum(p.flops for p in parts) == pytest.approx(model.flops_per_token(cfg), rel=1e-12)
+    assert sum(p.flops for p in parts) == pytest.approx(ladder.flops_per_token(cfg), rel=1e-12)
 
 
 def test_effective_bits_per_recipe():
-    cfg = model.config_for_size(4, seq_len=64)  # d_model 128: every reduction axis >= 128
+    cfg = ladder.config_for_size(4, seq_len=64)  # d_model 128: every reduction axis >= 128
     bits = {name: compute.columns(cfg, name, 1024)["bits_eff"] for name in
             ("fp32", "bf16", "fp8", "mxfp8", "mxfp6", "mxfp4", "nvfp4")}
     assert bits == pytest.approx({"fp32": 32, "bf16": 16, "fp8": 8, "mxfp8": 8.25, "mxfp6": 6.25,
@@ -70,7 +70,7 @@ def test_effective_bits_per_recipe():
 
 
 def test_role_columns_encode_coarse_scaling_as_long_blocks():
-    cfg = model.config_for_size(2, seq_len=64)
+    cfg = ladder.config_for_size(2, seq_len=64)
     block = {name: compute.role_columns(cfg, name)["block"] for name in ("fp8", "mxfp4", "nvfp4")}
     assert block["nvfp4"] == pytest.approx(16) and block["mxfp4"] == pytest.approx(32) and block["fp8"] > 1000
     err = {name: compute.role_columns(cfg, name)["qerr_w"] for name in ("bf16", "fp8", "mxfp6", "mxfp4")}
@@ -81,9 +81,9 @@ def test_role_columns_encode_coarse_scaling_as_long_blocks():
 def _table(recipes, cfg_sizes=(1, 2, 3)):
     rows = []
     for size in cfg_sizes:
-        cfg = model.config_for_size(size, seq_len=64)
+        cfg = ladder.config_for_size(size, seq_len=64)
         for r in recipes:
-            rows.append({"N": model.param_counts(cfg)["non_embedding"], "D": 1e6, "P": precision.get(r).bits,
+            rows.append({"N": ladder.param_counts(cfg)["non_embedding"], "D": 1e6, "P": precision.get(r).bits,
                          **compute.columns(cfg, r, 1024)})
     return pd.DataFrame(rows)
 
@@ -108,9 +108,9 @@ def test_cost_models():
 
 
 def test_backfill_reproduces_recorded_columns():
-    cfg = model.config_for_size(2, seq_len=64)
+    cfg = ladder.config_for_size(2, seq_len=64)
     fresh = compute.columns(cfg, "mxfp6", 16 * 64)
-    old = pd.DataFrame([{"size": 2, "recipe": "mxfp6", "flops_per_token": model.flops_per_token(cfg)}])
+    old = pd.DataFrame([{"size": 2, "recipe": "mxfp6", "flops_per_token": ladder.flops_per_token(cfg)}])
     filled = compute.backfill(old).iloc[0]
     for k, v in fresh.items():
         assert filled[k] == pytest.approx(v), k
@@ -122,7 +122,7 @@ def _isoflop_runs(offsets: dict, noise: float, seeds=(0, 1), budget=1e12, rng=0)
     """Synthetic runs: 7 sizes per recipe at one budget, loss = 2 + 0.5·(log N - log N*)² + offset + noise."""
     rng = np.random.default_rng(rng)
     rows = []
-    cfg = model.config_for_size(2, seq_len=64)
+    cfg = ladder.config_for_size(2, seq_len=64)
     cols = compute.columns(cfg, "bf16", 1024)
     for recipe, offset in offsets.items():
         for i, N in enumerate(np.geomspace(1e5, 1e7, 7)):
@@ -160,7 +160,7 @@ def test_isoflop_no_winner_when_a_minimum_is_at_the_edge():
 
 
 def test_points_interpolate_between_cooldowns_but_never_extrapolate():
-    cfg = model.config_for_size(1, seq_len=64)
+    cfg = ladder.config_for_size(1, seq_len=64)
     cols = compute.columns(cfg, "fp32", 1024)
     per_token = compute.get("bits").per_token(pd.DataFrame([cols]))[0]
     run = pd.DataFrame([{**cols, "run_id": "r", "recipe": "fp32", "seed": 0, "N": 1e5, "P": 32, "status": "ok",

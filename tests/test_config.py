@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from scaling import cli, config
+from scaling import cli, config, ladder
 from scaling.errors import ConfigError
 
 
@@ -52,10 +52,8 @@ def test_data_tokenizer_leaves_byte_level_run_ids_alone():
 
 
 def test_auto_learning_rate_is_the_ladder_rate_resolved_into_the_config():
-    from scaling import model
-
     rates = [config.validate({"model": {"size": s}, "train": {"lr": "auto"}}).train.lr for s in (1, 2, 4, 5)]
-    assert rates == [model.ladder_lr(s) for s in (1, 2, 4, 5)]
+    assert rates == [ladder.ladder_lr(s) for s in (1, 2, 4, 5)]
     assert rates[0] == pytest.approx(1.6e-2) and rates[2] == pytest.approx(1.6e-2 / 4**1.2)
     assert rates == sorted(rates, reverse=True)  # wider models take smaller steps
     # the id hashes the number, so "auto" and the rate it resolves to are the same run

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from scaling import gemm, model, precision, quant
+from scaling import gemm, ladder, model, precision, quant
 
 
 def _operands(m=48, k=80, n=40, seed=0):
@@ -221,7 +221,7 @@ def test_training_telemetry_samples_the_rows_of_long_operands():
 # One compiled step per granularity, formats as runtime values; delayed scaling state
 # ---------------------------------------------------------------------------------------------
 
-TINY = model.ModelConfig(d_model=32, n_layers=1, n_heads=2, d_ff=64, vocab=64, seq_len=16)
+TINY = ladder.ModelConfig(d_model=32, n_layers=1, n_heads=2, d_ff=64, vocab=64, seq_len=16)
 
 
 @pytest.mark.slow

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from scaling import model, precision
+from scaling import ladder, model, precision
 
-TINY = model.ModelConfig(d_model=32, n_layers=1, n_heads=2, d_ff=64, vocab=64, seq_len=16)
+TINY = ladder.ModelConfig(d_model=32, n_layers=1, n_heads=2, d_ff=64, vocab=64, seq_len=16)
 
 
 def _tokens(cfg=TINY, batch=2, seed=0):
@@ -21,17 +21,17 @@ def _tokens(cfg=TINY, batch=2, seed=0):
 
 
 def test_size_ladder_formula():
-    c1, c8 = model.config_for_size(1), model.config_for_size(8)
+    c1, c8 = ladder.config_for_size(1), ladder.config_for_size(8)
     assert (c1.d_model, c1.n_layers, c1.n_heads, c1.d_ff) == (32, 2, 2, 96)
     assert (c8.d_model, c8.n_layers, c8.n_heads, c8.d_ff) == (256, 6, 8, 704)
-    ns = [model.param_counts(model.config_for_size(s))["non_embedding"] for s in range(1, 9)]
+    ns = [ladder.param_counts(ladder.config_for_size(s))["non_embedding"] for s in range(1, 9)]
     assert all(a < b for a, b in zip(ns, ns[1:]))
     assert 20_000 <= ns[0] <= 30_000 and 4_000_000 <= ns[-1] <= 5_500_000
     # hand count, size 1: 2 layers · (4·32² + 3·32·96 + 2·32) + 32
     assert ns[0] == 2 * (4 * 1024 + 3 * 32 * 96 + 64) + 32 == 26_784
 
 
-@pytest.mark.parametrize("cfg", [TINY, model.config_for_size(3, vocab=256, seq_len=32)])
+@pytest.mark.parametrize("cfg", [TINY, ladder.config_for_size(3, vocab=256, seq_len=32)])
 def test_param_counts_match_the_param_leaves(cfg):
     abstract = nnx.eval_shape(lambda: model.Transformer(cfg, "fp8", rngs=nnx.Rngs(0)))
     params = nnx.state(abstract, nnx.Param)
@@ -39,18 +39,18 @@ def test_param_counts_match_the_param_leaves(cfg):
     total = sum(sizes.values())
     embedding = sum(n for k, n in sizes.items() if "embed" in k or "head" in k)
     assert embedding == 2 * cfg.vocab * cfg.d_model
-    counts = model.param_counts(cfg)
+    counts = ladder.param_counts(cfg)
     assert counts == {"non_embedding": total - embedding, "total": total}
     # quantisation state is not a parameter
     assert len(nnx.state(abstract, model.FormatVector)) > 0
 
 
 def test_flops_per_token_hand_computed():
-    cfg = model.ModelConfig(d_model=64, n_layers=2, n_heads=4, d_ff=192, vocab=256, seq_len=128)
+    cfg = ladder.ModelConfig(d_model=64, n_layers=2, n_heads=4, d_ff=192, vocab=256, seq_len=128)
     n_matmul = 2 * (4 * 64 * 64 + 3 * 64 * 192)  # 106,496
     head = 64 * 256  # 16,384
     attention = 12 * 2 * 128 * 64  # 196,608
-    assert model.flops_per_token(cfg) == 6 * (n_matmul + head) + attention == 933_888
+    assert ladder.flops_per_token(cfg) == 6 * (n_matmul + head) + attention == 933_888
 
 
 @nnx.jit

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from scaling import cli, curves, plots
+from scaling import cli, curves, ladder, plots
 from scaling._io import append_jsonl, atomic_write_json
 from scaling.errors import ConfigError
 
@@ -194,13 +194,13 @@ def test_precision_labels_and_order():
 def fake_isoflop_results(p_star: float = 5.0, noise: float = 0.005, seed: int = 0) -> pd.DataFrame:
     """An IsoFLOP study as runs record it (FLOPs by part): sizes 1-5 x fp32 / fp8 / mxfp4, each
     evaluated exactly at two budgets (bits cost model), loss from the kumar law."""
-    from scaling import compute, model
+    from scaling import compute
 
     rng = np.random.default_rng(seed)
     rows = []
     for size in range(1, 6):
-        cfg = model.config_for_size(size, seq_len=64)
-        N = model.param_counts(cfg)["non_embedding"]
+        cfg = ladder.config_for_size(size, seq_len=64)
+        N = ladder.param_counts(cfg)["non_embedding"]
         for recipe, P in (("fp32", 32), ("fp8", 8), ("mxfp4", 4)):
             cols = compute.columns(cfg, recipe, 1024)
             per_token = compute.get("bits").per_token(pd.DataFrame([cols]))[0]

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from test_plots import fake_results
 
 from scaling import report, study
-from test_plots import fake_results
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -26,11 +26,9 @@ def test_markdown_numbers():
 
 @pytest.mark.slow
 def test_report_states_the_computed_optimum_and_notes_skipped_figures(tmp_path):
+    from test_plots import HELDOUT, fake_fit
+
     from scaling import optimal
-
-    from test_plots import fake_fit
-
-    from test_plots import HELDOUT
 
     results, law, compute = fake_results(p_star=5.0), fake_fit(5.0, heldout=HELDOUT), 1.5e13
     path = report.write_report(results, law, tmp_path, compute=compute)
@@ -94,9 +92,9 @@ def test_make_figures_script_regenerates_from_committed_files(tmp_path):
 
 
 def test_limitations_name_a_size_axis_without_gain_and_an_unidentified_floor():
-    from scaling import plots
-
     from test_plots import fake_fit
+
+    from scaling import plots
 
     ok = plots.validate_results(fake_results(p_star=5.0))
     law = fake_fit(5.0, n_samples=0)

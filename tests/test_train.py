@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from scaling import config, data, health, train
+from scaling import config, data, health, ladder, train
 from scaling._io import read_jsonl
 from scaling.errors import ConfigError
 
@@ -67,7 +67,7 @@ def test_weight_decay_shrinks_matrices_not_norm_gains():
 
     from scaling import model
 
-    m = model.Transformer(model.config_for_size(1, seq_len=8), "fp32", rngs=nnx.Rngs(0))
+    m = model.Transformer(ladder.config_for_size(1, seq_len=8), "fp32", rngs=nnx.Rngs(0))
     params = nnx.state(m, nnx.Param)
     tx = train.optimizer_tx(grad_clip=1.0, weight_decay=0.5)
     zeros = jax.tree.map(jnp.zeros_like, params)
