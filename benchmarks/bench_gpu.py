@@ -8,7 +8,7 @@
 
 Per ladder size (the one whose non-embedding N is nearest each --params target, ladder.param_counts),
 one process measures, the same way for each: our training step as `scaling train` runs it
-(train._compiled: the model's quantised GEMMs, AdamW, clipping; fast path where bf16 is native),
+(scaling.step: the model's quantised GEMMs, AdamW, clipping; fast path where bf16 is native),
 compiled and warmed up, then --steps steps dispatched back to back and waited for once; and the
 same model in PyTorch (benchmarks/bench_torch.TorchLM) under bf16 autocast with fused AdamW,
 torch.compile'd when it compiles. Printed per row: step time, tokens/s, and model FLOP/s
@@ -28,7 +28,8 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from scaling import data, hardware, ladder, precision, train
+from scaling import data, hardware, ladder, precision
+from scaling import step as step_lib
 
 TORCH_VS_OURS_TARGET, RECIPE_VS_BF16_TARGET = 0.8, 1.3
 
@@ -43,11 +44,11 @@ def size_near(params: float) -> int:
 def time_ours(cfg: ladder.ModelConfig, recipe_name: str, tokens: np.ndarray, steps: int, warmup: int) -> tuple[float, float]:
     """(compile seconds, seconds per step) of the training step `scaling train` runs."""
     recipe = precision.get(recipe_name)
-    tx = train.optimizer_tx(grad_clip=1.0, weight_decay=0.1)
-    train_step, _, init = train._compiled()
+    tx = step_lib.optimizer_tx(grad_clip=1.0, weight_decay=0.1)
+    train_step, _, init = step_lib.compiled()
     from flax import nnx
 
-    model_def, opt_def = nnx.eval_shape(lambda: train._graph_defs(cfg, recipe, tx, 0))
+    model_def, opt_def = nnx.eval_shape(lambda: step_lib.graph_defs(cfg, recipe, tx, 0))
     state = init(cfg, recipe, tx, 0)
     batch, lr = jax.device_put(tokens), np.float32(1e-4)
     started = time.perf_counter()

@@ -24,7 +24,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from scaling import hardware, ladder, precision, train
+from scaling import hardware, ladder, precision
+from scaling import step as step_lib
 
 TARGETS = {"fp8": 1.0 if not hardware.native_bf16() else 0.8, "fp8-blockwise": 1.2, "mxfp4": 1.1, "nvfp4": 1.1}
 
@@ -45,9 +46,9 @@ def matmul_flops(m: int, k: int, n: int, reps: int = 20) -> float:
 
 def make_step(cfg: ladder.ModelConfig, recipe: precision.Recipe, tokens_BxL1):
     """(state, compiled step, compile wall s, compile CPU s) for the trainer's step of this recipe."""
-    tx = train.optimizer_tx(grad_clip=1.0, weight_decay=0.1)
-    train_step, _, init = train._compiled()
-    model_def, opt_def = nnx.eval_shape(lambda: train._graph_defs(cfg, recipe, tx, 0))
+    tx = step_lib.optimizer_tx(grad_clip=1.0, weight_decay=0.1)
+    train_step, _, init = step_lib.compiled()
+    model_def, opt_def = nnx.eval_shape(lambda: step_lib.graph_defs(cfg, recipe, tx, 0))
     state = init(cfg, recipe, tx, 0)
     t, c = time.perf_counter(), time.process_time()
     step = train_step.lower(model_def, opt_def, state, tokens_BxL1, 0, 0, 1e-3).compile()

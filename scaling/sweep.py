@@ -55,7 +55,7 @@ from typing import Any, Mapping
 
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from scaling import config, data, ladder, runs, study
+from scaling import config, data, ladder, runs
 from scaling._io import atomic_write_json, atomic_write_text
 from scaling.config import set_dotted
 from scaling.errors import ConfigError
@@ -142,6 +142,8 @@ def expand(path: str | Path, overrides: list[str] = ()) -> list[RunSpec]:
     sweep = str(base.get("name") or Path(path).stem)
     design = None
     if "isoflop" in experiment:  # an IsoFLOP design places the sizes and budgets of every grid point
+        from scaling import study  # SciPy and pandas (2 s): only IsoFLOP designs pay, not `sweep --help`
+
         design = study.Design.from_table(experiment["isoflop"])
     points = []
     for point in grid_points(experiment):

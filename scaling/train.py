@@ -48,22 +48,24 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import functools
 import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+import jax
 import numpy as np
+import orbax.checkpoint as ocp
+from flax import nnx
 
 from scaling import compute as compute_lib
 from scaling import config as config_lib
-from scaling import data, gemm, hardware, health, ladder, runs, tracking
+from scaling import data, formats, gemm, hardware, health, ladder, precision, runs, tracking
+from scaling import step as step_lib
 from scaling._io import append_jsonl, read_jsonl
 from scaling.errors import ConfigError
 
-ADAM_B1, ADAM_B2, ADAM_EPS = 0.9, 0.95, 1e-8
 KEEP_CHECKPOINTS = 2
 
 
@@ -121,92 +123,6 @@ def learning_rate(plan: Plan, step: int, budget: Budget) -> float:
         return plan.lr * warm * 0.5 * (1.0 + math.cos(math.pi * progress))
     cool = min(1.0, (budget.end - step) / (budget.end - budget.cooldown_start))
     return plan.lr * warm * cool
-
-
-def decay_mask(params):
-    """Weight decay on matrices (embeddings, projections), not on norm gains (`scale`). By name,
-    not by rank: the layer stack's gains are stacked into [n_layers, d] arrays."""
-    import jax
-
-    def decays(path, _) -> bool:
-        return not any(getattr(k, "name", getattr(k, "key", None)) == "scale" for k in path)
-
-    return jax.tree_util.tree_map_with_path(decays, params)
-
-
-@functools.lru_cache(maxsize=None)
-def optimizer_tx(grad_clip: float, weight_decay: float):
-    """AdamW whose learning rate is an argument of each update (`learning_rate=`), not a schedule."""
-    # Cached: the transformation is part of the optimiser's static graph definition, so equal
-    # settings must give the identical object for runs in one process to share a compiled step.
-    import jax
-    import optax
-
-    def scale_by_learning_rate_arg() -> optax.GradientTransformationExtraArgs:
-        def update(updates, state, params=None, *, learning_rate, **extra):
-            return jax.tree.map(lambda u: -learning_rate * u, updates), state
-
-        return optax.GradientTransformationExtraArgs(lambda params: optax.EmptyState(), update)
-
-    return optax.chain(
-        optax.clip_by_global_norm(grad_clip) if grad_clip > 0 else optax.identity(),
-        optax.scale_by_adam(b1=ADAM_B1, b2=ADAM_B2, eps=ADAM_EPS),
-        optax.add_decayed_weights(weight_decay, mask=decay_mask),
-        scale_by_learning_rate_arg(),
-    )
-
-
-# ---------------------------------------------------------------- compiled steps (shared across runs)
-
-
-@functools.lru_cache(maxsize=None)
-def _compiled():
-    """The jitted train and eval steps. Graph definitions are static arguments, so runs of the same
-    model shape and recipe structure in one process share one compilation."""
-    import jax
-    import optax
-    from flax import nnx
-
-    from scaling import model as model_lib
-
-    if jax.config.jax_compilation_cache_dir is None:  # unless the user chose one: a run's compile is
-        # tens of seconds for quantised recipes, and the next run of the same shapes can skip it
-        jax.config.update("jax_compilation_cache_dir", str(data.cache_dir() / "jax"))
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
-
-    @functools.partial(jax.jit, static_argnums=(0, 1))
-    def train_step(model_def, opt_def, state, tokens_BxL1, seed, step, lr):
-        model = nnx.merge(model_def, state["model"])
-        optimizer = nnx.merge(opt_def, state["optimizer"])
-        key = jax.random.fold_in(jax.random.key(seed), step)
-        loss, grads, telemetry = model_lib.grad_step(model, tokens_BxL1, key)
-        grad_norm = optax.tree.norm(grads)
-        optimizer.update(model, grads, learning_rate=lr)
-        return {"model": nnx.state(model), "optimizer": nnx.state(optimizer)}, loss, grad_norm, telemetry
-
-    @functools.partial(jax.jit, static_argnums=0)
-    def eval_loss(model_def, model_state, tokens_BxL1):
-        return model_lib.eval_loss(nnx.merge(model_def, model_state), tokens_BxL1)
-
-    @functools.partial(jax.jit, static_argnums=(0, 1, 2))
-    def init(model_cfg, recipe, tx, seed):
-        # One compiled initialiser instead of one eager dispatch (and compile) per weight matrix.
-        model = model_lib.Transformer(model_cfg, recipe, rngs=nnx.Rngs(jax.random.key(seed)))
-        optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
-        return {"model": nnx.state(model), "optimizer": nnx.state(optimizer)}
-
-    return train_step, eval_loss, init
-
-
-def _graph_defs(model_cfg, recipe, tx, seed):
-    """The static graph definitions of the model and its optimiser (traced, never computed)."""
-    from flax import nnx
-
-    from scaling import model as model_lib
-
-    model = model_lib.Transformer(model_cfg, recipe, rngs=nnx.Rngs(seed))
-    optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
-    return nnx.graphdef(model), nnx.graphdef(optimizer)
 
 
 # ---------------------------------------------------------------- setup (everything that can be wrong)
@@ -310,9 +226,6 @@ def _train(setup: Setup, out_dir: Path, echo: Callable[[str], None]) -> dict:
 
 class _Trainer:
     def __init__(self, setup: Setup, out_dir: Path, echo: Callable[[str], None]):
-        import jax
-        from flax import nnx
-
         self.setup, self.cfg, self.plan, self.out_dir, self.echo = setup, setup.cfg, setup.plan, out_dir, echo
         self.started = time.perf_counter()
         self.compiled = False  # per attempt: a resumed run compiles again
@@ -321,10 +234,10 @@ class _Trainer:
         self.last_losses: list[float] = []
         h = self.cfg.health
         self.monitor = health.LossMonitor(h.spike_factor, h.spike_window, self.plan.warmup_steps)
-        self.train_step, self.eval_step, init = _compiled()
-        tx = optimizer_tx(self.cfg.train.grad_clip, self.cfg.train.weight_decay)
+        self.train_step, self.eval_step, init = step_lib.compiled()
+        tx = step_lib.optimizer_tx(self.cfg.train.grad_clip, self.cfg.train.weight_decay)
         recipe = self.cfg.recipe
-        self.model_def, self.opt_def = nnx.eval_shape(lambda: _graph_defs(setup.model_cfg, recipe, tx, 0))
+        self.model_def, self.opt_def = nnx.eval_shape(lambda: step_lib.graph_defs(setup.model_cfg, recipe, tx, 0))
         self.state = init(setup.model_cfg, recipe, tx, self.cfg.seed)
         self.checkpoints = self._checkpoint_manager()
         self.metrics_file = out_dir / "metrics.jsonl"
@@ -332,33 +245,26 @@ class _Trainer:
         self.pending: list[tuple] = []  # (step, phase, loss on the device) not yet checked
         self.prefetched: tuple[int, Any] = (-1, None)  # (step, its batch on the device)
         self.clock = time.perf_counter()  # start of the steps since the last wait
-        self._jax = jax
 
     # -- checkpoints
 
     def _checkpoint_manager(self):
-        import orbax.checkpoint as ocp
-
         if not self.cfg.train.checkpoint_every:
             return None
         options = ocp.CheckpointManagerOptions(max_to_keep=KEEP_CHECKPOINTS, enable_async_checkpointing=False)
         return ocp.CheckpointManager((self.out_dir / "checkpoints").absolute(), options=options)
 
     def _save(self) -> None:
-        import orbax.checkpoint as ocp
-
         self.progress.wall_s += self._elapsed()
         self.checkpoints.save(self.progress.step, args=ocp.args.Composite(
             state=ocp.args.StandardSave(self.state),
             progress=ocp.args.JsonSave(dataclasses.asdict(self.progress))))
 
     def _restore(self) -> None:
-        import orbax.checkpoint as ocp
-
         if self.checkpoints is None or self.checkpoints.latest_step() is None:
             return
         step = self.checkpoints.latest_step()
-        abstract = self._jax.tree.map(ocp.utils.to_shape_dtype_struct, self.state)
+        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, self.state)
         restored = self.checkpoints.restore(step, args=ocp.args.Composite(
             state=ocp.args.StandardRestore(abstract), progress=ocp.args.JsonRestore()))
         self.state = restored.state
@@ -413,7 +319,7 @@ class _Trainer:
         if self.prefetched[0] == step:
             return self.prefetched[1]
         cfg = self.cfg
-        return self._jax.device_put(data.batch(self.setup.corpus.train, cfg.seed, step, cfg.train.batch_size,
+        return jax.device_put(data.batch(self.setup.corpus.train, cfg.seed, step, cfg.train.batch_size,
                                                cfg.model.seq_len))
 
     def _prefetch(self, step: int) -> None:
@@ -437,7 +343,7 @@ class _Trainer:
                 self._drain()  # the attempt's first step: its time is the compile's
             return state
         loss = self._drain()[-1]
-        telemetry = _to_python(self._jax.device_get(telemetry))
+        telemetry = _to_python(jax.device_get(telemetry))
         self.last_telemetry = telemetry
         record = {"step": done, "tokens": done * plan.tokens_per_step, "phase": phase, "loss": loss,
                   "lr": lr, "grad_norm": float(grad_norm), "tokens_per_s": self.progress.tokens_per_s(),
@@ -459,7 +365,7 @@ class _Trainer:
         """Wait for the steps dispatched since the last wait, time them (the first of an attempt
         is its compile), and run the health checks on their losses in order."""
         pending, self.pending = self.pending, []
-        losses = [float(x) for x in self._jax.device_get([loss for _, _, loss in pending])]
+        losses = [float(x) for x in jax.device_get([loss for _, _, loss in pending])]
         now = time.perf_counter()
         seconds, self.clock = now - self.clock, now
         if pending and not self.compiled:
@@ -504,7 +410,7 @@ class _Trainer:
         wait for all chunks)."""
         chunk = self.cfg.train.batch_size
         parts = [windows[start:start + chunk] for start in range(0, len(windows), chunk)]
-        losses = self._jax.device_get([self.eval_step(self.model_def, state["model"], part) for part in parts])
+        losses = jax.device_get([self.eval_step(self.model_def, state["model"], part) for part in parts])
         total = 0.0
         for loss, part in zip(losses, parts):
             total += float(loss) * len(part)
@@ -524,7 +430,7 @@ class _Trainer:
         self.echo(f"{status} at step {step}: {reason}")
         if self.pending and error is not None:  # losses of steps that ran before the error, unchecked
             with contextlib.suppress(Exception):
-                losses = self._jax.device_get([loss for _, _, loss in self.pending])
+                losses = jax.device_get([loss for _, _, loss in self.pending])
                 self.last_losses = (self.last_losses + [float(x) for x in losses])[-20:]
         self.pending = []
         # a health check reads losses at log steps: the trunk may have run past the step it stopped at
@@ -593,8 +499,6 @@ def summarize(setup: Setup, progress: Progress, status: str, reason: str | None)
 def _recipe_columns(recipe) -> dict:
     """The results-table columns describing a recipe: its bits P, and the weight role's element
     format, granularity, scaling and block (the forward GEMM's; other roles are in recipe_detail)."""
-    from scaling import formats, precision
-
     spec = recipe.weight
     columns = {"recipe": recipe.name, "P": recipe.bits, "bits_w": recipe.bits_w, "bits_a": recipe.bits_a,
                "bits_g": recipe.bits_g}

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from scaling import config, data, health, ladder, train
+from scaling import step as step_lib
 from scaling._io import read_jsonl
 from scaling.errors import ConfigError
 
@@ -69,7 +70,7 @@ def test_weight_decay_shrinks_matrices_not_norm_gains():
 
     m = model.Transformer(ladder.config_for_size(1, seq_len=8), "fp32", rngs=nnx.Rngs(0))
     params = nnx.state(m, nnx.Param)
-    tx = train.optimizer_tx(grad_clip=1.0, weight_decay=0.5)
+    tx = step_lib.optimizer_tx(grad_clip=1.0, weight_decay=0.5)
     zeros = jax.tree.map(jnp.zeros_like, params)
     updates, _ = tx.update(zeros, tx.init(params), params, learning_rate=1.0)
     decayed = {jax.tree_util.keystr(path): bool(jnp.any(u != 0))
