@@ -49,6 +49,9 @@ import pandas as pd
 from scaling import hardware, ladder
 from scaling.errors import ConfigError
 
+# The JAX-side modules (formats, precision, quant) are imported inside the functions that quantise
+# or parse recipes: results, fit and `scaling plan --fit` read this module without loading JAX.
+
 PARTS = ("fprop", "dgrad", "wgrad", "head_fprop", "head_dgrad", "head_wgrad", "attn_fwd", "attn_bwd")
 ROLE_SHORT = {"weight": "w", "activation": "a", "grad": "g"}
 UNQUANTISED_BITS = 32.0

@@ -45,6 +45,9 @@ from scaling import compute, laws, results
 from scaling._io import atomic_write_json
 from scaling.errors import ConfigError
 
+# JAX (the batched L-BFGS solvers) is imported inside the functions that fit: `scaling plan --fit`
+# and `scaling optimal` read a fitted law without loading it.
+
 HUBER_DELTA = 1e-3
 # Line search: steps sigma·t for t in this ladder are tried in parallel along the L-BFGS direction, the
 # lowest objective wins. sigma (per start) is 1 (the quasi-Newton step) while steps succeed, shrinks 16x

@@ -20,6 +20,7 @@ the same granularity. `RecipeStructure` is the static, format-free part a model 
 from __future__ import annotations
 
 import dataclasses
+import tomllib
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -268,8 +269,6 @@ def get(value: str | Mapping[str, Any] | Recipe, *, key: str = "precision") -> R
 
 def _from_file(path: str, key: str) -> Recipe:
     """A recipe file: its [precision] table (or the whole file if it has none)."""
-    import tomllib
-
     try:
         with open(path, "rb") as f:
             table = tomllib.load(f)

@@ -60,6 +60,9 @@ from scaling._io import atomic_write_json, atomic_write_text
 from scaling.config import set_dotted
 from scaling.errors import ConfigError
 
+# JAX (train, the machine probes) and Ray are imported where a run or a cluster starts: planning a
+# sweep (--dry-run, --help) never loads them.
+
 EXPERIMENT_KEYS = ("grid", "include", "exclude", "isoflop")
 
 
