@@ -309,7 +309,9 @@ class RunConfig:
         return hashlib.sha256(canonical.encode()).hexdigest()[:12]
 
     def replace(self, **dotted: Any) -> RunConfig:
-        """A new validated config with `dotted` keys set (`replace(**{"train.tokens": 512})`)."""
+        """A new validated config with `dotted` keys set (`replace(**{"train.tokens": 512})`). Values
+        validate resolved stay resolved: `lr = "auto"` kept its size's number, so a config for
+        another size is built from the config as written, not replaced from this one."""
         cfg = self.to_dict()
         for key, value in dotted.items():
             set_dotted(cfg, key, value)

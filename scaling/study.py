@@ -133,7 +133,7 @@ class Design:
                    reference=config._name("isoflop.reference", table["reference"]) if "reference" in table else None)
 
 
-def design(points: Sequence[dict], plan: Design, vocab: int = 256) -> list[list[dict]]:
+def design(points: Sequence[dict], plan: Design, vocab: int = 256) -> list[list[config.RunConfig]]:
     """The resolved run configs of each grid point (an unvalidated config: recipe, seed, ...) under an
     IsoFLOP design: one per size it uses, each with model.size, train.tokens, train.budgets (the step
     of each budget served, as fractions of the longest) and study.budgets / study.cost (the labels
@@ -143,10 +143,11 @@ def design(points: Sequence[dict], plan: Design, vocab: int = 256) -> list[list[
     evaluates at, every step another recipe's run of the same size lands on (same grid point
     otherwise): the matched high-precision loss that a precision gap (scaling.fit.select_law) needs.
     Raises ConfigError when a budget cannot get its sizes or two budgets fall on one step."""
-    names = [config.validate(p).recipe.name for p in points]
+    bases = [config.validate(p) for p in points]
+    names = [b.recipe.name for b in bases]
     if plan.reference and plan.reference not in names:
         raise ConfigError("isoflop.reference", plan.reference, f"a recipe of the grid ({', '.join(dict.fromkeys(names))})")
-    served = [_served(point, plan, vocab) for point in points]  # per point: size -> {steps: budget}
+    served = [_served(base, plan, vocab) for base in bases]  # per point: size -> {steps: budget}
     if plan.reference:
         siblings = [json.dumps({k: v for k, v in p.items() if k != "precision"}, sort_keys=True, default=str) for p in points]
         for i, name in enumerate(names):
@@ -158,26 +159,23 @@ def design(points: Sequence[dict], plan: Design, vocab: int = 256) -> list[list[
                         for steps in at:
                             served[i][size].setdefault(steps, 0.0)
     out = []
-    for point, at_size in zip(points, served):
+    for point, base, at_size in zip(points, bases, served):
         cfgs = []
-        tokens_per_step = config.validate(point).tokens_per_step
         for size in sorted(at_size):
             at = dict(sorted(at_size[size].items()))
             last = max(at)
-            cfg = copy.deepcopy(point)
-            config.set_dotted(cfg, "model.size", size)
-            config.set_dotted(cfg, "train.tokens", last * tokens_per_step)
-            config.set_dotted(cfg, "train.budgets", [s / last for s in at])
-            config.set_dotted(cfg, "study.budgets", list(at.values()))
-            config.set_dotted(cfg, "study.cost", plan.cost)
+            cfg = copy.deepcopy(point)  # as written: a size's `lr = "auto"` resolves at that size
+            for key, value in {"model.size": size, "train.tokens": last * base.tokens_per_step,
+                               "train.budgets": [s / last for s in at], "study.budgets": list(at.values()),
+                               "study.cost": plan.cost}.items():
+                config.set_dotted(cfg, key, value)
             cfgs.append(config.validate(cfg))
         out.append(cfgs)
     return out
 
 
-def _served(point: dict, plan: Design, vocab: int) -> dict[int, dict[int, float]]:
+def _served(base: config.RunConfig, plan: Design, vocab: int) -> dict[int, dict[int, float]]:
     """size -> {steps: budget}: where one grid point's runs land on each budget (see Design)."""
-    base = config.validate(point)
     if base.train.warmup < 1:  # a fraction would give one size different warmups at different lengths
         raise ConfigError("train.warmup", base.train.warmup,
                           "a whole number of steps in an IsoFLOP design (the same warmup at every budget)")

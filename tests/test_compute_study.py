@@ -209,6 +209,7 @@ def test_design_lands_each_size_on_every_budget_it_serves(recipe):
     for cfg in cfgs:
         per_token = _per_token(cfg)
         steps = cfg.train.tokens // tokens_per_step
+        assert cfg.train.lr == ladder.ladder_lr(cfg.model.size)  # "auto" resolved at each size
         assert cfg.study.cost == "bits" and len(cfg.study.budgets) == len(cfg.train.budgets)
         for fraction, budget in zip(cfg.train.budgets, cfg.study.budgets):
             landed = round(fraction * steps) * tokens_per_step * per_token
