@@ -1,6 +1,7 @@
 """`scaling` command line: one verb per module, imported only when used (so `scaling plan` never loads JAX).
 
-Each verb's module defines `add_arguments(parser)` and `main(args) -> int`.
+Each verb's module defines `add_arguments(parser)` and `main(args) -> int`, and may map
+subcommand names to modules that do the same (SUBCOMMANDS: `scaling plan step`).
 A `ConfigError` anywhere becomes one line on stderr and exit code 2.
 """
 
@@ -41,12 +42,17 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] not in VERBS:
         _top_level_parser().parse_args(argv[:1] or ["--help"])  # prints help or a one-line error
         return 2
-    verb = argv[0]
+    verb, rest = argv[0], argv[1:]
     module_name, help_line = VERBS[verb]
     module = importlib.import_module(module_name)
+    # a verb may name subcommands (`scaling plan step`) served by their own module
+    subcommands = getattr(module, "SUBCOMMANDS", {})
+    if rest and rest[0] in subcommands:
+        verb, module_name, rest = f"{verb} {rest[0]}", subcommands[rest[0]], rest[1:]
+        module = importlib.import_module(module_name)
     parser = argparse.ArgumentParser(prog=f"scaling {verb}", description=help_line)
     module.add_arguments(parser)
-    args = parser.parse_args(argv[1:])
+    args = parser.parse_args(rest)
     try:
         return int(module.main(args) or 0)
     except ConfigError as e:

@@ -79,6 +79,14 @@ class GPU:
     name: str
     memory_gb: float  # HBM capacity from the spec sheet, 1 GB = 1e9 bytes
     peak_tflops: dict[str, float]
+    # What the step model (scaling.stepmodel) prices memory-bound ops and collectives with:
+    hbm_tbps: float = 0.0  # HBM bandwidth, TB/s
+    nvlink_gbps: float = 0.0  # NVLink bandwidth per GPU per direction, GB/s
+    net_gbps: float = 0.0  # inter-node network per GPU (one NIC per GPU), GB/s per direction
+    nvlink_latency_us: float = 0.0  # per collective step (NCCL ring hop) inside a node
+    net_latency_us: float = 0.0  # per collective step across nodes
+    gpus_per_node: int = 8
+    block_scaled: tuple[str, ...] = ()  # micro-scaled GEMM formats the tensor cores run natively
 
     @property
     def memory_bytes(self) -> float:
@@ -101,11 +109,27 @@ class GPU:
 # - B200 in HGX B200, 1000 W (HGX B200 data sheet, 8-GPU board totals divided by 8, and
 #   Glenn Lockwood's B200 notes, glennklockwood.com/garden/processors/B200):
 #   FP4 9000, FP8/FP6 4500, BF16 2250, TF32 1100, FP32 80; 1,440 GB per board = 180 GB per GPU.
+# Bandwidths (step model; per direction, NVIDIA quotes NVLink as bidirectional totals):
+# - A100 SXM4 80GB: HBM2e 2.039 TB/s; NVLink 3 600 GB/s total -> 300; DGX A100 has one 200 Gb/s
+#   HDR InfiniBand NIC per GPU -> 25 GB/s (A100 and DGX A100 data sheets).
+# - H100 SXM5: HBM3 3.35 TB/s; NVLink 4 900 GB/s total -> 450; DGX H100 one 400 Gb/s NDR NIC per
+#   GPU -> 50 GB/s (H100 and DGX H100 data sheets; Llama 3's clusters also give each GPU 400 Gb/s).
+# - H200 SXM: HBM3e 4.8 TB/s, otherwise as H100 (H200 data sheet).
+# - B200 (HGX): HBM3e 8 TB/s (64 TB/s per 8-GPU board); NVLink 5 1.8 TB/s total -> 900; DGX B200
+#   one 400 Gb/s ConnectX-7 per GPU -> 50 GB/s. Blackwell tensor cores run MXFP8/MXFP6 at the FP8
+#   rate and MXFP4/NVFP4 at the FP4 rate (NVIDIA Blackwell architecture technical brief).
+# Latencies are the usual NCCL per-hop orders of magnitude (~2-3 us on NVLink, ~5-8 us on
+# InfiniBand/RoCE): assumptions that matter only for small messages.
 GPUS: dict[str, GPU] = {
-    "a100": GPU("A100 SXM4 80GB", 80, {"fp32": 19.5, "tf32": 156, "bf16": 312}),
-    "h100": GPU("H100 SXM5 80GB", 80, {"fp32": 67, "tf32": 495, "bf16": 989, "fp8": 1979}),
-    "h200": GPU("H200 SXM 141GB", 141, {"fp32": 67, "tf32": 495, "bf16": 989, "fp8": 1979}),
-    "b200": GPU("B200 (HGX) 180GB", 180, {"fp32": 80, "tf32": 1100, "bf16": 2250, "fp8": 4500, "fp4": 9000}),
+    "a100": GPU("A100 SXM4 80GB", 80, {"fp32": 19.5, "tf32": 156, "bf16": 312},
+                hbm_tbps=2.039, nvlink_gbps=300, net_gbps=25, nvlink_latency_us=3, net_latency_us=6),
+    "h100": GPU("H100 SXM5 80GB", 80, {"fp32": 67, "tf32": 495, "bf16": 989, "fp8": 1979},
+                hbm_tbps=3.35, nvlink_gbps=450, net_gbps=50, nvlink_latency_us=2.5, net_latency_us=6),
+    "h200": GPU("H200 SXM 141GB", 141, {"fp32": 67, "tf32": 495, "bf16": 989, "fp8": 1979},
+                hbm_tbps=4.8, nvlink_gbps=450, net_gbps=50, nvlink_latency_us=2.5, net_latency_us=6),
+    "b200": GPU("B200 (HGX) 180GB", 180, {"fp32": 80, "tf32": 1100, "bf16": 2250, "fp8": 4500, "fp4": 9000},
+                hbm_tbps=8.0, nvlink_gbps=900, net_gbps=50, nvlink_latency_us=2.5, net_latency_us=6,
+                block_scaled=("mxfp8", "mxfp6", "mxfp4", "nvfp4")),
 }
 
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8", "fp4")

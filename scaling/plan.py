@@ -26,6 +26,9 @@ from typing import Any, Callable
 from scaling.errors import ConfigError
 from scaling.hardware import GPUS, PRECISIONS, canonical_precision, get_gpu, precision_for_bits
 
+# `scaling plan step ...`: one training step op by op (time, memory, breakdown) in its own module
+SUBCOMMANDS = {"step": "scaling.stepmodel"}
+
 SECONDS_PER_DAY = 86_400.0
 HOURS_PER_DAY = 24.0
 
@@ -531,7 +534,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "Training days, memory per GPU and failure goodput on a GPU cluster. "
         "Examples: `scaling plan --flops 3.4e24 --gpus 1024 5000 10000`; "
         "`scaling plan --params 7e9 --layout dp=8,tp=1,pp=1,zero=3`; "
-        "`scaling plan --fit fits/NAME.json --compute 1e21 --gpus 1024`."
+        "`scaling plan --fit fits/NAME.json --compute 1e21 --gpus 1024`. "
+        "One step op by op (time, memory, breakdown): `scaling plan step --help`."
     )
     what = parser.add_argument_group("what to plan (one or more)")
     what.add_argument("--flops", help="training FLOPs, e.g. 3.4e24: print days per cluster size")

@@ -1,0 +1,748 @@
+"""One training step of a dense transformer, op by op: time and peak memory per GPU (`scaling plan step`).
+
+Pure Python (no JAX, no NumPy): `scaling plan` must answer in well under a second.
+
+The step is priced the way SimuMax (MooreThreads/SimuMax) and Calculon do it: every op of a
+layer's forward and backward is listed with its shape, GEMMs are priced by FLOPs / (peak x
+efficiency(shape)), flash attention by its FLOPs at its own efficiency, memory-bound ops (norms,
+activations, residuals, rotary, quantise/transpose for low precision, the optimizer) by bytes /
+HBM bandwidth, and collectives with the ring formulas on NVLink inside a node or the NIC across
+nodes. The per-micro-batch time of the busiest pipeline stage goes through the 1F1B schedule
+((m + (p - 1) / v) stage times); the data-parallel gradient reduction and the optimizer follow.
+
+The four efficiency constants (EFFICIENCY) are calibrated on published measurements and checked
+on others that were kept apart: scaling/data/step_cases.json, scaling/stepvalidate.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from scaling.errors import ConfigError
+from scaling.hardware import GPU, GPUS, get_gpu
+
+GIB = 2**30
+
+# --------------------------------------------------------------------------------------------
+# Model shape
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Transformer:
+    """A dense decoder-only transformer. Biases are not modelled (Llama has none; GPT-3's are <0.1%)."""
+
+    name: str
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int  # grouped-query attention: heads sharing K/V; = heads for multi-head attention
+    ffn: int
+    vocab: int
+    gated: bool = True  # SwiGLU (three FFN matrices) or GELU (two)
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def layer_params(self) -> int:
+        h, kv = self.hidden, self.kv_heads * self.head_dim
+        attention = h * (h + 2 * kv) + h * h
+        mlp = (3 if self.gated else 2) * h * self.ffn
+        return attention + mlp + 2 * h  # + two norm weights
+
+    @property
+    def params(self) -> int:
+        """All parameters, untied input embedding and output layer (Megatron's default for Llama)."""
+        return self.layers * self.layer_params + 2 * self.vocab * self.hidden + self.hidden
+
+    @property
+    def matmul_params(self) -> int:
+        """Parameters that multiply every token (the N of 6 N D): layers' GEMMs and the output layer."""
+        return self.layers * (self.layer_params - 2 * self.hidden) + self.vocab * self.hidden
+
+
+# Published shapes:
+# - Llama 3 8B / 70B / 405B: Dubey et al. 2024 ("The Llama 3 Herd of Models", Table 3), 8 KV
+#   heads, SwiGLU, vocabulary 128,256 (the released config.json files).
+# - GPT-3 175B: Brown et al. 2020 Table 2.1 (96 layers, d_model 12,288, 96 heads of 128,
+#   d_ff = 4 d_model, GELU), vocabulary 50,257 (GPT-2 BPE).
+PRESETS: dict[str, Transformer] = {
+    "llama3-8b": Transformer("llama3-8b", 32, 4096, 32, 8, 14336, 128256),
+    "llama3-70b": Transformer("llama3-70b", 80, 8192, 64, 8, 28672, 128256),
+    "llama3-405b": Transformer("llama3-405b", 126, 16384, 128, 8, 53248, 128256),
+    "gpt3-175b": Transformer("gpt3-175b", 96, 12288, 96, 96, 49152, 50257, gated=False),
+}
+SHAPE_KEYS = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "gated")
+
+
+def load_model(name: str, **overrides: Any) -> Transformer:
+    """A preset name or a JSON file with SHAPE_KEYS (kv_heads defaults to heads, gated to true)."""
+    if name.lower() in PRESETS:
+        model = PRESETS[name.lower()]
+    elif name.endswith(".json") and Path(name).is_file():
+        try:
+            fields = json.loads(Path(name).read_text())
+            model = Transformer(
+                name=Path(name).stem,
+                **{k: int(fields[k]) for k in ("layers", "hidden", "heads", "ffn", "vocab")},
+                kv_heads=int(fields.get("kv_heads", fields["heads"])),
+                gated=bool(fields.get("gated", True)),
+            )
+        except (KeyError, ValueError, TypeError, json.JSONDecodeError) as e:
+            raise ConfigError("model", name, f"a JSON object with integer {', '.join(SHAPE_KEYS[:-1])} ({e})") from None
+    else:
+        raise ConfigError("model", name, f"one of {', '.join(PRESETS)}, or a JSON file of {', '.join(SHAPE_KEYS)}")
+    model = replace(model, **{k: v for k, v in overrides.items() if v is not None})
+    for key in SHAPE_KEYS[:-1]:
+        if getattr(model, key) < 1:
+            raise ConfigError(f"model.{key}", getattr(model, key), "a positive integer")
+    if model.hidden % model.heads or model.heads % model.kv_heads:
+        raise ConfigError("model.heads", (model.hidden, model.heads, model.kv_heads),
+                          "heads dividing hidden, and kv_heads dividing heads")
+    return model
+
+
+# --------------------------------------------------------------------------------------------
+# Layout and precision
+# --------------------------------------------------------------------------------------------
+
+RECOMPUTE = ("none", "selective", "full")
+
+
+@dataclass(frozen=True)
+class StepLayout:
+    """Parallel layout and batch of one optimizer step. GPUs = tp * cp * pp * dp.
+
+    Megatron-LM defaults: the distributed optimizer (ZeRO-1) when dp > 1, sequence parallel when
+    tp > 1, no recompute, 1F1B without interleaving (vpp = 1), gradient reduction not overlapped
+    with the backward (Megatron's --overlap-grad-reduce is opt-in).
+    """
+
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    cp: int = 1
+    ep: int = 1
+    zero: int | None = None  # None: 1 if dp > 1 else 0
+    sp: bool | None = None  # None: tp > 1
+    recompute: str = "none"
+    micro_batch: int = 1
+    micro_batches: int = 1
+    vpp: int = 1
+    overlap_grad_reduce: bool = False
+
+    def __post_init__(self):
+        for key in ("tp", "pp", "dp", "cp", "ep", "micro_batch", "micro_batches", "vpp"):
+            value = getattr(self, key)
+            if not (isinstance(value, int) and value >= 1):
+                raise ConfigError(f"layout.{key}", value, "an integer >= 1")
+        if self.zero not in (None, 0, 1, 2, 3):
+            raise ConfigError("layout.zero", self.zero, (0, 1, 2, 3))
+        if self.recompute not in RECOMPUTE:
+            raise ConfigError("recompute", self.recompute, RECOMPUTE)
+        if self.ep > 1:
+            raise ConfigError("layout.ep", self.ep, "1: expert parallelism needs a MoE model (not modelled yet)")
+        if self.sp and self.tp == 1:
+            raise ConfigError("sequence-parallel", self.sp, "only with tp > 1")
+        if self.vpp > 1 and self.pp == 1:
+            raise ConfigError("layout.vpp", self.vpp, "1 unless pp > 1 (virtual stages interleave a pipeline)")
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.cp * self.pp * self.dp
+
+    @property
+    def zero_stage(self) -> int:
+        return (1 if self.dp > 1 else 0) if self.zero is None else self.zero
+
+    @property
+    def sequence_parallel(self) -> bool:
+        return self.tp > 1 if self.sp is None else self.sp
+
+
+LAYOUT_KEYS = {"tp": int, "pp": int, "dp": int, "cp": int, "ep": int, "zero": int, "vpp": int, "sp": int, "ogr": int}
+
+
+def parse_step_layout(text: str, **extra: Any) -> StepLayout:
+    """'tp=4,pp=1,dp=2,zero=1' (keys: tp pp dp cp ep zero vpp sp ogr) -> StepLayout (plus `extra` fields)."""
+    allowed = "comma-separated key=integer with keys " + ", ".join(LAYOUT_KEYS) + ", e.g. tp=4,pp=1,dp=2,zero=1"
+    fields: dict[str, Any] = {}
+    for part in text.split(","):
+        key, sep, value = part.strip().partition("=")
+        if not sep or key not in LAYOUT_KEYS or key in fields:
+            raise ConfigError("layout", text, allowed)
+        try:
+            fields[key] = int(value)
+        except ValueError:
+            raise ConfigError("layout", text, allowed) from None
+    if "sp" in fields:
+        fields["sp"] = bool(fields["sp"])
+    if "ogr" in fields:
+        fields["overlap_grad_reduce"] = bool(fields.pop("ogr"))
+    for key, value in extra.items():
+        if value is not None:
+            if key in fields and fields[key] != value:
+                raise ConfigError(key, value, f"the same as layout {key}={fields[key]}, or only one of them")
+            fields[key] = value
+    return StepLayout(**fields)
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How a precision recipe runs the linear layers' GEMMs.
+
+    rate: the tensor-core peak it runs at; bytes: bytes per quantised element including its
+    scales; native: a block-scaled format the GPU must run natively (Blackwell MX/NVFP4).
+    Attention, norms and communication stay in BF16 in every recipe (Transformer Engine's default).
+    """
+
+    rate: str
+    bytes: float
+    native: str | None = None
+
+
+# Scale overhead per element: MX formats carry one E8M0 byte per 32 elements (OCP MX spec v1.0);
+# NVFP4 one E4M3 byte per 16 (NVIDIA); DeepSeek-V3's blockwise FP8 one FP32 per 128 (1x128 tiles).
+RECIPES: dict[str, Recipe] = {
+    "bf16": Recipe("bf16", 2.0),
+    "fp8": Recipe("fp8", 1.0),  # per-tensor scaling (Transformer Engine delayed/current scaling)
+    "fp8-block": Recipe("fp8", 1.0 + 4 / 128),
+    "mxfp8": Recipe("fp8", 1.0 + 1 / 32, "mxfp8"),
+    "mxfp6": Recipe("fp8", 0.75 + 1 / 32, "mxfp6"),  # FP6 runs at the FP8 rate on Blackwell
+    "mxfp4": Recipe("fp4", 0.5 + 1 / 32, "mxfp4"),
+    "nvfp4": Recipe("fp4", 0.5 + 1 / 16, "nvfp4"),
+}
+
+
+def get_recipe(precision: str, gpu: GPU) -> Recipe:
+    recipe = RECIPES.get(precision.lower())
+    if recipe is None:
+        raise ConfigError("precision", precision, RECIPES)
+    if recipe.rate not in gpu.peak_tflops or (recipe.native and recipe.native not in gpu.block_scaled):
+        runs = [p for p, r in RECIPES.items() if r.rate in gpu.peak_tflops and (not r.native or r.native in gpu.block_scaled)]
+        raise ConfigError("precision", precision, f"one of {', '.join(runs)} on {gpu.name}")
+    return recipe
+
+
+# --------------------------------------------------------------------------------------------
+# Efficiency constants (calibrated: `python -m scaling.stepvalidate --calibrate`)
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """Fractions of the spec sheet a real kernel reaches.
+
+    gemm: best GEMM efficiency; a GEMM of F FLOPs reaches gemm * F / (F + gemm_half_flops)
+      (small GEMMs are launch/tail bound: the knee is where half the best is lost).
+    attention: flash attention's fraction of the BF16 peak on its hardware FLOPs.
+    bandwidth: fraction of HBM, NVLink and NIC bandwidth that memory-bound kernels and NCCL reach.
+    """
+
+    gemm: float
+    gemm_half_flops: float
+    attention: float
+    bandwidth: float
+
+
+EFFICIENCY = Efficiency(gemm=0.8, gemm_half_flops=2e10, attention=0.5, bandwidth=0.7)
+
+# Allocator slack, cuBLAS/NCCL workspaces and CUDA context outside max_memory_allocated's view
+# are not counted; the transient of one layer's backward (gradient buffers) is.
+WORKSPACE_BYTES = 0.5 * GIB
+
+
+# --------------------------------------------------------------------------------------------
+# Op inventory
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Op:
+    """One op of one micro-batch on one GPU of a stage (`count` times per micro-batch)."""
+
+    name: str
+    kind: str  # gemm, attention, memory, comm
+    seconds: float
+    flops: float = 0.0  # model FLOPs (6ND accounting: no recompute, causal attention halved)
+    count: int = 1
+
+
+@dataclass
+class Ctx:
+    model: Transformer
+    gpu: GPU
+    layout: StepLayout
+    recipe: Recipe
+    seq_len: int
+    eff: Efficiency
+
+    @property
+    def tokens(self) -> int:  # tokens of one micro-batch on one GPU (after context parallel)
+        return self.seq_len * self.layout.micro_batch // self.layout.cp
+
+    def gemm_seconds(self, flops: float, rate: str | None = None) -> float:
+        peak = self.gpu.peak_tflops[rate or self.recipe.rate] * 1e12
+        return flops / (peak * self.eff.gemm * flops / (flops + self.eff.gemm_half_flops))
+
+    def hbm_seconds(self, nbytes: float) -> float:
+        return nbytes / (self.gpu.hbm_tbps * 1e12 * self.eff.bandwidth)
+
+    def group_link(self, span: int) -> tuple[float, float]:
+        """(bytes/s, latency s) of a group whose ranks span `span` consecutive GPUs."""
+        if span <= self.gpu.gpus_per_node:
+            return self.gpu.nvlink_gbps * 1e9 * self.eff.bandwidth, self.gpu.nvlink_latency_us * 1e-6
+        return self.gpu.net_gbps * 1e9 * self.eff.bandwidth, self.gpu.net_latency_us * 1e-6
+
+    def collective(self, kind: str, nbytes: float, size: int, span: int) -> float:
+        """Ring all-reduce / reduce-scatter / all-gather of a `nbytes` buffer over `size` ranks."""
+        if size == 1:
+            return 0.0
+        bandwidth, latency = self.group_link(span)
+        steps = (size - 1) * (2 if kind == "all-reduce" else 1)
+        return steps / size * nbytes / bandwidth + steps * latency
+
+
+def layer_ops(c: Ctx) -> list[Op]:
+    """Forward and backward ops of one transformer layer for one micro-batch on one GPU."""
+    m, lay = c.model, c.layout
+    tp, t = lay.tp, c.tokens
+    h, kv = m.hidden, m.kv_heads * m.head_dim
+    ffn_in = (2 if m.gated else 1) * m.ffn
+    # Megatron rank order tp, cp, dp, pp (tp innermost): a tp group spans tp GPUs
+    ops: list[Op] = []
+    gemms = {"qkv": (h, (h + 2 * kv) // tp), "attn-out": (h // tp, h), "fc1": (h, ffn_in // tp), "fc2": (m.ffn // tp, h)}
+    for name, (k, n) in gemms.items():
+        flops = 2.0 * t * k * n
+        ops.append(Op(f"gemm {name} fwd", "gemm", c.gemm_seconds(flops), flops))
+        ops.append(Op(f"gemm {name} bwd", "gemm", 2 * c.gemm_seconds(flops), 2 * flops))
+    # flash attention: QK^T and PV, causal halves both; backward is 5 matmuls to the forward's 2
+    # (S = QK^T is recomputed), so 2.5x the forward's hardware FLOPs for 2x its model FLOPs.
+    # each of the t local queries sees s/2 keys on average (cp balances causal chunks)
+    attn = 2.0 * 2 * t * (c.seq_len / 2) * m.heads * m.head_dim / tp
+    attn_peak = c.gpu.peak_tflops["bf16"] * 1e12 * c.eff.attention
+    ops.append(Op("flash-attention fwd", "attention", attn / attn_peak, attn))
+    ops.append(Op("flash-attention bwd", "attention", 2.5 * attn / attn_peak, 2 * attn))
+    # memory-bound ops, BF16 activations; with sequence parallel the norms/residuals see t/tp tokens
+    te = t / tp if lay.sequence_parallel or tp == 1 else t
+    elementwise = {
+        "rmsnorm": 2 * 4 * te * h,  # two norms: read x, write y
+        "residual-add": 2 * 6 * te * h,  # two adds: read 2, write 1
+        "rotary": 4 * t * (h + kv) / tp,  # q and k, read + write
+        ("swiglu" if m.gated else "gelu"): (6 if m.gated else 4) * t * m.ffn / tp,
+    }
+    for name, nbytes in elementwise.items():
+        ops.append(Op(f"{name} fwd", "memory", c.hbm_seconds(nbytes)))
+        ops.append(Op(f"{name} bwd", "memory", c.hbm_seconds(2 * nbytes)))
+    if c.recipe.rate != "bf16":
+        # quantise each GEMM input: read BF16, write the low-precision copy and a transposed one
+        # for the backward (Hopper FP8 GEMMs take only TN layouts; MX scales run along one axis);
+        # the backward quantises each output gradient the same way. Weights: once per step, below.
+        q = c.recipe.bytes
+        fwd_elems = t * (h + h / tp + h + m.ffn / tp)
+        bwd_elems = t * ((h + 2 * kv) / tp + h + ffn_in / tp + h)
+        ops.append(Op("quantise fwd", "memory", c.hbm_seconds(fwd_elems * (2 + 2 * q))))
+        ops.append(Op("quantise bwd", "memory", c.hbm_seconds(bwd_elems * (2 + 2 * q))))
+    if tp > 1:
+        buf = 2.0 * t * h  # BF16 [s, b, h]
+        if lay.sequence_parallel:
+            ag, rs = c.collective("all-gather", buf, tp, tp), c.collective("reduce-scatter", buf, tp, tp)
+            ops.append(Op("tp all-gather fwd", "comm", ag, count=2))
+            ops.append(Op("tp reduce-scatter fwd", "comm", rs, count=2))
+            # backward: reduce-scatter the input grads of the column-parallel GEMMs, all-gather the
+            # output grads of the row-parallel ones and re-gather the saved sharded inputs for wgrad
+            ops.append(Op("tp reduce-scatter bwd", "comm", rs, count=2))
+            ops.append(Op("tp all-gather bwd", "comm", ag, count=4))
+        else:
+            ar = c.collective("all-reduce", buf, tp, tp)
+            ops.append(Op("tp all-reduce fwd", "comm", ar, count=2))
+            ops.append(Op("tp all-reduce bwd", "comm", ar, count=2))
+    if lay.cp > 1:
+        # ring attention: every rank gathers the other ranks' K, V (forward) and reduce-scatters
+        # dK, dV (backward); the exchange overlaps the attention blocks it feeds
+        kv_buf = 2.0 * 2 * t * lay.cp * kv / tp
+        span = tp * lay.cp
+        fwd = max(0.0, c.collective("all-gather", kv_buf, lay.cp, span) - attn / attn_peak)
+        bwd = max(0.0, 2 * c.collective("all-gather", kv_buf, lay.cp, span) - 2.5 * attn / attn_peak)
+        ops.append(Op("cp kv exchange fwd", "comm", fwd))
+        ops.append(Op("cp kv exchange bwd", "comm", bwd))
+    if lay.recompute != "none":
+        # full: the whole forward again (its collectives too); selective (Megatron's
+        # --recompute-granularity selective): the attention core only
+        again = [o for o in ops if o.name.endswith(" fwd") and (lay.recompute == "full" or o.kind == "attention")]
+        ops.extend(Op(o.name.replace(" fwd", " recompute"), o.kind, o.seconds, 0.0, o.count) for o in again)
+    return ops
+
+
+def edge_ops(c: Ctx, first: bool, last: bool) -> list[Op]:
+    """The embedding (first stage) and output layer + cross-entropy (last stage) for one micro-batch."""
+    m, tp, t = c.model, c.layout.tp, c.tokens
+    ops: list[Op] = []
+    if first:
+        ops.append(Op("embedding fwd+bwd", "memory", c.hbm_seconds(t * m.hidden * (2 + 4))))
+    if last:
+        vocab = padded_vocab(m, tp)
+        flops = 2.0 * t * m.hidden * vocab / tp
+        ops.append(Op("gemm output fwd", "gemm", c.gemm_seconds(flops, "bf16"), flops))  # kept in BF16
+        ops.append(Op("gemm output bwd", "gemm", 2 * c.gemm_seconds(flops, "bf16"), 2 * flops))
+        # fused cross-entropy: FP32 logits read/written about three times over forward and backward
+        ops.append(Op("cross-entropy", "memory", c.hbm_seconds(3 * 4.0 * t * vocab / tp)))
+        ops.append(Op("final rmsnorm", "memory", c.hbm_seconds(12.0 * t * m.hidden / (tp if c.layout.sequence_parallel else 1))))
+        if tp > 1:
+            buf = 2.0 * t * m.hidden
+            ops.append(Op("tp all-gather fwd", "comm", c.collective("all-gather", buf, tp, tp)))
+            ops.append(Op("tp reduce-scatter bwd", "comm", c.collective("reduce-scatter", buf, tp, tp)))
+    return ops
+
+
+def padded_vocab(model: Transformer, tp: int) -> int:
+    """Megatron pads the vocabulary to a multiple of 128 * tp (--make-vocab-size-divisible-by 128)."""
+    unit = 128 * tp
+    return -(-model.vocab // unit) * unit
+
+
+# --------------------------------------------------------------------------------------------
+# Memory
+# --------------------------------------------------------------------------------------------
+
+
+def activation_bytes_per_layer(model: Transformer, layout: StepLayout, seq_len: int) -> float:
+    """BF16 activations one layer keeps for its backward, one micro-batch, per GPU.
+
+    Korthikanti et al. 2022 (Sec. 4) counted for a GPT block (34 s*b*h with dropout); here the
+    same walk for a Llama block with flash attention (no a*s^2 term: the scores are recomputed)
+    and no dropout, in elements of tokens t = s*b/cp:
+      norm-1 input h, QKV input h, Q/K/V h + 2 kv, attention output h (also the out-proj input),
+      norm-2 input h, FC1 input h, FC1 output 2 ffn (SwiGLU) or ffn (GELU), FC2 input ffn.
+    Sequence parallel (Korthikanti Sec. 4.2.2) splits every term by tp; without it the four h
+    terms before the column-parallel GEMMs are replicated across the tp ranks.
+    Full recompute keeps only the layer input (t*h, split by tp under sequence parallel).
+    GPT with dropout would add 2 masks; Korthikanti's 34 = 2 * 16 + 2.
+    """
+    m, tp = model, layout.tp
+    t = seq_len * layout.micro_batch / layout.cp
+    h, kv = m.hidden, m.kv_heads * m.head_dim
+    split = tp if layout.sequence_parallel else 1
+    if layout.recompute == "full":
+        return 2.0 * t * h / split
+    replicated = 4 * h  # norm-1 input, QKV input, norm-2 input, FC1 input
+    sharded = (h + 2 * kv) + h + (3 if m.gated else 2) * m.ffn
+    return 2.0 * t * (replicated / split + sharded / tp)
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    """Bytes on one GPU of a pipeline stage."""
+
+    weights: float
+    gradients: float
+    optimizer: float  # FP32 master weights + Adam m, v
+    activations: float
+    logits: float
+    workspace: float
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.gradients + self.optimizer + self.activations + self.logits + self.workspace
+
+    def gib(self) -> dict[str, float]:
+        parts = asdict(self) | {"total": self.total}
+        return {k: v / GIB for k, v in parts.items()}
+
+
+def stage_params(model: Transformer, layout: StepLayout, stage: int) -> float:
+    """Parameters on one GPU of `stage` (layers split evenly; embedding on the first, output on the last)."""
+    tp, pp = layout.tp, layout.pp
+    vocab = padded_vocab(model, tp)
+    layers = model.layers / pp * model.layer_params / tp  # norm weights are replicated; < 0.01%
+    edge = (vocab * model.hidden / tp if stage == 0 else 0) + (vocab * model.hidden / tp + model.hidden if stage == pp - 1 else 0)
+    return layers + edge
+
+
+def stage_memory(model: Transformer, layout: StepLayout, seq_len: int, stage: int) -> StageMemory:
+    """Peak allocated bytes on one GPU of `stage`.
+
+    Model states, Megatron-LM mixed precision: BF16 weights (2 bytes), FP32 gradient buffer (4:
+    Megatron accumulates and reduces BF16 models' gradients in FP32), FP32 master weights and
+    Adam m, v (12). ZeRO shards over dp: stage 1 (= the distributed optimizer) the 12, stage 2
+    also the gradients, stage 3 also the weights. Low-precision recipes keep the same states
+    (the FP8/FP4 casts are transient per GEMM; counted as time, not memory).
+    Activations: 1F1B keeps min(pp - stage, m) micro-batches in flight on `stage` (pp on the
+    first); interleaving with v virtual stages adds (pp - 1) / v chunks of L / (pp v) layers
+    (Korthikanti Sec. 4.2.3). The last stage also holds the FP32 logits and their gradient.
+    """
+    dp, zero = layout.dp, layout.zero_stage
+    params = stage_params(model, layout, stage)
+
+    def sharded(nbytes: float, from_stage: int) -> float:
+        return params * nbytes / (dp if zero >= from_stage else 1)
+
+    layers_per_stage = model.layers / layout.pp
+    in_flight = min(layout.pp - stage, layout.micro_batches)
+    if layout.vpp > 1 and stage == 0:
+        in_flight = min(layout.pp * (1 + (layout.pp - 1) / (layout.pp * layout.vpp)), layout.micro_batches)
+    per_layer = activation_bytes_per_layer(model, layout, seq_len)
+    t = seq_len * layout.micro_batch / layout.cp
+    logits = 6.0 * t * padded_vocab(model, layout.tp) / layout.tp if stage == layout.pp - 1 else 0.0
+    # the backward of one layer materialises its gradients next to the saved activations
+    transient = activation_bytes_per_layer(model, replace(layout, recompute="none"), seq_len)
+    if layout.recompute == "full":
+        transient *= 2  # the recomputed layer's activations and their gradients
+    return StageMemory(
+        weights=sharded(2, 3),
+        gradients=sharded(4, 2),
+        optimizer=sharded(12, 1),
+        activations=layers_per_stage * in_flight * per_layer,
+        logits=logits,
+        workspace=transient + WORKSPACE_BYTES,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# The step
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class StepResult:
+    model: Transformer
+    gpu: GPU
+    layout: StepLayout
+    precision: str
+    seq_len: int
+    step_seconds: float
+    model_flops: float  # whole cluster, one step
+    memory: StageMemory  # busiest GPU
+    busiest_stage: int
+    by_op: dict[str, float] = field(default_factory=dict)  # seconds per step on the critical path
+    by_collective: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def tokens(self) -> int:
+        lay = self.layout
+        return self.seq_len * lay.micro_batch * lay.micro_batches * lay.dp
+
+    @property
+    def mfu(self) -> float:
+        peak = self.gpu.peak_tflops[RECIPES[self.precision].rate] * 1e12
+        return self.model_flops / (self.step_seconds * self.layout.gpus * peak)
+
+    def to_json(self) -> dict[str, Any]:
+        lay = self.layout
+        return {
+            "model": self.model.name, "gpu": self.gpu.name, "precision": self.precision, "seq_len": self.seq_len,
+            "layout": {"tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "cp": lay.cp, "ep": lay.ep, "zero": lay.zero_stage,
+                       "sequence_parallel": lay.sequence_parallel, "recompute": lay.recompute, "vpp": lay.vpp,
+                       "micro_batch": lay.micro_batch, "micro_batches": lay.micro_batches,
+                       "overlap_grad_reduce": lay.overlap_grad_reduce, "gpus": lay.gpus},
+            "params": self.model.params,
+            "step_ms": self.step_seconds * 1e3,
+            "tokens_per_step": self.tokens,
+            "tokens_per_s": self.tokens / self.step_seconds,
+            "tokens_per_s_per_gpu": self.tokens / self.step_seconds / lay.gpus,
+            "model_tflops_per_gpu": self.model_flops / self.step_seconds / lay.gpus / 1e12,
+            "mfu": self.mfu,
+            "memory_gib": self.memory.total / GIB,
+            "memory_breakdown_gib": self.memory.gib(),
+            "busiest_stage": self.busiest_stage,
+            "fits": self.memory.total <= self.gpu.memory_bytes,
+            "gpu_memory_gib": self.gpu.memory_bytes / GIB,
+            "by_op_ms": {k: v * 1e3 for k, v in sorted(self.by_op.items(), key=lambda kv: -kv[1])},
+            "by_collective_ms": {k: v * 1e3 for k, v in sorted(self.by_collective.items(), key=lambda kv: -kv[1])},
+        }
+
+
+def _group(name: str) -> str:
+    """'gemm fc1 bwd' -> 'gemm fc1'; 'tp all-gather fwd' -> 'tp all-gather'."""
+    for suffix in (" fwd", " bwd", " recompute"):
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
+def validate(model: Transformer, layout: StepLayout, seq_len: int, gpus: int | None = None) -> None:
+    """ConfigError for a layout the model or the cluster cannot take (Megatron's own checks)."""
+    tp, pp, cp = layout.tp, layout.pp, layout.cp
+    if gpus is not None and layout.gpus != gpus:
+        raise ConfigError("layout", f"tp*cp*pp*dp = {layout.gpus}", f"a product equal to --gpus {gpus}")
+    if model.heads % tp or model.kv_heads % tp:
+        raise ConfigError("layout.tp", tp, f"a divisor of the attention heads ({model.heads}) and KV heads ({model.kv_heads})")
+    if model.ffn % tp:
+        raise ConfigError("layout.tp", tp, f"a divisor of the FFN width ({model.ffn})")
+    if model.layers % (pp * layout.vpp):
+        raise ConfigError("layout.pp", pp, f"pp * vpp dividing the layers ({model.layers}; vpp = {layout.vpp})")
+    if seq_len % (2 * cp) if cp > 1 else False:
+        raise ConfigError("layout.cp", cp, f"2 * cp dividing the sequence length ({seq_len}; load-balanced causal chunks)")
+    if layout.sequence_parallel and (seq_len * layout.micro_batch // cp) % tp:
+        raise ConfigError("layout.tp", tp, f"a divisor of the tokens per micro-batch ({seq_len * layout.micro_batch // cp})")
+    if layout.micro_batches < pp and pp > 1:
+        raise ConfigError("micro-batches", layout.micro_batches, f">= pp ({pp}) to fill the pipeline")
+
+
+def step(model: Transformer, gpu: str | GPU, layout: StepLayout, precision: str = "bf16", seq_len: int = 4096,
+         gpus: int | None = None, eff: Efficiency | None = None) -> StepResult:
+    """Time and peak memory of one optimizer step (all micro-batches), with its breakdown."""
+    spec = get_gpu(gpu) if isinstance(gpu, str) else gpu
+    if not spec.hbm_tbps:
+        raise ConfigError("gpu", spec.name, "a GPU with bandwidths in scaling.hardware.GPUS")
+    if not (isinstance(seq_len, int) and seq_len >= 1):
+        raise ConfigError("seq-len", seq_len, "a positive integer")
+    recipe = get_recipe(precision, spec)
+    validate(model, layout, seq_len, gpus)
+    c = Ctx(model, spec, layout, recipe, seq_len, eff or EFFICIENCY)
+    pp, m_count, v = layout.pp, layout.micro_batches, layout.vpp
+    layers = model.layers // pp
+    body = layer_ops(c)
+
+    # per-micro-batch time of every stage; the slowest sets the 1F1B pace
+    stage_ops = []
+    for s in range(pp):
+        ops = [replace(o, count=o.count * layers) for o in body] + edge_ops(c, s == 0, s == pp - 1)
+        stage_ops.append(ops)
+    stage_time = [sum(o.seconds * o.count for o in ops) for ops in stage_ops]
+    slow = max(range(pp), key=lambda s: stage_time[s])
+    # 1F1B: m micro-batches plus the (p - 1) / v bubble (Narayanan et al. 2021, interleaved: / v)
+    by_op: dict[str, float] = {}
+    for o in stage_ops[slow]:
+        by_op[_group(o.name)] = by_op.get(_group(o.name), 0.0) + o.seconds * o.count * m_count
+    by_collective = {k: v for k, v in by_op.items() if k.startswith(("tp ", "cp "))}
+    if pp > 1:
+        by_op["pipeline bubble"] = stage_time[slow] * (pp - 1) / v
+    total = stage_time[slow] * m_count + by_op.get("pipeline bubble", 0.0)
+
+    tp, cp, dp = layout.tp, layout.cp, layout.dp
+    if pp > 1:
+        # activations [s/cp, b, h] (split by tp under sequence parallel) sent forward and their
+        # gradients backward at every stage boundary, on the critical path (no p2p overlap)
+        act = 2.0 * c.tokens * model.hidden / (tp if layout.sequence_parallel else 1)
+        bandwidth, latency = c.group_link(layout.gpus)  # pp is the outermost dimension
+        p2p = 2 * (m_count + pp - 1) * (act / bandwidth + latency)
+        by_collective["pp send/recv"] = p2p
+        total += p2p
+
+    # data parallel: FP32 gradients reduce-scattered (ZeRO >= 1, Megatron's distributed optimizer)
+    # or all-reduced (ZeRO 0) once per step; ZeRO >= 1 then all-gathers the updated BF16 weights.
+    # A dp group spans tp*cp*dp GPUs. With overlap_grad_reduce only the last bucket is exposed
+    # (Megatron's bucket: max(40M, 1M * dp) parameters).
+    params = max(stage_params(model, layout, s) for s in range(pp))
+    dp_group = dp * cp  # Megatron reduces gradients over dp x cp
+    span = tp * cp * dp
+    zero = layout.zero_stage
+    if dp_group > 1:
+        grads = 4.0 * params
+        exposed = grads if not layout.overlap_grad_reduce else min(grads, 4.0 * max(40e6, 1e6 * dp_group))
+        if zero >= 1:
+            by_collective["dp reduce-scatter"] = c.collective("reduce-scatter", exposed, dp_group, span)
+            by_collective["dp all-gather"] = c.collective("all-gather", 2.0 * params, dp_group, span)
+        else:
+            by_collective["dp all-reduce"] = c.collective("all-reduce", exposed, dp_group, span)
+        if zero == 3:
+            # weights re-gathered for forward and backward of every micro-batch; prefetched
+            # layer by layer, so only what exceeds the layer's compute is exposed
+            gather = 2 * m_count * c.collective("all-gather", 2.0 * params, dp_group, span)
+            by_collective["zero-3 all-gather"] = max(0.0, gather - 0.5 * total)
+        total += sum(by_collective.get(k, 0.0) for k in ("dp reduce-scatter", "dp all-gather", "dp all-reduce", "zero-3 all-gather"))
+    # optimizer: read grad, master, m, v (4 each), write master, m, v and the BF16 weight, plus the
+    # gradient-norm pass: 34 bytes per local parameter (sharded over dp from ZeRO 1)
+    local = params / (dp_group if zero >= 1 and dp_group > 1 else 1)
+    by_op["optimizer"] = c.hbm_seconds(34.0 * local)
+    total += by_op["optimizer"]
+    if recipe.rate != "bf16":  # weights cast (and transposed) once per step
+        by_op["quantise weights"] = c.hbm_seconds(params * (2 + 2 * recipe.bytes))
+        total += by_op["quantise weights"]
+    by_op.update({k: v for k, v in by_collective.items() if k not in by_op})
+
+    memories = [stage_memory(model, layout, seq_len, s) for s in range(pp)]
+    busiest = max(range(pp), key=lambda s: memories[s].total)
+    tokens = seq_len * layout.micro_batch * m_count * dp
+    model_flops = (6.0 * model.matmul_params + attention_flops_per_token(model, seq_len)) * tokens
+    return StepResult(model, spec, layout, precision.lower(), seq_len, total, model_flops, memories[busiest],
+                      busiest, by_op, by_collective)
+
+
+def attention_flops_per_token(model: Transformer, seq_len: int) -> float:
+    """Model FLOPs of causal attention per token, forward and backward: 6 * L * s * h (QK^T and PV, halved)."""
+    return 6.0 * model.layers * seq_len * model.heads * model.head_dim
+
+
+# --------------------------------------------------------------------------------------------
+# CLI: `scaling plan step`
+# --------------------------------------------------------------------------------------------
+
+
+def _positive_int(key: str, text: str) -> int:
+    try:
+        value = int(text)
+    except (TypeError, ValueError):
+        value = 0
+    if value < 1 or str(value) != str(text).strip():
+        raise ConfigError(key, text, "a positive integer")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Time and peak memory of one training step, op by op, for a model shape, a GPU, a parallel "
+        "layout and a precision recipe. Example: `scaling plan step --model llama3-70b --layers 12 "
+        "--gpu b200 --layout tp=4,pp=1,dp=2,zero=1 --seq-len 4096 --micro-batch 1 --micro-batches 8 --json`."
+    )
+    parser.add_argument("--model", default="llama3-8b", help=f"{', '.join(PRESETS)}, or a JSON file of {', '.join(SHAPE_KEYS)}")
+    parser.add_argument("--layers", help="override the model's layer count (e.g. a cut-down model for a benchmark)")
+    parser.add_argument("--gpu", default="h100", help=f"one of {', '.join(GPUS)} (default h100)")
+    parser.add_argument("--gpus", help="cluster size: the layout's tp*cp*pp*dp must equal it")
+    parser.add_argument("--layout", default="tp=1", help="tp=,pp=,dp=,cp=,ep=,zero=,vpp=,sp=0|1,ogr=0|1 (overlap grad reduce)")
+    parser.add_argument("--seq-len", default="4096", help="sequence length (default 4096)")
+    parser.add_argument("--micro-batch", default="1", help="micro-batch size (default 1)")
+    parser.add_argument("--micro-batches", default="1", help="micro-batches per step per data-parallel rank (default 1)")
+    parser.add_argument("--precision", default="bf16", help=f"GEMM recipe: {', '.join(RECIPES)} (default bf16)")
+    parser.add_argument("--recompute", default="none", help=f"activation recompute: {', '.join(RECOMPUTE)} (default none)")
+    sp = parser.add_mutually_exclusive_group()
+    sp.add_argument("--sequence-parallel", dest="sp", action="store_true", default=None, help="(default when tp > 1)")
+    sp.add_argument("--no-sequence-parallel", dest="sp", action="store_false")
+    parser.add_argument("--cp", help="context parallel size (or cp= in --layout)")
+    parser.add_argument("--ep", help="expert parallel size (MoE: not modelled yet; only 1)")
+    parser.add_argument("--allow-oom", action="store_true", help="report a layout even if it does not fit in memory")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def format_result(r: StepResult) -> str:
+    d = r.to_json()
+    lines = [
+        f"{d['model']} ({d['params'] / 1e9:.3g}B params, {r.model.layers} layers) on {d['layout']['gpus']} x {d['gpu']}, "
+        f"{d['precision']}, seq {d['seq_len']}, layout {d['layout']}",
+        f"step {d['step_ms']:,.1f} ms   {d['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU   "
+        f"{d['model_tflops_per_gpu']:,.0f} model TFLOP/s/GPU   MFU {d['mfu']:.3f}",
+        f"memory on the busiest GPU (stage {d['busiest_stage']}): {d['memory_gib']:.2f} GiB of {d['gpu_memory_gib']:.1f}",
+    ]
+    lines += [f"  {k:<14} {v:>9.2f} GiB" for k, v in d["memory_breakdown_gib"].items() if k != "total"]
+    lines.append("time per step on the critical path (ms):")
+    lines += [f"  {k:<26} {v:>10.2f} ms" for k, v in d["by_op_ms"].items() if v > 0]
+    return "\n".join(lines)
+
+
+def main(args: argparse.Namespace) -> int:
+    model = load_model(args.model, layers=_positive_int("layers", args.layers) if args.layers else None)
+    layout = parse_step_layout(
+        args.layout,
+        sp=args.sp,
+        recompute=args.recompute,
+        micro_batch=_positive_int("micro-batch", args.micro_batch),
+        micro_batches=_positive_int("micro-batches", args.micro_batches),
+        cp=_positive_int("cp", args.cp) if args.cp else None,
+        ep=_positive_int("ep", args.ep) if args.ep else None,
+    )
+    gpus = _positive_int("gpus", args.gpus) if args.gpus else None
+    result = step(model, args.gpu, layout, args.precision, _positive_int("seq-len", args.seq_len), gpus)
+    if not args.allow_oom and result.memory.total > result.gpu.memory_bytes:
+        raise ConfigError("memory", f"{result.memory.total / GIB:.1f} GiB on stage {result.busiest_stage}",
+                          f"at most {result.gpu.memory_bytes / GIB:.1f} GiB on {result.gpu.name}: raise tp, pp or zero, "
+                          "use --recompute full, or pass --allow-oom")
+    print(json.dumps(result.to_json()) if args.json else format_result(result))
+    return 0
