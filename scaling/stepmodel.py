@@ -130,7 +130,7 @@ class StepLayout:
     dp: int = 1
     cp: int = 1
     ep: int = 1
-    zero: int | None = None  # None: 1 if dp > 1 else 0
+    zero: int | None = None  # None: 1 if dp * cp > 1 else 0
     sp: bool | None = None  # None: tp > 1
     recompute: str = "none"
     micro_batch: int = 1
@@ -160,7 +160,8 @@ class StepLayout:
 
     @property
     def zero_stage(self) -> int:
-        return (1 if self.dp > 1 else 0) if self.zero is None else self.zero
+        # the distributed optimizer shards over the dp x cp group, so cp alone turns it on too
+        return (1 if self.dp * self.cp > 1 else 0) if self.zero is None else self.zero
 
     @property
     def sequence_parallel(self) -> bool:
@@ -252,7 +253,13 @@ class Efficiency:
     bandwidth: float
 
 
-EFFICIENCY = Efficiency(gemm=0.8, gemm_half_flops=2e10, attention=0.5, bandwidth=0.7)
+# Least squares of log step time over the 8 calibration runs of scaling/data/step_cases.json
+# (SimuMax's real Megatron-LM runs on 8x B200, micro-batches = 8; `python -m scaling.stepvalidate
+# --calibrate`). They are low next to B200 GEMM microbenchmarks (~65-70% of peak on large shapes)
+# because they also absorb what the model does not list (kernel launch gaps, CPU-side overhead,
+# TE's casts and copies); they are B200 numbers and do not transfer to an H100 stack
+# (Llama 3 405B: predicted 47-71% too slow, see docs/planner.md).
+EFFICIENCY = Efficiency(gemm=0.485, gemm_half_flops=1.26e11, attention=0.263, bandwidth=0.647)
 
 # Allocator slack, cuBLAS/NCCL workspaces and CUDA context outside max_memory_allocated's view
 # are not counted; the transient of one layer's backward (gradient buffers) is.
@@ -389,9 +396,10 @@ def edge_ops(c: Ctx, first: bool, last: bool) -> list[Op]:
         ops.append(Op("embedding fwd+bwd", "memory", c.hbm_seconds(t * m.hidden * (2 + 4))))
     if last:
         vocab = padded_vocab(m, tp)
-        flops = 2.0 * t * m.hidden * vocab / tp
-        ops.append(Op("gemm output fwd", "gemm", c.gemm_seconds(flops, "bf16"), flops))  # kept in BF16
-        ops.append(Op("gemm output bwd", "gemm", 2 * c.gemm_seconds(flops, "bf16"), 2 * flops))
+        run = 2.0 * t * m.hidden * vocab / tp  # the padded rows cost time but are not model FLOPs
+        flops = 2.0 * t * m.hidden * m.vocab / tp
+        ops.append(Op("gemm output fwd", "gemm", c.gemm_seconds(run, "bf16"), flops))  # kept in BF16
+        ops.append(Op("gemm output bwd", "gemm", 2 * c.gemm_seconds(run, "bf16"), 2 * flops))
         # fused cross-entropy: FP32 logits read/written about three times over forward and backward
         ops.append(Op("cross-entropy", "memory", c.hbm_seconds(3 * 4.0 * t * vocab / tp)))
         ops.append(Op("final rmsnorm", "memory", c.hbm_seconds(12.0 * t * m.hidden / (tp if c.layout.sequence_parallel else 1))))
@@ -474,11 +482,12 @@ def stage_memory(model: Transformer, layout: StepLayout, seq_len: int, stage: in
     Adam m, v (12). ZeRO shards over dp: stage 1 (= the distributed optimizer) the 12, stage 2
     also the gradients, stage 3 also the weights. Low-precision recipes keep the same states
     (the FP8/FP4 casts are transient per GEMM; counted as time, not memory).
+    ZeRO shards over dp x cp (Megatron's gradient/optimizer group includes context parallel).
     Activations: 1F1B keeps min(pp - stage, m) micro-batches in flight on `stage` (pp on the
     first); interleaving with v virtual stages adds (pp - 1) / v chunks of L / (pp v) layers
     (Korthikanti Sec. 4.2.3). The last stage also holds the FP32 logits and their gradient.
     """
-    dp, zero = layout.dp, layout.zero_stage
+    dp, zero = layout.dp * layout.cp, layout.zero_stage  # Megatron shards over the dp x cp group
     params = stage_params(model, layout, stage)
 
     def sharded(nbytes: float, from_stage: int) -> float:
@@ -495,6 +504,10 @@ def stage_memory(model: Transformer, layout: StepLayout, seq_len: int, stage: in
     transient = activation_bytes_per_layer(model, replace(layout, recompute="none"), seq_len)
     if layout.recompute == "full":
         transient *= 2  # the recomputed layer's activations and their gradients
+    # Transformer Engine fuses wgrad into the FP32 main_grad and hands autograd a dummy BF16 wgrad
+    # of the weight's shape: the largest local weight (FC1) is allocated during its backward
+    h = model.hidden
+    transient += 2.0 * h * max((2 if model.gated else 1) * model.ffn, h + 2 * model.kv_heads * model.head_dim) / layout.tp
     return StageMemory(
         weights=sharded(2, 3),
         gradients=sharded(4, 2),

@@ -1,0 +1,124 @@
+"""The step model against published measurements: per-case errors and the calibration of its constants.
+
+`python -m scaling.stepvalidate` prints the validation table (case, layout, measured, predicted,
+error, role); `--calibrate` refits stepmodel.EFFICIENCY on the calibration cases only (the
+held-out cases never enter the fit) and prints the constants to paste into stepmodel.py.
+Cases: scaling/data/step_cases.json, each with its source.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from scaling import stepmodel
+from scaling.stepmodel import Efficiency
+
+CASES_PATH = Path(__file__).parent / "data" / "step_cases.json"
+
+
+def load_cases(path: Path = CASES_PATH) -> list[dict]:
+    return json.loads(path.read_text())["cases"]
+
+
+@dataclass(frozen=True)
+class Check:
+    case: dict
+    measured_ms: float
+    predicted_ms: float
+    measured_gib: float | None
+    predicted_gib: float
+
+    @property
+    def error(self) -> float:
+        return self.predicted_ms / self.measured_ms - 1
+
+    @property
+    def memory_error(self) -> float | None:
+        return None if self.measured_gib is None else self.predicted_gib / self.measured_gib - 1
+
+
+def check(case: dict, eff: Efficiency | None = None) -> Check:
+    model = stepmodel.load_model(case["model"], layers=case.get("layers"))
+    lay = dict(case["layout"])
+    text = ",".join(f"{k}={v}" for k, v in lay.items())
+    layout = stepmodel.parse_step_layout(text, micro_batch=case["micro_batch"], micro_batches=case["micro_batches"])
+    r = stepmodel.step(model, case["gpu"], layout, case["precision"], case["seq_len"], case["gpus"], eff)
+    if "measured_step_ms" in case:
+        measured = case["measured_step_ms"]
+    else:  # published model TFLOP/s per GPU -> step time, with the FLOPs of the real layer count
+        real = replace(model, layers=case.get("flops_layers", model.layers))
+        flops = (6 * real.matmul_params + stepmodel.attention_flops_per_token(real, case["seq_len"])) * r.tokens
+        measured = flops / (case["measured_tflops_per_gpu"] * 1e12 * layout.gpus) * 1e3
+    return Check(case, measured, r.step_seconds * 1e3, case.get("measured_memory_gib"), r.memory.total / stepmodel.GIB)
+
+
+# Where the fit starts (round numbers, not measurements): a fixed start keeps the refit
+# reproducible, since GEMM efficiency and its knee trade off along a shallow valley.
+START = Efficiency(gemm=0.8, gemm_half_flops=2e10, attention=0.5, bandwidth=0.7)
+
+
+def calibrate(cases: list[dict], start: Efficiency = START, rounds: int = 6) -> Efficiency:
+    """Coordinate descent on the four constants, least squares of log(predicted / measured) step time."""
+    cases = [c for c in cases if c["role"] == "calibration"]
+
+    def loss(eff: Efficiency) -> float:
+        return sum(math.log(check(c, eff).predicted_ms / check(c, eff).measured_ms) ** 2 for c in cases)
+
+    bounds = {"gemm": (0.3, 1.0), "gemm_half_flops": (1e8, 1e12), "attention": (0.1, 1.0), "bandwidth": (0.3, 1.0)}
+    best, best_loss = start, loss(start)
+    for r in range(rounds):
+        step = 0.5 / 2**r  # multiplicative step in log space, halved each round
+        for key, (lo, hi) in bounds.items():
+            improved = True
+            while improved:
+                improved = False
+                for factor in (math.exp(step), math.exp(-step)):
+                    value = min(hi, max(lo, getattr(best, key) * factor))
+                    trial = replace(best, **{key: value})
+                    trial_loss = loss(trial)
+                    if trial_loss < best_loss - 1e-12:
+                        best, best_loss, improved = trial, trial_loss, True
+                        break
+    return best
+
+
+def layout_text(case: dict) -> str:
+    lay = case["layout"]
+    parts = [f"{k}{v}" for k, v in lay.items() if k in ("tp", "cp", "pp", "dp", "vpp") and (v > 1 or k in ("tp", "pp", "dp"))]
+    return f"{'/'.join(parts)} m{case['micro_batches']} s{case['seq_len']}"
+
+
+def table(checks: list[Check]) -> str:
+    lines = [f"| case | GPUs | layout | measured ms | predicted ms | error | memory GiB meas./pred. (error) | role |",
+             "|---|---:|---|---:|---:|---:|---|---|"]
+    for c in checks:
+        mem = "-" if c.measured_gib is None else f"{c.measured_gib:.1f} / {c.predicted_gib:.1f} ({c.memory_error:+.1%})"
+        lines.append(f"| {c.case['name']} | {c.case['gpus']} {c.case['gpu']} | {layout_text(c.case)} | {c.measured_ms:,.0f} "
+                     f"| {c.predicted_ms:,.0f} | {c.error:+.1%} | {mem} | {c.case['role']} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m scaling.stepvalidate", description=__doc__.splitlines()[0])
+    parser.add_argument("--calibrate", action="store_true", help="refit EFFICIENCY on the calibration cases")
+    args = parser.parse_args(argv)
+    cases = load_cases()
+    eff = stepmodel.EFFICIENCY
+    if args.calibrate:
+        eff = calibrate(cases)
+        print(f"EFFICIENCY = {eff}")
+    checks = [check(c, eff) for c in cases]
+    print(table(checks))
+    for role in ("calibration", "held-out"):
+        errs = [abs(c.error) for c in checks if c.case["role"] == role]
+        print(f"{role}: {len(errs)} cases, mean |error| {sum(errs) / len(errs):.1%}, worst {max(errs):.1%}, "
+              f"within 10%: {sum(e <= 0.10 for e in errs)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
