@@ -385,8 +385,7 @@ def test_op_inventory_flops_are_6nd_plus_attention(layout):
 
 def test_zero_stages_shard_exactly_what_they_should():
     model = stepmodel.load_model("llama3-8b")
-    p = model.params + 128256 * 4096 * 0  # pp = 1, tp = 1: every parameter on every GPU
-    p = stepmodel.stage_params(model, stepmodel.StepLayout(dp=4), 0)
+    p = stepmodel.stage_params(model, stepmodel.StepLayout(dp=4), 0)  # pp = tp = 1: every parameter
     assert p == pytest.approx(model.params)
     expect = {0: (2 * p, 4 * p, 12 * p), 1: (2 * p, 4 * p, 3 * p), 2: (2 * p, p, 3 * p), 3: (p / 2, p, 3 * p)}
     for zero, (w, g, o) in expect.items():
@@ -453,7 +452,7 @@ def test_step_cli_json_contract(capsys):
     assert cli.main(argv) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["step_ms"] > 0 and out["memory_gib"] > 0
-    assert out["layout"] | {} == out["layout"] and out["layout"]["sequence_parallel"] and out["layout"]["zero"] == 1
+    assert out["layout"]["sequence_parallel"] and out["layout"]["zero"] == 1
     assert out["tokens_per_step"] == 4096 * 8 * 2
     assert out["memory_gib"] == pytest.approx(out["memory_breakdown_gib"]["total"])
     # the breakdown sums to the step: ops (collectives included) and the optimizer
