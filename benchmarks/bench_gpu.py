@@ -8,7 +8,7 @@
 
 Per ladder size (the one whose non-embedding N is nearest each --params target, ladder.param_counts),
 one process measures, the same way for each: our training step as `scaling train` runs it
-(scaling.step: the model's quantised GEMMs, AdamW, clipping; fast path where bf16 is native),
+(scaling.train_step: the model's quantised GEMMs, AdamW, clipping; fast path where bf16 is native),
 compiled and warmed up, then --steps steps dispatched back to back and waited for once; and the
 same model in PyTorch (benchmarks/bench_torch.TorchLM) under bf16 autocast with fused AdamW,
 torch.compile'd when it compiles. Printed per row: step time, tokens/s, and model FLOP/s
@@ -29,7 +29,7 @@ import jax
 import numpy as np
 
 from scaling import data, hardware, ladder, precision
-from scaling import step as step_lib
+from scaling import train_step as step_lib
 
 TORCH_VS_OURS_TARGET, RECIPE_VS_BF16_TARGET = 0.8, 1.3
 

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from scaling import hardware, ladder, precision
-from scaling import step as step_lib
+from scaling import train_step as step_lib
 
 TARGETS = {"fp8": 1.0 if not hardware.native_bf16() else 0.8, "fp8-blockwise": 1.2, "mxfp4": 1.1, "nvfp4": 1.1}
 

@@ -11,14 +11,13 @@ nodes. The per-micro-batch time of the busiest pipeline stage goes through the 1
 ((m + (p - 1) / v) stage times); the data-parallel gradient reduction and the optimizer follow.
 
 The four efficiency constants (EFFICIENCY) are calibrated on published measurements and checked
-on others that were kept apart: scaling/data/step_cases.json, scaling/stepvalidate.py.
+on others that were kept apart: scaling/step_cases.json, scaling/stepvalidate.py.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -253,7 +252,7 @@ class Efficiency:
     bandwidth: float
 
 
-# Least squares of log step time over the 8 calibration runs of scaling/data/step_cases.json
+# Least squares of log step time over the 8 calibration runs of scaling/step_cases.json
 # (SimuMax's real Megatron-LM runs on 8x B200, micro-batches = 8; `python -m scaling.stepvalidate
 # --calibrate`). They are low next to B200 GEMM microbenchmarks (~65-70% of peak on large shapes)
 # because they also absorb what the model does not list (kernel launch gaps, CPU-side overhead,

@@ -3,7 +3,7 @@
 `python -m scaling.stepvalidate` prints the validation table (case, layout, measured, predicted,
 error, role); `--calibrate` refits stepmodel.EFFICIENCY on the calibration cases only (the
 held-out cases never enter the fit) and prints the constants to paste into stepmodel.py.
-Cases: scaling/data/step_cases.json, each with its source.
+Cases: scaling/step_cases.json, each with its source.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 from scaling import stepmodel
 from scaling.stepmodel import Efficiency
 
-CASES_PATH = Path(__file__).parent / "data" / "step_cases.json"
+CASES_PATH = Path(__file__).parent / "step_cases.json"
 
 
 def load_cases(path: Path = CASES_PATH) -> list[dict]:
@@ -93,7 +93,7 @@ def layout_text(case: dict) -> str:
 
 
 def table(checks: list[Check]) -> str:
-    lines = [f"| case | GPUs | layout | measured ms | predicted ms | error | memory GiB meas./pred. (error) | role |",
+    lines = ["| case | GPUs | layout | measured ms | predicted ms | error | memory GiB meas./pred. (error) | role |",
              "|---|---:|---|---:|---:|---:|---|---|"]
     for c in checks:
         mem = "-" if c.measured_gib is None else f"{c.measured_gib:.1f} / {c.predicted_gib:.1f} ({c.memory_error:+.1%})"

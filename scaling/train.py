@@ -62,7 +62,7 @@ from flax import nnx
 from scaling import compute as compute_lib
 from scaling import config as config_lib
 from scaling import data, formats, gemm, hardware, health, ladder, precision, runs, tracking
-from scaling import step as step_lib
+from scaling import train_step as step_lib
 from scaling._io import append_jsonl, read_jsonl
 from scaling.errors import ConfigError
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from scaling import config, data, health, ladder, train
-from scaling import step as step_lib
+from scaling import train_step as step_lib
 from scaling._io import read_jsonl
 from scaling.errors import ConfigError
 
