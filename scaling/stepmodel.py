@@ -72,11 +72,17 @@ class Transformer:
 #   heads, SwiGLU, vocabulary 128,256 (the released config.json files).
 # - GPT-3 175B: Brown et al. 2020 Table 2.1 (96 layers, d_model 12,288, 96 heads of 128,
 #   d_ff = 4 d_model, GELU), vocabulary 50,257 (GPT-2 BPE).
+# - Llama 2 7B / 13B / 70B: Touvron et al. 2023 ("Llama 2", Table 1 and the released config.json
+#   files): 32/40/80 layers, hidden 4096/5120/8192, 32/40/64 heads (70B: 8 KV heads), SwiGLU
+#   width 11008/13824/28672, vocabulary 32,000.
 PRESETS: dict[str, Transformer] = {
     "llama3-8b": Transformer("llama3-8b", 32, 4096, 32, 8, 14336, 128256),
     "llama3-70b": Transformer("llama3-70b", 80, 8192, 64, 8, 28672, 128256),
     "llama3-405b": Transformer("llama3-405b", 126, 16384, 128, 8, 53248, 128256),
     "gpt3-175b": Transformer("gpt3-175b", 96, 12288, 96, 96, 49152, 50257, gated=False),
+    "llama2-7b": Transformer("llama2-7b", 32, 4096, 32, 32, 11008, 32000),
+    "llama2-13b": Transformer("llama2-13b", 40, 5120, 40, 40, 13824, 32000),
+    "llama2-70b": Transformer("llama2-70b", 80, 8192, 64, 8, 28672, 32000),
 }
 SHAPE_KEYS = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "gated")
 
@@ -120,8 +126,11 @@ class StepLayout:
     """Parallel layout and batch of one optimizer step. GPUs = tp * cp * pp * dp.
 
     Megatron-LM defaults: the distributed optimizer (ZeRO-1) when dp > 1, sequence parallel when
-    tp > 1, no recompute, 1F1B without interleaving (vpp = 1), gradient reduction not overlapped
-    with the backward (Megatron's --overlap-grad-reduce is opt-in).
+    tp > 1, no recompute, 1F1B without interleaving (vpp = 1), gradient reduction and parameter
+    all-gather not overlapped (Megatron's --overlap-grad-reduce / --overlap-param-gather are opt-in),
+    TP communication not overlapped (--tp-comm-overlap is opt-in), pipeline send/recv overlapped
+    with compute under interleaving (--overlap-p2p-communication, Megatron's default, applies to
+    vpp > 1 only). NeMo's performance recipes turn all of them on (see scaling/step_cases.json).
     """
 
     tp: int = 1
@@ -136,6 +145,9 @@ class StepLayout:
     micro_batches: int = 1
     vpp: int = 1
     overlap_grad_reduce: bool = False
+    overlap_param_gather: bool = False
+    tp_overlap: bool = False
+    overlap_p2p: bool | None = None  # None: vpp > 1
 
     def __post_init__(self):
         for key in ("tp", "pp", "dp", "cp", "ep", "micro_batch", "micro_batches", "vpp"):
@@ -150,6 +162,8 @@ class StepLayout:
             raise ConfigError("layout.ep", self.ep, "1: expert parallelism needs a MoE model (not modelled yet)")
         if self.sp and self.tp == 1:
             raise ConfigError("sequence-parallel", self.sp, "only with tp > 1")
+        if self.tp_overlap and not (self.tp > 1 and self.sequence_parallel):
+            raise ConfigError("layout.tpo", 1, "only with tp > 1 and sequence parallel (TE's userbuffer overlap)")
         if self.vpp > 1 and self.pp == 1:
             raise ConfigError("layout.vpp", self.vpp, "1 unless pp > 1 (virtual stages interleave a pipeline)")
 
@@ -166,12 +180,20 @@ class StepLayout:
     def sequence_parallel(self) -> bool:
         return self.tp > 1 if self.sp is None else self.sp
 
+    @property
+    def p2p_overlapped(self) -> bool:
+        return self.vpp > 1 if self.overlap_p2p is None else self.overlap_p2p
 
-LAYOUT_KEYS = {"tp": int, "pp": int, "dp": int, "cp": int, "ep": int, "zero": int, "vpp": int, "sp": int, "ogr": int}
+
+LAYOUT_KEYS = {"tp": int, "pp": int, "dp": int, "cp": int, "ep": int, "zero": int, "vpp": int, "sp": int, "ogr": int,
+               "opg": int, "tpo": int, "p2p": int}
+# boolean layout keys -> StepLayout fields
+FLAG_KEYS = {"sp": "sp", "ogr": "overlap_grad_reduce", "opg": "overlap_param_gather", "tpo": "tp_overlap",
+             "p2p": "overlap_p2p"}
 
 
 def parse_step_layout(text: str, **extra: Any) -> StepLayout:
-    """'tp=4,pp=1,dp=2,zero=1' (keys: tp pp dp cp ep zero vpp sp ogr) -> StepLayout (plus `extra` fields)."""
+    """'tp=4,pp=1,dp=2,zero=1' (keys: tp pp dp cp ep zero vpp, flags sp ogr opg tpo p2p = 0|1) -> StepLayout (plus `extra` fields)."""
     allowed = "comma-separated key=integer with keys " + ", ".join(LAYOUT_KEYS) + ", e.g. tp=4,pp=1,dp=2,zero=1"
     fields: dict[str, Any] = {}
     for part in text.split(","):
@@ -182,10 +204,11 @@ def parse_step_layout(text: str, **extra: Any) -> StepLayout:
             fields[key] = int(value)
         except ValueError:
             raise ConfigError("layout", text, allowed) from None
-    if "sp" in fields:
-        fields["sp"] = bool(fields["sp"])
-    if "ogr" in fields:
-        fields["overlap_grad_reduce"] = bool(fields.pop("ogr"))
+    for key, name in FLAG_KEYS.items():
+        if key in fields:
+            if fields[key] not in (0, 1):
+                raise ConfigError(f"layout.{key}", fields[key], (0, 1))
+            fields[name] = bool(fields.pop(key))
     for key, value in extra.items():
         if value is not None:
             if key in fields and fields[key] != value:
@@ -252,13 +275,30 @@ class Efficiency:
     bandwidth: float
 
 
-# Least squares of log step time over the 8 calibration runs of scaling/step_cases.json
-# (SimuMax's real Megatron-LM runs on 8x B200, micro-batches = 8; `python -m scaling.stepvalidate
-# --calibrate`). They are low next to B200 GEMM microbenchmarks (~65-70% of peak on large shapes)
-# because they also absorb what the model does not list (kernel launch gaps, CPU-side overhead,
-# TE's casts and copies); they are B200 numbers and do not transfer to an H100 stack
-# (Llama 3 405B: predicted 47-71% too slow, see docs/planner.md).
-EFFICIENCY = Efficiency(gemm=0.485, gemm_half_flops=1.26e11, attention=0.263, bandwidth=0.647)
+# Least squares of log step time over the calibration runs of scaling/step_cases.json, one fit per
+# GPU generation (`python -m scaling.stepvalidate --calibrate`):
+# - b200: 8 of SimuMax's real Megatron-LM runs on 8x B200 (BF16, micro-batches = 8, no TP/DP overlap).
+#   Low next to B200 GEMM microbenchmarks (~65-70% of peak on large shapes) because they also absorb
+#   what the model does not list (kernel launch gaps, CPU-side overhead, TE's casts and copies).
+# - h100: 5 of NeMo's published DGX-H100 runs (FP8 per-tensor; Llama 2 7B/13B, Llama 3 8B with CP,
+#   GPT-3 175B on 128 GPUs, Llama 3 70B on 64 GPUs), with the overlaps those recipes turn on. The
+#   GEMM fraction is of the FP8 peak; BF16 runs on H100 (Llama 3 405B) come out 16-32% slow with it.
+# B200's constants priced the H100 runs 20-37% (FP8) and 47-71% (Llama 3 BF16) too slow: the
+# constants are per generation and software stack, not portable.
+# One set per GPU generation: `python -m scaling.stepvalidate --calibrate` fits each generation
+# on its own calibration cases. Hopper (H100/H200): NeMo's published Megatron-Core runs on DGX H100
+# (FP8, TP/DP/PP communication overlapped). A100 has no calibration runs yet and borrows Hopper's.
+EFFICIENCY: dict[str, Efficiency] = {
+    "b200": Efficiency(gemm=0.485, gemm_half_flops=1.26e11, attention=0.263, bandwidth=0.647),
+    "h100": Efficiency(gemm=0.493, gemm_half_flops=2.13e10, attention=0.558, bandwidth=0.806),
+}
+GENERATION = {"a100": "h100", "h100": "h100", "h200": "h100", "b200": "b200"}
+
+
+def efficiency_for(gpu: str | GPU) -> Efficiency:
+    """The calibrated constants of this GPU's generation (`gpu` a GPUS key or a GPUS value)."""
+    key = gpu if isinstance(gpu, str) else next((k for k, v in GPUS.items() if v == gpu), "h100")
+    return EFFICIENCY[GENERATION.get(key.lower(), "h100")]
 
 # Allocator slack, cuBLAS/NCCL workspaces and CUDA context outside max_memory_allocated's view
 # are not counted; the transient of one layer's backward (gradient buffers) is.
@@ -358,7 +398,16 @@ def layer_ops(c: Ctx) -> list[Op]:
         ops.append(Op("quantise bwd", "memory", c.hbm_seconds(bwd_elems * (2 + 2 * q))))
     if tp > 1:
         buf = 2.0 * t * h  # BF16 [s, b, h]
-        if lay.sequence_parallel:
+        if lay.sequence_parallel and lay.tp_overlap:
+            # Transformer Engine's userbuffers split each all-gather / reduce-scatter into tp chunks
+            # pipelined with the GEMM that consumes / produces them (NeMo's --tp-comm-overlap): what
+            # the GEMMs of a direction cannot cover is exposed.
+            ag, rs = c.collective("all-gather", buf, tp, tp), c.collective("reduce-scatter", buf, tp, tp)
+            gemm_fwd = sum(o.seconds for o in ops if o.kind == "gemm" and o.name.endswith(" fwd"))
+            gemm_bwd = sum(o.seconds for o in ops if o.kind == "gemm" and o.name.endswith(" bwd"))
+            ops.append(Op("tp exposed fwd", "comm", max(0.0, 2 * ag + 2 * rs - gemm_fwd)))
+            ops.append(Op("tp exposed bwd", "comm", max(0.0, 4 * ag + 2 * rs - gemm_bwd)))
+        elif lay.sequence_parallel:
             ag, rs = c.collective("all-gather", buf, tp, tp), c.collective("reduce-scatter", buf, tp, tp)
             ops.append(Op("tp all-gather fwd", "comm", ag, count=2))
             ops.append(Op("tp reduce-scatter fwd", "comm", rs, count=2))
@@ -553,7 +602,8 @@ class StepResult:
             "layout": {"tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "cp": lay.cp, "ep": lay.ep, "zero": lay.zero_stage,
                        "sequence_parallel": lay.sequence_parallel, "recompute": lay.recompute, "vpp": lay.vpp,
                        "micro_batch": lay.micro_batch, "micro_batches": lay.micro_batches,
-                       "overlap_grad_reduce": lay.overlap_grad_reduce, "gpus": lay.gpus},
+                       "overlap_grad_reduce": lay.overlap_grad_reduce, "overlap_param_gather": lay.overlap_param_gather,
+                       "tp_overlap": lay.tp_overlap, "overlap_p2p": lay.p2p_overlapped, "gpus": lay.gpus},
             "params": self.model.params,
             "step_ms": self.step_seconds * 1e3,
             "tokens_per_step": self.tokens,
@@ -608,7 +658,7 @@ def step(model: Transformer, gpu: str | GPU, layout: StepLayout, precision: str 
         raise ConfigError("seq-len", seq_len, "a positive integer")
     recipe = get_recipe(precision, spec)
     validate(model, layout, seq_len, gpus)
-    c = Ctx(model, spec, layout, recipe, seq_len, eff or EFFICIENCY)
+    c = Ctx(model, spec, layout, recipe, seq_len, eff or efficiency_for(gpu))
     pp, m_count, v = layout.pp, layout.micro_batches, layout.vpp
     layers = model.layers // pp
     body = layer_ops(c)
@@ -632,10 +682,12 @@ def step(model: Transformer, gpu: str | GPU, layout: StepLayout, precision: str 
     tp, cp, dp = layout.tp, layout.cp, layout.dp
     if pp > 1:
         # activations [s/cp, b, h] (split by tp under sequence parallel) sent forward and their
-        # gradients backward at every stage boundary, on the critical path (no p2p overlap)
+        # gradients backward at every stage boundary (v boundaries per GPU when interleaved); on the
+        # critical path unless overlapped (interleaved default), when only the fill and drain are
         act = 2.0 * c.tokens * model.hidden / (tp if layout.sequence_parallel else 1)
         bandwidth, latency = c.group_link(layout.gpus)  # pp is the outermost dimension
-        p2p = 2 * (m_count + pp - 1) * (act / bandwidth + latency)
+        sends = 2 * (pp - 1) if layout.p2p_overlapped else 2 * (m_count * v + pp - 1)
+        p2p = sends * (act / bandwidth + latency)
         by_collective["pp send/recv"] = p2p
         total += p2p
 
@@ -652,7 +704,9 @@ def step(model: Transformer, gpu: str | GPU, layout: StepLayout, precision: str 
         exposed = grads if not layout.overlap_grad_reduce else min(grads, 4.0 * max(40e6, 1e6 * dp_group))
         if zero >= 1:
             by_collective["dp reduce-scatter"] = c.collective("reduce-scatter", exposed, dp_group, span)
-            by_collective["dp all-gather"] = c.collective("all-gather", 2.0 * params, dp_group, span)
+            # with overlap_param_gather the next step's forward hides all but the first bucket
+            gathered = 2.0 * params if not layout.overlap_param_gather else min(2.0 * params, 2.0 * max(40e6, 1e6 * dp_group))
+            by_collective["dp all-gather"] = c.collective("all-gather", gathered, dp_group, span)
         else:
             by_collective["dp all-reduce"] = c.collective("all-reduce", exposed, dp_group, span)
         if zero == 3:
@@ -709,7 +763,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--layers", help="override the model's layer count (e.g. a cut-down model for a benchmark)")
     parser.add_argument("--gpu", default="h100", help=f"one of {', '.join(GPUS)} (default h100)")
     parser.add_argument("--gpus", help="cluster size: the layout's tp*cp*pp*dp must equal it")
-    parser.add_argument("--layout", default="tp=1", help="tp=,pp=,dp=,cp=,ep=,zero=,vpp=,sp=0|1,ogr=0|1 (overlap grad reduce)")
+    parser.add_argument("--layout", default="tp=1", help="tp=,pp=,dp=,cp=,ep=,zero=,vpp=, flags 0|1: sp (sequence parallel), ogr (overlap grad reduce), "
+                        "opg (overlap param gather), tpo (TP comm overlap), p2p (overlap pipeline send/recv)")
     parser.add_argument("--seq-len", default="4096", help="sequence length (default 4096)")
     parser.add_argument("--micro-batch", default="1", help="micro-batch size (default 1)")
     parser.add_argument("--micro-batches", default="1", help="micro-batches per step per data-parallel rank (default 1)")

@@ -1,8 +1,9 @@
 """The step model against published measurements: per-case errors and the calibration of its constants.
 
 `python -m scaling.stepvalidate` prints the validation table (case, layout, measured, predicted,
-error, role); `--calibrate` refits stepmodel.EFFICIENCY on the calibration cases only (the
-held-out cases never enter the fit) and prints the constants to paste into stepmodel.py.
+error, role); `--calibrate` refits stepmodel.EFFICIENCY, one set per GPU generation, each on
+that generation's calibration cases only (the held-out cases never enter the fit), and prints the
+constants to paste into stepmodel.py.
 Cases: scaling/step_cases.json, each with its source.
 """
 
@@ -49,6 +50,8 @@ def check(case: dict, eff: Efficiency | None = None) -> Check:
     r = stepmodel.step(model, case["gpu"], layout, case["precision"], case["seq_len"], case["gpus"], eff)
     if "measured_step_ms" in case:
         measured = case["measured_step_ms"]
+    elif "measured_tokens_per_s_per_gpu" in case:  # tokens of one step / (tokens/s/GPU x GPUs)
+        measured = r.tokens / (case["measured_tokens_per_s_per_gpu"] * layout.gpus) * 1e3
     else:  # published model TFLOP/s per GPU -> step time, with the FLOPs of the real layer count
         real = replace(model, layers=case.get("flops_layers", model.layers))
         flops = (6 * real.matmul_params + stepmodel.attention_flops_per_token(real, case["seq_len"])) * r.tokens
@@ -59,6 +62,16 @@ def check(case: dict, eff: Efficiency | None = None) -> Check:
 # Where the fit starts (round numbers, not measurements): a fixed start keeps the refit
 # reproducible, since GEMM efficiency and its knee trade off along a shallow valley.
 START = Efficiency(gemm=0.8, gemm_half_flops=2e10, attention=0.5, bandwidth=0.7)
+
+
+def generation(case: dict) -> str:
+    return stepmodel.GENERATION[case["gpu"]]
+
+
+def calibrate_all(cases: list[dict]) -> dict[str, Efficiency]:
+    """One set of constants per GPU generation that has calibration cases."""
+    gens = sorted({generation(c) for c in cases if c["role"] == "calibration"})
+    return {g: calibrate([c for c in cases if generation(c) == g]) for g in gens}
 
 
 def calibrate(cases: list[dict], start: Efficiency = START, rounds: int = 6) -> Efficiency:
@@ -107,16 +120,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calibrate", action="store_true", help="refit EFFICIENCY on the calibration cases")
     args = parser.parse_args(argv)
     cases = load_cases()
-    eff = stepmodel.EFFICIENCY
+    effs = dict(stepmodel.EFFICIENCY)
     if args.calibrate:
-        eff = calibrate(cases)
-        print(f"EFFICIENCY = {eff}")
-    checks = [check(c, eff) for c in cases]
+        effs.update(calibrate_all(cases))
+        for g, e in effs.items():
+            print(f'    "{g}": {e},')
+    checks = [check(c, effs[generation(c)]) for c in cases]
     print(table(checks))
-    for role in ("calibration", "held-out"):
-        errs = [abs(c.error) for c in checks if c.case["role"] == role]
-        print(f"{role}: {len(errs)} cases, mean |error| {sum(errs) / len(errs):.1%}, worst {max(errs):.1%}, "
-              f"within 10%: {sum(e <= 0.10 for e in errs)}")
+    for gen in sorted({generation(c) for c in cases}):
+        for role in ("calibration", "held-out"):
+            errs = [abs(c.error) for c in checks if c.case["role"] == role and generation(c.case) == gen]
+            if errs:
+                print(f"{gen} {role}: {len(errs)} cases, mean |error| {sum(errs) / len(errs):.1%}, "
+                      f"worst {max(errs):.1%}, within 10%: {sum(e <= 0.10 for e in errs)}")
     return 0
 
 

@@ -356,7 +356,7 @@ def test_presets_have_the_published_parameter_counts():
 
 def _inventory_flops(model, layout, seq_len=4096, precision="bf16"):
     """Model FLOPs of one step summed over the op inventory of every GPU."""
-    c = stepmodel.Ctx(model, plan.get_gpu("h100"), layout, stepmodel.RECIPES[precision], seq_len, stepmodel.EFFICIENCY)
+    c = stepmodel.Ctx(model, plan.get_gpu("h100"), layout, stepmodel.RECIPES[precision], seq_len, stepmodel.EFFICIENCY["h100"])
     per_stage_layers = model.layers // layout.pp
     total = 0.0
     for s in range(layout.pp):
@@ -505,6 +505,8 @@ def test_held_out_step_time_and_memory_errors():
 
 
 def test_calibration_reproduces_the_constants_in_the_module():
-    refit = stepvalidate.calibrate(stepvalidate.load_cases())
-    for key in ("gemm", "gemm_half_flops", "attention", "bandwidth"):
-        assert getattr(refit, key) == pytest.approx(getattr(stepmodel.EFFICIENCY, key), rel=0.02), key
+    refits = stepvalidate.calibrate_all(stepvalidate.load_cases())
+    assert set(refits) == set(stepmodel.EFFICIENCY)
+    for gen, refit in refits.items():
+        for key in ("gemm", "gemm_half_flops", "attention", "bandwidth"):
+            assert getattr(refit, key) == pytest.approx(getattr(stepmodel.EFFICIENCY[gen], key), rel=0.02), (gen, key)
