@@ -591,6 +591,10 @@ class StepResult:
         return self.seq_len * lay.micro_batch * lay.micro_batches * lay.dp
 
     @property
+    def gpu_key(self) -> str:
+        return next((k for k, v in GPUS.items() if v == self.gpu), self.gpu.name)
+
+    @property
     def mfu(self) -> float:
         peak = self.gpu.peak_tflops[RECIPES[self.precision].rate] * 1e12
         return self.model_flops / (self.step_seconds * self.layout.gpus * peak)
@@ -663,13 +667,12 @@ def step(model: Transformer, gpu: str | GPU, layout: StepLayout, precision: str 
     layers = model.layers // pp
     body = layer_ops(c)
 
-    # per-micro-batch time of every stage; the slowest sets the 1F1B pace
-    stage_ops = []
-    for s in range(pp):
-        ops = [replace(o, count=o.count * layers) for o in body] + edge_ops(c, s == 0, s == pp - 1)
-        stage_ops.append(ops)
-    stage_time = [sum(o.seconds * o.count for o in ops) for ops in stage_ops]
-    slow = max(range(pp), key=lambda s: stage_time[s])
+    # per-micro-batch time of every stage; the slowest sets the 1F1B pace. Stages differ only at
+    # the ends (embedding on the first, output layer on the last), so three kinds are priced.
+    kinds = sorted({0, pp - 1} | ({1} if pp > 2 else set()))
+    stage_ops = {s: [replace(o, count=o.count * layers) for o in body] + edge_ops(c, s == 0, s == pp - 1) for s in kinds}
+    stage_time = {s: sum(o.seconds * o.count for o in ops) for s, ops in stage_ops.items()}
+    slow = max(kinds, key=lambda s: stage_time[s])
     # 1F1B: m micro-batches plus the (p - 1) / v bubble (Narayanan et al. 2021, interleaved: / v)
     by_op: dict[str, float] = {}
     for o in stage_ops[slow]:
@@ -695,7 +698,7 @@ def step(model: Transformer, gpu: str | GPU, layout: StepLayout, precision: str 
     # or all-reduced (ZeRO 0) once per step; ZeRO >= 1 then all-gathers the updated BF16 weights.
     # A dp group spans tp*cp*dp GPUs. With overlap_grad_reduce only the last bucket is exposed
     # (Megatron's bucket: max(40M, 1M * dp) parameters).
-    params = max(stage_params(model, layout, s) for s in range(pp))
+    params = max(stage_params(model, layout, s) for s in kinds)
     dp_group = dp * cp  # Megatron reduces gradients over dp x cp
     span = tp * cp * dp
     zero = layout.zero_stage
@@ -703,7 +706,10 @@ def step(model: Transformer, gpu: str | GPU, layout: StepLayout, precision: str 
         grads = 4.0 * params
         exposed = grads if not layout.overlap_grad_reduce else min(grads, 4.0 * max(40e6, 1e6 * dp_group))
         if zero >= 1:
-            by_collective["dp reduce-scatter"] = c.collective("reduce-scatter", exposed, dp_group, span)
+            # ZeRO >= 2 keeps only a gradient shard, so every micro-batch's gradients are
+            # reduce-scattered (DeepSpeed's ZeRO-2 under gradient accumulation), not once per step
+            times = m_count if zero >= 2 else 1
+            by_collective["dp reduce-scatter"] = times * c.collective("reduce-scatter", exposed, dp_group, span)
             # with overlap_param_gather the next step's forward hides all but the first bucket
             gathered = 2.0 * params if not layout.overlap_param_gather else min(2.0 * params, 2.0 * max(40e6, 1e6 * dp_group))
             by_collective["dp all-gather"] = c.collective("all-gather", gathered, dp_group, span)
@@ -725,8 +731,9 @@ def step(model: Transformer, gpu: str | GPU, layout: StepLayout, precision: str 
         total += by_op["quantise weights"]
     by_op.update({k: v for k, v in by_collective.items() if k not in by_op})
 
-    memories = [stage_memory(model, layout, seq_len, s) for s in range(pp)]
-    busiest = max(range(pp), key=lambda s: memories[s].total)
+    # the first stage holds the most in-flight micro-batches, the last the logits: one of them peaks
+    memories = {s: stage_memory(model, layout, seq_len, s) for s in kinds}
+    busiest = max(kinds, key=lambda s: memories[s].total)
     tokens = seq_len * layout.micro_batch * m_count * dp
     model_flops = (6.0 * model.matmul_params + attention_flops_per_token(model, seq_len)) * tokens
     return StepResult(model, spec, layout, precision.lower(), seq_len, total, model_flops, memories[busiest],
@@ -736,6 +743,101 @@ def step(model: Transformer, gpu: str | GPU, layout: StepLayout, precision: str 
 def attention_flops_per_token(model: Transformer, seq_len: int) -> float:
     """Model FLOPs of causal attention per token, forward and backward: 6 * L * s * h (QK^T and PV, halved)."""
     return 6.0 * model.layers * seq_len * model.heads * model.head_dim
+
+
+# --------------------------------------------------------------------------------------------
+# Layout search
+# --------------------------------------------------------------------------------------------
+
+SEARCH_MICRO_BATCH = (1, 2, 4, 8)
+SEARCH_CP = (1, 2, 4, 8, 16)
+SEARCH_VPP = (1, 2, 4, 8)
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def candidate_layouts(model: Transformer, gpu: GPU, gpus: int, global_batch: int, seq_len: int,
+                      overlap: bool = True) -> list[StepLayout]:
+    """Every layout `scaling plan step --search` considers (all pass `validate`).
+
+    tp: divisors of the heads, KV heads and FFN width up to the GPUs of a node; pp: divisors of
+    the layers; cp in SEARCH_CP (2 cp dividing the sequence); dp = gpus / (tp cp pp) dividing the
+    global batch; micro-batch in SEARCH_MICRO_BATCH dividing the batch per replica; vpp in
+    SEARCH_VPP when pp > 1; ZeRO 1-3 when dp cp > 1 (else 0); recompute none/selective/full.
+    With `overlap`, Megatron's opt-in overlaps (tpo when tp > 1, ogr, opg) are on.
+    """
+    out: list[StepLayout] = []
+    for tp in _divisors(min(gpu.gpus_per_node, gpus)):
+        if model.heads % tp or model.kv_heads % tp or model.ffn % tp:
+            continue
+        for cp in SEARCH_CP:
+            if cp > 1 and seq_len % (2 * cp):
+                continue
+            for pp in _divisors(model.layers):
+                if gpus % (tp * cp * pp):
+                    continue
+                dp = gpus // (tp * cp * pp)
+                if global_batch % dp:
+                    continue
+                per_replica = global_batch // dp
+                for mb in SEARCH_MICRO_BATCH:
+                    if per_replica % mb or (tp > 1 and (seq_len * mb // cp) % tp):
+                        continue
+                    m = per_replica // mb
+                    if pp > 1 and m < pp:
+                        continue
+                    for vpp in SEARCH_VPP if pp > 1 else (1,):
+                        if model.layers % (pp * vpp):
+                            continue
+                        for zero in (1, 2, 3) if dp * cp > 1 else (0,):
+                            for recompute in RECOMPUTE:
+                                out.append(StepLayout(tp=tp, pp=pp, dp=dp, cp=cp, zero=zero, recompute=recompute,
+                                                      micro_batch=mb, micro_batches=m, vpp=vpp,
+                                                      overlap_grad_reduce=overlap and dp * cp > 1,
+                                                      overlap_param_gather=overlap and dp * cp > 1,
+                                                      tp_overlap=overlap and tp > 1))
+    return out
+
+
+def search(model: Transformer, gpu: str | GPU, gpus: int, global_batch: int, seq_len: int = 4096,
+           precision: str = "bf16", overlap: bool = True) -> tuple[StepResult, int]:
+    """The fastest candidate layout that fits the GPU's memory, and how many candidates fit."""
+    spec = get_gpu(gpu) if isinstance(gpu, str) else gpu
+    candidates = candidate_layouts(model, spec, gpus, global_batch, seq_len, overlap)
+    if not candidates:
+        raise ConfigError("global-batch", global_batch,
+                          f"a batch that {gpus} GPUs can split (dp dividing it) for {model.name} at seq {seq_len}")
+    best, fitting = None, 0
+    for layout in candidates:
+        r = step(model, spec, layout, precision, seq_len, gpus)
+        if r.memory.total > spec.memory_bytes:
+            continue
+        fitting += 1
+        if best is None or r.step_seconds < best.step_seconds:
+            best = r
+    if best is None:
+        raise ConfigError("memory", f"{model.name} on {gpus} x {spec.name}",
+                          f"a cluster where some layout fits ({len(candidates)} tried, none fits): more GPUs or a larger GPU")
+    return best, fitting
+
+
+# --------------------------------------------------------------------------------------------
+# Days, cost and goodput of a whole run from the step
+# --------------------------------------------------------------------------------------------
+
+
+def run_days(result: StepResult, tokens: float, **failure_options: Any):
+    """scaling.plan.RunPlan for training on `tokens` tokens at this step's speed: the failure-free
+    days are tokens / (tokens/s of the step); the failure model (checkpoint-and-restart at Daly's
+    interval, or dropping a failed tp*cp*pp replica) is scaling.plan's."""
+    from scaling import plan  # pure Python; imported here to keep the modules' import graph acyclic
+
+    lay = result.layout
+    return plan.plan_run(result.model_flops / result.tokens * tokens, lay.gpus, result.gpu_key,
+                         RECIPES[result.precision].rate, mfu=result.mfu, replica_gpus=lay.tp * lay.cp * lay.pp,
+                         **failure_options)
 
 
 # --------------------------------------------------------------------------------------------
@@ -776,6 +878,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cp", help="context parallel size (or cp= in --layout)")
     parser.add_argument("--ep", help="expert parallel size (MoE: not modelled yet; only 1)")
     parser.add_argument("--allow-oom", action="store_true", help="report a layout even if it does not fit in memory")
+    parser.add_argument("--search", action="store_true",
+                        help="find the fastest layout that fits (needs --gpus and --global-batch; ignores --layout)")
+    parser.add_argument("--global-batch", help="sequences per optimizer step (with --search)")
+    parser.add_argument("--no-overlap", action="store_true",
+                        help="with --search: leave Megatron's opt-in overlaps (tpo, ogr, opg) off")
+    parser.add_argument("--tokens", help="training tokens: add days, goodput and failures of the whole run")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -794,8 +902,27 @@ def format_result(r: StepResult) -> str:
     return "\n".join(lines)
 
 
+def _positive_float(key: str, text: str) -> float:
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        value = 0.0
+    if not value > 0 or value == float("inf"):
+        raise ConfigError(key, text, "a positive number")
+    return value
+
+
 def main(args: argparse.Namespace) -> int:
     model = load_model(args.model, layers=_positive_int("layers", args.layers) if args.layers else None)
+    tokens = _positive_float("tokens", args.tokens) if args.tokens else None
+    if args.search:
+        if not args.gpus or not args.global_batch:
+            raise ConfigError("search", "--gpus/--global-batch missing", "both --gpus K and --global-batch B with --search")
+        result, fitting = search(model, args.gpu, _positive_int("gpus", args.gpus), _positive_int("global-batch", args.global_batch),
+                                 _positive_int("seq-len", args.seq_len), args.precision, overlap=not args.no_overlap)
+        return _print(args, result, tokens, {"fitting_layouts": fitting})
+    if args.global_batch:
+        raise ConfigError("global-batch", args.global_batch, "only with --search (otherwise give --micro-batches)")
     layout = parse_step_layout(
         args.layout,
         sp=args.sp,
@@ -811,5 +938,26 @@ def main(args: argparse.Namespace) -> int:
         raise ConfigError("memory", f"{result.memory.total / GIB:.1f} GiB on stage {result.busiest_stage}",
                           f"at most {result.gpu.memory_bytes / GIB:.1f} GiB on {result.gpu.name}: raise tp, pp or zero, "
                           "use --recompute full, or pass --allow-oom")
-    print(json.dumps(result.to_json()) if args.json else format_result(result))
+    return _print(args, result, tokens)
+
+
+def _print(args: argparse.Namespace, result: StepResult, tokens: float | None, extra: dict | None = None) -> int:
+    d = result.to_json() | (extra or {})
+    text = format_result(result)
+    if extra:
+        text = f"fastest of {extra['fitting_layouts']:,} fitting layouts:\n" + text
+    if tokens:
+        from scaling import plan
+
+        run = run_days(result, tokens)
+        failures = plan.expected_interruptions(run.checkpoint_days, run.gpus)
+        d["run"] = {"tokens": tokens, "days": run.days, "checkpoint_interval_minutes": run.checkpoint_interval_hours * 60,
+                    "checkpoint_goodput": run.checkpoint_goodput, "checkpoint_days": run.checkpoint_days,
+                    "expected_interruptions": failures, "drop_replica_goodput": run.drop_replica_goodput,
+                    "drop_replica_days": run.drop_replica_days, "gpu_hours": run.days * 24 * run.gpus}
+        text += (f"\n{tokens:.3g} tokens: {run.days:,.2f} days without failures ({run.days * 24 * run.gpus:,.0f} GPU-hours); "
+                 f"checkpoint-and-restart every {run.checkpoint_interval_hours * 60:.0f} min: goodput {run.checkpoint_goodput:.3f}, "
+                 f"{run.checkpoint_days:,.2f} days, ~{failures:,.0f} interruptions; dropping a failed replica: goodput "
+                 f"{run.drop_replica_goodput:.3f}, {run.drop_replica_days:,.2f} days")
+    print(json.dumps(d) if args.json else text)
     return 0

@@ -510,3 +510,109 @@ def test_calibration_reproduces_the_constants_in_the_module():
     for gen, refit in refits.items():
         for key in ("gemm", "gemm_half_flops", "attention", "bandwidth"):
             assert getattr(refit, key) == pytest.approx(getattr(stepmodel.EFFICIENCY[gen], key), rel=0.02), (gen, key)
+
+
+def test_expected_interruptions_matches_monte_carlo():
+    """K GPUs, each failing as a Poisson process of rate 1/MTBF (a failed GPU is replaced at once):
+    the count of failures in T days averages T * 24 * K / MTBF."""
+    rng = np.random.default_rng(2)
+    days, gpus, mtbf = 3.0, 512, 2_000.0  # hours; ~18 expected failures per run
+    runs = 20_000
+    horizon = days * 24
+    counts = np.zeros(runs)
+    clocks = rng.exponential(mtbf, (runs, gpus))
+    alive = clocks < horizon
+    while alive.any():  # every GPU's next failure until all are past the horizon
+        counts += alive.sum(axis=1)
+        clocks = np.where(alive, clocks + rng.exponential(mtbf, clocks.shape), clocks)
+        alive = clocks < horizon
+    predicted = plan.expected_interruptions(days, gpus, mtbf)
+    se = counts.std() / math.sqrt(runs)
+    assert predicted == pytest.approx(days * 24 * gpus / mtbf)
+    assert abs(counts.mean() - predicted) < 4 * se, (counts.mean(), predicted, se)
+    assert 4 * se < 0.01 * predicted  # resolves a 1% error in the formula
+
+
+def _h100_step(layout_text, model="llama3-70b", **kw):
+    model = stepmodel.load_model(model, layers=kw.pop("layers", 8))
+    layout = stepmodel.parse_step_layout(layout_text, micro_batches=kw.pop("micro_batches", 8))
+    return stepmodel.step(model, "h100", layout, kw.pop("precision", "bf16"), kw.pop("seq_len", 4096))
+
+
+def test_tp_overlap_hides_tp_communication_behind_gemms():
+    plain = _h100_step("tp=8")
+    overlapped = _h100_step("tp=8,tpo=1")
+    tp_comm = sum(v for k, v in plain.by_collective.items() if k.startswith("tp "))
+    assert tp_comm > 0.05 * plain.step_seconds  # the overlap has something to hide
+    assert overlapped.step_seconds < plain.step_seconds
+    # never hides more than the TP collectives themselves
+    assert overlapped.step_seconds >= plain.step_seconds - tp_comm - 1e-12
+    # GEMMs at tp=8 on H100 outlast the layers' collectives, so all of those hide; the output
+    # layer's all-gather / reduce-scatter (edge ops) stay exposed
+    c = stepmodel.Ctx(plain.model, plain.gpu, plain.layout, stepmodel.RECIPES["bf16"], 4096, stepmodel.EFFICIENCY["h100"])
+    edge = sum(o.seconds for o in stepmodel.edge_ops(c, True, True) if o.kind == "comm") * 8  # 8 micro-batches
+    assert 0 < edge < 0.1 * tp_comm
+    assert overlapped.step_seconds == pytest.approx(plain.step_seconds - tp_comm + edge, rel=1e-9)
+
+
+def test_dp_and_p2p_overlap_expose_only_a_bucket_and_the_fill():
+    base = _h100_step("tp=8,pp=2,dp=4", micro_batches=8)
+    ogr = _h100_step("tp=8,pp=2,dp=4,ogr=1,opg=1", micro_batches=8)
+    bucket = 40e6  # Megatron's bucket (max(40M, 1M x dp) parameters)
+    params = stepmodel.stage_params(base.model, base.layout, 1)
+    assert params > 5 * bucket
+    ratio = ogr.by_collective["dp all-gather"] / base.by_collective["dp all-gather"]
+    assert ratio == pytest.approx(bucket / params, rel=0.05)  # latency terms aside
+    p2p = _h100_step("tp=8,pp=2,dp=4,p2p=1", micro_batches=8)
+    assert p2p.by_collective["pp send/recv"] == pytest.approx(base.by_collective["pp send/recv"] * 2 / (2 * (8 + 1)))
+
+
+def test_overlap_flags_bad_input():
+    for text, key in (("tp=8,tpo=2", "layout.tpo"), ("tp=1,tpo=1", "layout.tpo"), ("tp=2,ogr=yes", "layout")):
+        with pytest.raises(ConfigError) as e:
+            stepmodel.parse_step_layout(text)
+        assert e.value.key == key, text
+
+
+def test_layout_search_returns_the_fastest_fitting_layout():
+    """Small enough to enumerate: every candidate is priced, the one returned fits and none that fits is faster."""
+    model = stepmodel.load_model("llama3-8b", layers=4)
+    gpu = plan.get_gpu("h100")
+    best, fitting = stepmodel.search(model, "h100", 8, 16, 2048)
+    candidates = stepmodel.candidate_layouts(model, gpu, 8, 16, 2048)
+    results = [stepmodel.step(model, "h100", lay, "bf16", 2048, 8) for lay in candidates]
+    fits = [r for r in results if r.memory.total <= gpu.memory_bytes]
+    assert fitting == len(fits) > 10
+    assert best.memory.total <= gpu.memory_bytes and best.layout.gpus == 8
+    assert best.tokens == 16 * 2048
+    assert all(r.step_seconds >= best.step_seconds for r in fits)
+    # layouts a hand check rules out are not candidates: tp over a node, dp not dividing the batch
+    assert all(lay.tp <= 8 and 16 % lay.dp == 0 and lay.micro_batch * lay.micro_batches * lay.dp == 16 for lay in candidates)
+
+
+def test_layout_search_says_when_nothing_fits():
+    with pytest.raises(ConfigError) as e:
+        stepmodel.search(stepmodel.load_model("llama3-405b"), "h100", 8, 8, 4096)
+    assert e.value.key == "memory"
+
+
+def test_run_days_from_the_step_model():
+    r = _h100_step("tp=8,pp=2,dp=4", micro_batches=8)
+    tokens = 1e12
+    run = stepmodel.run_days(r, tokens)
+    assert run.days * 86_400 == pytest.approx(tokens / (r.tokens / r.step_seconds), rel=1e-9)
+    assert run.gpus == 64 and 0 < run.checkpoint_goodput < 1 and 0 < run.drop_replica_goodput < 1
+    # dropping a replica loses a tp*cp*pp = 16-GPU replica, as plan.drop_replica_goodput says
+    assert run.drop_replica_goodput == pytest.approx(plan.drop_replica_goodput(64, 16))
+
+
+def test_step_cli_search_and_tokens(capsys):
+    from scaling import cli
+
+    cli.main(["plan", "step", "--model", "llama3-8b", "--layers", "4", "--gpu", "h100", "--gpus", "8", "--search",
+              "--global-batch", "16", "--seq-len", "2048", "--tokens", "1e9", "--json"])
+    d = json.loads(capsys.readouterr().out)
+    assert d["layout"]["gpus"] == 8 and d["fits"] and d["fitting_layouts"] > 10
+    assert d["run"]["days"] == pytest.approx(1e9 / d["tokens_per_s"] / 86_400)
+    assert cli.main(["plan", "step", "--search", "--gpus", "8"]) == 2
+    assert capsys.readouterr().err.startswith("error: search:")
