@@ -610,6 +610,21 @@ def format_memory(mem: MemoryEstimate, gpu: str) -> str:
     return "\n".join(lines)
 
 
+def _step_speedup(args: argparse.Namespace, layout: Layout, shape: ModelShape, hardware_format: str) -> str:
+    """The optimum's P-bit recipe against BF16 through the op-by-op step model (scaling.stepmodel)."""
+    from scaling import stepmodel  # pure Python too
+
+    micro_batches = 4 * layout.pp if layout.pp > 1 else 8
+    try:
+        model = stepmodel.shape_for_params(shape.layers, shape.hidden, shape.heads, tp=layout.tp)
+        step_layout = stepmodel.StepLayout(tp=layout.tp, pp=layout.pp, dp=layout.dp, zero=layout.zero,
+                                           micro_batch=shape.micro_batch, micro_batches=micro_batches)
+        base, low = stepmodel.recipe_speedup(model, args.gpu, step_layout, hardware_format, shape.seq_len)
+    except ConfigError as e:  # a layout the optimum's shape cannot take: say so, the rest of the plan stands
+        return f"step model: not priced ({e})"
+    return stepmodel.format_speedup(base, low)
+
+
 def main(args: argparse.Namespace) -> int:
     if args.fit is None and (args.compute or args.target_loss):
         raise ConfigError("compute/target-loss", args.compute or args.target_loss, "only together with --fit")
@@ -666,5 +681,6 @@ def main(args: argparse.Namespace) -> int:
             + f"\nmemory per GPU ({layout}, {shape}):\n"
             + format_memory(memory_per_gpu(best.params, layout, best.hardware_precision, shape, recompute), args.gpu)
         )
+        sections.append(_step_speedup(args, layout, shape, best.hardware_precision))
     print("\n\n".join(sections))
     return 0

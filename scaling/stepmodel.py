@@ -841,6 +841,70 @@ def run_days(result: StepResult, tokens: float, **failure_options: Any):
 
 
 # --------------------------------------------------------------------------------------------
+# A precision recipe against BF16: `scaling plan --fit` prices the fitted law's P-bit recipe
+# --------------------------------------------------------------------------------------------
+
+# hardware format (scaling.hardware.precision_for_bits) -> the recipe that runs it
+RECIPE_FOR_FORMAT = {"bf16": "bf16", "fp8": "fp8", "fp4": "nvfp4"}
+CATEGORIES = ("GEMMs", "attention", "quantise", "memory-bound", "communication", "pipeline bubble", "optimizer")
+
+
+def category(op: str) -> str:
+    if op.startswith("gemm"):
+        return "GEMMs"
+    if op.startswith("flash-attention"):
+        return "attention"
+    if op.startswith("quantise"):
+        return "quantise"
+    if op.startswith(("tp ", "cp ", "dp ", "pp ", "zero-3")):
+        return "communication"
+    if op in ("pipeline bubble", "optimizer"):
+        return op
+    return "memory-bound"
+
+
+def breakdown(result: StepResult) -> dict[str, float]:
+    """Seconds per step by category (CATEGORIES), summing to the step time."""
+    out = dict.fromkeys(CATEGORIES, 0.0)
+    for op, seconds in result.by_op.items():
+        out[category(op)] += seconds
+    return out
+
+
+def shape_for_params(layers: int, hidden: int, heads: int, vocab: int = 32_000, tp: int = 1) -> Transformer:
+    """scaling.plan.ModelShape's GPT shape (N = 12 L h^2: MHA, GELU MLP of 4h) as a step-model Transformer.
+
+    The vocabulary is Llama 2's 32,000 (the fitted laws count non-embedding parameters). The head
+    count moves to the nearest one that tp divides and that divides hidden: the step's FLOPs,
+    bytes and memory depend on heads x head_dim = hidden only, so this changes no number.
+    """
+    options = [a for a in range(tp, hidden + 1, tp) if hidden % a == 0]
+    if options:
+        heads = min(options, key=lambda a: (abs(a - heads), a))
+    return Transformer(f"gpt-L{layers}-h{hidden}", layers, hidden, heads, heads, 4 * hidden, vocab, gated=False)
+
+
+def recipe_speedup(model: Transformer, gpu: str, layout: StepLayout, hardware_format: str,
+                   seq_len: int = 4096) -> tuple[StepResult, StepResult]:
+    """(BF16 step, the format's recipe step) for the same model, layout and GPU."""
+    recipe = RECIPE_FOR_FORMAT.get(hardware_format)
+    if recipe is None:
+        raise ConfigError("precision", hardware_format, f"a format the step model prices: {', '.join(RECIPE_FOR_FORMAT)}")
+    return step(model, gpu, layout, "bf16", seq_len), step(model, gpu, layout, recipe, seq_len)
+
+
+def format_speedup(base: StepResult, low: StepResult) -> str:
+    b, q = breakdown(base), breakdown(low)
+    lines = [f"step model ({low.layout.gpus} x {low.gpu.name}, {base.model.name}, seq {base.seq_len}, "
+             f"tp={low.layout.tp} pp={low.layout.pp} dp={low.layout.dp}, {low.layout.micro_batches} micro-batches): "
+             f"{low.precision} step {low.step_seconds * 1e3:,.1f} ms vs bf16 {base.step_seconds * 1e3:,.1f} ms: "
+             f"{base.step_seconds / low.step_seconds:.2f}x faster",
+             f"  {'ms per step':<16} {'bf16':>10} {low.precision:>10}"]
+    lines += [f"  {k:<16} {b[k] * 1e3:>10.1f} {q[k] * 1e3:>10.1f}" for k in CATEGORIES if b[k] or q[k]]
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------
 # CLI: `scaling plan step`
 # --------------------------------------------------------------------------------------------
 

@@ -616,3 +616,31 @@ def test_step_cli_search_and_tokens(capsys):
     assert d["run"]["days"] == pytest.approx(1e9 / d["tokens_per_s"] / 86_400)
     assert cli.main(["plan", "step", "--search", "--gpus", "8"]) == 2
     assert capsys.readouterr().err.startswith("error: search:")
+
+
+def test_recipe_speedup_breakdown_adds_up_and_only_gemms_and_casts_change():
+    model = stepmodel.load_model("llama3-70b", layers=8)
+    layout = stepmodel.parse_step_layout("tp=8", micro_batches=4)
+    base, fp8 = stepmodel.recipe_speedup(model, "h100", layout, "fp8")
+    b, q = stepmodel.breakdown(base), stepmodel.breakdown(fp8)
+    assert sum(b.values()) == pytest.approx(base.step_seconds) and sum(q.values()) == pytest.approx(fp8.step_seconds)
+    assert b["quantise"] == 0 < q["quantise"]
+    assert q["GEMMs"] < b["GEMMs"] and q["GEMMs"] > b["GEMMs"] / 2  # 2x peak, but the output layer stays BF16
+    for k in ("attention", "memory-bound", "communication"):
+        assert q[k] == pytest.approx(b[k]), k
+    assert 1.0 < base.step_seconds / fp8.step_seconds < 2.0
+    with pytest.raises(ConfigError):
+        stepmodel.recipe_speedup(model, "h100", layout, "fp4")  # no FP4 tensor cores on H100
+
+
+def test_cli_fit_prices_the_recipe_through_the_step_model(kumar_fit_json, capsys):
+    from scaling import cli
+
+    speedups = {}
+    for gpu in ("h100", "a100"):
+        assert cli.main(["plan", "--fit", str(kumar_fit_json), "--compute", "1e22", "--gpus", "1024", "--gpu", gpu,
+                         "--layout", "tp=8,zero=1"]) == 0
+        line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("step model"))
+        speedups[gpu] = float(line.split(": ")[-1].split("x")[0])
+    assert speedups["a100"] == 1.0  # P = 4.76 bits runs in BF16 on an A100
+    assert 1.0 < speedups["h100"] < 2.0
