@@ -904,6 +904,31 @@ def format_speedup(base: StepResult, low: StepResult) -> str:
     return "\n".join(lines)
 
 
+def breakdown_figure(results: list[StepResult], labels: list[str], path: str | Path) -> Path:
+    """A stacked bar per step (ms per step by CATEGORIES). matplotlib is imported only here."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(max(4.0, 1.6 * len(results) + 2.5), 4.5))
+    bottoms = [0.0] * len(results)
+    for cat in CATEGORIES:
+        heights = [breakdown(r)[cat] * 1e3 for r in results]
+        if any(heights):
+            ax.bar(labels, heights, bottom=bottoms, label=cat)
+            bottoms = [b + h for b, h in zip(bottoms, heights)]
+    ax.set_ylabel("ms per optimizer step")
+    r = results[0]
+    ax.set_title(f"{r.model.name} on {r.layout.gpus} x {r.gpu.name}, seq {r.seq_len}", fontsize=9)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 # --------------------------------------------------------------------------------------------
 # CLI: `scaling plan step`
 # --------------------------------------------------------------------------------------------
@@ -948,6 +973,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-overlap", action="store_true",
                         help="with --search: leave Megatron's opt-in overlaps (tpo, ogr, opg) off")
     parser.add_argument("--tokens", help="training tokens: add days, goodput and failures of the whole run")
+    parser.add_argument("--figure", help="write a stacked bar of the step's breakdown (BF16 next to --precision) to this PNG")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -1008,6 +1034,13 @@ def main(args: argparse.Namespace) -> int:
 def _print(args: argparse.Namespace, result: StepResult, tokens: float | None, extra: dict | None = None) -> int:
     d = result.to_json() | (extra or {})
     text = format_result(result)
+    if args.figure:
+        results, labels = [result], [result.precision]
+        if result.precision != "bf16":
+            results.insert(0, step(result.model, result.gpu, result.layout, "bf16", result.seq_len))
+            labels.insert(0, "bf16")
+        d["figure"] = str(breakdown_figure(results, labels, args.figure))
+        text += f"\nfigure: {d['figure']}"
     if extra:
         text = f"fastest of {extra['fitting_layouts']:,} fitting layouts:\n" + text
     if tokens:

@@ -644,3 +644,13 @@ def test_cli_fit_prices_the_recipe_through_the_step_model(kumar_fit_json, capsys
         speedups[gpu] = float(line.split(": ")[-1].split("x")[0])
     assert speedups["a100"] == 1.0  # P = 4.76 bits runs in BF16 on an A100
     assert 1.0 < speedups["h100"] < 2.0
+
+
+def test_step_cli_writes_the_breakdown_figure(tmp_path, capsys):
+    from scaling import cli
+
+    out = tmp_path / "breakdown.png"
+    assert cli.main(["plan", "step", "--model", "llama3-70b", "--layers", "8", "--gpu", "h100", "--layout", "tp=8",
+                     "--micro-batches", "4", "--precision", "fp8", "--figure", str(out), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["figure"] == str(out)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 5_000
