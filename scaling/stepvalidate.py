@@ -102,7 +102,8 @@ def calibrate(cases: list[dict], start: Efficiency = START, rounds: int = 6) -> 
 def layout_text(case: dict) -> str:
     lay = case["layout"]
     parts = [f"{k}{v}" for k, v in lay.items() if k in ("tp", "cp", "pp", "dp", "vpp") and (v > 1 or k in ("tp", "pp", "dp"))]
-    return f"{'/'.join(parts)} m{case['micro_batches']} s{case['seq_len']}"
+    flags = [k for k in ("tpo", "ogr", "opg") if lay.get(k)]
+    return f"{'/'.join(parts)} m{case['micro_batches']} s{case['seq_len']}" + (f" +{'+'.join(flags)}" if flags else "")
 
 
 def table(checks: list[Check]) -> str:
