@@ -2,10 +2,10 @@
 
 Pre-norm blocks: x += Attn(RMSNorm(x)); x += MLP(RMSNorm(x)); final RMSNorm; untied output head.
 The n_layers blocks are one Block whose variables are stacked on a leading layer axis, run as one
-`lax.scan` (XLA compiles one block, not n_layers copies; on a CPU, full-precision layers are
-unrolled, `_unroll_layers`); `layer(blocks, i)` gives layer i alone.
+`lax.scan` (XLA compiles one block, not n_layers copies); `layer(blocks, i)` gives layer i alone.
 Attention: causal multi-head with RoPE (on a CPU, unless its inputs are quantised, in cache-sized
-blocks with a flash-style backward: `_causal_attention`); MLP: SwiGLU, optionally Smooth-SwiGLU (Fishman et al. 2024).
+blocks with a flash-style backward: `_causal_attention`); MLP: SwiGLU, optionally Smooth-SwiGLU
+(Fishman et al. 2024).
 Tensor names carry their shapes (nanodo style): B batch, L length, D d_model, H heads, K head_dim,
 F d_ff, V vocab.
 
@@ -460,23 +460,12 @@ class Transformer(nnx.Module):
             telemetry = {role: jnp.stack(rows) for role, rows in layer_ctx.telemetry.items()}
             return x_BxLxD, (nnx.state(block, AmaxHistory), telemetry, _abs_max(x_BxLxD), h_max)
 
-        x_BxLxD, (new_hist, telemetry, act_max, swiglu_max) = jax.lax.scan(
-            layer, x_BxLxD, (params, hist, rest, keys), unroll=_unroll_layers(ctx.structure))
+        x_BxLxD, (new_hist, telemetry, act_max, swiglu_max) = jax.lax.scan(layer, x_BxLxD, (params, hist, rest, keys))
         if ctx.update_state:
             nnx.update(self.blocks, new_hist)
         for role, rows in telemetry.items():
             ctx.record({role: rows})
         return x_BxLxD, act_max, swiglu_max
-
-
-def _unroll_layers(structure: RecipeStructure) -> bool:
-    """Whether XLA gets the layer scan unrolled: on a CPU, for layers with nothing quantised.
-    Unrolled, the layers' residuals for the backward pass are separate buffers instead of stacked
-    ones (zero-filled, then written and read back with dynamic slices); the fp32 size-8 step is
-    ~1.1x faster for ~10% more compile time. A quantised layer stays one rolled body: unrolled, its
-    compile time doubles (mxfp4 at size 8: 21 -> 48 CPU s)."""
-    return (jax.default_backend() == "cpu" and not structure.quantises_gemms
-            and structure.attention is None)
 
 
 # ---------------------------------------------------------------------------------------------
