@@ -3,7 +3,9 @@
 Pre-norm blocks: x += Attn(RMSNorm(x)); x += MLP(RMSNorm(x)); final RMSNorm; untied output head.
 The n_layers blocks are one Block whose variables are stacked on a leading layer axis, run as one
 `lax.scan` (XLA compiles one block, not n_layers copies); `layer(blocks, i)` gives layer i alone.
-Attention: causal multi-head with RoPE; MLP: SwiGLU, optionally Smooth-SwiGLU (Fishman et al. 2024).
+Attention: causal multi-head with RoPE (on a CPU, unless its inputs are quantised, in cache-sized
+blocks with a flash-style backward: `_causal_attention`); MLP: SwiGLU, optionally Smooth-SwiGLU
+(Fishman et al. 2024).
 Tensor names carry their shapes (nanodo style): B batch, L length, D d_model, H heads, K head_dim,
 F d_ff, V vocab.
 
@@ -19,6 +21,7 @@ tokens[:, 1:], so the loss is next-token cross-entropy (fp32) over B·seq_len po
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -67,8 +70,16 @@ class RMSNorm(nnx.Module):
         self.eps = eps
 
     def __call__(self, x_BxLxD: jax.Array) -> jax.Array:
-        ms = jnp.mean(jnp.square(x_BxLxD), axis=-1, keepdims=True)
-        return x_BxLxD * jax.lax.rsqrt(ms + self.eps) * self.scale[...]
+        return _rms_norm(x_BxLxD, self.scale[...], self.eps)
+
+
+@functools.partial(jax.checkpoint, static_argnums=2)
+def _rms_norm(x_BxLxD: jax.Array, scale_D: jax.Array, eps: float) -> jax.Array:
+    """x / rms(x) · scale. Checkpointed, like `_swiglu`: the backward pass recomputes these few
+    elementwise ops from x instead of keeping their intermediates (every layer's, stacked by the
+    layer scan) in memory."""
+    ms = jnp.mean(jnp.square(x_BxLxD), axis=-1, keepdims=True)
+    return x_BxLxD * jax.lax.rsqrt(ms + eps) * scale_D
 
 
 class QDense(nnx.Module):
@@ -118,6 +129,12 @@ class _Ctx:
             self.telemetry.setdefault(role, []).append(v)
 
 
+def _abs_max(x: jax.Array) -> jax.Array:
+    """max |x|, a statistic: no gradient flows through it, so autodiff keeps no residuals for it
+    (a |x| sign and an argmax mask per layer otherwise)."""
+    return jnp.max(jnp.abs(jax.lax.stop_gradient(x)))
+
+
 def _rope(x_BxLxHxK: jax.Array, base: float) -> jax.Array:
     """Rotary position embedding (rotate-half form) over positions 0..L-1."""
     L, K = x_BxLxHxK.shape[1], x_BxLxHxK.shape[3]
@@ -126,6 +143,83 @@ def _rope(x_BxLxHxK: jax.Array, base: float) -> jax.Array:
     cos, sin = jnp.cos(angle_LxK2)[None, :, None, :], jnp.sin(angle_LxK2)[None, :, None, :]
     x1, x2 = x_BxLxHxK[..., : K // 2], x_BxLxHxK[..., K // 2 :]
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+
+ATTENTION_CHUNK = 64  # query rows per block of the causal attention (`_causal_attention`)
+
+
+def _causal_attention(q_BxLxHxK: jax.Array, k_BxLxHxK: jax.Array, v_BxLxHxK: jax.Array) -> jax.Array:
+    """softmax(mask(Q·Kᵀ/√K))·V in fp32, the same function as the dense form in `Attention`,
+    computed the way a CPU's caches want it (flash-attention style):
+
+    - one batch row at a time (`lax.map`): its H×L×L scores (2 MB at size 8) stay in cache
+      instead of a B×H×L×L tensor streaming through memory;
+    - in blocks of ATTENTION_CHUNK query rows that see only the keys up to their last row: the
+      all-masked blocks above the diagonal are skipped (~40% fewer FLOPs at L = 256);
+    - a custom VJP keeps only O and the softmax row max and sum, and the backward pass recomputes
+      the probabilities from them: no layer's probabilities are stored, and P·V is not redone.
+
+    Masked scores contribute exact zeros, so only summation orders differ from the dense form."""
+    t = lambda x: x.transpose(0, 2, 1, 3)  # B×L×H×K <-> B×H×L×K
+    return t(_flash(t(q_BxLxHxK), t(k_BxLxHxK), t(v_BxLxHxK)))
+
+
+def _blocks(L: int) -> list[tuple[int, int]]:
+    return [(start, min(start + ATTENTION_CHUNK, L)) for start in range(0, L, ATTENTION_CHUNK)]
+
+
+def _row_scores(q_HxLxK: jax.Array, k_HxLxK: jax.Array, start: int, stop: int) -> jax.Array:
+    """Masked scores of query rows start:stop against keys 0:stop."""
+    K, L = q_HxLxK.shape[2], q_HxLxK.shape[1]
+    logits_HxCxS = jnp.einsum("hlk,hmk->hlm", q_HxLxK[:, start:stop], k_HxLxK[:, :stop]) / math.sqrt(K)
+    return jnp.where(jnp.tril(jnp.ones((L, L), bool))[start:stop, :stop], logits_HxCxS, -1e30)
+
+
+def _row_forward(q_HxLxK, k_HxLxK, v_HxLxK):
+    """One batch row: (O, row max, row sum of exp) with max and sum as H×L×1."""
+    out, maxes, sums = [], [], []
+    for start, stop in _blocks(q_HxLxK.shape[1]):
+        logits_HxCxS = _row_scores(q_HxLxK, k_HxLxK, start, stop)
+        m_HxCx1 = jnp.max(logits_HxCxS, axis=-1, keepdims=True)
+        e_HxCxS = jnp.exp(logits_HxCxS - m_HxCx1)
+        s_HxCx1 = jnp.sum(e_HxCxS, axis=-1, keepdims=True)
+        out.append(jnp.einsum("hlm,hmk->hlk", e_HxCxS / s_HxCx1, v_HxLxK[:, :stop]))
+        maxes.append(m_HxCx1)
+        sums.append(s_HxCx1)
+    return jnp.concatenate(out, axis=1), jnp.concatenate(maxes, axis=1), jnp.concatenate(sums, axis=1)
+
+
+def _row_backward(q_HxLxK, k_HxLxK, v_HxLxK, o_HxLxK, m_HxLx1, s_HxLx1, do_HxLxK):
+    """dQ, dK, dV of one batch row: dS = P ⊙ (dP − rowsum(dO ⊙ O)), dP = dO·Vᵀ."""
+    K = q_HxLxK.shape[2]
+    d_HxLx1 = jnp.sum(do_HxLxK * o_HxLxK, axis=-1, keepdims=True)
+    dq, dk_HxLxK, dv_HxLxK = [], jnp.zeros_like(k_HxLxK), jnp.zeros_like(v_HxLxK)
+    for start, stop in _blocks(q_HxLxK.shape[1]):
+        rows = slice(start, stop)
+        p_HxCxS = jnp.exp(_row_scores(q_HxLxK, k_HxLxK, start, stop) - m_HxLx1[:, rows]) / s_HxLx1[:, rows]
+        dp_HxCxS = jnp.einsum("hlk,hmk->hlm", do_HxLxK[:, rows], v_HxLxK[:, :stop])
+        ds_HxCxS = p_HxCxS * (dp_HxCxS - d_HxLx1[:, rows]) / math.sqrt(K)
+        dq.append(jnp.einsum("hlm,hmk->hlk", ds_HxCxS, k_HxLxK[:, :stop]))
+        dk_HxLxK = dk_HxLxK.at[:, :stop].add(jnp.einsum("hlm,hlk->hmk", ds_HxCxS, q_HxLxK[:, rows]))
+        dv_HxLxK = dv_HxLxK.at[:, :stop].add(jnp.einsum("hlm,hlk->hmk", p_HxCxS, do_HxLxK[:, rows]))
+    return jnp.concatenate(dq, axis=1), dk_HxLxK, dv_HxLxK
+
+
+@jax.custom_vjp
+def _flash(q_BxHxLxK, k_BxHxLxK, v_BxHxLxK):
+    return jax.lax.map(lambda qkv: _row_forward(*qkv)[0], (q_BxHxLxK, k_BxHxLxK, v_BxHxLxK))
+
+
+def _flash_fwd(q_BxHxLxK, k_BxHxLxK, v_BxHxLxK):
+    o, m, s = jax.lax.map(lambda qkv: _row_forward(*qkv), (q_BxHxLxK, k_BxHxLxK, v_BxHxLxK))
+    return o, (q_BxHxLxK, k_BxHxLxK, v_BxHxLxK, o, m, s)
+
+
+def _flash_bwd(res, do_BxHxLxK):
+    return jax.lax.map(lambda row: _row_backward(*row), (*res, do_BxHxLxK))
+
+
+_flash.defvjp(_flash_fwd, _flash_bwd)
 
 
 class Attention(nnx.Module):
@@ -148,6 +242,9 @@ class Attention(nnx.Module):
             q_BxLxHxK = gemm.fake_quant_along(q_BxLxHxK, sat, fa, 3, ctx.next_key())
             k_BxLxHxK = gemm.fake_quant_along(k_BxLxHxK, sat, fa, 3, ctx.next_key())
             v_BxLxHxK = gemm.fake_quant_along(v_BxLxHxK, sat, fa, 1, ctx.next_key())
+        if sat is None and ctx.structure.fp32_sensitive_ops and jax.default_backend() == "cpu":
+            o_BxLxHxK = _causal_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK)  # nothing to round or quantise in it
+            return self.out(o_BxLxHxK.reshape(B, L, D), ctx)
         logits_BxHxLxL = jnp.einsum("blhk,bmhk->bhlm", q_BxLxHxK, k_BxLxHxK) / math.sqrt(K)
         causal_LxL = jnp.tril(jnp.ones((L, L), bool))
         logits_BxHxLxL = jnp.where(causal_LxL, logits_BxHxLxL, -1e30)
@@ -156,6 +253,13 @@ class Attention(nnx.Module):
             probs_BxHxLxL = gemm.fake_quant_along(probs_BxHxLxL, sat, ctx.fmt["attention"], 3, ctx.next_key())
         o_BxLxHxK = jnp.einsum("bhlm,bmhk->blhk", probs_BxHxLxL, v_BxLxHxK)
         return self.out(o_BxLxHxK.reshape(B, L, D), ctx)
+
+
+@jax.checkpoint
+def _swiglu(up_BxLxF: jax.Array, gate_BxLxF: jax.Array) -> jax.Array:
+    """up ⊙ silu(gate). Checkpointed: the backward pass keeps up and gate (two B×L×F arrays) and
+    recomputes the rest, instead of keeping five per layer."""
+    return up_BxLxF * jax.nn.silu(gate_BxLxF)
 
 
 class MLP(nnx.Module):
@@ -175,8 +279,8 @@ class MLP(nnx.Module):
 
     def __call__(self, x_BxLxD: jax.Array, ctx: _Ctx) -> tuple[jax.Array, jax.Array]:
         up_BxLxF, gate_BxLxF = jnp.split(self.up_gate(x_BxLxD, ctx), 2, axis=-1)
-        h_BxLxF = up_BxLxF * jax.nn.silu(gate_BxLxF)
-        h_max = jnp.max(jnp.abs(h_BxLxF))
+        h_BxLxF = _swiglu(up_BxLxF, gate_BxLxF)
+        h_max = _abs_max(h_BxLxF)
         if self.cfg.smooth_swiglu:
             amax_F = jax.lax.stop_gradient(jnp.max(jnp.abs(h_BxLxF), axis=(0, 1)))
             s_F = formats.pow2(-jnp.round(jnp.log2(jnp.where(amax_F > 0, amax_F, 1.0))).astype(jnp.int32))
@@ -264,7 +368,7 @@ class Transformer(nnx.Module):
             layer_ctx = _Ctx(ctx.structure, ctx.fmt, k, ctx.update_state)
             x_BxLxD, h_max = block(x_BxLxD, layer_ctx)
             telemetry = {role: jnp.stack(rows) for role, rows in layer_ctx.telemetry.items()}
-            return x_BxLxD, (nnx.state(block, AmaxHistory), telemetry, jnp.max(jnp.abs(x_BxLxD)), h_max)
+            return x_BxLxD, (nnx.state(block, AmaxHistory), telemetry, _abs_max(x_BxLxD), h_max)
 
         x_BxLxD, (new_hist, telemetry, act_max, swiglu_max) = jax.lax.scan(layer, x_BxLxD, (params, hist, rest, keys))
         if ctx.update_state:
