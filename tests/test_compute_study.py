@@ -37,19 +37,30 @@ def _subjaxprs(eqn):
 
 
 @pytest.mark.parametrize("size,seq_len", [(1, 16), (2, 32), (3, 24)])
-def test_flops_by_part_equal_the_dots_of_a_training_step(size, seq_len):
+def test_flops_by_part_equal_the_dots_of_a_training_step(size, seq_len, monkeypatch):
     cfg = ladder.config_for_size(size, seq_len=seq_len)
     batch = 2
-    m = model.Transformer(cfg, "fp32", rngs=nnx.Rngs(0))
     tokens = jnp.zeros((batch, seq_len + 1), jnp.int32)
-    graphdef, state = nnx.split(m)
 
-    def loss(state):
-        return model.loss_fn(nnx.merge(graphdef, state), tokens)[0]
+    def step_dots():
+        m = model.Transformer(cfg, "fp32", rngs=nnx.Rngs(0))
+        graphdef, state = nnx.split(m)
 
-    counted = _dot_flops(jax.make_jaxpr(jax.grad(loss))(state).jaxpr)
+        def loss(state):
+            return model.loss_fn(nnx.merge(graphdef, state), tokens)[0]
+
+        return _dot_flops(jax.make_jaxpr(jax.grad(loss))(state).jaxpr)
+
+    executed = step_dots()  # on CPU: the flash-style attention, whose backward recomputes Q·Kᵀ
+    # compute.parts counts model FLOPs (the function, as MFU does), so count the dense form
+    monkeypatch.setattr(model, "_causal_attention", lambda q, k, v: jax.nn.dot_product_attention(
+        q, k, v, is_causal=True, implementation="xla"))
+    counted = step_dots()
     parts = compute.parts(cfg, "fp32", batch * seq_len)
     assert sum(p.flops for p in parts) * batch * seq_len == pytest.approx(counted, rel=1e-9)
+    if jax.default_backend() == "cpu":  # one block (seq_len <= ATTENTION_CHUNK): + one Q·Kᵀ per layer
+        recompute = 2.0 * cfg.n_layers * seq_len * cfg.d_model * batch * seq_len
+        assert executed == pytest.approx(counted + recompute, rel=1e-9)
     # and the Chinchilla-convention total the runs always recorded
     assert sum(p.flops for p in parts) == pytest.approx(ladder.flops_per_token(cfg), rel=1e-12)
 
