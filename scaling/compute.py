@@ -359,7 +359,7 @@ def run_row(cfg, vocab: int = 256) -> dict[str, float]:
     """What a results row of a run config (scaling.config.RunConfig) will carry for the cost
     models, known before it runs: `columns`, N and P."""
     m = cfg.model
-    model_cfg = ladder.config_for_size(m.size, vocab=vocab, seq_len=m.seq_len, smooth_swiglu=m.smooth_swiglu)
+    model_cfg = m.shape(vocab)
     return {**columns(model_cfg, cfg.recipe, cfg.tokens_per_step),
             "N": float(ladder.param_counts(model_cfg)["non_embedding"]), "P": float(cfg.recipe.bits)}
 

@@ -3,7 +3,8 @@
     name = "smoke"
     precision = "fp8"          # a preset, a format name, or a [precision] table (scaling.precision.get)
     seed = 0
-    [model]  size, seq_len, smooth_swiglu
+    [model]  size, seq_len, smooth_swiglu, n_layers (unset: the ladder's depth for size; set: that
+             depth at the size's width, scaling.ladder.config_for_size)
     [data]   source ("stdlib" | "pysrc" | "synthetic" | a text file or directory | a .npy/.bin token
              array), tokenizer ("bytes" | "bpe:VOCAB", VOCAB 257..65536; BPE for text sources only),
              eval_tokens (scaling.data)
@@ -62,6 +63,11 @@ def _integer(lo: int, hi: int | None = None) -> Callable[[str, Any], int]:
         return value
 
     return check
+
+
+def _optional(check: Callable[[str, Any], Any]) -> Callable[[str, Any], Any]:
+    """None (the default: unset) or a value `check` accepts."""
+    return lambda key, value: None if value is None else check(key, value)
 
 
 def _real(lo: float, hi: float | None = None, *, lo_open: bool = False, hi_open: bool = False):
@@ -187,6 +193,7 @@ SCHEMA: dict[str, Any] = {
         "size": Field(1, _integer(1)),
         "seq_len": Field(128, _integer(2)),
         "smooth_swiglu": Field(False, _boolean),
+        "n_layers": Field(None, _optional(_integer(1))),
     },
     "data": {
         "source": Field("stdlib", _source),
@@ -224,6 +231,12 @@ class Model:
     size: int
     seq_len: int
     smooth_swiglu: bool
+    n_layers: int | None  # None: the ladder's depth for size
+
+    def shape(self, vocab: int = 256) -> ladder.ModelConfig:
+        """The transformer's shape (scaling.ladder.config_for_size)."""
+        return ladder.config_for_size(self.size, vocab=vocab, seq_len=self.seq_len,
+                                      smooth_swiglu=self.smooth_swiglu, n_layers=self.n_layers)
 
 
 @dataclass(frozen=True)
@@ -303,6 +316,8 @@ class RunConfig:
             del resolved["data"]["tokenizer"]
         if not resolved["train"]["tracker"]:  # likewise runs without a tracker, before train.tracker
             del resolved["train"]["tracker"]
+        if resolved["model"]["n_layers"] is None:  # and ladder-depth runs, before model.n_layers
+            del resolved["model"]["n_layers"]
         if isinstance(self.precision, str) and self.precision.endswith(".toml"):
             resolved["precision"] = self.recipe.describe()
         canonical = json.dumps(resolved, sort_keys=True, separators=(",", ":"), default=str)
@@ -356,6 +371,8 @@ def validate(cfg: dict | RunConfig) -> RunConfig:
     if study["budgets"] and len(study["budgets"]) != len(train["budgets"]):
         raise ConfigError("study.budgets", study["budgets"], f"one budget per train.budgets entry ({len(train['budgets'])})")
     _check_model(resolved)
+    if model["n_layers"] == ladder.config_for_size(model["size"]).n_layers:
+        model["n_layers"] = None  # the ladder's own depth, written out: the same run
     if train["lr"] == "auto":  # resolved here, so a run's config, id and results hold the number
         train["lr"] = ladder.ladder_lr(resolved["model"]["size"])
     sections = {key: cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in resolved[key].items()})
@@ -393,7 +410,7 @@ def _resolve(cfg: dict, schema: dict, prefix: str) -> dict:
 def _check_model(cfg: dict) -> None:
     """The ladder owns which sizes exist; let it reject what it cannot build."""
     m = cfg["model"]
-    ladder.config_for_size(m["size"], seq_len=m["seq_len"], smooth_swiglu=m["smooth_swiglu"])
+    ladder.config_for_size(m["size"], seq_len=m["seq_len"], smooth_swiglu=m["smooth_swiglu"], n_layers=m["n_layers"])
 
 
 def run_id(cfg: dict | RunConfig) -> str:

@@ -33,7 +33,8 @@ class ModelConfig:
             raise ValueError(f"d_model={self.d_model} must split into n_heads={self.n_heads} even-sized heads")
 
 
-def config_for_size(size: int, *, vocab: int = 256, seq_len: int = 256, smooth_swiglu: bool = False) -> ModelConfig:
+def config_for_size(size: int, *, vocab: int = 256, seq_len: int = 256, smooth_swiglu: bool = False,
+                    n_layers: int | None = None) -> ModelConfig:
     """The ladder: one knob -> width, depth, heads (OLMo-ladder style: a formula, not a table).
 
         d_model  = 32·size
@@ -44,12 +45,18 @@ def config_for_size(size: int, *, vocab: int = 256, seq_len: int = 256, smooth_s
 
     Non-embedding N = n_layers·(4·d² + 3·d·d_ff + 2·d) + d, from ~25k (size 1) to ~4.8M (size 8);
     see the table in docs/training.md. Sizes beyond 8 follow the same formula.
+
+    n_layers overrides the depth at the size's width (`model.n_layers`): the ladder's widths are
+    multiples of 32 (MX blocks) and 6x apart in N between sizes 1 and 2, so an IsoFLOP design at
+    CPU budgets fills that gap with deeper narrow models (e.g. d 32 x 4 layers, d 64 x 2).
     """
     if not isinstance(size, int) or size < 1:
         raise ConfigError("model.size", size, "an integer >= 1")
+    if n_layers is not None and (not isinstance(n_layers, int) or n_layers < 1):
+        raise ConfigError("model.n_layers", n_layers, "an integer >= 1 (or unset: the ladder's 2 + size // 2)")
     d = 32 * size
     d_ff = 32 * math.ceil(8 * d / 3 / 32)
-    return ModelConfig(d_model=d, n_layers=2 + size // 2, n_heads=max(2, d // 32), d_ff=d_ff,
+    return ModelConfig(d_model=d, n_layers=2 + size // 2 if n_layers is None else n_layers, n_heads=max(2, d // 32), d_ff=d_ff,
                        vocab=vocab, seq_len=seq_len, smooth_swiglu=smooth_swiglu)
 
 

@@ -49,13 +49,19 @@ def reproduce(preset: str, out: str | Path, *, bootstrap: int = 100, workers: in
     missing = [str(p) for p in experiments if not p.is_file()]
     if missing:
         raise ConfigError("--preset", preset, f"a preset whose experiment files exist (missing {missing[0]})")
-    specs = [spec for path in experiments for spec in sweep.expand(path)]  # validate everything first
+    def expand():  # validate everything first; a design's replicates follow its landed runs
+        return [spec for path in experiments for spec in sweep.expand(path, landed=out / "runs")]
+
+    specs = expand()
     todo = [s for s in specs if not runs.finished(s.out_dir(out / "runs"))]
     print(f"{preset}: {len(specs)} runs, {len(specs) - len(todo)} already landed")
-    if todo:
+    while todo:
         todo, flights = sweep.take_off(todo, out / "runs", hang_timeout=hang_timeout)
         print(f"take-off ok: {len(flights)} shapes; measured ETA {sweep.measured_seconds(todo, flights) / 60:.1f} min")
         sweep.run_sweep(todo, out / "runs", workers=workers, hang_timeout=hang_timeout, progress=progress)
+        tried = {s.run_id for s in specs}
+        specs = expand()
+        todo = [s for s in specs if s.run_id not in tried and not runs.finished(s.out_dir(out / "runs"))]
 
     studied = specs[0].sweep
     # the preset's own runs only: a run left in the same folder by an older grid is not part of the study

@@ -33,7 +33,7 @@ import pandas as pd
 from scipy import stats
 
 from scaling import compute as compute_lib
-from scaling import config, laws, optimal
+from scaling import config, ladder, laws, optimal
 from scaling import fit as fit_lib
 from scaling.errors import ConfigError
 
@@ -90,19 +90,28 @@ def high_precision_recipe(df: pd.DataFrame) -> str | None:
 @dataclass(frozen=True)
 class Design:
     """An IsoFLOP design (an experiment's [isoflop] table): for every budget and every grid point
-    (recipe, seed, ...), `sizes_per_budget` consecutive ladder sizes centred on the one whose tokens per
+    (recipe, seed, ...), `sizes_per_budget` consecutive model shapes centred on the one whose tokens per
     parameter at that budget are closest to `tokens_per_param` (the expected optimum), among `sizes`
     that give at least `min_steps` steps. Each (point, size) is one run, trained to the longest budget
     it serves, with a WSD cooldown branch ending on the step nearest each other budget. `reference`:
-    a recipe also evaluated at the other recipes' steps (see `design`)."""
+    a recipe also evaluated at the other recipes' steps (see `design`).
+
+    A shape is a ladder size (`3`) or a size at another depth (`{size = 1, n_layers = 4}`: the
+    size's width, scaling.ladder.config_for_size); `sizes` holds (size, n_layers or None) pairs.
+
+    `replicates` (seeds, e.g. [1, 2]): once a grid point's runs have landed, its run at each budget's
+    observed IsoFLOP minimum and at the minimum's two neighbours is trained again at each of these
+    seeds, as it was (same length and budgets): the seed noise where the minimum is read (see
+    `replicates`)."""
 
     budgets: tuple[float, ...]
     cost: str = "bits"
-    sizes: tuple[int, ...] = tuple(range(1, 13))
+    sizes: tuple[tuple[int, int | None], ...] = tuple((s, None) for s in range(1, 13))
     sizes_per_budget: int = DESIGN_SIZES
     tokens_per_param: float = 20.0
     min_steps: int = 50
     reference: str | None = None
+    replicates: tuple[int, ...] = ()
 
     @classmethod
     def from_table(cls, table: Any) -> "Design":
@@ -117,10 +126,10 @@ class Design:
         budgets = config.SCHEMA["study"]["budgets"].check("isoflop.budgets", table["budgets"])
         if not budgets:
             raise ConfigError("isoflop.budgets", table["budgets"], "at least one compute budget")
-        sizes = table.get("sizes", list(cls.sizes))
+        sizes = table.get("sizes", [s for s, _ in cls.sizes])
         if not isinstance(sizes, list) or not sizes:
-            raise ConfigError("isoflop.sizes", sizes, "a list of ladder sizes (integers >= 1)")
-        sizes = sorted({config.SCHEMA["model"]["size"].check("isoflop.sizes", s) for s in sizes})
+            raise ConfigError("isoflop.sizes", sizes, "a list of ladder sizes (integers >= 1) or {size, n_layers} tables")
+        sizes = sorted({_shape(s) for s in sizes}, key=lambda s: (s[0], s[1] or 0))
         per = config._integer(MIN_SIZES)("isoflop.sizes_per_budget", table.get("sizes_per_budget", cls.sizes_per_budget))
         if per > len(sizes):
             raise ConfigError("isoflop.sizes_per_budget", per, f"at most the {len(sizes)} sizes offered")
@@ -130,13 +139,36 @@ class Design:
                    tokens_per_param=config._real(0.0, lo_open=True)("isoflop.tokens_per_param",
                                                                     table.get("tokens_per_param", cls.tokens_per_param)),
                    min_steps=config._integer(1)("isoflop.min_steps", table.get("min_steps", cls.min_steps)),
-                   reference=config._name("isoflop.reference", table["reference"]) if "reference" in table else None)
+                   reference=config._name("isoflop.reference", table["reference"]) if "reference" in table else None,
+                   replicates=_seeds(table.get("replicates", [])))
+
+
+def _seeds(value: Any) -> tuple[int, ...]:
+    if not isinstance(value, list):
+        raise ConfigError("isoflop.replicates", value, "a list of seeds, e.g. [1, 2]")
+    return tuple(sorted({config.SCHEMA["seed"].check("isoflop.replicates", s) for s in value}))
+
+
+def _shape(entry: Any) -> tuple[int, int | None]:
+    """An [isoflop] sizes entry as (size, n_layers or None), checked like model.size / model.n_layers."""
+    model = config.SCHEMA["model"]
+    if isinstance(entry, dict):
+        unknown = sorted(set(entry) - {"size", "n_layers"})
+        if unknown or "size" not in entry:
+            raise ConfigError("isoflop.sizes", entry, "a ladder size or a {size, n_layers} table")
+        shape = (model["size"].check("isoflop.sizes.size", entry["size"]),
+                 model["n_layers"].check("isoflop.sizes.n_layers", entry.get("n_layers")))
+    else:
+        shape = (model["size"].check("isoflop.sizes", entry), None)
+    ladder.config_for_size(shape[0], n_layers=shape[1])  # the ladder rejects what it cannot build
+    return shape
 
 
 def design(points: Sequence[dict], plan: Design, vocab: int = 256) -> list[list[config.RunConfig]]:
     """The resolved run configs of each grid point (an unvalidated config: recipe, seed, ...) under an
-    IsoFLOP design: one per size it uses, each with model.size, train.tokens, train.budgets (the step
-    of each budget served, as fractions of the longest) and study.budgets / study.cost (the labels
+    IsoFLOP design: one per shape it uses, each with model.size (and model.n_layers), train.tokens,
+    train.budgets (the step of each budget served, as fractions of the longest) and study.budgets /
+    study.cost (the labels
     each evaluation's results row carries as `budget`; 0 = not an IsoFLOP point).
 
     With `plan.reference` (a recipe name), that recipe's run of each size also trains to, and
@@ -161,10 +193,12 @@ def design(points: Sequence[dict], plan: Design, vocab: int = 256) -> list[list[
     out = []
     for point, base, at_size in zip(points, bases, served):
         cfgs = []
-        for size in sorted(at_size):
-            at = dict(sorted(at_size[size].items()))
+        for size, n_layers in sorted(at_size, key=lambda s: (s[0], s[1] or 0)):
+            at = dict(sorted(at_size[(size, n_layers)].items()))
             last = max(at)
             cfg = copy.deepcopy(point)  # as written: a size's `lr = "auto"` resolves at that size
+            if n_layers is not None:
+                config.set_dotted(cfg, "model.n_layers", n_layers)
             for key, value in {"model.size": size, "train.tokens": last * base.tokens_per_step,
                                "train.budgets": [s / last for s in at], "study.budgets": list(at.values()),
                                "study.cost": plan.cost}.items():
@@ -174,19 +208,51 @@ def design(points: Sequence[dict], plan: Design, vocab: int = 256) -> list[list[
     return out
 
 
-def _served(base: config.RunConfig, plan: Design, vocab: int) -> dict[int, dict[int, float]]:
-    """size -> {steps: budget}: where one grid point's runs land on each budget (see Design)."""
+def replicates(designed: Sequence[Sequence[config.RunConfig]], plan: Design,
+               landed: pd.DataFrame) -> list[config.RunConfig]:
+    """The replicate runs of an IsoFLOP design (Design.replicates) that its landed results call for.
+
+    designed: `design`'s configs per grid point; landed: the results rows (scaling.results.load) of
+    the runs landed so far. A grid point gets replicates once all its runs have landed ok: at each
+    budget, its run with the lowest val_loss there and the runs of the two neighbouring sizes (the two
+    nearest where the minimum is the smallest or largest size), each again at every replicate seed.
+    Until then it gets none (a minimum is read from finished runs only)."""
+    if not plan.replicates or landed.empty or "budget" not in landed.columns:
+        return []
+    ok = landed[landed["status"] == "ok"] if "status" in landed.columns else landed
+    out: dict[str, config.RunConfig] = {}
+    for cfgs in designed:
+        ids = [c.run_id for c in cfgs]
+        if not set(ids) <= set(ok["run_id"]):
+            continue
+        for budget in plan.budgets:
+            at = ok[ok["run_id"].isin(ids) & np.isclose(ok["budget"].astype(float), budget, rtol=1e-9)]
+            if at.empty:
+                continue
+            at = at.sort_values("N").reset_index(drop=True)
+            i = int(np.argmin(at["val_loss"].to_numpy(float)))
+            start = min(max(0, i - 1), max(0, len(at) - 3))
+            for run_id in at["run_id"].iloc[start:start + 3]:
+                cfg = cfgs[ids.index(run_id)]
+                for seed in plan.replicates:
+                    twin = cfg.replace(seed=seed)
+                    out.setdefault(twin.run_id, twin)
+    return list(out.values())
+
+
+def _served(base: config.RunConfig, plan: Design, vocab: int) -> dict[tuple, dict[int, float]]:
+    """shape -> {steps: budget}: where one grid point's runs land on each budget (see Design)."""
     if base.train.warmup < 1:  # a fraction would give one size different warmups at different lengths
         raise ConfigError("train.warmup", base.train.warmup,
                           "a whole number of steps in an IsoFLOP design (the same warmup at every budget)")
     cost = compute_lib.get(plan.cost)
     tokens_per_step = base.tokens_per_step
     rows = []
-    for size in plan.sizes:
-        row = compute_lib.run_row(base.replace(**{"model.size": size}), vocab)
-        rows.append({"size": size, "N": row["N"], "per_token": float(cost.per_token(pd.DataFrame([row]))[0])})
+    for shape in plan.sizes:
+        row = compute_lib.run_row(base.replace(**{"model.size": shape[0], "model.n_layers": shape[1]}), vocab)
+        rows.append({"shape": shape, "N": row["N"], "per_token": float(cost.per_token(pd.DataFrame([row]))[0])})
     sizes = pd.DataFrame(rows).sort_values("N").reset_index(drop=True)
-    served: dict[int, dict[int, float]] = {}
+    served: dict[tuple, dict[int, float]] = {}
     for budget in plan.budgets:
         steps = np.round(budget / sizes["per_token"] / tokens_per_step).astype(int)
         ok = sizes[(steps >= max(plan.min_steps, base.train.warmup + 1))].index
@@ -198,7 +264,7 @@ def _served(base: config.RunConfig, plan: Design, vocab: int) -> dict[int, dict[
         centre = int(np.argmin(np.abs(np.log(ratio / plan.tokens_per_param))))
         start = min(max(0, centre - plan.sizes_per_budget // 2), len(ok) - plan.sizes_per_budget)
         for i in ok[start:start + plan.sizes_per_budget]:
-            size = int(sizes.loc[i, "size"])
+            size = sizes.loc[i, "shape"]
             at = served.setdefault(size, {})
             if int(steps[i]) in at:
                 raise ConfigError("isoflop.budgets", budget, f"budgets at least one step apart at size {size} "

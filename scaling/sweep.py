@@ -133,11 +133,13 @@ def load_experiment(path: str | Path) -> dict:
         raise ConfigError("experiment", str(path), f"valid TOML ({e})") from None
 
 
-def expand(path: str | Path, overrides: list[str] = ()) -> list[RunSpec]:
+def expand(path: str | Path, overrides: list[str] = (), landed: str | Path | None = None) -> list[RunSpec]:
     """Expand an experiment file into validated RunSpecs (unique by run id, in grid order).
 
     `overrides` are `key=value` strings applied to the base config (as `scaling train --set`).
     Every point is validated before anything runs: a bad value anywhere is a ConfigError.
+    `landed`: the results root the sweep writes to; an IsoFLOP design with `replicates` adds the
+    replicate runs its landed runs there call for (scaling.study.replicates).
     """
     experiment = load_experiment(path)
     base = {k: v for k, v in experiment.items() if k not in EXPERIMENT_KEYS}
@@ -166,6 +168,11 @@ def expand(path: str | Path, overrides: list[str] = ()) -> list[RunSpec]:
             where = ", ".join(f"{k}={v!r}" for k, v in point.items())
             raise ConfigError(e.key, e.value, f"{e.allowed} (grid point {where})") from None
         for cfg in cfgs:
+            specs.setdefault(cfg.run_id, RunSpec(run_id=cfg.run_id, sweep=sweep, config=cfg))
+    if design and design.replicates and landed is not None and (Path(landed) / sweep).is_dir():
+        from scaling import results
+
+        for cfg in study.replicates(designed, design, results.load(Path(landed) / sweep)):
             specs.setdefault(cfg.run_id, RunSpec(run_id=cfg.run_id, sweep=sweep, config=cfg))
     return list(specs.values())
 
@@ -610,9 +617,8 @@ def estimate_seconds(specs: list[RunSpec], flops_per_s: float) -> float:
     total, shapes = 0.0, set()
     for spec in specs:
         m = spec.config.model
-        cfg = ladder.config_for_size(m.size, seq_len=m.seq_len, smooth_swiglu=m.smooth_swiglu)
-        total += ladder.flops_per_token(cfg) * _tokens(spec)
-        shapes.add((m.size, m.seq_len))
+        total += ladder.flops_per_token(m.shape()) * _tokens(spec)
+        shapes.add((m.size, m.n_layers, m.seq_len))
     return total / (flops_per_s * ASSUMED_MODEL_FLOPS_UTILISATION) + COMPILE_SECONDS_PER_SHAPE * len(shapes)
 
 
@@ -650,8 +656,8 @@ def main(args) -> int:
         raise ConfigError("--workers", args.workers, "at least 1 with --gpus-per-run (each run a child on its GPU)")
     if gpus:
         _fly_probes_on_one_gpu()
-    specs = expand(args.experiment, args.set)
     out_root = Path(args.out)
+    specs = expand(args.experiment, args.set, landed=out_root)
     todo = [s for s in specs if not runs.finished(s.out_dir(out_root))]
     eta = estimate_seconds(todo, matmul_flops_per_s())
     print(f"{len(specs)} runs in {specs[0].sweep if specs else '-'}: {len(specs) - len(todo)} landed, "
@@ -660,22 +666,34 @@ def main(args) -> int:
         for spec in specs:
             print(f"  {spec.run_id}  {'done' if spec not in todo else 'todo'}  {_describe(spec.config)}")
         return 0
-    todo, flights = take_off(todo, out_root, keep_going=args.keep_going, hang_timeout=args.hang_timeout)
-    print(f"take-off: {len(flights)} shapes compiled and trained {TAKEOFF_STEPS} steps; "
-          f"{len(todo)} runs cleared, measured ETA {measured_seconds(todo, flights) / 60:.1f} min")
-    report = run_sweep(todo, out_root, executor=args.executor, workers=1 if args.workers is None else args.workers,
-                       hang_timeout=args.hang_timeout, ray_address=args.ray_address, cpus_per_run=args.cpus_per_run,
-                       gpus_per_run=args.gpus_per_run, gpu_pins=pins, progress=not args.no_progress)
-    counts = report["counts"]
+    counts: dict[str, int] = {}
+    slow: list[dict] = []
+    while todo:  # a design with replicates: the runs its landed minima call for come in the next round
+        todo, flights = take_off(todo, out_root, keep_going=args.keep_going, hang_timeout=args.hang_timeout)
+        print(f"take-off: {len(flights)} shapes compiled and trained {TAKEOFF_STEPS} steps; "
+              f"{len(todo)} runs cleared, measured ETA {measured_seconds(todo, flights) / 60:.1f} min")
+        report = run_sweep(todo, out_root, executor=args.executor, workers=1 if args.workers is None else args.workers,
+                           hang_timeout=args.hang_timeout, ray_address=args.ray_address,
+                           cpus_per_run=args.cpus_per_run, gpus_per_run=args.gpus_per_run, gpu_pins=pins,
+                           progress=not args.no_progress)
+        for key, n in report["counts"].items():
+            counts[key] = counts.get(key, 0) + n
+        slow += report["slow_runs"]
+        tried = {s.run_id for s in specs}
+        specs = expand(args.experiment, args.set, landed=out_root)
+        todo = [s for s in specs if s.run_id not in tried and not runs.finished(s.out_dir(out_root))]
+        if todo:
+            print(f"replicates: {len(todo)} runs at the landed IsoFLOP minima and their neighbours")
     print("landed: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
-    for slow in report["slow_runs"]:
-        print(f"slow run {slow['run_id']}: {slow['tokens_per_s']:.0f} tokens/s vs peer median "
-              f"{slow['peer_median']:.0f}")
-    return 0 if counts["failed"] == counts["hung"] == 0 else 1
+    for run in slow:
+        print(f"slow run {run['run_id']}: {run['tokens_per_s']:.0f} tokens/s vs peer median "
+              f"{run['peer_median']:.0f}")
+    return 0 if counts.get("failed", 0) == counts.get("hung", 0) == 0 else 1
 
 
 def _describe(cfg) -> str:
-    return (f"size={cfg.model.size} precision={cfg.recipe.name} tokens={cfg.train.tokens:,} "
+    depth = "" if cfg.model.n_layers is None else f"x{cfg.model.n_layers}"
+    return (f"size={cfg.model.size}{depth} precision={cfg.recipe.name} tokens={cfg.train.tokens:,} "
             f"lr={cfg.train.lr:g} seed={cfg.seed}")
 
 

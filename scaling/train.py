@@ -146,8 +146,7 @@ def prepare(cfg: config_lib.RunConfig) -> Setup:
     seq_len, eval_tokens = cfg.model.seq_len, cfg.data.eval_tokens
     if corpus.train.size < seq_len + 1:
         raise ConfigError("model.seq_len", seq_len, f"at most {corpus.train.size - 1} for this corpus")
-    model_cfg = ladder.config_for_size(cfg.model.size, vocab=corpus.vocab, seq_len=seq_len,
-                                       smooth_swiglu=cfg.model.smooth_swiglu)
+    model_cfg = cfg.model.shape(corpus.vocab)
     val_windows = data.eval_windows(corpus.val, eval_tokens, seq_len)
     train_windows = data.train_sample(corpus.train, eval_tokens, seq_len)
     return Setup(cfg=cfg, plan=plan_for(cfg), corpus=corpus, model_cfg=model_cfg, val_windows=val_windows, train_windows=train_windows,
@@ -464,6 +463,8 @@ def summarize(setup: Setup, progress: Progress, status: str, reason: str | None)
         "step": final.get("step", progress.step),
         "steps": plan.steps,
         "size": cfg.model.size,
+        "n_layers": setup.model_cfg.n_layers,
+        "d_model": setup.model_cfg.d_model,
         "lr": cfg.train.lr,
         "tokens": cfg.train.tokens,
         "seed": cfg.seed,

@@ -212,7 +212,9 @@ def _per_token(cfg) -> float:
 
 @pytest.mark.parametrize("recipe", ["fp32", "mxfp4"])
 def test_design_lands_each_size_on_every_budget_it_serves(recipe):
-    plan = study.Design.from_table({"budgets": [2e11, 6e11], "sizes": [1, 2, 3, 4, 5, 6, 7, 8],
+    # ladder sizes plus deeper shapes at sizes 1-2's widths, which fill the ladder's 6x gap in N
+    plan = study.Design.from_table({"budgets": [2e11, 6e11], "sizes": [1, {"size": 1, "n_layers": 4},
+                                                                     {"size": 2, "n_layers": 2}, 2, 3, 4, 5, 6, 7, 8],
                                     "sizes_per_budget": 5, "tokens_per_param": 20, "min_steps": 20})
     (cfgs,) = study.design([{**DESIGN_POINT, "precision": recipe}], plan)
     per_budget = {b: [] for b in plan.budgets}
@@ -231,8 +233,9 @@ def test_design_lands_each_size_on_every_budget_it_serves(recipe):
         assert len(runs) == 5 and all(steps >= 20 for _, steps in runs)
         # the 5 sizes hold the eligible ladder size whose tokens per parameter are closest to 20
         eligible = []
-        for size in plan.sizes:
-            cfg = config.validate({**DESIGN_POINT, "precision": recipe, "model": {"seq_len": 32, "size": size}})
+        for size, n_layers in plan.sizes:
+            cfg = config.validate({**DESIGN_POINT, "precision": recipe,
+                                   "model": {"seq_len": 32, "size": size, "n_layers": n_layers}})
             steps = round(budget / _per_token(cfg) / tokens_per_step)
             if steps >= 20:
                 eligible.append((abs(math.log(steps * tokens_per_step / compute.run_row(cfg)["N"] / 20)), compute.run_row(cfg)["N"]))
@@ -240,6 +243,7 @@ def test_design_lands_each_size_on_every_budget_it_serves(recipe):
         chosen = sorted(n for n, _ in runs)
         all_n = sorted(n for _, n in eligible)
         assert chosen == all_n[all_n.index(chosen[0]):all_n.index(chosen[0]) + 5]  # consecutive sizes
+    assert {(c.model.size, c.model.n_layers) for c in cfgs} & {(1, 4), (2, 2)}  # the deeper shapes are used
 
 
 def test_design_errors_are_one_line_and_name_the_key():
@@ -254,6 +258,10 @@ def test_design_errors_are_one_line_and_name_the_key():
         study.design([DESIGN_POINT], study.Design.from_table({"budgets": [2e11], "reference": "bf16"}))
     with pytest.raises(ConfigError, match=r"^isoflop\.size: got 3"):
         study.Design.from_table({"budgets": [1e12], "size": 3})
+    with pytest.raises(ConfigError, match=r"^isoflop\.sizes\.n_layers: got 0; allowed: an integer >= 1"):
+        study.Design.from_table({"budgets": [1e12], "sizes": [1, {"size": 2, "n_layers": 0}]})
+    with pytest.raises(ConfigError, match=r"^isoflop\.sizes: got \{'layers': 2\}; allowed: a ladder size or"):
+        study.Design.from_table({"budgets": [1e12], "sizes": [{"layers": 2}]})
     with pytest.raises(ConfigError, match=r"^isoflop\.sizes_per_budget: got 2; allowed: an integer >= 3"):
         study.Design.from_table({"budgets": [1e12], "sizes_per_budget": 2})
 
@@ -349,3 +357,34 @@ def test_specification_range_spans_only_laws_whose_precision_axis_is_bits():
     labels = [label for label, _ in study.specification_fits(rows, chosen)]
     # no precision term (chinchilla) or no bits axis (capacity): left out; variants named as selected
     assert labels == ["quartet (chosen)", "kumar[kappa free] (within noise)"]
+
+
+def test_replicates_retrain_each_budgets_landed_minimum_and_its_neighbours_at_every_seed():
+    plan = study.Design.from_table({"budgets": [2e11, 6e11], "sizes": [1, 2, 3, 4, 5, 6, 7, 8],
+                                    "min_steps": 20, "replicates": [2, 1, 1]})
+    assert plan.replicates == (1, 2)
+    (cfgs,) = study.design([{**DESIGN_POINT, "precision": "fp32"}], plan)
+
+    def landed(loss_by_n, drop=()):
+        rows = []
+        for cfg in cfgs:
+            n = compute.run_row(cfg)["N"]
+            for budget in cfg.study.budgets:
+                rows.append({"run_id": cfg.run_id, "status": "ok", "N": n, "budget": budget,
+                             "val_loss": loss_by_n(n, budget)})
+        return pd.DataFrame([r for r in rows if r["run_id"] not in drop])
+
+    by_budget = {b: sorted(compute.run_row(c)["N"] for c in cfgs if b in c.study.budgets) for b in plan.budgets}
+    # a U in log N with its bottom at each budget's 2nd-smallest size; at 6e11 the smallest is the minimum
+    bottom = {2e11: by_budget[2e11][1], 6e11: by_budget[6e11][0]}
+    loss = lambda n, b: (math.log(n) - math.log(bottom[b])) ** 2
+    twins = study.replicates([cfgs], plan, landed(loss))
+    expected = {(n, seed) for b in plan.budgets for n in by_budget[b][:3] for seed in (1, 2)}
+    assert {(compute.run_row(c)["N"], c.seed) for c in twins} == expected
+    for twin in twins:  # each as its seed-0 run was: same length, budgets and rate
+        (orig,) = [c for c in cfgs if c.model == twin.model]
+        assert twin.replace(seed=0).run_id == orig.run_id
+    # nothing until every run of the grid point has landed ok
+    assert study.replicates([cfgs], plan, landed(loss, drop={cfgs[-1].run_id})) == []
+    assert study.replicates([cfgs], study.Design.from_table({"budgets": [2e11, 6e11], "sizes": [1, 2, 3, 4, 5, 6, 7, 8],
+                                                             "min_steps": 20}), landed(loss)) == []

@@ -13,7 +13,7 @@ def test_defaults_are_filled_into_a_frozen_typed_config():
     cfg = config.validate({"name": "x", "train": {"lr": 1e-3}})
     assert cfg.train.lr == 1e-3 and cfg.train.batch_size == 32 and cfg.tokens_per_step == 32 * 128
     assert cfg.train.budgets == (0.25, 0.5, 1.0) and cfg.precision == "fp32" and cfg.recipe.name == "fp32"
-    assert cfg.model == config.Model(size=1, seq_len=128, smooth_swiglu=False)
+    assert cfg.model == config.Model(size=1, seq_len=128, smooth_swiglu=False, n_layers=None)
     assert config.validate(cfg) is cfg  # validated once: a RunConfig is not checked again
     assert config.validate(cfg.to_dict()) == cfg and cfg.to_dict()["train"]["budgets"] == [0.25, 0.5, 1.0]
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -192,6 +192,19 @@ def test_existing_run_ids_are_unchanged_by_the_tracker_key():
     # the pinned ids hashed train.eval_every = 0, a knob since removed: they still hold, and the key is refused
     with pytest.raises(ConfigError, match="train.eval_every"):
         config.validate({"train": {"eval_every": 0}})
+
+
+def test_n_layers_sets_the_depth_at_the_sizes_width_and_leaves_ladder_ids_alone():
+    deep = config.validate({"model": {"size": 1, "n_layers": 4}})
+    assert (deep.model.shape().d_model, deep.model.shape().n_layers) == (32, 4)
+    assert config.validate({"model": {"size": 3}}).model.shape().n_layers == 2 + 3 // 2
+    assert config.validate({"model": {"size": 1, "n_layers": 4}, "train": {"lr": "auto"}}).train.lr == ladder.ladder_lr(1)
+    # unset is the ladder's depth and the id it always had (pinned above); set, another run
+    assert config.run_id({"name": "x", "train": {"lr": 1e-3}, "model": {"n_layers": None}}) == "5575666bdbe5"
+    assert config.run_id({"name": "x", "train": {"lr": 1e-3}, "model": {"n_layers": 2}}) == "5575666bdbe5"
+    assert config.run_id({"name": "x", "train": {"lr": 1e-3}, "model": {"n_layers": 3}}) != "5575666bdbe5"
+    with pytest.raises(ConfigError, match=r"^model\.n_layers: got 0; allowed: an integer >= 1$"):
+        config.validate({"model": {"n_layers": 0}})
 
 
 def test_wandb_tracker_needs_the_package(monkeypatch):
