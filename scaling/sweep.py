@@ -537,8 +537,8 @@ def shape_key(cfg) -> str:
 def take_off(specs: list[RunSpec], out_root: str | Path, *, keep_going: bool = False,
              hang_timeout: float = 600.0) -> tuple[list[RunSpec], dict[str, dict]]:
     """Before anything runs: every corpus loads, the disk has room, and each distinct shape and
-    recipe compiles and trains TAKEOFF_STEPS steps end to end (in a watched child, which also fills
-    the compilation cache the real runs reuse). Returns the specs cleared to fly and, per shape
+    recipe compiles and trains TAKEOFF_STEPS steps end to end (in this process, one after another,
+    which also fills the compilation cache the real runs reuse). Returns the specs cleared to fly and, per shape
     key, the take-off run's summary (its step time drives the ETA). Any failure refuses the whole
     sweep with a one-line ConfigError, unless keep_going, which drops the affected runs instead.
     """
@@ -550,6 +550,8 @@ def take_off(specs: list[RunSpec], out_root: str | Path, *, keep_going: bool = F
     for source, tokenizer in sorted({(s.config.data.source, s.config.data.tokenizer) for s in specs}):
         data.load(source, tokenizer)  # raises ConfigError naming data.source; builds a BPE once, before any run
     _use_compilation_cache()
+    import jax
+
     from scaling import train
 
     cleared, flights, failures = [], {}, []
@@ -561,6 +563,9 @@ def take_off(specs: list[RunSpec], out_root: str | Path, *, keep_going: bool = F
             summary = train.run(probe.config, probe.out_dir(out_root / ".takeoff"), wait=True)
         except Exception as error:  # noqa: BLE001 - any failure to take off is reported, not raised
             summary = {"status": "failed", "reason": f"{type(error).__name__}: {error}"}
+        # Drop the probe's executables: the runs load them from the persistent cache, and holding them
+        # all crashed a 69-shape take-off (LLVM "Cannot allocate memory" after 42 probes, 2 cores 24 GiB).
+        jax.clear_caches()
         if summary.get("status") == "ok":
             flights[key] = summary
             cleared += group
