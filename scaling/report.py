@@ -236,6 +236,28 @@ def findings_section(f: dict) -> str:
     return "\n".join(lines)
 
 
+def integer_arm_section(f: dict) -> str:
+    """The forward-only integer arm (like for like with Kumar et al. 2024) per budget; '' without it."""
+    arm = f.get("integer_arm") or []
+    if not arm:
+        return ""
+    lo, hi = study.PUBLISHED["Kumar et al. 2024"]
+    lines = [f"Kumar et al. 2024 quantised integer weights and activations in the forward pass only and put the "
+             f"compute-optimal precision at {lo:g}-{hi:g} bits. The same comparison here: the forward-only integer "
+             "recipes (backward GEMMs unquantised, costed at 16 bits) against the high-precision reference alone."]
+    for b in arm:
+        lines += ["", f"**C = {_fmt(b['budget'])}.** " + _verdict_sentence(b, f["loss_unit"]), "",
+                  "| recipe | effective bits | runs (sizes) | IsoFLOP minimum | 95% CI | P(best) |", "| --- | --- | --- | --- | --- | --- |"]
+        for e in sorted(b["recipes"], key=lambda e: (e["loss"] is None, e["loss"] or 0)):
+            if e["loss"] is None:
+                lines.append(f"| {e['recipe']} | {e['bits_eff']:.3g} | {e['runs']} ({e['sizes']}) | too few sizes | – | – |")
+                continue
+            ci = f"{e['ci'][0]:.4g}–{e['ci'][1]:.4g}" if e["ci"] else "–"
+            p_best = f"{e['p_best']:.2f}" if e["p_best"] is not None else "–"
+            lines.append(f"| {e['recipe']} | {e['bits_eff']:.3g} | {e['runs']} ({e['sizes']}) | {e['loss']:.4g} | {ci} | {p_best} |")
+    return "\n".join(lines)
+
+
 def _range_text(r: Sequence[int]) -> str:
     return f"{r[0]}" if r[0] == r[1] else f"{r[0]}-{r[1]}"
 
@@ -394,8 +416,11 @@ def write_report(results_df: pd.DataFrame, fit_result: Any, out_dir: str | Path,
     found: list[dict] = []
     heldout = None
     atomic_write_json(out_dir / "findings.json", facts)
-    sections[4:4] = ["## Findings: the sweet spot, measured (IsoFLOP profiles)", "", findings_section(facts), "",
-                     "## P*: the law's compute-optimal precision, with its uncertainty", "", pstar_section(facts), ""]
+    head = ["## Findings: the sweet spot, measured (IsoFLOP profiles)", "", findings_section(facts), "",
+            "## P*: the law's compute-optimal precision, with its uncertainty", "", pstar_section(facts), ""]
+    if facts.get("integer_arm"):
+        head += ["## Like for like with Kumar et al.: the forward-only integer arm", "", integer_arm_section(facts), ""]
+    sections[4:4] = head
     if fit_result is not None and not ok.empty:
         error_text, heldout = heldout_error(fit_result, fitted)
         sections += ["## Fitted law", "", fitted_law(fit_result), "", error_text, ""]

@@ -594,6 +594,20 @@ def _has_bits(law: str) -> bool:
     return bool({"P", "P_w", "P_a", "P_g", "P_fwd", "P_bwd", "ebits", "mbits"} & set(laws.get(law).columns))
 
 
+def integer_arm(df: pd.DataFrame) -> pd.DataFrame:
+    """The like-for-like arm for Kumar et al. 2024, who trained integer weights and activations in the
+    forward pass only: the rows of recipes whose forward GEMMs are integer and whose backward GEMMs
+    are unquantised (format int*, P_bwd >= 16), plus the high-precision reference recipe's rows.
+    Empty unless at least two such integer recipes are present."""
+    if not {"format", "P_bwd", "recipe"} <= set(df.columns):
+        return df.iloc[0:0]
+    integer = df["format"].astype(str).str.startswith("int") & (df["P_bwd"].astype(float) >= 16)
+    if df.loc[integer, "recipe"].nunique() < 2:
+        return df.iloc[0:0]
+    reference = high_precision_recipe(df)
+    return df[integer | (df["recipe"] == reference)]
+
+
 def findings(df: pd.DataFrame, fit: Any | None, *, cost: str = "bits", budgets: Sequence[float] | None = None,
              n_boot: int = 2000, ci_samples: int = 100, loss_column: str = "val_loss",
              noise_rows: pd.DataFrame | None = None) -> dict[str, Any]:
@@ -601,6 +615,8 @@ def findings(df: pd.DataFrame, fit: Any | None, *, cost: str = "bits", budgets: 
     effective bits, minimum loss, CI, runs, probability of being best; winner or None), and P* at
     each budget with its bootstrap CI (chosen law, chosen cost model), its specification range
     (across specification_fits x optimal.cost_models) and the verdict against each published range.
+    `integer_arm`: the same IsoFLOP analysis over the forward-only integer recipes and the reference
+    alone (`integer_arm`), the comparison like for like with Kumar et al.; [] without that arm.
     noise_rows: the table whose seed replicates measure run-to-run noise (default df)."""
     cost_model = compute_lib.get(cost)
     main = compute_lib.backfill(ok_rows(df))
@@ -615,8 +631,12 @@ def findings(df: pd.DataFrame, fit: Any | None, *, cost: str = "bits", budgets: 
                            noise=replicate_noise(df if noise_rows is None else noise_rows)) if costable else [],
         "note": None if costable else "the results do not record FLOPs by part (nor size, recipe and "
                                       "flops_per_token to derive them), so no run can be placed at a budget",
-        "law": None, "P_star": [],
+        "law": None, "P_star": [], "integer_arm": [],
     }
+    arm = integer_arm(main)
+    if costable and not arm.empty:
+        out["integer_arm"] = analyse(arm, budgets, cost_model, n_boot=n_boot,
+                                     noise=replicate_noise(integer_arm(df if noise_rows is None else noise_rows)))
     if fit is None:
         return out
     out["law"] = {"name": fit.law, "params": fit.params, "fixed": fit.fixed,

@@ -195,6 +195,27 @@ def test_findings_and_report_claim_no_winner_on_noise_only():
     assert clear["budgets"][0]["winner"] == "fp8" and "fp8 has the lowest" in report.findings_section(clear)
 
 
+def test_the_forward_only_integer_arm_is_analysed_on_its_own():
+    from scaling import report
+
+    runs = _isoflop_runs({"bf16": 0.0, "int8-fwd": 0.0, "int4-fwd": 0.3, "mxfp4": -0.2}, noise=0.01)
+    kind = {"bf16": ("bf16", 16, 16), "int8-fwd": ("int8", 8, 32), "int4-fwd": ("int4", 4, 32), "mxfp4": ("fp4_e2m1", 4, 4)}
+    runs = runs.assign(format=runs["recipe"].map(lambda r: kind[r][0]), P=runs["recipe"].map(lambda r: kind[r][1]),
+                       P_bwd=runs["recipe"].map(lambda r: kind[r][2]))
+    arm = study.integer_arm(runs)
+    assert set(arm["recipe"]) == {"bf16", "int8-fwd", "int4-fwd"}  # not mxfp4: floating point, quantised backward
+    facts = study.findings(runs, None, budgets=[1e12])
+    assert facts["budgets"][0]["winner"] == "mxfp4"  # across every recipe
+    (at,) = facts["integer_arm"]
+    assert {e["recipe"] for e in at["recipes"]} == {"bf16", "int8-fwd", "int4-fwd"}
+    assert at["winner"] is None and "cannot tell" in at["reason"]  # bf16 and int8 tied under noise 0.01
+    text = report.integer_arm_section(facts)
+    assert "Kumar et al. 2024" in text and "No winner" in text and "int4-fwd" in text
+    # one integer recipe is no arm
+    assert study.integer_arm(runs[runs["recipe"] != "int4-fwd"]).empty
+    assert study.findings(runs[runs["recipe"] != "int4-fwd"], None, budgets=[1e12])["integer_arm"] == []
+
+
 def test_published_range_verdicts_use_the_whole_interval():
     assert study.verdict([7.2, 7.9], 7, 8) == "inside"
     assert study.verdict([3.7, 5.4], 7, 8) == "outside"
