@@ -357,11 +357,12 @@ def test_presets_have_the_published_parameter_counts():
 def _inventory_flops(model, layout, seq_len=4096, precision="bf16"):
     """Model FLOPs of one step summed over the op inventory of every GPU."""
     c = stepmodel.Ctx(model, plan.get_gpu("h100"), layout, stepmodel.RECIPES[precision], seq_len, stepmodel.EFFICIENCY["h100"])
-    per_stage_layers = model.layers // layout.pp
     total = 0.0
     for s in range(layout.pp):
-        ops = stepmodel.layer_ops(c)
-        stage = per_stage_layers * sum(o.flops * o.count for o in ops)
+        dense, moe = stepmodel.stage_layers(model, layout, s)
+        stage = dense * sum(o.flops * o.count for o in stepmodel.layer_ops(c))
+        if moe:
+            stage += moe * sum(o.flops * o.count for o in stepmodel.layer_ops(c, moe=True))
         stage += sum(o.flops * o.count for o in stepmodel.edge_ops(c, s == 0, s == layout.pp - 1))
         total += stage * layout.tp * layout.cp * layout.dp * layout.micro_batches  # every GPU of the stage
     return total
@@ -381,6 +382,122 @@ def test_op_inventory_flops_are_6nd_plus_attention(layout):
     assert _inventory_flops(model, layout) == pytest.approx(6 * n * tokens + attention, rel=1e-12)
     r = stepmodel.step(model, "h100", layout)
     assert r.model_flops == pytest.approx(6 * n * tokens + attention, rel=1e-12)  # recompute adds no model FLOPs
+
+
+def test_moe_presets_have_the_published_parameter_counts():
+    # DeepSeek-V3 report: 671B total, 37B activated; Kimi K2: 1.04T / 32B; Mixtral 8x7B: 46.7B / 12.9B;
+    # Qwen3: 30.5B / 3.3B and 235B / 22B (model cards)
+    published = {"deepseek-v3": (671e9, 37e9), "kimi-k2": (1.04e12, 32e9), "mixtral-8x7b": (46.7e9, 12.9e9),
+                 "qwen3-30b-a3b": (30.5e9, 3.3e9), "qwen3-235b-a22b": (235e9, 22e9)}
+    for name, (total, activated) in published.items():
+        m = stepmodel.PRESETS[name]
+        assert m.params == pytest.approx(total, rel=0.015), name
+        assert m.activated_params == pytest.approx(activated, rel=0.03), name
+    # DeepSeek-V3 by hand: MLA attention, 3 dense layers, 58 layers of 256 + 1 experts of 3 * 7168 * 2048
+    attention = 7168 * 1536 + 1536 * 128 * 192 + 7168 * 576 + 512 * 128 * 256 + 128 * 128 * 7168
+    norms = 2 * 7168 + 1536 + 512
+    expert = 3 * 7168 * 2048
+    total = (61 * (attention + norms) + 3 * 3 * 7168 * 18432 + 58 * (257 * expert + 7168 * 256)
+             + 2 * 129280 * 7168 + 7168)
+    assert stepmodel.PRESETS["deepseek-v3"].params == total
+
+
+# a small MoE with every feature: MLA, a dense first layer, shared and routed experts
+TINY_MOE = stepmodel.Transformer("tiny-moe", layers=4, hidden=1024, heads=8, kv_heads=8, ffn=4096, vocab=1000,
+                                 head_size=128, q_rank=256, kv_rank=128, rope_dim=32, v_head=64, experts=16, top_k=4,
+                                 shared_experts=1, expert_ffn=512, dense_layers=1)
+
+
+@pytest.mark.parametrize("layout", [
+    stepmodel.StepLayout(dp=4, ep=4),
+    stepmodel.StepLayout(tp=2, pp=2, dp=2, ep=2, etp=1, micro_batches=2),
+    stepmodel.StepLayout(tp=2, dp=4, ep=8, etp=1, recompute="full"),
+    stepmodel.StepLayout(tp=2, dp=4, ep=4, micro_batches=2, recompute="selective", a2a_overlap=True),  # etp = tp
+    stepmodel.StepLayout(pp=3, dp=2, ep=2, micro_batches=3),  # 4 layers on 3 stages: 2, 2, 0... uneven
+])
+def test_moe_op_inventory_flops_are_6_activated_nd_plus_attention(layout):
+    m, s = TINY_MOE, 4096
+    tokens = s * layout.micro_batches * layout.dp
+    attention = 1024 * 256 + 256 * 8 * 160 + 1024 * 160 + 128 * 8 * 192 + 8 * 64 * 1024
+    dense_mlp = 3 * 1024 * 4096
+    moe_mlp = 3 * 1024 * 512 * (4 + 1) + 1024 * 16  # top-4 routed + 1 shared + the router
+    n = 4 * attention + dense_mlp + 3 * moe_mlp + 1000 * 1024
+    assert m.matmul_params == n
+    attention_flops = 3 * 4 * s * 8 * (160 + 64) * tokens  # causal QK^T (160 per head) and PV (64)
+    assert _inventory_flops(m, layout, s) == pytest.approx(6 * n * tokens + attention_flops, rel=1e-12)
+    r = stepmodel.step(m, "h100", layout, "bf16", s)
+    assert r.model_flops == pytest.approx(6 * n * tokens + attention_flops, rel=1e-12)
+
+
+def test_moe_memory_terms_hand_counted():
+    m, s = TINY_MOE, 4096
+    lay = stepmodel.StepLayout(tp=2, dp=4, ep=4, etp=1, zero=1)
+    attention, norms = 1024 * 256 + 256 * 8 * 160 + 1024 * 160 + 128 * 8 * 192 + 8 * 64 * 1024, 2 * 1024 + 256 + 128
+    routed = 16 * 3 * 1024 * 512
+    replicated = (4 * (attention + norms) + 3 * 1024 * 4096 + 3 * (3 * 1024 * 512 + 1024 * 16) + 2 * 1000 * 1024 + 1024)
+    local_replicated, local_routed = stepmodel.stage_params_split(m, lay, 0)
+    assert local_replicated == pytest.approx(replicated / 2 + (1024 - 1000) * 1024 * 2 / 2)  # vocabulary padded to 1024
+    assert local_routed == 3 * routed / 4  # 3 MoE layers, experts over ep = 4
+    # ZeRO-1: the replicated parameters' optimizer states over dp x cp = 4, the experts' over
+    # their expert-data-parallel group tp cp dp / (ep etp) = 2
+    assert lay.expert_dp == 2
+    mem = stepmodel.stage_memory(m, lay, s, 0)
+    assert mem.weights == pytest.approx(2 * (local_replicated + local_routed))
+    assert mem.gradients == pytest.approx(4 * (local_replicated + local_routed))
+    assert mem.optimizer == pytest.approx(12 * (local_replicated / 4 + local_routed / 2))
+    # activations of a MoE layer (BF16, sequence parallel over tp = 2, 2048 own tokens per GPU):
+    t, te = 4096, 2048
+    per_token = (4 * 1024) / 2 + (2 * 256 + 2 * 128 + 32) + 8 * (2 * 160 + 64 + 64) / 2 + 3 * 512 / 2
+    slots = te * 4  # own tokens x top-4, etp = 1
+    expect = 2 * (t * per_token + slots * (1024 + 3 * 512)) + 4 * te * 16  # + FP32 router scores
+    assert stepmodel.activation_bytes_per_layer(m, lay, s, moe=True) == pytest.approx(expect)
+    # selective recompute drops MLA's Q, K, V (redone from the latents)
+    selective = stepmodel.activation_bytes_per_layer(m, stepmodel.StepLayout(tp=2, dp=4, ep=4, etp=1, recompute="selective"), s, True)
+    assert expect - selective == pytest.approx(2 * t * 8 * (2 * 160 + 64) / 2)
+
+
+def test_moe_all_to_all_on_nvlink_inside_a_node_and_the_network_across():
+    model = stepmodel.load_model("deepseek-v3", layers=8)
+
+    def a2a(text):
+        r = stepmodel.step(model, "h100", stepmodel.parse_step_layout(text, micro_batches=8, recompute="selective"))
+        return r.by_collective.get("ep all-to-all", 0.0), r
+
+    inside, _ = a2a("dp=8,ep=8")  # one node
+    across, base = a2a("dp=64,ep=64")  # eight nodes: 7/8 of the copies through the NIC
+    assert 0 < inside < across
+    # each of 8 copies of a token (7168 x 2 bytes), 7 of 8 off the node, at the NIC's 50 GB/s x efficiency
+    eff = stepmodel.EFFICIENCY["h100"].bandwidth
+    one = 4096 * 8 * 7168 * 2 * (56 / 64) / (50e9 * eff) + 6e-6
+    assert across == pytest.approx(4 * 5 * 8 * one, rel=1e-9)  # 4 per layer, 5 MoE layers, 8 micro-batches
+    deepep, _ = a2a("dp=64,ep=64,deepep=1")  # once per remote node: at most 4 nodes (node-limited routing)
+    assert deepep == pytest.approx(across * (4 * 7 / 8) / (8 * 7 / 8), rel=1e-3)
+    hidden, overlapped = a2a("dp=64,ep=64,a2ao=1")
+    assert hidden < across and overlapped.step_seconds < base.step_seconds
+    # a routing imbalance adds expert time, not model FLOPs
+    from unittest import mock
+    with mock.patch.object(stepmodel, "MOE_IMBALANCE", 1.5):
+        _, skewed = a2a("dp=64,ep=64")
+    assert skewed.model_flops == base.model_flops
+    assert skewed.by_op["gemm expert-fc1"] == pytest.approx(1.5 * base.by_op["gemm expert-fc1"], rel=0.05)
+
+
+@pytest.mark.parametrize("layout, key", [
+    ("dp=4,ep=3", "layout.ep"),  # 16 experts
+    ("dp=2,ep=4", "layout.ep"),  # ep does not divide tp * cp * dp
+    ("tp=2,dp=2,ep=4", "layout.ep"),  # etp defaults to tp: ep * etp = 8 > 4
+    ("tp=2,sp=0,dp=2,ep=2,etp=1", "sequence-parallel"),
+])
+def test_moe_bad_layouts_are_config_errors(layout, key):
+    with pytest.raises(ConfigError) as e:
+        stepmodel.step(TINY_MOE, "h100", stepmodel.parse_step_layout(layout), "bf16", 4096)
+    assert e.value.key == key, str(e.value)
+    with pytest.raises(ConfigError) as e:  # a dense model has no experts to split
+        stepmodel.step(stepmodel.load_model("llama3-8b", layers=2), "h100", stepmodel.parse_step_layout("dp=2,ep=2"))
+    assert e.value.key == "layout.ep" and "no experts" in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        stepmodel.step(stepmodel.load_model("qwen3-30b-a3b", layers=2), "h100", stepmodel.parse_step_layout("dp=2,ep=2,seo=1"))
+    assert e.value.key == "layout.seo"
 
 
 def test_zero_stages_shard_exactly_what_they_should():
@@ -431,7 +548,7 @@ def test_low_precision_recipes_need_the_hardware():
     (["--model", "llama3-70b", "--layout", "tp=3"], "layout.tp"),  # 64 heads, 8 KV heads
     (["--model", "llama3-70b", "--layout", "tp=8,dp=2", "--gpus", "32"], "layout"),
     (["--model", "llama3-70b", "--layout", "tp=8"], "memory"),  # 70B on one node of H100s, no ZeRO
-    (["--model", "llama3-70b", "--layout", "pp=3,tp=8", "--micro-batches", "3"], "layout.pp"),  # 80 layers
+    (["--model", "llama3-70b", "--layers", "2", "--layout", "pp=4,tp=8", "--micro-batches", "4"], "layout.pp"),  # 2 layers
     (["--model", "gpt5", "--layout", "tp=1"], "model"),
     (["--layout", "tp=2,ep=2"], "layout.ep"),
     (["--layout", "tp=1", "--precision", "mxfp4"], "precision"),
