@@ -167,7 +167,7 @@ class Transformer:
 #   Costs, Vision, MoE", 10 July 2023; OpenAI has confirmed none of it): ~1.8T parameters in
 #   120 layers, 16 experts of ~111B (MLP) with 2 routed per token, ~55B of shared attention.
 #   As a shape: MHA and a GELU MLP of 4 h give 8 h^2 per expert-layer = 111B / 120 and 4 h^2 of
-#   attention = 55B / 120 for h ~ 10,750: hidden 10,752 (84 heads of 128), expert width 43,008,
+#   attention = 55B / 120 for h ~ 10,750: hidden 10,752 (96 heads of 112), expert width 43,008,
 #   vocabulary 100,256 (cl100k). 1.8T total, 0.28T activated: 6 x 0.28T x 13T tokens = 2.2e25,
 #   the talk's 2.1e25 FLOPs.
 PRESETS: dict[str, Transformer] = {
@@ -189,7 +189,7 @@ PRESETS: dict[str, Transformer] = {
                                  expert_ffn=768),
     "qwen3-235b-a22b": Transformer("qwen3-235b-a22b", 94, 4096, 64, 4, 12288, 151936, head_size=128, experts=128,
                                    top_k=8, expert_ffn=1536),
-    "gpt4-reported": Transformer("gpt4-reported", 120, 10752, 84, 84, 43008, 100256, gated=False, experts=16, top_k=2,
+    "gpt4-reported": Transformer("gpt4-reported", 120, 10752, 96, 96, 43008, 100256, gated=False, experts=16, top_k=2,
                                  expert_ffn=43008),
 }
 SHAPE_KEYS = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "gated")
@@ -382,6 +382,9 @@ RECIPES: dict[str, Recipe] = {
     "mxfp6": Recipe("fp8", 0.75 + 1 / 32, "mxfp6"),  # FP6 runs at the FP8 rate on Blackwell
     "mxfp4": Recipe("fp4", 0.5 + 1 / 32, "mxfp4"),
     "nvfp4": Recipe("fp4", 0.5 + 1 / 16, "nvfp4"),
+    # FP32 GEMMs on TF32 tensor cores (what cuBLAS and XLA do by default): priced as BF16 inputs
+    # cast to FP32 per GEMM; the activations, norms and collectives stay priced in BF16
+    "tf32": Recipe("tf32", 4.0),
 }
 
 
@@ -1238,7 +1241,7 @@ def run_days(result: StepResult, tokens: float, **failure_options: Any):
 # --------------------------------------------------------------------------------------------
 
 # hardware format (scaling.hardware.precision_for_bits) -> the recipe that runs it
-RECIPE_FOR_FORMAT = {"bf16": "bf16", "fp8": "fp8", "fp4": "nvfp4"}
+RECIPE_FOR_FORMAT = {"bf16": "bf16", "fp8": "fp8", "fp4": "nvfp4", "tf32": "tf32"}
 CATEGORIES = ("GEMMs", "attention", "quantise", "memory-bound", "communication", "pipeline bubble", "optimizer")
 
 
