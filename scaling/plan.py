@@ -97,7 +97,7 @@ CLUSTER_RECIPES: dict[str, ClusterRecipe] = {
 }
 # Dense shapes without a recipe (a fitted law's compute optimum): TP8 inside a node, PP8 (4-16
 # after cluster_step's choice), 4 pp micro-batches per replica.
-DENSE_RECIPE = ClusterRecipe("tp=8,pp=8,ogr=1,opg=1,tpo=1", 4096, None)
+DENSE_RECIPE = ClusterRecipe("tp=8,pp=8,ogr=1,opg=1,tpo=1", 4096, None, recompute="none")
 
 # The talk's H100 table (issue #6): training FLOPs and BF16 days on 1,024 / 5,000 / 10,000 H100s.
 # What `scaling plan --flops F --model M` is checked against (docs/planner.md; tests/test_plan.py).
@@ -708,16 +708,15 @@ def format_memory(mem: MemoryEstimate, gpu: str) -> str:
     return "\n".join(lines)
 
 
-def _step_speedup(args: argparse.Namespace, layout: Layout, shape: ModelShape, hardware_format: str) -> str:
-    """The optimum's P-bit recipe against BF16 through the op-by-op step model (scaling.stepmodel)."""
+def _step_speedup(gpu: str, gpus: int, recipe: ClusterRecipe, best: PrecisionPlan) -> str:
+    """The optimum's P-bit recipe against BF16 through the op-by-op step model, on the first
+    cluster size and the layout its days come from."""
     from scaling import stepmodel  # pure Python too
 
-    micro_batches = 4 * layout.pp if layout.pp > 1 else 8
+    model = dense_model(best.params, recipe.seq_len, stepmodel.parse_step_layout(recipe.layout).tp)
     try:
-        model = stepmodel.shape_for_params(shape.layers, shape.hidden, shape.heads, tp=layout.tp)
-        step_layout = stepmodel.StepLayout(tp=layout.tp, pp=layout.pp, dp=layout.dp, zero=layout.zero,
-                                           micro_batch=shape.micro_batch, micro_batches=micro_batches)
-        base, low = stepmodel.recipe_speedup(model, args.gpu, step_layout, hardware_format, shape.seq_len)
+        low = cluster_step(model, gpu, gpus, stepmodel.RECIPE_FOR_FORMAT[best.hardware_precision], recipe)
+        base = stepmodel.step(model, gpu, low.layout, "bf16", recipe.seq_len)
     except ConfigError as e:  # a layout the optimum's shape cannot take: say so, the rest of the plan stands
         return f"step model: not priced ({e})"
     return stepmodel.format_speedup(base, low)
@@ -806,6 +805,6 @@ def main(args: argparse.Namespace) -> int:
             + f"\nmemory per GPU ({layout}, {shape}):\n"
             + format_memory(memory_per_gpu(best.params, layout, best.hardware_precision, shape, recompute), args.gpu)
         )
-        sections.append(_step_speedup(args, layout, shape, best.hardware_precision))
+        sections.append(_step_speedup(args.gpu, gpus[0], recipe, best))
     print("\n\n".join(sections))
     return 0

@@ -1291,8 +1291,12 @@ def recipe_speedup(model: Transformer, gpu: str, layout: StepLayout, hardware_fo
 
 def format_speedup(base: StepResult, low: StepResult) -> str:
     b, q = breakdown(base), breakdown(low)
-    lines = [f"step model ({low.layout.gpus} x {low.gpu.name}, {base.model.name}, seq {base.seq_len}, "
-             f"tp={low.layout.tp} pp={low.layout.pp} dp={low.layout.dp}, {low.layout.micro_batches} micro-batches): "
+    lay = low.layout
+    overlaps = ",".join(k for k, on in (("tpo", lay.tp_overlap), ("ogr", lay.overlap_grad_reduce),
+                                        ("opg", lay.overlap_param_gather)) if on)
+    lines = [f"step model ({lay.gpus} x {low.gpu.name}, {base.model.name}, seq {base.seq_len}, "
+             f"tp={lay.tp} pp={lay.pp} dp={lay.dp}, {lay.micro_batches} micro-batches, recompute {lay.recompute}"
+             + (f", overlaps {overlaps}" if overlaps else "") + "): "
              f"{low.precision} step {low.step_seconds * 1e3:,.1f} ms vs bf16 {base.step_seconds * 1e3:,.1f} ms: "
              f"{base.step_seconds / low.step_seconds:.2f}x faster",
              f"  {'ms per step':<16} {'bf16':>10} {low.precision:>10}"]
