@@ -65,7 +65,8 @@ class ClusterRecipe:
     recompute, fills the cluster with data parallelism (dp the largest that fits in K with ep x
     etp dividing tp x cp x dp; the GPUs left over idle as spares) and keeps the one with the
     highest throughput that fits memory. The global batch is fixed in sequences (rounded to whole
-    micro-batches per replica, at least pp), or None: `micro_batches` per replica (weak scaling).
+    micro-batches per replica, at least pp), or None: `micro_batches` per replica, times pp / 2
+    under pipeline parallelism (weak scaling).
     """
 
     layout: str

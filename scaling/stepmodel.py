@@ -1227,13 +1227,11 @@ def search(model: Transformer, gpu: str | GPU, gpus: int, global_batch: int, seq
 def run_days(result: StepResult, tokens: float, **failure_options: Any):
     """scaling.plan.RunPlan for training on `tokens` tokens at this step's speed: the failure-free
     days are tokens / (tokens/s of the step); the failure model (checkpoint-and-restart at Daly's
-    interval, or dropping a failed tp*cp*pp replica) is scaling.plan's."""
+    interval, or dropping a failed replica: tp*cp*pp GPUs, for MoE lcm(tp*cp, ep*etp)*pp) is scaling.plan's."""
     from scaling import plan  # pure Python; imported here to keep the modules' import graph acyclic
 
-    lay = result.layout
-    return plan.plan_run(result.model_flops / result.tokens * tokens, lay.gpus, result.gpu_key,
-                         RECIPES[result.precision].rate, mfu=result.mfu, replica_gpus=lay.tp * lay.cp * lay.pp,
-                         **failure_options)
+    return plan.plan_run(result.model_flops / result.tokens * tokens, result.layout.gpus, result.gpu_key,
+                         step=result, **failure_options)
 
 
 # --------------------------------------------------------------------------------------------
