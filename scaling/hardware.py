@@ -115,6 +115,10 @@ class GPU:
 # - H100 SXM5: HBM3 3.35 TB/s; NVLink 4 900 GB/s total -> 450; DGX H100 one 400 Gb/s NDR NIC per
 #   GPU -> 50 GB/s (H100 and DGX H100 data sheets; Llama 3's clusters also give each GPU 400 Gb/s).
 # - H200 SXM: HBM3e 4.8 TB/s, otherwise as H100 (H200 data sheet).
+# - H800 SXM5 80GB (the export variant of the H100 SXM5 DeepSeek-V3 trained on): the H100's
+#   tensor cores and HBM3, NVLink cut to 400 GB/s total -> 200 (NVIDIA H800 product brief);
+#   DeepSeek-V3's cluster gives each GPU a 400 Gb/s InfiniBand NIC, 50 GB/s (DeepSeek-AI 2024,
+#   arXiv 2412.19437 Sec. 3.2.2: "IB (50 GB/s)", and NVLink "160 GB/s" achieved of the 200).
 # - B200 (HGX): HBM3e 8 TB/s (64 TB/s per 8-GPU board); NVLink 5 1.8 TB/s total -> 900; DGX B200
 #   one 400 Gb/s ConnectX-7 per GPU -> 50 GB/s. Blackwell tensor cores run MXFP8/MXFP6 at the FP8
 #   rate and MXFP4/NVFP4 at the FP4 rate (NVIDIA Blackwell architecture technical brief).
@@ -125,6 +129,8 @@ GPUS: dict[str, GPU] = {
                 hbm_tbps=2.039, nvlink_gbps=300, net_gbps=25, nvlink_latency_us=3, net_latency_us=6),
     "h100": GPU("H100 SXM5 80GB", 80, {"fp32": 67, "tf32": 495, "bf16": 989, "fp8": 1979},
                 hbm_tbps=3.35, nvlink_gbps=450, net_gbps=50, nvlink_latency_us=2.5, net_latency_us=6),
+    "h800": GPU("H800 SXM5 80GB", 80, {"fp32": 67, "tf32": 495, "bf16": 989, "fp8": 1979},
+                hbm_tbps=3.35, nvlink_gbps=200, net_gbps=50, nvlink_latency_us=2.5, net_latency_us=6),
     "h200": GPU("H200 SXM 141GB", 141, {"fp32": 67, "tf32": 495, "bf16": 989, "fp8": 1979},
                 hbm_tbps=4.8, nvlink_gbps=450, net_gbps=50, nvlink_latency_us=2.5, net_latency_us=6),
     "b200": GPU("B200 (HGX) 180GB", 180, {"fp32": 80, "tf32": 1100, "bf16": 2250, "fp8": 4500, "fp4": 9000},

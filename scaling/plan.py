@@ -2,9 +2,10 @@
 
 Four small analytical models, pure Python (no JAX, no SciPy: the verb must start fast):
 
-1. Time. days = F / (K * peak_p * mfu_p(K) * 86400), with a model-FLOPs-utilisation (MFU)
-   that falls as the cluster grows (`model_flops_utilization`), calibrated on the H100 table
-   of issue #6 (DeepSeek-V3, Kimi K2, GPT-4 on 1,024 / 5,000 / 10,000 GPUs).
+1. Time. days = F / (model FLOPs per second of the cluster), from the op-by-op step model
+   (scaling.stepmodel) of a model laid out on the cluster (`cluster_step`, CLUSTER_RECIPES: the
+   talk's H100 table of issue #6 recomputed from written-down layouts), or from an MFU the user
+   measured (`--mfu`).
 2. Memory per GPU (`memory_per_gpu`): weights, gradients, FP32 master weights, Adam moments
    under data parallel with ZeRO 0-3, tensor and pipeline parallel, plus activations from
    Korthikanti et al. 2022 with FP8 caching of GEMM inputs as in DeepSeek-V3.
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import argparse
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -37,73 +38,124 @@ HOURS_PER_DAY = 24.0
 # Time
 # --------------------------------------------------------------------------------------------
 
-# Implied BF16 MFU on H100 from the issue's table, mfu = F / (K * 989e12 * days * 86400):
-#                 1,024 GPUs   5,000 GPUs   10,000 GPUs
-#   DeepSeek-V3     0.401        0.362        0.306
-#   Kimi K2         0.401        0.367        0.317
-#   GPT-4           0.399        0.359        0.307
-# Least-squares fit of log(days) over these nine points with the exponent fixed at 1 (see
-# `model_flops_utilization`) gives MFU_SMALL_CLUSTER = 0.417, COMM_SCALE_GPUS = 29,960;
-# every table entry is reproduced within 2.8%. Freeing the exponent (1.38) improves the worst
-# entry only to 2.3%, so the physically motivated exponent 1 is kept.
-MFU_SMALL_CLUSTER = 0.417
-COMM_SCALE_GPUS = 30_000.0
 
-# Fraction of a BF16 step spent in GEMMs that a lower-precision recipe accelerates; the rest
-# (attention core, norms, optimizer, exposed communication inside a node) runs at BF16 speed.
-# 0.6 makes FP8 on H100 ~1.4x faster end to end at ~1k GPUs, inside the measured range:
-# torchao/torchtitan float8 reports 1.25x (8 H100, Llama3-8B), 1.34-1.43x (2k H200) and up to
-# 1.5x (512 GPUs, 405B, helped by FP8 all-gather); MXFP8 MoE on GB200 reports 1.3x. DeepSeek-V3
-# trains in FP8 but reports no BF16 baseline.
-GEMM_FRACTION = 0.6
-
-
-def model_flops_utilization(gpus: int, gpu: str = "h100", precision: str = "bf16") -> float:
-    """MFU relative to `precision`'s own peak on a cluster of `gpus` GPUs.
-
-    Model: with the global batch capped (critical batch size), each GPU's compute per step
-    shrinks as 1/K while the exposed communication per step (gradient reduce-scatter, pipeline
-    bubbles) stays roughly constant, so exposed communication / compute grows like K / K0:
-
-        time per FLOP ~ (1 / (K * peak_bf16 * mfu0)) * ((1 - g) + g / r + K / K0)
-        mfu_p(K)      = mfu0 / (r * ((1 - g) + g / r + K / K0)),  r = peak_p / peak_bf16
-
-    For BF16 (r = 1) this is mfu0 / (1 + K / K0) with mfu0 = 0.417, K0 = 30,000 (calibrated on
-    the issue's H100 table, see above). Lower precision speeds up only the GEMM fraction g = 0.6
-    of the single-node step; communication is not credited with FP8 savings, so at large K the
-    gain shrinks (FP8 on H100: 1.41x at 1,024 GPUs, 1.29x at 10,000). The same K0 is used for
-    every GPU: each NVIDIA generation scaled NVLink and NIC bandwidth roughly with BF16 compute.
-
-    Cross-checks, not used in the calibration (pass `mfu=` for a stack you have measured):
-    - Llama 3 405B reports BF16 MFU 38-43% on 8,192-16,384 H100s (Dubey et al. 2024, Table 4);
-      this model gives 0.33 at 8,192 and 0.27 at 16,384: the talk's table is more pessimistic
-      about scale than Meta's dense 4D-parallel run.
-    - DeepSeek-V3 reports 2.664M H800 GPU-hours of FP8 pre-training, 54 days on 2,048 GPUs; this
-      model gives 50 days in BF16 and 36 in FP8 for 3.4e24 FLOPs: its MoE all-to-all and the
-      H800's reduced NVLink are not modelled, and its FP8 gain is not visible at that level.
-    """
-    if gpus < 1:
-        raise ConfigError("gpus", gpus, "an integer >= 1")
-    spec = get_gpu(gpu)
-    r = spec.peak(precision) / spec.peak("bf16")
-    step = (1 - GEMM_FRACTION) + GEMM_FRACTION / r + gpus / COMM_SCALE_GPUS
-    return MFU_SMALL_CLUSTER / (r * step)
-
-
-def train_days(flops: float, gpus: int, gpu: str = "h100", precision: str = "bf16", mfu: float | None = None) -> float:
+def train_days(flops: float, gpus: int, gpu: str = "h100", precision: str = "bf16", *, mfu: float) -> float:
     """Wall-clock days to run `flops` on `gpus` GPUs without failures: F / (K * peak * mfu * 86400).
 
-    `mfu` is relative to `precision`'s peak; None uses `model_flops_utilization`.
+    `mfu` is relative to `precision`'s peak over all K GPUs: from the step model
+    (`cluster_step` -> `step_mfu`) or measured on a real stack.
     """
     if not flops > 0:
         raise ConfigError("flops", flops, "a positive number of FLOPs")
-    if mfu is None:
-        mfu = model_flops_utilization(gpus, gpu, precision)
-    elif not 0 < mfu <= 1:
+    peak = get_gpu(gpu).peak(precision)
+    if not 0 < mfu <= 1:
         raise ConfigError("mfu", mfu, "a fraction in (0, 1]")
     if gpus < 1:
         raise ConfigError("gpus", gpus, "an integer >= 1")
-    return flops / (gpus * get_gpu(gpu).peak(precision) * mfu * SECONDS_PER_DAY)
+    return flops / (gpus * peak * mfu * SECONDS_PER_DAY)
+
+
+@dataclass(frozen=True)
+class ClusterRecipe:
+    """How a model is laid out on a cluster of any size.
+
+    `layout`: the model-parallel part (stepmodel layout keys and flags, no dp). On K GPUs
+    `cluster_step` keeps tp, cp, ep, etp and the overlaps, tries pp from half to twice the
+    recipe's (vpp keeping the recipe's pp x vpp chunks) and the recipe's recompute or full
+    recompute, fills the cluster with data parallelism (dp the largest that fits in K with ep x
+    etp dividing tp x cp x dp; the GPUs left over idle as spares) and keeps the one with the
+    highest throughput that fits memory. The global batch is fixed in sequences (rounded to whole
+    micro-batches per replica, at least pp), or None: `micro_batches` per replica, times pp / 2
+    under pipeline parallelism (weak scaling).
+    """
+
+    layout: str
+    seq_len: int
+    global_batch: int | None
+    recompute: str = "selective"
+    micro_batches: int = 8
+    source: str = ""
+
+
+# Written-down layouts for the talk's table (H100, Megatron practice: distributed optimizer with
+# overlapped gradient reduce-scatter and parameter all-gather, sequence parallel under TP):
+CLUSTER_RECIPES: dict[str, ClusterRecipe] = {
+    "deepseek-v3": ClusterRecipe(
+        "tp=2,pp=8,vpp=4,ep=64,etp=1,a2ao=1,deepep=1,ogr=1,opg=1", 4096, 15360,
+        source="Megatron-Bridge's 1,024-H100 DeepSeek-V3 recipe (perf_recipes/deepseek/h100: TP2 PP8 VP4 EP64, DeepEP, "
+               "1F1B all-to-all overlap, recompute of MLA up-projections); DeepSeek-V3's batch of 15,360 x 4,096 tokens"),
+    "kimi-k2": ClusterRecipe(
+        "tp=2,pp=16,vpp=2,ep=64,etp=1,a2ao=1,deepep=1,ogr=1,opg=1", 4096, 16384,
+        source="the DeepSeek-V3 recipe with PP16 VP2 for Kimi K2's 1.5x experts (the fastest layout `scaling plan step "
+               "--search` finds on 1,024 H100s); Kimi K2's batch of 67M tokens (Kimi Team 2025, Sec. 3)"),
+    "gpt4-reported": ClusterRecipe(
+        "tp=8,pp=8,vpp=5,ep=16,etp=8,a2ao=1,ogr=1,opg=1,tpo=1", 8192, 7324,
+        source="TP8 with experts split over the same 8 GPUs (Megatron's default expert TP = TP), 16 experts over 16 "
+               "nodes, PP8 VP5 (3 layers per virtual stage); the reported batch of 60M tokens at 8K"),
+    "llama3-405b": ClusterRecipe(
+        "tp=8,pp=16,vpp=4,ogr=1,opg=1", 8192, 2048, recompute="none",
+        source="Llama 3 405B's layout on 8K-16K H100s (Dubey et al. 2024, Table 4: TP8 PP16, 16M-token batches)"),
+}
+# Dense shapes without a recipe (a fitted law's compute optimum): TP8 inside a node, PP8 (4-16
+# after cluster_step's choice), 4 pp micro-batches per replica.
+DENSE_RECIPE = ClusterRecipe("tp=8,pp=8,ogr=1,opg=1,tpo=1", 4096, None, recompute="none")
+
+# The talk's H100 table (issue #6): training FLOPs and BF16 days on 1,024 / 5,000 / 10,000 H100s.
+# What `scaling plan --flops F --model M` is checked against (docs/planner.md; tests/test_plan.py).
+TALK_TABLE: dict[str, tuple[str, float, dict[int, float]]] = {
+    "DeepSeek-V3": ("deepseek-v3", 3.4e24, {1024: 97, 5000: 22, 10000: 13}),
+    "Kimi K2": ("kimi-k2", 2.98e24, {1024: 85, 5000: 19, 10000: 11}),
+    "GPT-4": ("gpt4-reported", 2.1e25, {1024: 602, 5000: 137, 10000: 80}),
+}
+
+
+def cluster_step(model: Any, gpu: str, gpus: int, precision: str, recipe: ClusterRecipe) -> Any:
+    """The step of `model` on `gpus` GPUs under `recipe` (see ClusterRecipe): a stepmodel.StepResult."""
+    from scaling import stepmodel  # pure Python; imported here to keep the modules' import graph acyclic
+
+    if not (isinstance(gpus, int) and gpus >= 1):
+        raise ConfigError("gpus", gpus, "an integer >= 1")
+    ref = stepmodel.parse_step_layout(recipe.layout)
+    chunks = ref.pp * ref.vpp
+    best, best_key = None, None
+    for pp in range(max(1, ref.pp // 2), min(model.layers, 2 * ref.pp) + 1):
+        vpp = max(1, chunks // pp) if pp > 1 else 1
+        if pp * vpp > model.layers:
+            continue
+        for recompute in dict.fromkeys((recipe.recompute, "full")):
+            base = replace(ref, pp=pp, vpp=vpp, recompute=recompute)
+            replica = base.tp * base.cp * pp
+            unit = base.ep * base.expert_tp // math.gcd(base.tp * base.cp, base.ep * base.expert_tp)
+            dp = gpus // replica // unit * unit
+            if dp < 1:
+                continue
+            m = max(pp, round(recipe.global_batch / dp)) if recipe.global_batch else recipe.micro_batches * max(1, pp // 2)
+            try:
+                r = stepmodel.step(model, gpu, replace(base, dp=dp, micro_batches=m), precision, recipe.seq_len)
+            except ConfigError:
+                continue  # a pp the model cannot take (heads, tokens)
+            key = (r.memory.total <= r.gpu.memory_bytes, r.model_flops / r.step_seconds)
+            if best_key is None or key > best_key:
+                best, best_key = r, key
+    if best is None:
+        smallest = ref.tp * ref.cp * max(1, ref.pp // 2) * ref.ep * ref.expert_tp // math.gcd(ref.tp * ref.cp, ref.ep * ref.expert_tp)
+        raise ConfigError("gpus", gpus, f"at least {smallest} GPUs for {model.name} laid out as {recipe.layout}")
+    return best
+
+
+def step_mfu(result: Any, gpus: int) -> float:
+    """Model FLOPs utilisation of a step over all `gpus` GPUs of the cluster (spares included)."""
+    return result.model_flops / result.step_seconds / (gpus * result.gpu.peak_tflops[step_rate(result)] * 1e12)
+
+
+def describe_layout(result: Any) -> str:
+    """The layout of a step in short: 'tp2 pp8 vpp4 dp64 ep64 m240 selective'."""
+    lay = result.layout
+    parts = [f"tp{lay.tp}", f"pp{lay.pp}"] + [f"{k}{getattr(lay, k)}" for k in ("vpp", "cp") if getattr(lay, k) > 1]
+    parts.append(f"dp{lay.dp}")
+    if lay.ep > 1:
+        parts.append(f"ep{lay.ep}" + (f"/etp{lay.expert_tp}" if lay.expert_tp > 1 else ""))
+    return " ".join(parts + [f"m{lay.micro_batches}", lay.recompute])
 
 
 # --------------------------------------------------------------------------------------------
@@ -396,6 +448,7 @@ class RunPlan:
     checkpoint_interval_hours: float
     checkpoint_goodput: float
     drop_replica_goodput: float
+    layout: str = ""  # the step-model layout the days come from ('' for a given MFU)
 
     @property
     def checkpoint_days(self) -> float:
@@ -412,26 +465,49 @@ def plan_run(
     gpu: str = "h100",
     precision: str = "bf16",
     mfu: float | None = None,
-    replica_gpus: int = 8,
+    replica_gpus: int | None = None,
     gpu_mtbf_hours: float = GPU_MTBF_HOURS,
     checkpoint_minutes: float = CHECKPOINT_MINUTES,
     restart_minutes: float = RESTART_MINUTES,
     repair_hours: float = REPAIR_HOURS,
     reconfigure_minutes: float = RECONFIGURE_MINUTES,
+    step: Any = None,
 ) -> RunPlan:
-    """Days on `gpus` GPUs and the goodput of both failure strategies (checkpoint at Daly's optimum)."""
-    mfu = model_flops_utilization(gpus, gpu, precision) if mfu is None else mfu
+    """Days on `gpus` GPUs and the goodput of both failure strategies (checkpoint at Daly's optimum).
+
+    The utilisation is a step-model `step` on this cluster (`cluster_step`) or a given `mfu`.
+    A failure takes down a replica of `replica_gpus` GPUs (default: the step's tp x cp x pp, or
+    for MoE the pp stages of the smallest group that holds every expert, lcm(tp cp, ep etp) x pp;
+    8 with a given MFU).
+    """
+    if step is not None:
+        mfu, precision = step_mfu(step, gpus), step_rate(step)
+        lay = step.layout
+        if replica_gpus is None:
+            replica_gpus = math.lcm(lay.tp * lay.cp, lay.ep * lay.expert_tp) * lay.pp
+    elif mfu is None:
+        raise ConfigError("mfu", mfu, "a measured MFU in (0, 1], or a step-model step (scaling plan --model)")
+    replica_gpus = min(gpus, replica_gpus or 8)
     job_mtbf = gpu_mtbf_hours / gpus
     checkpoint_hours = checkpoint_minutes / 60
     interval = optimal_checkpoint_interval(job_mtbf, checkpoint_hours)
     return RunPlan(
         gpus=gpus,
         mfu=mfu,
-        days=train_days(flops, gpus, gpu, precision, mfu),
+        days=train_days(flops, gpus, gpu, precision, mfu=mfu),
         checkpoint_interval_hours=interval,
         checkpoint_goodput=checkpoint_goodput(job_mtbf, interval, checkpoint_hours, restart_minutes / 60),
         drop_replica_goodput=drop_replica_goodput(gpus, replica_gpus, gpu_mtbf_hours, repair_hours, reconfigure_minutes / 60),
+        layout=(describe_layout(step) + (f" ({gpus - step.layout.gpus:,} idle)" if step.layout.gpus < gpus else ""))
+        if step is not None else "",
     )
+
+
+def step_rate(result: Any) -> str:
+    """The tensor-core rate (bf16, fp8, fp4) a step's precision recipe runs its GEMMs at."""
+    from scaling import stepmodel
+
+    return stepmodel.RECIPES[result.precision].rate
 
 
 # --------------------------------------------------------------------------------------------
@@ -483,11 +559,30 @@ class PrecisionPlan:
     runs: tuple[RunPlan, ...]
 
 
-def plan_optimum(point: dict, gpus: list[int], gpu: str = "h100", **run_options: Any) -> PrecisionPlan:
-    """Days on each cluster size for one (P, N, D, loss) point, at the hardware format for P bits."""
+def dense_model(params: float, seq_len: int = 4096, tp: int = 8) -> Any:
+    """The step model's dense GPT shape for `params` (ModelShape.for_params: N = 12 L h^2, h = 128 L)."""
+    from scaling import stepmodel
+
+    shape = ModelShape.for_params(params, seq_len)
+    return stepmodel.shape_for_params(shape.layers, shape.hidden, shape.heads, tp=tp)
+
+
+def plan_optimum(point: dict, gpus: list[int], gpu: str = "h100", recipe: ClusterRecipe = DENSE_RECIPE,
+                 mfu: float | None = None, **run_options: Any) -> PrecisionPlan:
+    """Days on each cluster size for one (P, N, D, loss) point, at the hardware format for P bits:
+    the point's dense shape (`dense_model`) stepped on each cluster under `recipe`, or a given `mfu`."""
+    from scaling import stepmodel
+
     precision = precision_for_bits(float(point["P"]), gpu)
     flops = training_flops(float(point["N"]), float(point["D"]))
-    runs = tuple(plan_run(flops, k, gpu, precision, **run_options) for k in gpus)
+    if mfu is not None:
+        runs = tuple(plan_run(flops, k, gpu, precision, mfu, **run_options) for k in gpus)
+    else:
+        tp = stepmodel.parse_step_layout(recipe.layout).tp
+        model = dense_model(float(point["N"]), recipe.seq_len, tp)
+        step_recipe = stepmodel.RECIPE_FOR_FORMAT[precision]
+        runs = tuple(plan_run(flops, k, gpu, step=cluster_step(model, gpu, k, step_recipe, recipe), **run_options)
+                     for k in gpus)
     return PrecisionPlan(float(point["P"]), precision, float(point["N"]), float(point["D"]), float(point["loss"]), flops, runs)
 
 
@@ -532,13 +627,15 @@ def _positive(key: str, text: str, kind: type = float) -> Any:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = (
         "Training days, memory per GPU and failure goodput on a GPU cluster. "
-        "Examples: `scaling plan --flops 3.4e24 --gpus 1024 5000 10000`; "
+        "Examples: `scaling plan --flops 3.4e24 --model deepseek-v3 --gpus 1024 5000 10000`; "
         "`scaling plan --params 7e9 --layout dp=8,tp=1,pp=1,zero=3`; "
         "`scaling plan --fit fits/NAME.json --compute 1e21 --gpus 1024`. "
         "One step op by op (time, memory, breakdown): `scaling plan step --help`."
     )
     what = parser.add_argument_group("what to plan (one or more)")
-    what.add_argument("--flops", help="training FLOPs, e.g. 3.4e24: print days per cluster size")
+    what.add_argument("--flops", help="training FLOPs, e.g. 3.4e24: print days per cluster size (with --model or --mfu)")
+    what.add_argument("--model", help=f"with --flops: the model whose step on the cluster sets the speed: "
+                      f"{', '.join(CLUSTER_RECIPES)} (their layouts: docs/planner.md)")
     what.add_argument("--params", help="parameter count, e.g. 7e9: print memory per GPU for --layout")
     what.add_argument("--fit", help="fitted law (fits/NAME.json): plan its compute-optimal (N, D, P)")
     what.add_argument("--compute", help="with --fit: training compute in FLOPs")
@@ -547,7 +644,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     hw.add_argument("--gpus", nargs="+", default=["1024", "5000", "10000"], help="cluster sizes (default: 1024 5000 10000)")
     hw.add_argument("--gpu", default="h100", help=f"one of {', '.join(GPUS)} (default h100)")
     hw.add_argument("--precision", default="bf16", help=f"one of {', '.join(PRECISIONS)} (default bf16; --fit uses P)")
-    hw.add_argument("--mfu", help="fixed MFU relative to the precision's peak (default: the cluster-size model)")
+    hw.add_argument("--mfu", help="a measured MFU relative to the precision's peak, instead of the step model")
     mem = parser.add_argument_group("memory")
     mem.add_argument("--layout", help="dp=,tp=,pp=,zero= (dp defaults to GPUs/(tp*pp)); default tp=1,pp=1,zero=1")
     mem.add_argument("--layers", help="transformer layers (default: from --params, h = 128 L)")
@@ -562,13 +659,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     rel.add_argument("--checkpoint-minutes", default=str(CHECKPOINT_MINUTES), help="checkpoint write cost")
     rel.add_argument("--restart-minutes", default=str(RESTART_MINUTES), help="restart cost after a crash")
     rel.add_argument("--repair-hours", default=str(REPAIR_HOURS), help="time until a dropped replica rejoins")
-    rel.add_argument("--replica-gpus", help="GPUs per data-parallel replica (default: tp*pp of --layout, else 8)")
+    rel.add_argument("--replica-gpus", help="GPUs a failure takes down with drop-replica (default: the step's replica, "
+                     "tp*pp of --layout for --fit, else 8)")
 
 
-def _run_options(args: argparse.Namespace, layout: Layout | None) -> dict[str, Any]:
-    default_replica = str(layout.model_parallel) if layout else "8"
+def _run_options(args: argparse.Namespace) -> dict[str, Any]:
     return dict(
-        replica_gpus=_positive("replica-gpus", args.replica_gpus or default_replica, int),
+        replica_gpus=_positive("replica-gpus", args.replica_gpus, int) if args.replica_gpus else None,
         gpu_mtbf_hours=_positive("mtbf-hours", args.mtbf_hours),
         checkpoint_minutes=_positive("checkpoint-minutes", args.checkpoint_minutes),
         restart_minutes=_positive("restart-minutes", args.restart_minutes),
@@ -590,14 +687,16 @@ def _shape(args: argparse.Namespace, params: float) -> ModelShape:
 def format_runs(runs: tuple[RunPlan, ...] | list[RunPlan], gpu_mtbf_hours: float) -> str:
     """Days table: failure-free days, then checkpoint-and-restart and drop-a-failed-replica."""
     lines = [
-        f"{'':>7} {'':>6} {'no failures':>11} | {'checkpoint-and-restart':^37} | {'drop a failed replica':^21}",
-        f"{'GPUs':>7} {'MFU':>6} {'days':>11} | {'every':>7} {'goodput':>8} {'days':>8} {'failures':>10} | {'goodput':>10} {'days':>10}",
+        f"{'':>7} {'':>6} {'no failures':>11} | {'checkpoint-and-restart':^37} | {'drop a failed replica':^21} |",
+        f"{'GPUs':>7} {'MFU':>6} {'days':>11} | {'every':>7} {'goodput':>8} {'days':>8} {'failures':>10} | {'goodput':>10} {'days':>10} |"
+        + (" step-model layout" if any(r.layout for r in runs) else ""),
     ]
     for r in runs:
         failures = expected_interruptions(r.checkpoint_days, r.gpus, gpu_mtbf_hours)
         lines.append(
             f"{r.gpus:>7,} {r.mfu:>6.3f} {r.days:>11.4g} | {r.checkpoint_interval_hours * 60:>5.0f} m {r.checkpoint_goodput:>8.3f}"
-            f" {r.checkpoint_days:>8.4g} {failures:>10,.0f} | {r.drop_replica_goodput:>10.3f} {r.drop_replica_days:>10.4g}"
+            f" {r.checkpoint_days:>8.4g} {failures:>10,.0f} | {r.drop_replica_goodput:>10.3f} {r.drop_replica_days:>10.4g} |"
+            + (f" {r.layout}" if r.layout else "")
         )
     return "\n".join(lines)
 
@@ -610,19 +709,36 @@ def format_memory(mem: MemoryEstimate, gpu: str) -> str:
     return "\n".join(lines)
 
 
-def _step_speedup(args: argparse.Namespace, layout: Layout, shape: ModelShape, hardware_format: str) -> str:
-    """The optimum's P-bit recipe against BF16 through the op-by-op step model (scaling.stepmodel)."""
+def _step_speedup(gpu: str, gpus: int, recipe: ClusterRecipe, best: PrecisionPlan) -> str:
+    """The optimum's P-bit recipe against BF16 through the op-by-op step model, on the first
+    cluster size and the layout its days come from."""
     from scaling import stepmodel  # pure Python too
 
-    micro_batches = 4 * layout.pp if layout.pp > 1 else 8
+    model = dense_model(best.params, recipe.seq_len, stepmodel.parse_step_layout(recipe.layout).tp)
     try:
-        model = stepmodel.shape_for_params(shape.layers, shape.hidden, shape.heads, tp=layout.tp)
-        step_layout = stepmodel.StepLayout(tp=layout.tp, pp=layout.pp, dp=layout.dp, zero=layout.zero,
-                                           micro_batch=shape.micro_batch, micro_batches=micro_batches)
-        base, low = stepmodel.recipe_speedup(model, args.gpu, step_layout, hardware_format, shape.seq_len)
+        low = cluster_step(model, gpu, gpus, stepmodel.RECIPE_FOR_FORMAT[best.hardware_precision], recipe)
+        base = stepmodel.step(model, gpu, low.layout, "bf16", recipe.seq_len)
     except ConfigError as e:  # a layout the optimum's shape cannot take: say so, the rest of the plan stands
         return f"step model: not priced ({e})"
     return stepmodel.format_speedup(base, low)
+
+
+def _model_runs(args: argparse.Namespace, flops: float, gpus: list[int], precision: str,
+                options: dict[str, Any]) -> tuple[list[RunPlan], str]:
+    """Days on each cluster size from --model's step under its CLUSTER_RECIPES layout."""
+    from scaling import stepmodel
+
+    if args.model is None or args.model.lower() not in CLUSTER_RECIPES:
+        raise ConfigError("model", args.model, f"one of {', '.join(CLUSTER_RECIPES)} with --flops (its step on the cluster "
+                          "sets the speed), or --mfu for a measured utilisation")
+    model = stepmodel.load_model(args.model)
+    recipe = CLUSTER_RECIPES[args.model.lower()]
+    step_recipe = stepmodel.RECIPE_FOR_FORMAT.get(precision)
+    if step_recipe is None:
+        raise ConfigError("precision", precision, f"one of {', '.join(stepmodel.RECIPE_FOR_FORMAT)} with --model")
+    runs = [plan_run(flops, k, args.gpu, step=cluster_step(model, args.gpu, k, step_recipe, recipe), **options) for k in gpus]
+    return runs, (f"{model.name} stepped on each cluster (seq {recipe.seq_len}, "
+                  f"{recipe.global_batch:,} sequences per step)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -638,18 +754,21 @@ def main(args: argparse.Namespace) -> int:
     recompute = args.recompute
     if recompute not in RECOMPUTE:
         raise ConfigError("recompute", recompute, RECOMPUTE)
-    # dp follows the first cluster size unless given; tp*pp is the replica a failure takes down
+    # dp follows the first cluster size unless given
     layout = parse_layout(args.layout or "tp=1,pp=1,zero=1", gpus[0])
-    options = _run_options(args, layout if args.layout else None)
+    options = _run_options(args)
 
     sections: list[str] = []
     if args.flops is not None:
         flops = _positive("flops", args.flops)
         precision = canonical_precision(args.precision)
         spec.peak(precision)  # ConfigError if this GPU lacks the precision
-        runs = [plan_run(flops, k, args.gpu, precision, mfu, **options) for k in gpus]
+        if mfu is not None:
+            runs, how = [plan_run(flops, k, args.gpu, precision, mfu, **options) for k in gpus], f"MFU {mfu:g} (given)"
+        else:
+            runs, how = _model_runs(args, flops, gpus, precision, options)
         sections.append(
-            f"{flops:.3g} FLOPs on {spec.name}, {precision} (dense peak {spec.peak_tflops[precision]:,.0f} TFLOP/s per GPU)\n"
+            f"{flops:.3g} FLOPs on {spec.name}, {precision} (dense peak {spec.peak_tflops[precision]:,.0f} TFLOP/s per GPU), {how}\n"
             + format_runs(runs, options["gpu_mtbf_hours"])
         )
 
@@ -664,7 +783,13 @@ def main(args: argparse.Namespace) -> int:
     if args.fit is not None:
         compute = _positive("compute", args.compute) if args.compute else None
         target = _positive("target-loss", args.target_loss) if args.target_loss else None
-        compute, best, per_precision = plan_fit(args.fit, gpus, args.gpu, compute, target, **options)
+        # the fit's dense shapes are stepped with --layout's tp and pp when given, else DENSE_RECIPE
+        recipe = DENSE_RECIPE
+        if args.layout:
+            recipe = replace(DENSE_RECIPE, layout=f"tp={layout.tp},pp={layout.pp},ogr=1,opg=1" + (",tpo=1" if layout.tp > 1 else ""),
+                             seq_len=_positive("seq-len", args.seq_len, int))
+            options["replica_gpus"] = options["replica_gpus"] or layout.model_parallel
+        compute, best, per_precision = plan_fit(args.fit, gpus, args.gpu, compute, target, recipe=recipe, mfu=mfu, **options)
         lines = [
             f"fit {args.fit}: compute {compute:.3g} FLOPs" + (f" (reaches loss {target:g})" if target else ""),
             f"{'P':>5} {'format':>6} {'N':>10} {'D':>10} {'loss':>8} {'6ND':>10} " + " ".join(f"{f'days@{k}':>11}" for k in gpus),
@@ -681,6 +806,6 @@ def main(args: argparse.Namespace) -> int:
             + f"\nmemory per GPU ({layout}, {shape}):\n"
             + format_memory(memory_per_gpu(best.params, layout, best.hardware_precision, shape, recompute), args.gpu)
         )
-        sections.append(_step_speedup(args, layout, shape, best.hardware_precision))
+        sections.append(_step_speedup(args.gpu, gpus[0], recipe, best))
     print("\n\n".join(sections))
     return 0

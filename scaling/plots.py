@@ -612,31 +612,36 @@ def final_loss_by(curves: pd.DataFrame, column: str) -> pd.Series:
 # 8: cluster time
 # ---------------------------------------------------------------------------------------------
 
-# Published training FLOPs of reference models (the talk's table, issue #6); inputs, not results.
-REFERENCE_RUNS = {"DeepSeek-V3": 3.4e24, "Kimi K2": 2.98e24, "GPT-4": 2.1e25}
+# The talk's reference runs (issue #6: name -> step-model preset, training FLOPs): inputs, not results.
+REFERENCE_RUNS = {name: (model, flops) for name, (model, flops, _) in plan.TALK_TABLE.items()}
 CLUSTERS = (1024, 5000, 10000)
 # The budget at which the fitted law's per-precision optima are put on a cluster: a cluster-scale
 # run (DeepSeek-V3's), since our CPU budgets would take microseconds there.
-CLUSTER_COMPUTE = REFERENCE_RUNS["DeepSeek-V3"]
+CLUSTER_COMPUTE = REFERENCE_RUNS["DeepSeek-V3"][1]
 
 
 def cluster_time_table(fit: Any = None, compute: float = CLUSTER_COMPUTE, gpus: Sequence[int] = CLUSTERS,
                        gpu: str = "h100") -> pd.DataFrame:
-    """Days on `gpus` GPUs (scaling.plan): the reference runs in BF16 and FP8, and, given a fit, its
-    compute-optimal (N, D) per precision at `compute` run at the hardware format for P bits."""
+    """Days on `gpus` GPUs from the step model (scaling.plan.cluster_step): the reference runs in
+    BF16 and FP8 under their written-down layouts (plan.CLUSTER_RECIPES), and, given a fit, its
+    compute-optimal (N, D) per precision at `compute` as dense shapes (plan.DENSE_RECIPE) at the
+    hardware format for P bits."""
+    from scaling import stepmodel
+
     rows = []
-    for name, flops in REFERENCE_RUNS.items():
+    for name, (model_name, flops) in REFERENCE_RUNS.items():
+        model, recipe = stepmodel.load_model(model_name), plan.CLUSTER_RECIPES[model_name]
         for precision in ("bf16", "fp8"):
+            days = {k: plan.plan_run(flops, k, gpu, step=plan.cluster_step(model, gpu, k, precision, recipe)).days for k in gpus}
             rows.append({"run": name, "P (bits)": None, "hardware": precision, "N": None, "D": None, "FLOPs": flops,
-                         **{f"days @ {k:,} GPUs": plan.train_days(flops, k, gpu=gpu, precision=precision) for k in gpus}})
+                         **{f"days @ {k:,} GPUs": d for k, d in days.items()}})
     if fit is not None and precision_term(fit):
         best = optimum(fit, compute, [32.0, 16.0, 8.0, 6.0, 4.0])
         for point in best["per_precision"].sort_values("P", ascending=False).to_dict("records"):
-            precision = plan.precision_for_bits(float(point["P"]), gpu)
-            flops = plan.training_flops(float(point["N"]), float(point["D"]))
-            rows.append({"run": f"law optimum, P = {point['P']:g}", "P (bits)": point["P"], "hardware": precision,
-                         "N": point["N"], "D": point["D"], "FLOPs": flops,
-                         **{f"days @ {k:,} GPUs": plan.train_days(flops, k, gpu=gpu, precision=precision) for k in gpus}})
+            p = plan.plan_optimum(point, list(gpus), gpu)
+            rows.append({"run": f"law optimum, P = {point['P']:g}", "P (bits)": point["P"], "hardware": p.hardware_precision,
+                         "N": point["N"], "D": point["D"], "FLOPs": p.flops,
+                         **{f"days @ {k:,} GPUs": r.days for k, r in zip(gpus, p.runs)}})
     table = pd.DataFrame(rows)
     table.attrs["gpu"] = plan.get_gpu(gpu).name
     return table
@@ -671,9 +676,10 @@ def cluster_table(table: pd.DataFrame, stem: str | Path) -> Figure:
     drawn.set_fontsize(8)
     drawn.scale(1.0, 1.3)
     gpu = table.attrs.get("gpu", "GPU")
-    ax.set_title(f"{TITLES[8]}: days on {gpu} clusters (scaling.plan efficiency model)", fontsize=10)
+    ax.set_title(f"{TITLES[8]}: days on {gpu} clusters (scaling.plan step model)", fontsize=10)
     fig.tight_layout()
-    return _figure(8, Path(stem), fig, f"days of training on {gpu} clusters from scaling.plan; FLOPs = 6·N·D.")
+    return _figure(8, Path(stem), fig, f"days of training on {gpu} clusters from the op-by-op step model of each run "
+                   "under a written-down layout (scaling.plan.cluster_step); FLOPs = 6·N·D.")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -456,7 +456,7 @@ def write_report(results_df: pd.DataFrame, fit_result: Any, out_dir: str | Path,
                      f"Not extrapolated: the fitted exponents (alpha {a:.3g}, beta {b:.3g}) split compute as "
                      f"N* ∝ C^{b / (a + b):.2f}, outside the published {LITERATURE_SPLIT[0]:g}-{LITERATURE_SPLIT[1]:g} "
                      "(Hoffmann et al. 2022; Kaplan et al. 2020), so a cluster-scale allocation from them would "
-                     "not be credible. `scaling plan --flops` still gives days for any budget.", ""]
+                     "not be credible. `scaling plan --flops F --model M` still gives days for any budget.", ""]
     if not ok.empty:
         sections += ["## Limitations", "", limitations(fitted, fit_result, found, heldout), ""]
     path = out_dir / "REPORT.md"

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -34,37 +35,109 @@ GIB = 2**30
 
 @dataclass(frozen=True)
 class Transformer:
-    """A dense decoder-only transformer. Biases are not modelled (Llama has none; GPT-3's are <0.1%)."""
+    """A decoder-only transformer, dense or mixture-of-experts. Biases are not modelled (Llama has
+    none; GPT-3's are <0.1%).
+
+    Attention is grouped-query (kv_heads = heads: multi-head), or DeepSeek's multi-head latent
+    attention (MLA) when kv_rank > 0: queries through a q_rank bottleneck (none when q_rank = 0),
+    keys and values from a kv_rank latent plus a shared rope_dim rotary key; heads of head_size
+    (no-position part) + rope_dim for Q and K, v_head for V.
+    MoE (experts > 0): every layer after the first dense_layers replaces the FFN by `experts`
+    routed experts of width expert_ffn (top_k per token), `shared_experts` always-on experts of
+    the same width, and a router (hidden x experts); route_nodes > 0 limits each token's experts
+    to that many nodes (DeepSeek-V3's node-limited routing).
+    """
 
     name: str
     layers: int
     hidden: int
     heads: int
     kv_heads: int  # grouped-query attention: heads sharing K/V; = heads for multi-head attention
-    ffn: int
+    ffn: int  # dense layers' FFN width
     vocab: int
     gated: bool = True  # SwiGLU (three FFN matrices) or GELU (two)
+    head_size: int = 0  # 0: hidden / heads
+    q_rank: int = 0  # MLA query bottleneck
+    kv_rank: int = 0  # MLA key/value latent (> 0 turns MLA on)
+    rope_dim: int = 0  # MLA rotary part of each Q/K head
+    v_head: int = 0  # MLA value head size (0: head_size)
+    experts: int = 0
+    top_k: int = 0
+    shared_experts: int = 0
+    expert_ffn: int = 0
+    dense_layers: int = 0  # the first layers keep a dense FFN
+    route_nodes: int = 0  # node-limited routing: a token's experts lie on at most this many nodes (0: any)
 
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.heads
+        return self.head_size or self.hidden // self.heads
 
     @property
-    def layer_params(self) -> int:
-        h, kv = self.hidden, self.kv_heads * self.head_dim
-        attention = h * (h + 2 * kv) + h * h
-        mlp = (3 if self.gated else 2) * h * self.ffn
-        return attention + mlp + 2 * h  # + two norm weights
+    def mla(self) -> bool:
+        return self.kv_rank > 0
+
+    @property
+    def qk_head(self) -> int:
+        return self.head_dim + (self.rope_dim if self.mla else 0)
+
+    @property
+    def v_head_dim(self) -> int:
+        return (self.v_head or self.head_dim) if self.mla else self.head_dim
+
+    @property
+    def moe(self) -> bool:
+        return self.experts > 0
+
+    @property
+    def moe_layers(self) -> int:
+        return self.layers - self.dense_layers if self.moe else 0
+
+    @property
+    def attention_params(self) -> int:
+        """Attention matrices of one layer (no norms)."""
+        h, a = self.hidden, self.heads
+        if not self.mla:
+            kv = self.kv_heads * self.head_dim
+            return h * (a * self.head_dim + 2 * kv) + a * self.head_dim * h
+        q = h * self.q_rank + self.q_rank * a * self.qk_head if self.q_rank else h * a * self.qk_head
+        kv = h * (self.kv_rank + self.rope_dim) + self.kv_rank * a * (self.head_dim + self.v_head_dim)
+        return q + kv + a * self.v_head_dim * h
+
+    @property
+    def norm_params(self) -> int:
+        """Norm weights of one layer: two RMSNorms, plus MLA's norms of the q and kv latents."""
+        return 2 * self.hidden + (self.q_rank + self.kv_rank if self.mla else 0)
+
+    def mlp_params(self, moe: bool, activated: bool = False) -> int:
+        """FFN matrices of one dense or MoE layer; `activated`: those one token multiplies."""
+        per = (3 if self.gated else 2) * self.hidden
+        if not moe:
+            return per * self.ffn
+        routed = self.top_k if activated else self.experts
+        return per * self.expert_ffn * (routed + self.shared_experts) + self.hidden * self.experts  # + router
+
+    def layer_params(self, moe: bool = False) -> int:
+        return self.attention_params + self.mlp_params(moe) + self.norm_params
 
     @property
     def params(self) -> int:
         """All parameters, untied input embedding and output layer (Megatron's default for Llama)."""
-        return self.layers * self.layer_params + 2 * self.vocab * self.hidden + self.hidden
+        dense = self.layers - self.moe_layers
+        return (dense * self.layer_params() + self.moe_layers * self.layer_params(True)
+                + 2 * self.vocab * self.hidden + self.hidden)
 
     @property
     def matmul_params(self) -> int:
-        """Parameters that multiply every token (the N of 6 N D): layers' GEMMs and the output layer."""
-        return self.layers * (self.layer_params - 2 * self.hidden) + self.vocab * self.hidden
+        """Parameters that multiply every token (the N of 6 N D; MoE: the activated ones): layers'
+        GEMMs and the output layer."""
+        dense = self.layers - self.moe_layers
+        return (self.layers * self.attention_params + dense * self.mlp_params(False)
+                + self.moe_layers * self.mlp_params(True, activated=True) + self.vocab * self.hidden)
+
+    @property
+    def activated_params(self) -> int:
+        """Parameters one token touches, embedding included (how MoE reports quote 'activated')."""
+        return self.matmul_params + self.vocab * self.hidden + self.layers * self.norm_params + self.hidden
 
 
 # Published shapes:
@@ -75,6 +148,28 @@ class Transformer:
 # - Llama 2 7B / 13B / 70B: Touvron et al. 2023 ("Llama 2", Table 1 and the released config.json
 #   files): 32/40/80 layers, hidden 4096/5120/8192, 32/40/64 heads (70B: 8 KV heads), SwiGLU
 #   width 11008/13824/28672, vocabulary 32,000.
+# Mixture-of-experts (the released config.json files on Hugging Face):
+# - DeepSeek-V3 (deepseek-ai/DeepSeek-V3; DeepSeek-AI 2024, arXiv 2412.19437 Sec. 4.2): 61 layers,
+#   hidden 7168, MLA with 128 heads (q_lora_rank 1536, kv_lora_rank 512, qk_nope_head_dim 128,
+#   qk_rope_head_dim 64, v_head_dim 128), first 3 layers dense (intermediate 18432), then 256
+#   routed experts top-8 + 1 shared, expert width 2048; vocabulary 129,280. 671B total, 37B
+#   activated (the paper's numbers; the multi-token-prediction module is not counted). Each token's
+#   experts lie on at most 4 nodes (Sec. 2.1.2, node-limited routing M = 4).
+# - Kimi K2 (moonshotai/Kimi-K2-Base; Kimi Team 2025, arXiv 2507.20534): the DeepSeek-V3 shape
+#   with 64 heads, 384 routed experts, 1 dense layer, vocabulary 163,840: 1.04T total, 32B activated.
+# - Mixtral 8x7B (mistralai/Mixtral-8x7B-v0.1): 32 layers, hidden 4096, 32 heads / 8 KV, 8 experts
+#   top-2 of width 14336, vocabulary 32,000: 46.7B total, 12.9B activated.
+# - Qwen3-30B-A3B / Qwen3-235B-A22B (Qwen/Qwen3-30B-A3B, Qwen/Qwen3-235B-A22B): 48 / 94 layers,
+#   hidden 2048 / 4096, 32 / 64 heads of 128 with 4 KV heads, 128 experts top-8 of width
+#   768 / 1536, no shared expert, vocabulary 151,936 (QK-norm weights not modelled).
+# Not published, for the talk's table only:
+# - GPT-4 as reported by SemiAnalysis ("GPT-4 Architecture, Infrastructure, Training Dataset,
+#   Costs, Vision, MoE", 10 July 2023; OpenAI has confirmed none of it): ~1.8T parameters in
+#   120 layers, 16 experts of ~111B (MLP) with 2 routed per token, ~55B of shared attention.
+#   As a shape: MHA and a GELU MLP of 4 h give 8 h^2 per expert-layer = 111B / 120 and 4 h^2 of
+#   attention = 55B / 120 for h ~ 10,750: hidden 10,752 (96 heads of 112), expert width 43,008,
+#   vocabulary 100,256 (cl100k). 1.8T total, 0.28T activated: 6 x 0.28T x 13T tokens = 2.2e25,
+#   the talk's 2.1e25 FLOPs.
 PRESETS: dict[str, Transformer] = {
     "llama3-8b": Transformer("llama3-8b", 32, 4096, 32, 8, 14336, 128256),
     "llama3-70b": Transformer("llama3-70b", 80, 8192, 64, 8, 28672, 128256),
@@ -83,12 +178,29 @@ PRESETS: dict[str, Transformer] = {
     "llama2-7b": Transformer("llama2-7b", 32, 4096, 32, 32, 11008, 32000),
     "llama2-13b": Transformer("llama2-13b", 40, 5120, 40, 40, 13824, 32000),
     "llama2-70b": Transformer("llama2-70b", 80, 8192, 64, 8, 28672, 32000),
+    "deepseek-v3": Transformer("deepseek-v3", 61, 7168, 128, 128, 18432, 129280, head_size=128, q_rank=1536,
+                               kv_rank=512, rope_dim=64, v_head=128, experts=256, top_k=8, shared_experts=1,
+                               expert_ffn=2048, dense_layers=3, route_nodes=4),
+    "kimi-k2": Transformer("kimi-k2", 61, 7168, 64, 64, 18432, 163840, head_size=128, q_rank=1536, kv_rank=512,
+                           rope_dim=64, v_head=128, experts=384, top_k=8, shared_experts=1, expert_ffn=2048,
+                           dense_layers=1),
+    "mixtral-8x7b": Transformer("mixtral-8x7b", 32, 4096, 32, 8, 14336, 32000, experts=8, top_k=2, expert_ffn=14336),
+    "qwen3-30b-a3b": Transformer("qwen3-30b-a3b", 48, 2048, 32, 4, 6144, 151936, head_size=128, experts=128, top_k=8,
+                                 expert_ffn=768),
+    "qwen3-235b-a22b": Transformer("qwen3-235b-a22b", 94, 4096, 64, 4, 12288, 151936, head_size=128, experts=128,
+                                   top_k=8, expert_ffn=1536),
+    "gpt4-reported": Transformer("gpt4-reported", 120, 10752, 96, 96, 43008, 100256, gated=False, experts=16, top_k=2,
+                                 expert_ffn=43008),
 }
 SHAPE_KEYS = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "gated")
+# optional integer keys of a JSON shape (MLA and MoE); 0 or absent: off
+EXTRA_SHAPE_KEYS = ("head_size", "q_rank", "kv_rank", "rope_dim", "v_head", "experts", "top_k", "shared_experts",
+                    "expert_ffn", "dense_layers", "route_nodes")
 
 
 def load_model(name: str, **overrides: Any) -> Transformer:
-    """A preset name or a JSON file with SHAPE_KEYS (kv_heads defaults to heads, gated to true)."""
+    """A preset name or a JSON file with SHAPE_KEYS (kv_heads defaults to heads, gated to true) and
+    optionally EXTRA_SHAPE_KEYS."""
     if name.lower() in PRESETS:
         model = PRESETS[name.lower()]
     elif name.endswith(".json") and Path(name).is_file():
@@ -99,6 +211,7 @@ def load_model(name: str, **overrides: Any) -> Transformer:
                 **{k: int(fields[k]) for k in ("layers", "hidden", "heads", "ffn", "vocab")},
                 kv_heads=int(fields.get("kv_heads", fields["heads"])),
                 gated=bool(fields.get("gated", True)),
+                **{k: int(fields[k]) for k in EXTRA_SHAPE_KEYS if k in fields},
             )
         except (KeyError, ValueError, TypeError, json.JSONDecodeError) as e:
             raise ConfigError("model", name, f"a JSON object with integer {', '.join(SHAPE_KEYS[:-1])} ({e})") from None
@@ -108,9 +221,16 @@ def load_model(name: str, **overrides: Any) -> Transformer:
     for key in SHAPE_KEYS[:-1]:
         if getattr(model, key) < 1:
             raise ConfigError(f"model.{key}", getattr(model, key), "a positive integer")
-    if model.hidden % model.heads or model.heads % model.kv_heads:
+    for key in EXTRA_SHAPE_KEYS:
+        if getattr(model, key) < 0:
+            raise ConfigError(f"model.{key}", getattr(model, key), "a non-negative integer")
+    if (not model.head_size and model.hidden % model.heads) or model.heads % model.kv_heads:
         raise ConfigError("model.heads", (model.hidden, model.heads, model.kv_heads),
-                          "heads dividing hidden, and kv_heads dividing heads")
+                          "heads dividing hidden (or a head_size), and kv_heads dividing heads")
+    if model.moe and not (1 <= model.top_k <= model.experts and model.expert_ffn >= 1):
+        raise ConfigError("model.top_k", model.top_k, f"1..experts ({model.experts}), with expert_ffn >= 1")
+    if model.dense_layers > model.layers:
+        raise ConfigError("model.dense_layers", model.dense_layers, f"at most the layers ({model.layers})")
     return model
 
 
@@ -131,6 +251,15 @@ class StepLayout:
     TP communication not overlapped (--tp-comm-overlap is opt-in), pipeline send/recv overlapped
     with compute under interleaving (--overlap-p2p-communication, Megatron's default, applies to
     vpp > 1 only). NeMo's performance recipes turn all of them on (see scaling/step_cases.json).
+    MoE: experts split over ep ranks, each expert's matrices over etp ranks (Megatron's
+    --expert-tensor-parallel-size, which defaults to tp); tp * cp * dp must be a multiple of
+    ep * etp (the experts fold into the data-parallel ranks of a stage). seo: the shared experts'
+    GEMMs overlap the token all-to-all (--moe-shared-expert-overlap); a2ao: the all-to-all
+    overlaps another micro-batch's compute (DeepSeek's DualPipe, Megatron's
+    --overlap-moe-expert-parallel-comm); deepep: tokens cross the network once per remote node
+    holding one of their experts, then fan out over NVLink (DeepEP, Megatron's flex dispatcher;
+    DeepSeek-V3's own kernels), instead of once per expert (NCCL all-to-all). All off by default,
+    as in Megatron-LM.
     """
 
     tp: int = 1
@@ -138,6 +267,7 @@ class StepLayout:
     dp: int = 1
     cp: int = 1
     ep: int = 1
+    etp: int | None = None  # None: tp (Megatron's default)
     zero: int | None = None  # None: 1 if dp * cp > 1 else 0
     sp: bool | None = None  # None: tp > 1
     recompute: str = "none"
@@ -148,18 +278,19 @@ class StepLayout:
     overlap_param_gather: bool = False
     tp_overlap: bool = False
     overlap_p2p: bool | None = None  # None: vpp > 1
+    shared_expert_overlap: bool = False
+    a2a_overlap: bool = False
+    deepep: bool = False
 
     def __post_init__(self):
-        for key in ("tp", "pp", "dp", "cp", "ep", "micro_batch", "micro_batches", "vpp"):
+        for key in ("tp", "pp", "dp", "cp", "ep", "etp", "micro_batch", "micro_batches", "vpp"):
             value = getattr(self, key)
-            if not (isinstance(value, int) and value >= 1):
+            if not (isinstance(value, int) and value >= 1) and not (key == "etp" and value is None):
                 raise ConfigError(f"layout.{key}", value, "an integer >= 1")
         if self.zero not in (None, 0, 1, 2, 3):
             raise ConfigError("layout.zero", self.zero, (0, 1, 2, 3))
         if self.recompute not in RECOMPUTE:
             raise ConfigError("recompute", self.recompute, RECOMPUTE)
-        if self.ep > 1:
-            raise ConfigError("layout.ep", self.ep, "1: expert parallelism needs a MoE model (not modelled yet)")
         if self.sp and self.tp == 1:
             raise ConfigError("sequence-parallel", self.sp, "only with tp > 1")
         if self.tp_overlap and not (self.tp > 1 and self.sequence_parallel):
@@ -181,19 +312,29 @@ class StepLayout:
         return self.tp > 1 if self.sp is None else self.sp
 
     @property
+    def expert_tp(self) -> int:
+        return self.tp if self.etp is None else self.etp
+
+    @property
+    def expert_dp(self) -> int:
+        """Ranks holding the same experts of a stage (their ZeRO / gradient-reduction group)."""
+        return max(1, self.tp * self.cp * self.dp // (self.ep * self.expert_tp))
+
+    @property
     def p2p_overlapped(self) -> bool:
         return self.vpp > 1 if self.overlap_p2p is None else self.overlap_p2p
 
 
-LAYOUT_KEYS = {"tp": int, "pp": int, "dp": int, "cp": int, "ep": int, "zero": int, "vpp": int, "sp": int, "ogr": int,
-               "opg": int, "tpo": int, "p2p": int}
+LAYOUT_KEYS = {"tp": int, "pp": int, "dp": int, "cp": int, "ep": int, "etp": int, "zero": int, "vpp": int, "sp": int,
+               "ogr": int, "opg": int, "tpo": int, "p2p": int, "seo": int, "a2ao": int,
+               "deepep": int}
 # boolean layout keys -> StepLayout fields
 FLAG_KEYS = {"sp": "sp", "ogr": "overlap_grad_reduce", "opg": "overlap_param_gather", "tpo": "tp_overlap",
-             "p2p": "overlap_p2p"}
+             "p2p": "overlap_p2p", "seo": "shared_expert_overlap", "a2ao": "a2a_overlap", "deepep": "deepep"}
 
 
 def parse_step_layout(text: str, **extra: Any) -> StepLayout:
-    """'tp=4,pp=1,dp=2,zero=1' (keys: tp pp dp cp ep zero vpp, flags sp ogr opg tpo p2p = 0|1) -> StepLayout (plus `extra` fields)."""
+    """'tp=4,pp=1,dp=2,zero=1' (keys: tp pp dp cp ep etp zero vpp, flags sp ogr opg tpo p2p seo a2ao deepep = 0|1) -> StepLayout (plus `extra` fields)."""
     allowed = "comma-separated key=integer with keys " + ", ".join(LAYOUT_KEYS) + ", e.g. tp=4,pp=1,dp=2,zero=1"
     fields: dict[str, Any] = {}
     for part in text.split(","):
@@ -241,6 +382,9 @@ RECIPES: dict[str, Recipe] = {
     "mxfp6": Recipe("fp8", 0.75 + 1 / 32, "mxfp6"),  # FP6 runs at the FP8 rate on Blackwell
     "mxfp4": Recipe("fp4", 0.5 + 1 / 32, "mxfp4"),
     "nvfp4": Recipe("fp4", 0.5 + 1 / 16, "nvfp4"),
+    # FP32 GEMMs on TF32 tensor cores (what cuBLAS and XLA do by default): priced as BF16 inputs
+    # cast to FP32 per GEMM; the activations, norms and collectives stay priced in BF16
+    "tf32": Recipe("tf32", 4.0),
 }
 
 
@@ -292,7 +436,7 @@ EFFICIENCY: dict[str, Efficiency] = {
     "b200": Efficiency(gemm=0.485, gemm_half_flops=1.26e11, attention=0.263, bandwidth=0.647),
     "h100": Efficiency(gemm=0.493, gemm_half_flops=2.13e10, attention=0.558, bandwidth=0.806),
 }
-GENERATION = {"a100": "h100", "h100": "h100", "h200": "h100", "b200": "b200"}
+GENERATION = {"a100": "h100", "h100": "h100", "h800": "h100", "h200": "h100", "b200": "b200"}
 
 
 def efficiency_for(gpu: str | GPU) -> Efficiency:
@@ -356,34 +500,175 @@ class Ctx:
         return steps / size * nbytes / bandwidth + steps * latency
 
 
-def layer_ops(c: Ctx) -> list[Op]:
-    """Forward and backward ops of one transformer layer for one micro-batch on one GPU."""
+# Tokens routed to an expert, busiest GPU over the average: 1.0 (balanced). Megatron-Bridge's MoE
+# benchmarks force-balance the routing ("we force-balance the token distribution among experts",
+# docs/performance-summary.md) and DeepSeek-V3's auxiliary-loss-free balancing keeps experts
+# near balance; raise it to price an unbalanced router (expert GEMMs, their activations).
+MOE_IMBALANCE = 1.0
+
+
+def _gemm(c: Ctx, ops: list[Op], name: str, tokens: float, k: float, n: float, groups: int = 1,
+          model_share: float = 1.0, rate: str | None = None) -> tuple[float, float]:
+    """A GEMM (tokens x k) @ (k x n) forward and its two backward GEMMs (input and weight grads).
+
+    `groups` equal GEMMs run as one grouped GEMM (a GPU's local experts), each priced at its own
+    size; `model_share` scales the model FLOPs (a routing imbalance adds time, not model FLOPs).
+    Returns the elements a low-precision recipe quantises: the input (forward), the output grad (backward).
+    """
+    flops = 2.0 * tokens * k * n
+    seconds = groups * c.gemm_seconds(flops / groups, rate)
+    ops.append(Op(f"gemm {name} fwd", "gemm", seconds, flops * model_share))
+    ops.append(Op(f"gemm {name} bwd", "gemm", 2 * seconds, 2 * flops * model_share))
+    return tokens * k, tokens * n
+
+
+def _tp_ops(c: Ctx, ops: list[Op], gathered: list[float]) -> None:
+    """Tensor-parallel collectives of a layer whose blocks gather inputs of `gathered` elements per token.
+
+    Sequence parallel (Korthikanti et al. 2022): each block all-gathers its input before the
+    column-parallel GEMMs and reduce-scatters the row-parallel output (h); the backward
+    reduce-scatters the input grad, all-gathers the output grad and re-gathers the saved sharded
+    input for the weight grad. Without it, one all-reduce per block each way.
+    """
+    lay, t, h, tp = c.layout, c.tokens, c.model.hidden, c.layout.tp
+    if tp == 1:
+        return
+    ag = [c.collective("all-gather", 2.0 * t * g, tp, tp) for g in gathered]
+    rs_out = c.collective("reduce-scatter", 2.0 * t * h, tp, tp)
+    if not lay.sequence_parallel:
+        ar = c.collective("all-reduce", 2.0 * t * h, tp, tp)
+        ops.append(Op("tp all-reduce fwd", "comm", ar, count=len(gathered)))
+        ops.append(Op("tp all-reduce bwd", "comm", ar, count=len(gathered)))
+        return
+    rs_in = [c.collective("reduce-scatter", 2.0 * t * g, tp, tp) for g in gathered]
+    ag_out = c.collective("all-gather", 2.0 * t * h, tp, tp)
+    fwd = {"tp all-gather fwd": sum(ag), "tp reduce-scatter fwd": rs_out * len(gathered)}
+    bwd = {"tp reduce-scatter bwd": sum(rs_in), "tp all-gather bwd": ag_out * len(gathered) + sum(ag)}
+    if lay.tp_overlap:
+        # Transformer Engine's userbuffers split each all-gather / reduce-scatter into tp chunks
+        # pipelined with the GEMM that consumes / produces them (NeMo's --tp-comm-overlap): what
+        # the GEMMs of a direction cannot cover is exposed.
+        gemm_fwd = sum(o.seconds for o in ops if o.kind == "gemm" and o.name.endswith(" fwd"))
+        gemm_bwd = sum(o.seconds for o in ops if o.kind == "gemm" and o.name.endswith(" bwd"))
+        ops.append(Op("tp exposed fwd", "comm", max(0.0, sum(fwd.values()) - gemm_fwd)))
+        ops.append(Op("tp exposed bwd", "comm", max(0.0, sum(bwd.values()) - gemm_bwd)))
+        return
+    ops.extend(Op(name, "comm", seconds) for name, seconds in (fwd | bwd).items())
+
+
+def all_to_all(c: Ctx, tokens: float, size: int, stride: int) -> float:
+    """Dispatch (or combine) of a GPU's `tokens` routed tokens to top_k experts over `size` ranks `stride` GPUs apart.
+
+    NCCL all-to-all: each of the top_k copies of a token (hidden x 2 bytes) goes to its expert's
+    rank; the ranks inside this node are reached over NVLink, the others through this GPU's NIC,
+    both at once (the slower sets the time). With deepep, a token crosses the network once per
+    remote node holding one of its experts (the expected number of distinct nodes among top_k
+    experts drawn uniformly, at most the model's route_nodes) and fans out over NVLink there.
+    """
+    m = c.model
+    if size == 1:
+        return 0.0
+    copy = 2.0 * m.hidden
+    local_peers = max(1, min(size, c.gpu.gpus_per_node // stride))  # group members inside this node, itself included
+    nvlink, nvlink_latency = c.group_link(1)
+    net, net_latency = c.group_link(c.gpu.gpus_per_node + 1)
+    if size == local_peers:
+        return tokens * m.top_k * copy * (size - 1) / size / nvlink + nvlink_latency
+    if c.layout.deepep:
+        nodes = size // local_peers
+        per_node = m.experts // nodes
+        miss = math.comb(m.experts - per_node, m.top_k) / math.comb(m.experts, m.top_k)
+        hit = nodes * (1 - miss)
+        if m.route_nodes:
+            hit = min(hit, m.route_nodes)
+        network = tokens * hit * (nodes - 1) / nodes * copy
+        fan_out = tokens * m.top_k * copy * (local_peers - 1) / local_peers
+    else:
+        network = tokens * m.top_k * copy * (size - local_peers) / size
+        fan_out = tokens * m.top_k * copy * (local_peers - 1) / size
+    return max(network / net, fan_out / nvlink) + net_latency
+
+
+def layer_ops(c: Ctx, moe: bool = False) -> list[Op]:
+    """Forward and backward ops of one transformer layer (dense, or MoE) for one micro-batch on one GPU."""
     m, lay = c.model, c.layout
-    tp, t = lay.tp, c.tokens
-    h, kv = m.hidden, m.kv_heads * m.head_dim
-    ffn_in = (2 if m.gated else 1) * m.ffn
-    # Megatron rank order tp, cp, dp, pp (tp innermost): a tp group spans tp GPUs
+    tp, t, h = lay.tp, c.tokens, m.hidden
+    g = 2 if m.gated else 1
+    sp = lay.sequence_parallel or tp == 1
+    te = t / tp if sp else t  # tokens a GPU holds between the tensor-parallel blocks
     ops: list[Op] = []
-    gemms = {"qkv": (h, (h + 2 * kv) // tp), "attn-out": (h // tp, h), "fc1": (h, ffn_in // tp), "fc2": (m.ffn // tp, h)}
-    for name, (k, n) in gemms.items():
-        flops = 2.0 * t * k * n
-        ops.append(Op(f"gemm {name} fwd", "gemm", c.gemm_seconds(flops), flops))
-        ops.append(Op(f"gemm {name} bwd", "gemm", 2 * c.gemm_seconds(flops), 2 * flops))
+    quantised: list[tuple[float, float]] = []  # (forward, backward) elements of each low-precision GEMM
+
+    # attention. Megatron rank order tp, cp, dp, pp (tp innermost): a tp group spans tp GPUs
+    if m.mla:
+        # MLA (Megatron-Core): the down-projections run on the sequence-parallel shard and their
+        # latents are all-gathered (not the hidden state); the up-projections are column-parallel
+        q_in = m.q_rank or h
+        if m.q_rank:
+            quantised.append(_gemm(c, ops, "q-down", te, h, m.q_rank))
+        quantised.append(_gemm(c, ops, "q-up", t, q_in, m.heads * m.qk_head / tp))
+        quantised.append(_gemm(c, ops, "kv-down", te, h, m.kv_rank + m.rope_dim))
+        quantised.append(_gemm(c, ops, "kv-up", t, m.kv_rank, m.heads * (m.head_dim + m.v_head_dim) / tp))
+        attention_gather = (m.q_rank or h) + m.kv_rank + m.rope_dim
+        rotary = 4 * t * (m.heads * m.rope_dim / tp + m.rope_dim)
+        latent_norms = 4 * t * (m.q_rank + m.kv_rank)
+    else:
+        q, kv = m.heads * m.head_dim, m.kv_heads * m.head_dim
+        quantised.append(_gemm(c, ops, "qkv", t, h, (q + 2 * kv) / tp))
+        attention_gather, rotary, latent_norms = h, 4 * t * (q + kv) / tp, 0.0
+    quantised.append(_gemm(c, ops, "attn-out", t, m.heads * m.v_head_dim / tp, h))
     # flash attention: QK^T and PV, causal halves both; backward is 5 matmuls to the forward's 2
     # (S = QK^T is recomputed), so 2.5x the forward's hardware FLOPs for 2x its model FLOPs.
     # each of the t local queries sees s/2 keys on average (cp balances causal chunks)
-    attn = 2.0 * 2 * t * (c.seq_len / 2) * m.heads * m.head_dim / tp
+    attn = 2.0 * t * (c.seq_len / 2) * m.heads * (m.qk_head + m.v_head_dim) / tp
     attn_peak = c.gpu.peak_tflops["bf16"] * 1e12 * c.eff.attention
     ops.append(Op("flash-attention fwd", "attention", attn / attn_peak, attn))
     ops.append(Op("flash-attention bwd", "attention", 2.5 * attn / attn_peak, 2 * attn))
-    # memory-bound ops, BF16 activations; with sequence parallel the norms/residuals see t/tp tokens
-    te = t / tp if lay.sequence_parallel or tp == 1 else t
+
+    # feed-forward: a dense MLP, or the router, shared experts and routed experts
+    gathered = [attention_gather]
     elementwise = {
-        "rmsnorm": 2 * 4 * te * h,  # two norms: read x, write y
+        "rmsnorm": 2 * 4 * te * h + latent_norms,  # two norms: read x, write y
         "residual-add": 2 * 6 * te * h,  # two adds: read 2, write 1
-        "rotary": 4 * t * (h + kv) / tp,  # q and k, read + write
-        ("swiglu" if m.gated else "gelu"): (6 if m.gated else 4) * t * m.ffn / tp,
+        "rotary": rotary,  # q and k, read + write
     }
+    act = "swiglu" if m.gated else "gelu"
+    act_bytes = 6 if m.gated else 4
+    a2a_fwd = a2a_bwd = shared_fwd = shared_bwd = 0.0
+    if not moe:
+        quantised.append(_gemm(c, ops, "fc1", t, h, g * m.ffn / tp))
+        quantised.append(_gemm(c, ops, "fc2", t, m.ffn / tp, h))
+        gathered.append(h)
+        elementwise[act] = act_bytes * t * m.ffn / tp
+    else:
+        etp, local = lay.expert_tp, m.experts // lay.ep
+        _gemm(c, ops, "router", te, h, m.experts, rate="bf16")  # FP32 logits in DeepSeek-V3: tiny either way
+        elementwise["router"] = 3 * 4 * te * m.experts  # FP32 logits written, softmax/top-k read and write
+        if m.shared_experts:
+            shared = m.shared_experts * m.expert_ffn
+            before = len(ops)
+            quantised.append(_gemm(c, ops, "shared-fc1", t, h, g * shared / tp))
+            quantised.append(_gemm(c, ops, "shared-fc2", t, shared / tp, h))
+            shared_fwd = sum(o.seconds for o in ops[before:] if o.name.endswith(" fwd"))
+            shared_bwd = sum(o.seconds for o in ops[before:] if o.name.endswith(" bwd"))
+            gathered.append(h)
+            elementwise[act] = act_bytes * t * shared / tp
+        # each GPU routes its te tokens to top_k experts; the expert-tensor-parallel group gathers them
+        sent = te * m.top_k
+        slots = sent * etp * MOE_IMBALANCE
+        quantised.append(_gemm(c, ops, "expert-fc1", slots, h, g * m.expert_ffn / etp, local, 1 / MOE_IMBALANCE))
+        quantised.append(_gemm(c, ops, "expert-fc2", slots, m.expert_ffn / etp, h, local, 1 / MOE_IMBALANCE))
+        elementwise[f"expert-{act}"] = act_bytes * slots * m.expert_ffn / etp
+        elementwise["moe permute"] = 2 * 2 * 2.0 * sent * h  # permute and unpermute: read + write BF16
+        # dispatch and combine forward, their gradients backward
+        a2a = all_to_all(c, te, lay.ep, etp)
+        a2a_fwd = a2a_bwd = 2 * a2a
+        if etp > 1:
+            gather = c.collective("all-gather", 2.0 * slots * h, etp, etp)
+            ops.append(Op("etp all-gather fwd", "comm", gather))
+            ops.append(Op("etp reduce-scatter fwd", "comm", c.collective("reduce-scatter", 2.0 * slots * h, etp, etp)))
+            ops.append(Op("etp all-gather bwd", "comm", gather))
+            ops.append(Op("etp reduce-scatter bwd", "comm", c.collective("reduce-scatter", 2.0 * slots * h, etp, etp)))
     for name, nbytes in elementwise.items():
         ops.append(Op(f"{name} fwd", "memory", c.hbm_seconds(nbytes)))
         ops.append(Op(f"{name} bwd", "memory", c.hbm_seconds(2 * nbytes)))
@@ -391,38 +676,24 @@ def layer_ops(c: Ctx) -> list[Op]:
         # quantise each GEMM input: read BF16, write the low-precision copy and a transposed one
         # for the backward (Hopper FP8 GEMMs take only TN layouts; MX scales run along one axis);
         # the backward quantises each output gradient the same way. Weights: once per step, below.
-        q = c.recipe.bytes
-        fwd_elems = t * (h + h / tp + h + m.ffn / tp)
-        bwd_elems = t * ((h + 2 * kv) / tp + h + ffn_in / tp + h)
-        ops.append(Op("quantise fwd", "memory", c.hbm_seconds(fwd_elems * (2 + 2 * q))))
-        ops.append(Op("quantise bwd", "memory", c.hbm_seconds(bwd_elems * (2 + 2 * q))))
-    if tp > 1:
-        buf = 2.0 * t * h  # BF16 [s, b, h]
-        if lay.sequence_parallel and lay.tp_overlap:
-            # Transformer Engine's userbuffers split each all-gather / reduce-scatter into tp chunks
-            # pipelined with the GEMM that consumes / produces them (NeMo's --tp-comm-overlap): what
-            # the GEMMs of a direction cannot cover is exposed.
-            ag, rs = c.collective("all-gather", buf, tp, tp), c.collective("reduce-scatter", buf, tp, tp)
-            gemm_fwd = sum(o.seconds for o in ops if o.kind == "gemm" and o.name.endswith(" fwd"))
-            gemm_bwd = sum(o.seconds for o in ops if o.kind == "gemm" and o.name.endswith(" bwd"))
-            ops.append(Op("tp exposed fwd", "comm", max(0.0, 2 * ag + 2 * rs - gemm_fwd)))
-            ops.append(Op("tp exposed bwd", "comm", max(0.0, 4 * ag + 2 * rs - gemm_bwd)))
-        elif lay.sequence_parallel:
-            ag, rs = c.collective("all-gather", buf, tp, tp), c.collective("reduce-scatter", buf, tp, tp)
-            ops.append(Op("tp all-gather fwd", "comm", ag, count=2))
-            ops.append(Op("tp reduce-scatter fwd", "comm", rs, count=2))
-            # backward: reduce-scatter the input grads of the column-parallel GEMMs, all-gather the
-            # output grads of the row-parallel ones and re-gather the saved sharded inputs for wgrad
-            ops.append(Op("tp reduce-scatter bwd", "comm", rs, count=2))
-            ops.append(Op("tp all-gather bwd", "comm", ag, count=4))
-        else:
-            ar = c.collective("all-reduce", buf, tp, tp)
-            ops.append(Op("tp all-reduce fwd", "comm", ar, count=2))
-            ops.append(Op("tp all-reduce bwd", "comm", ar, count=2))
+        per_elem = 2 + 2 * c.recipe.bytes
+        ops.append(Op("quantise fwd", "memory", c.hbm_seconds(per_elem * sum(f for f, _ in quantised))))
+        ops.append(Op("quantise bwd", "memory", c.hbm_seconds(per_elem * sum(b for _, b in quantised))))
+    _tp_ops(c, ops, gathered)
+    if a2a_fwd:
+        if lay.a2a_overlap:  # another micro-batch's compute runs under the all-to-all (DualPipe)
+            compute_fwd = sum(o.seconds for o in ops if o.kind != "comm" and o.name.endswith(" fwd"))
+            compute_bwd = sum(o.seconds for o in ops if o.kind != "comm" and o.name.endswith(" bwd"))
+            a2a_fwd, a2a_bwd = max(0.0, a2a_fwd - compute_bwd), max(0.0, a2a_bwd - compute_fwd)
+        elif lay.shared_expert_overlap:  # the shared experts' GEMMs run under the all-to-all
+            a2a_fwd, a2a_bwd = max(0.0, a2a_fwd - shared_fwd), max(0.0, a2a_bwd - shared_bwd)
+        ops.append(Op("ep all-to-all fwd", "comm", a2a_fwd))
+        ops.append(Op("ep all-to-all bwd", "comm", a2a_bwd))
     if lay.cp > 1:
         # ring attention: every rank gathers the other ranks' K, V (forward) and reduce-scatters
         # dK, dV (backward); the exchange overlaps the attention blocks it feeds
-        kv_buf = 2.0 * 2 * t * lay.cp * kv / tp
+        kv = m.heads * (m.qk_head + m.v_head_dim) if m.mla else 2 * m.kv_heads * m.head_dim
+        kv_buf = 2.0 * t * lay.cp * kv / tp
         span = tp * lay.cp
         fwd = max(0.0, c.collective("all-gather", kv_buf, lay.cp, span) - attn / attn_peak)
         bwd = max(0.0, 2 * c.collective("all-gather", kv_buf, lay.cp, span) - 2.5 * attn / attn_peak)
@@ -430,8 +701,11 @@ def layer_ops(c: Ctx) -> list[Op]:
         ops.append(Op("cp kv exchange bwd", "comm", bwd))
     if lay.recompute != "none":
         # full: the whole forward again (its collectives too); selective (Megatron's
-        # --recompute-granularity selective): the attention core only
-        again = [o for o in ops if o.name.endswith(" fwd") and (lay.recompute == "full" or o.kind == "attention")]
+        # --recompute-granularity selective): the attention core, and MLA's up-projections
+        # (DeepSeek-V3 Sec. 3.3.1; the mla_up_proj module of Megatron-Bridge's DeepSeek-V3 recipes)
+        selective = ("gemm q-up fwd", "gemm kv-up fwd")
+        again = [o for o in ops if o.name.endswith(" fwd")
+                 and (lay.recompute == "full" or o.kind == "attention" or o.name in selective)]
         ops.extend(Op(o.name.replace(" fwd", " recompute"), o.kind, o.seconds, 0.0, o.count) for o in again)
     return ops
 
@@ -469,28 +743,50 @@ def padded_vocab(model: Transformer, tp: int) -> int:
 # --------------------------------------------------------------------------------------------
 
 
-def activation_bytes_per_layer(model: Transformer, layout: StepLayout, seq_len: int) -> float:
-    """BF16 activations one layer keeps for its backward, one micro-batch, per GPU.
+def activation_bytes_per_layer(model: Transformer, layout: StepLayout, seq_len: int, moe: bool = False) -> float:
+    """BF16 activations one layer (dense, or MoE) keeps for its backward, one micro-batch, per GPU.
 
     Korthikanti et al. 2022 (Sec. 4) counted for a GPT block (34 s*b*h with dropout); here the
     same walk for a Llama block with flash attention (no a*s^2 term: the scores are recomputed)
     and no dropout, in elements of tokens t = s*b/cp:
-      norm-1 input h, QKV input h, Q/K/V h + 2 kv, attention output h (also the out-proj input),
+      norm-1 input h, QKV input h, Q/K/V q + 2 kv, attention output q (also the out-proj input),
       norm-2 input h, FC1 input h, FC1 output 2 ffn (SwiGLU) or ffn (GELU), FC2 input ffn.
     Sequence parallel (Korthikanti Sec. 4.2.2) splits every term by tp; without it the four h
     terms before the column-parallel GEMMs are replicated across the tp ranks.
+    MLA keeps its latents instead of the QKV input (q_rank twice: norm and up-projection input;
+    kv_rank + rope and kv_rank), all-gathered on every tp rank, and Q, K, V of the up-projections
+    unless selective recompute redoes those.
+    A MoE layer keeps, instead of the FFN terms: the MoE input h, the router's FP32 scores
+    (experts per token), the shared experts like an FFN, and per routed token on the GPU
+    (te * top_k * etp, te = the GPU's own tokens): the expert input h, FC1 output and FC2 input
+    (2 ffn + ffn over etp for SwiGLU; Megatron applies the routing weights in the activation, so
+    the expert output is not kept).
     Full recompute keeps only the layer input (t*h, split by tp under sequence parallel).
     GPT with dropout would add 2 masks; Korthikanti's 34 = 2 * 16 + 2.
     """
     m, tp = model, layout.tp
     t = seq_len * layout.micro_batch / layout.cp
-    h, kv = m.hidden, m.kv_heads * m.head_dim
+    h = m.hidden
     split = tp if layout.sequence_parallel else 1
     if layout.recompute == "full":
         return 2.0 * t * h / split
-    replicated = 4 * h  # norm-1 input, QKV input, norm-2 input, FC1 input
-    sharded = (h + 2 * kv) + h + (3 if m.gated else 2) * m.ffn
-    return 2.0 * t * (replicated / split + sharded / tp)
+    g = 3 if m.gated else 2
+    if m.mla:
+        replicated, latents = 2 * h, 2 * m.q_rank + 2 * m.kv_rank + m.rope_dim
+        # Q, K, V of the up-projections and the attention output; selective recompute redoes the up-projections
+        qkv = 0 if layout.recompute == "selective" else m.heads * (2 * m.qk_head + m.v_head_dim)
+        sharded = qkv + m.heads * m.v_head_dim
+    else:
+        replicated, latents = 2 * h, 0
+        sharded = m.heads * m.head_dim * 2 + 2 * m.kv_heads * m.head_dim
+    replicated += 2 * h  # norm-2 input, FFN / MoE input
+    if not moe:
+        return 2.0 * t * (replicated / split + latents + (sharded + g * m.ffn) / tp)
+    te = t / tp if layout.sequence_parallel or tp == 1 else t
+    slots = te * m.top_k * layout.expert_tp * MOE_IMBALANCE
+    shared = g * m.shared_experts * m.expert_ffn / tp
+    routed = slots * (h + g * m.expert_ffn / layout.expert_tp)
+    return 2.0 * (t * (replicated / split + latents + sharded / tp + shared) + routed) + 4.0 * te * m.experts
 
 
 @dataclass(frozen=True)
@@ -513,13 +809,43 @@ class StageMemory:
         return {k: v / GIB for k, v in parts.items()}
 
 
-def stage_params(model: Transformer, layout: StepLayout, stage: int) -> float:
-    """Parameters on one GPU of `stage` (layers split evenly; embedding on the first, output on the last)."""
+def stage_layers(model: Transformer, layout: StepLayout, stage: int) -> tuple[int, int]:
+    """(dense, MoE) layers on `stage`.
+
+    The layers fill the pp * vpp virtual stages in order, ceil(L / (pp vpp)) each (the last ones
+    may hold fewer: Megatron's uneven split, --decoder-last-pipeline-num-layers or a
+    pipeline layout); stage s runs virtual stages s, s + pp, ... The first dense_layers are dense.
+    """
+    chunks = layout.pp * layout.vpp
+    per = -(-model.layers // chunks)
+    dense = moe = 0
+    for chunk in range(stage, chunks, layout.pp):
+        first, last = chunk * per, min((chunk + 1) * per, model.layers)
+        if last > first:
+            n_dense = max(0, min(last, model.layers - model.moe_layers) - first)
+            dense, moe = dense + n_dense, moe + (last - first - n_dense)
+    return dense, moe
+
+
+def stage_params_split(model: Transformer, layout: StepLayout, stage: int) -> tuple[float, float]:
+    """(parameters replicated over the data-parallel ranks, routed-expert parameters) on one GPU of `stage`.
+
+    Everything but the routed experts is split by tp (norm weights are replicated; < 0.01%) and
+    sharded by ZeRO over dp x cp; the routed experts are split over ep x etp and sharded over
+    their expert-data-parallel group. Embedding on the first stage, output layer on the last.
+    """
     tp, pp = layout.tp, layout.pp
+    dense, moe = stage_layers(model, layout, stage)
     vocab = padded_vocab(model, tp)
-    layers = model.layers / pp * model.layer_params / tp  # norm weights are replicated; < 0.01%
-    edge = (vocab * model.hidden / tp if stage == 0 else 0) + (vocab * model.hidden / tp + model.hidden if stage == pp - 1 else 0)
-    return layers + edge
+    routed = (3 if model.gated else 2) * model.hidden * model.expert_ffn * model.experts
+    layers = dense * model.layer_params() + moe * (model.layer_params(True) - routed)
+    edge = (vocab * model.hidden if stage == 0 else 0) + (vocab * model.hidden + model.hidden if stage == pp - 1 else 0)
+    return (layers + edge) / tp, moe * routed / (layout.ep * layout.expert_tp)
+
+
+def stage_params(model: Transformer, layout: StepLayout, stage: int) -> float:
+    """Parameters on one GPU of `stage`."""
+    return sum(stage_params_split(model, layout, stage))
 
 
 def stage_memory(model: Transformer, layout: StepLayout, seq_len: int, stage: int) -> StageMemory:
@@ -530,37 +856,52 @@ def stage_memory(model: Transformer, layout: StepLayout, seq_len: int, stage: in
     Adam m, v (12). ZeRO shards over dp: stage 1 (= the distributed optimizer) the 12, stage 2
     also the gradients, stage 3 also the weights. Low-precision recipes keep the same states
     (the FP8/FP4 casts are transient per GEMM; counted as time, not memory).
-    ZeRO shards over dp x cp (Megatron's gradient/optimizer group includes context parallel).
+    ZeRO shards over dp x cp (Megatron's gradient/optimizer group includes context parallel);
+    routed experts over their expert-data-parallel group (tp cp dp / (ep etp)).
     Activations: 1F1B keeps min(pp - stage, m) micro-batches in flight on `stage` (pp on the
     first); interleaving with v virtual stages adds (pp - 1) / v chunks of L / (pp v) layers
     (Korthikanti Sec. 4.2.3). The last stage also holds the FP32 logits and their gradient.
     """
-    dp, zero = layout.dp * layout.cp, layout.zero_stage  # Megatron shards over the dp x cp group
-    params = stage_params(model, layout, stage)
+    zero = layout.zero_stage
+    replicated, routed = stage_params_split(model, layout, stage)
+    groups = ((replicated, layout.dp * layout.cp), (routed, layout.expert_dp))
 
     def sharded(nbytes: float, from_stage: int) -> float:
-        return params * nbytes / (dp if zero >= from_stage else 1)
+        return sum(p * nbytes / (size if zero >= from_stage else 1) for p, size in groups)
 
-    layers_per_stage = model.layers / layout.pp
+    dense, moe = stage_layers(model, layout, stage)
     in_flight = min(layout.pp - stage, layout.micro_batches)
     if layout.vpp > 1 and stage == 0:
         in_flight = min(layout.pp * (1 + (layout.pp - 1) / (layout.pp * layout.vpp)), layout.micro_batches)
-    per_layer = activation_bytes_per_layer(model, layout, seq_len)
+    per_micro_batch = (dense * activation_bytes_per_layer(model, layout, seq_len)
+                       + moe * activation_bytes_per_layer(model, layout, seq_len, moe=True))
     t = seq_len * layout.micro_batch / layout.cp
     logits = 6.0 * t * padded_vocab(model, layout.tp) / layout.tp if stage == layout.pp - 1 else 0.0
     # the backward of one layer materialises its gradients next to the saved activations
-    transient = activation_bytes_per_layer(model, replace(layout, recompute="none"), seq_len)
+    no_recompute = replace(layout, recompute="none")
+    transient = max((activation_bytes_per_layer(model, no_recompute, seq_len, kind) for kind, n in ((False, dense), (True, moe)) if n),
+                    default=0.0)
     if layout.recompute == "full":
         transient *= 2  # the recomputed layer's activations and their gradients
     # Transformer Engine fuses wgrad into the FP32 main_grad and hands autograd a dummy BF16 wgrad
-    # of the weight's shape: the largest local weight (FC1) is allocated during its backward
-    h = model.hidden
-    transient += 2.0 * h * max((2 if model.gated else 1) * model.ffn, h + 2 * model.kv_heads * model.head_dim) / layout.tp
+    # of the weight's shape: the largest local weight is allocated during its backward (a MoE
+    # layer's grouped GEMM: all local experts' FC1 at once)
+    m, tp, h, g = model, layout.tp, model.hidden, (2 if model.gated else 1)
+    if m.mla:
+        local = [h * m.q_rank, m.q_rank * m.heads * m.qk_head / tp, h * (m.kv_rank + m.rope_dim),
+                 m.kv_rank * m.heads * (m.head_dim + m.v_head_dim) / tp, m.heads * m.v_head_dim * h / tp]
+    else:
+        local = [h * (m.heads + 2 * m.kv_heads) * m.head_dim / tp]
+    if dense:
+        local.append(h * g * m.ffn / tp)
+    if moe:
+        local.append(h * g * m.expert_ffn * m.experts / (layout.ep * layout.expert_tp))
+    transient += 2.0 * max(local)
     return StageMemory(
         weights=sharded(2, 3),
         gradients=sharded(4, 2),
         optimizer=sharded(12, 1),
-        activations=layers_per_stage * in_flight * per_layer,
+        activations=in_flight * per_micro_batch,
         logits=logits,
         workspace=transient + WORKSPACE_BYTES,
     )
@@ -607,8 +948,11 @@ class StepResult:
                        "sequence_parallel": lay.sequence_parallel, "recompute": lay.recompute, "vpp": lay.vpp,
                        "micro_batch": lay.micro_batch, "micro_batches": lay.micro_batches,
                        "overlap_grad_reduce": lay.overlap_grad_reduce, "overlap_param_gather": lay.overlap_param_gather,
-                       "tp_overlap": lay.tp_overlap, "overlap_p2p": lay.p2p_overlapped, "gpus": lay.gpus},
+                       "tp_overlap": lay.tp_overlap, "overlap_p2p": lay.p2p_overlapped, "gpus": lay.gpus}
+            | ({"etp": lay.expert_tp, "shared_expert_overlap": lay.shared_expert_overlap, "a2a_overlap": lay.a2a_overlap,
+                "deepep": lay.deepep} if self.model.moe else {}),
             "params": self.model.params,
+            "activated_params": self.model.activated_params,
             "step_ms": self.step_seconds * 1e3,
             "tokens_per_step": self.tokens,
             "tokens_per_s": self.tokens / self.step_seconds,
@@ -635,21 +979,39 @@ def _group(name: str) -> str:
 
 def validate(model: Transformer, layout: StepLayout, seq_len: int, gpus: int | None = None) -> None:
     """ConfigError for a layout the model or the cluster cannot take (Megatron's own checks)."""
-    tp, pp, cp = layout.tp, layout.pp, layout.cp
+    tp, pp, cp, ep, etp = layout.tp, layout.pp, layout.cp, layout.ep, layout.expert_tp
     if gpus is not None and layout.gpus != gpus:
         raise ConfigError("layout", f"tp*cp*pp*dp = {layout.gpus}", f"a product equal to --gpus {gpus}")
     if model.heads % tp or model.kv_heads % tp:
         raise ConfigError("layout.tp", tp, f"a divisor of the attention heads ({model.heads}) and KV heads ({model.kv_heads})")
-    if model.ffn % tp:
+    if model.layers > model.moe_layers and model.ffn % tp:
         raise ConfigError("layout.tp", tp, f"a divisor of the FFN width ({model.ffn})")
-    if model.layers % (pp * layout.vpp):
-        raise ConfigError("layout.pp", pp, f"pp * vpp dividing the layers ({model.layers}; vpp = {layout.vpp})")
+    if pp * layout.vpp > model.layers:
+        raise ConfigError("layout.pp", pp, f"pp * vpp at most the layers ({model.layers}; vpp = {layout.vpp})")
     if seq_len % (2 * cp) if cp > 1 else False:
         raise ConfigError("layout.cp", cp, f"2 * cp dividing the sequence length ({seq_len}; load-balanced causal chunks)")
     if layout.sequence_parallel and (seq_len * layout.micro_batch // cp) % tp:
         raise ConfigError("layout.tp", tp, f"a divisor of the tokens per micro-batch ({seq_len * layout.micro_batch // cp})")
     if layout.micro_batches < pp and pp > 1:
         raise ConfigError("micro-batches", layout.micro_batches, f">= pp ({pp}) to fill the pipeline")
+    if not model.moe:
+        for key, value, on in (("ep", ep, ep > 1), ("etp", layout.etp, (layout.etp or 1) > 1),
+                               ("seo", 1, layout.shared_expert_overlap), ("a2ao", 1, layout.a2a_overlap),
+                               ("deepep", 1, layout.deepep)):
+            if on:
+                raise ConfigError(f"layout.{key}", value, f"none: {model.name} has no experts (expert parallelism needs a MoE model)")
+        return
+    if model.experts % ep:
+        raise ConfigError("layout.ep", ep, f"a divisor of the routed experts ({model.experts})")
+    if (tp * cp * layout.dp) % (ep * etp):
+        raise ConfigError("layout.ep", ep, f"ep * etp (etp = {etp}) dividing tp * cp * dp = {tp * cp * layout.dp}: "
+                          "the experts of a stage are split over its data-parallel ranks")
+    if model.expert_ffn % etp or (model.shared_experts * model.expert_ffn) % tp:
+        raise ConfigError("layout.etp", etp, f"a divisor of the expert width ({model.expert_ffn}), with tp dividing the shared experts'")
+    if tp > 1 and not layout.sequence_parallel:
+        raise ConfigError("sequence-parallel", False, "on when tp > 1 with experts (Megatron requires it for MoE)")
+    if layout.shared_expert_overlap and not model.shared_experts:
+        raise ConfigError("layout.seo", 1, f"0: {model.name} has no shared experts")
 
 
 def step(model: Transformer, gpu: str | GPU, layout: StepLayout, precision: str = "bf16", seq_len: int = 4096,
@@ -664,20 +1026,27 @@ def step(model: Transformer, gpu: str | GPU, layout: StepLayout, precision: str 
     validate(model, layout, seq_len, gpus)
     c = Ctx(model, spec, layout, recipe, seq_len, eff or efficiency_for(gpu))
     pp, m_count, v = layout.pp, layout.micro_batches, layout.vpp
-    layers = model.layers // pp
-    body = layer_ops(c)
+    body = {False: layer_ops(c)}
+    if model.moe:
+        body[True] = layer_ops(c, moe=True)
 
-    # per-micro-batch time of every stage; the slowest sets the 1F1B pace. Stages differ only at
-    # the ends (embedding on the first, output layer on the last), so three kinds are priced.
-    kinds = sorted({0, pp - 1} | ({1} if pp > 2 else set()))
-    stage_ops = {s: [replace(o, count=o.count * layers) for o in body] + edge_ops(c, s == 0, s == pp - 1) for s in kinds}
+    # per-micro-batch time of every stage; the slowest sets the 1F1B pace. Stages differ in their
+    # dense / MoE layer counts and at the ends (embedding on the first, output layer on the last):
+    # each distinct kind is priced once.
+    kinds: dict[tuple, int] = {}
+    for s in range(pp):
+        kinds.setdefault((stage_layers(model, layout, s), s == 0, s == pp - 1), s)
+    stage_ops = {}
+    for (counts, first, last), s in kinds.items():
+        ops = [replace(o, count=o.count * n) for moe, n in zip((False, True), counts) if n for o in body[moe]]
+        stage_ops[s] = ops + edge_ops(c, first, last)
     stage_time = {s: sum(o.seconds * o.count for o in ops) for s, ops in stage_ops.items()}
-    slow = max(kinds, key=lambda s: stage_time[s])
+    slow = max(stage_time, key=lambda s: stage_time[s])
     # 1F1B: m micro-batches plus the (p - 1) / v bubble (Narayanan et al. 2021, interleaved: / v)
     by_op: dict[str, float] = {}
     for o in stage_ops[slow]:
         by_op[_group(o.name)] = by_op.get(_group(o.name), 0.0) + o.seconds * o.count * m_count
-    by_collective = {k: v for k, v in by_op.items() if k.startswith(("tp ", "cp "))}
+    by_collective = {k: v for k, v in by_op.items() if k.startswith(("tp ", "cp ", "ep ", "etp "))}
     if pp > 1:
         by_op["pipeline bubble"] = stage_time[slow] * (pp - 1) / v
     total = stage_time[slow] * m_count + by_op.get("pipeline bubble", 0.0)
@@ -696,34 +1065,43 @@ def step(model: Transformer, gpu: str | GPU, layout: StepLayout, precision: str 
 
     # data parallel: FP32 gradients reduce-scattered (ZeRO >= 1, Megatron's distributed optimizer)
     # or all-reduced (ZeRO 0) once per step; ZeRO >= 1 then all-gathers the updated BF16 weights.
-    # A dp group spans tp*cp*dp GPUs. With overlap_grad_reduce only the last bucket is exposed
+    # Gradients reduce over dp x cp, the routed experts' over their expert-data-parallel group;
+    # both groups span tp*cp*dp GPUs. With overlap_grad_reduce only the last bucket is exposed
     # (Megatron's bucket: max(40M, 1M * dp) parameters).
-    params = max(stage_params(model, layout, s) for s in kinds)
-    dp_group = dp * cp  # Megatron reduces gradients over dp x cp
+    split = [stage_params_split(model, layout, s) for s in stage_ops]
+    params = max(sum(p) for p in split)
+    groups = [(max(p[0] for p in split), dp * cp), (max(p[1] for p in split), layout.expert_dp)]
     span = tp * cp * dp
     zero = layout.zero_stage
-    if dp_group > 1:
-        grads = 4.0 * params
-        exposed = grads if not layout.overlap_grad_reduce else min(grads, 4.0 * max(40e6, 1e6 * dp_group))
+    dp_comm = dict.fromkeys(("dp reduce-scatter", "dp all-gather", "dp all-reduce", "zero-3 all-gather"), 0.0)
+    for group_params, size in groups:
+        if size == 1 or not group_params:
+            continue
+        grads = 4.0 * group_params
+        exposed = grads if not layout.overlap_grad_reduce else min(grads, 4.0 * max(40e6, 1e6 * size))
         if zero >= 1:
             # ZeRO >= 2 keeps only a gradient shard, so every micro-batch's gradients are
             # reduce-scattered (DeepSpeed's ZeRO-2 under gradient accumulation), not once per step
             times = m_count if zero >= 2 else 1
-            by_collective["dp reduce-scatter"] = times * c.collective("reduce-scatter", exposed, dp_group, span)
+            dp_comm["dp reduce-scatter"] += times * c.collective("reduce-scatter", exposed, size, span)
             # with overlap_param_gather the next step's forward hides all but the first bucket
-            gathered = 2.0 * params if not layout.overlap_param_gather else min(2.0 * params, 2.0 * max(40e6, 1e6 * dp_group))
-            by_collective["dp all-gather"] = c.collective("all-gather", gathered, dp_group, span)
+            weights = 2.0 * group_params
+            gathered = weights if not layout.overlap_param_gather else min(weights, 2.0 * max(40e6, 1e6 * size))
+            dp_comm["dp all-gather"] += c.collective("all-gather", gathered, size, span)
         else:
-            by_collective["dp all-reduce"] = c.collective("all-reduce", exposed, dp_group, span)
+            dp_comm["dp all-reduce"] += c.collective("all-reduce", exposed, size, span)
         if zero == 3:
             # weights re-gathered for forward and backward of every micro-batch; prefetched
             # layer by layer, so only what exceeds the layer's compute is exposed
-            gather = 2 * m_count * c.collective("all-gather", 2.0 * params, dp_group, span)
-            by_collective["zero-3 all-gather"] = max(0.0, gather - 0.5 * total)
-        total += sum(by_collective.get(k, 0.0) for k in ("dp reduce-scatter", "dp all-gather", "dp all-reduce", "zero-3 all-gather"))
+            gather = 2 * m_count * c.collective("all-gather", 2.0 * group_params, size, span)
+            dp_comm["zero-3 all-gather"] += max(0.0, gather - 0.5 * total)
+    for k, seconds in dp_comm.items():
+        if seconds:
+            by_collective[k] = seconds
+            total += seconds
     # optimizer: read grad, master, m, v (4 each), write master, m, v and the BF16 weight, plus the
-    # gradient-norm pass: 34 bytes per local parameter (sharded over dp from ZeRO 1)
-    local = params / (dp_group if zero >= 1 and dp_group > 1 else 1)
+    # gradient-norm pass: 34 bytes per local parameter (sharded by ZeRO from stage 1)
+    local = sum(p / (size if zero >= 1 else 1) for p, size in groups)
     by_op["optimizer"] = c.hbm_seconds(34.0 * local)
     total += by_op["optimizer"]
     if recipe.rate != "bf16":  # weights cast (and transposed) once per step
@@ -732,8 +1110,8 @@ def step(model: Transformer, gpu: str | GPU, layout: StepLayout, precision: str 
     by_op.update({k: v for k, v in by_collective.items() if k not in by_op})
 
     # the first stage holds the most in-flight micro-batches, the last the logits: one of them peaks
-    memories = {s: stage_memory(model, layout, seq_len, s) for s in kinds}
-    busiest = max(kinds, key=lambda s: memories[s].total)
+    memories = {s: stage_memory(model, layout, seq_len, s) for s in stage_ops}
+    busiest = max(memories, key=lambda s: memories[s].total)
     tokens = seq_len * layout.micro_batch * m_count * dp
     model_flops = (6.0 * model.matmul_params + attention_flops_per_token(model, seq_len)) * tokens
     return StepResult(model, spec, layout, precision.lower(), seq_len, total, model_flops, memories[busiest],
@@ -741,8 +1119,9 @@ def step(model: Transformer, gpu: str | GPU, layout: StepLayout, precision: str 
 
 
 def attention_flops_per_token(model: Transformer, seq_len: int) -> float:
-    """Model FLOPs of causal attention per token, forward and backward: 6 * L * s * h (QK^T and PV, halved)."""
-    return 6.0 * model.layers * seq_len * model.heads * model.head_dim
+    """Model FLOPs of causal attention per token, forward and backward: 3 * L * s * heads * (d_qk + d_v)
+    (QK^T and PV, halved by the causal mask; 6 L s h for multi-head attention)."""
+    return 3.0 * model.layers * seq_len * model.heads * (model.qk_head + model.v_head_dim)
 
 
 # --------------------------------------------------------------------------------------------
@@ -767,38 +1146,55 @@ def candidate_layouts(model: Transformer, gpu: GPU, gpus: int, global_batch: int
     global batch; micro-batch in SEARCH_MICRO_BATCH dividing the batch per replica; vpp in
     SEARCH_VPP when pp > 1; ZeRO 1-3 when dp cp > 1 (else 0); recompute none/selective/full.
     With `overlap`, Megatron's opt-in overlaps (tpo when tp > 1, ogr, opg) are on.
+    MoE models, whose layouts multiply by the expert splits, search what their published recipes
+    vary: ep over the divisors of the experts from min(8, experts) up (etp = 1), pp also over the
+    powers of two (uneven splits: DeepSeek-V3's 61 layers), vpp with pp vpp <= layers, micro-batch
+    1, ZeRO-1, selective or full recompute; with `overlap` also the all-to-all overlap and
+    node-deduplicated dispatch.
     """
     out: list[StepLayout] = []
+    moe = model.moe
+    pps = sorted(set(_divisors(model.layers)) | ({2**i for i in range(8) if 2**i <= model.layers} if moe else set()))
     for tp in _divisors(min(gpu.gpus_per_node, gpus)):
-        if model.heads % tp or model.kv_heads % tp or model.ffn % tp:
+        if model.heads % tp or model.kv_heads % tp or (model.layers > model.moe_layers and model.ffn % tp):
             continue
         for cp in SEARCH_CP:
             if cp > 1 and seq_len % (2 * cp):
                 continue
-            for pp in _divisors(model.layers):
+            for pp in pps:
                 if gpus % (tp * cp * pp):
                     continue
                 dp = gpus // (tp * cp * pp)
                 if global_batch % dp:
                     continue
                 per_replica = global_batch // dp
-                for mb in SEARCH_MICRO_BATCH:
+                for mb in (1,) if moe else SEARCH_MICRO_BATCH:
                     if per_replica % mb or (tp > 1 and (seq_len * mb // cp) % tp):
                         continue
                     m = per_replica // mb
                     if pp > 1 and m < pp:
                         continue
                     for vpp in SEARCH_VPP if pp > 1 else (1,):
-                        if model.layers % (pp * vpp):
+                        if (model.layers % (pp * vpp)) if not moe else pp * vpp > model.layers:
                             continue
-                        for zero in (1, 2, 3) if dp * cp > 1 else (0,):
-                            for recompute in RECOMPUTE:
-                                out.append(StepLayout(tp=tp, pp=pp, dp=dp, cp=cp, zero=zero, recompute=recompute,
-                                                      micro_batch=mb, micro_batches=m, vpp=vpp,
-                                                      overlap_grad_reduce=overlap and dp * cp > 1,
-                                                      overlap_param_gather=overlap and dp * cp > 1,
-                                                      tp_overlap=overlap and tp > 1))
+                        for zero in ((1,) if moe else (1, 2, 3)) if dp * cp > 1 else (0,):
+                            for recompute in RECOMPUTE[1:] if moe else RECOMPUTE:
+                                for ep in _expert_splits(model, tp * cp * dp):
+                                    out.append(StepLayout(tp=tp, pp=pp, dp=dp, cp=cp, zero=zero, recompute=recompute,
+                                                          micro_batch=mb, micro_batches=m, vpp=vpp,
+                                                          overlap_grad_reduce=overlap and dp * cp > 1,
+                                                          overlap_param_gather=overlap and dp * cp > 1,
+                                                          tp_overlap=overlap and tp > 1,
+                                                          ep=ep, etp=1 if moe else None,
+                                                          a2a_overlap=overlap and ep > 1, deepep=overlap and ep > 1))
     return out
+
+
+def _expert_splits(model: Transformer, ranks: int) -> list[int]:
+    """ep values a search tries: 1 for a dense model; else divisors of the experts (from min(8, E)) dividing `ranks`."""
+    if not model.moe:
+        return [1]
+    return [ep for ep in _divisors(model.experts) if ep >= min(8, model.experts) and ranks % ep == 0]
 
 
 def search(model: Transformer, gpu: str | GPU, gpus: int, global_batch: int, seq_len: int = 4096,
@@ -831,13 +1227,11 @@ def search(model: Transformer, gpu: str | GPU, gpus: int, global_batch: int, seq
 def run_days(result: StepResult, tokens: float, **failure_options: Any):
     """scaling.plan.RunPlan for training on `tokens` tokens at this step's speed: the failure-free
     days are tokens / (tokens/s of the step); the failure model (checkpoint-and-restart at Daly's
-    interval, or dropping a failed tp*cp*pp replica) is scaling.plan's."""
+    interval, or dropping a failed replica: tp*cp*pp GPUs, for MoE lcm(tp*cp, ep*etp)*pp) is scaling.plan's."""
     from scaling import plan  # pure Python; imported here to keep the modules' import graph acyclic
 
-    lay = result.layout
-    return plan.plan_run(result.model_flops / result.tokens * tokens, lay.gpus, result.gpu_key,
-                         RECIPES[result.precision].rate, mfu=result.mfu, replica_gpus=lay.tp * lay.cp * lay.pp,
-                         **failure_options)
+    return plan.plan_run(result.model_flops / result.tokens * tokens, result.layout.gpus, result.gpu_key,
+                         step=result, **failure_options)
 
 
 # --------------------------------------------------------------------------------------------
@@ -845,7 +1239,7 @@ def run_days(result: StepResult, tokens: float, **failure_options: Any):
 # --------------------------------------------------------------------------------------------
 
 # hardware format (scaling.hardware.precision_for_bits) -> the recipe that runs it
-RECIPE_FOR_FORMAT = {"bf16": "bf16", "fp8": "fp8", "fp4": "nvfp4"}
+RECIPE_FOR_FORMAT = {"bf16": "bf16", "fp8": "fp8", "fp4": "nvfp4", "tf32": "tf32"}
 CATEGORIES = ("GEMMs", "attention", "quantise", "memory-bound", "communication", "pipeline bubble", "optimizer")
 
 
@@ -895,8 +1289,12 @@ def recipe_speedup(model: Transformer, gpu: str, layout: StepLayout, hardware_fo
 
 def format_speedup(base: StepResult, low: StepResult) -> str:
     b, q = breakdown(base), breakdown(low)
-    lines = [f"step model ({low.layout.gpus} x {low.gpu.name}, {base.model.name}, seq {base.seq_len}, "
-             f"tp={low.layout.tp} pp={low.layout.pp} dp={low.layout.dp}, {low.layout.micro_batches} micro-batches): "
+    lay = low.layout
+    overlaps = ",".join(k for k, on in (("tpo", lay.tp_overlap), ("ogr", lay.overlap_grad_reduce),
+                                        ("opg", lay.overlap_param_gather)) if on)
+    lines = [f"step model ({lay.gpus} x {low.gpu.name}, {base.model.name}, seq {base.seq_len}, "
+             f"tp={lay.tp} pp={lay.pp} dp={lay.dp}, {lay.micro_batches} micro-batches, recompute {lay.recompute}"
+             + (f", overlaps {overlaps}" if overlaps else "") + "): "
              f"{low.precision} step {low.step_seconds * 1e3:,.1f} ms vs bf16 {base.step_seconds * 1e3:,.1f} ms: "
              f"{base.step_seconds / low.step_seconds:.2f}x faster",
              f"  {'ms per step':<16} {'bf16':>10} {low.precision:>10}"]
@@ -954,8 +1352,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--layers", help="override the model's layer count (e.g. a cut-down model for a benchmark)")
     parser.add_argument("--gpu", default="h100", help=f"one of {', '.join(GPUS)} (default h100)")
     parser.add_argument("--gpus", help="cluster size: the layout's tp*cp*pp*dp must equal it")
-    parser.add_argument("--layout", default="tp=1", help="tp=,pp=,dp=,cp=,ep=,zero=,vpp=, flags 0|1: sp (sequence parallel), ogr (overlap grad reduce), "
-                        "opg (overlap param gather), tpo (TP comm overlap), p2p (overlap pipeline send/recv)")
+    parser.add_argument("--layout", default="tp=1", help="tp=,pp=,dp=,cp=,ep=,etp=,zero=,vpp=, flags 0|1: sp (sequence parallel), "
+                        "ogr (overlap grad reduce), opg (overlap param gather), tpo (TP comm overlap), p2p (overlap pipeline "
+                        "send/recv), seo (shared experts overlap the all-to-all), a2ao (all-to-all overlapped by another "
+                        "micro-batch), deepep (node-deduplicated token dispatch)")
     parser.add_argument("--seq-len", default="4096", help="sequence length (default 4096)")
     parser.add_argument("--micro-batch", default="1", help="micro-batch size (default 1)")
     parser.add_argument("--micro-batches", default="1", help="micro-batches per step per data-parallel rank (default 1)")
@@ -965,7 +1365,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sp.add_argument("--sequence-parallel", dest="sp", action="store_true", default=None, help="(default when tp > 1)")
     sp.add_argument("--no-sequence-parallel", dest="sp", action="store_false")
     parser.add_argument("--cp", help="context parallel size (or cp= in --layout)")
-    parser.add_argument("--ep", help="expert parallel size (MoE: not modelled yet; only 1)")
+    parser.add_argument("--ep", help="expert parallel size (MoE models; or ep= in --layout)")
     parser.add_argument("--allow-oom", action="store_true", help="report a layout even if it does not fit in memory")
     parser.add_argument("--search", action="store_true",
                         help="find the fastest layout that fits (needs --gpus and --global-batch; ignores --layout)")
@@ -980,7 +1380,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def format_result(r: StepResult) -> str:
     d = r.to_json()
     lines = [
-        f"{d['model']} ({d['params'] / 1e9:.3g}B params, {r.model.layers} layers) on {d['layout']['gpus']} x {d['gpu']}, "
+        f"{d['model']} ({d['params'] / 1e9:.3g}B params" + (f", {d['activated_params'] / 1e9:.3g}B activated" if r.model.moe else "")
+        + f", {r.model.layers} layers) on {d['layout']['gpus']} x {d['gpu']}, "
         f"{d['precision']}, seq {d['seq_len']}, layout {d['layout']}",
         f"step {d['step_ms']:,.1f} ms   {d['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU   "
         f"{d['model_tflops_per_gpu']:,.0f} model TFLOP/s/GPU   MFU {d['mfu']:.3f}",

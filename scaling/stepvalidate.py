@@ -46,7 +46,8 @@ def check(case: dict, eff: Efficiency | None = None) -> Check:
     model = stepmodel.load_model(case["model"], layers=case.get("layers"))
     lay = dict(case["layout"])
     text = ",".join(f"{k}={v}" for k, v in lay.items())
-    layout = stepmodel.parse_step_layout(text, micro_batch=case["micro_batch"], micro_batches=case["micro_batches"])
+    layout = stepmodel.parse_step_layout(text, micro_batch=case["micro_batch"], micro_batches=case["micro_batches"],
+                                         recompute=case.get("recompute"))
     r = stepmodel.step(model, case["gpu"], layout, case["precision"], case["seq_len"], case["gpus"], eff)
     if "measured_step_ms" in case:
         measured = case["measured_step_ms"]
@@ -99,11 +100,17 @@ def calibrate(cases: list[dict], start: Efficiency = START, rounds: int = 6) -> 
     return best
 
 
+def family_of(case: dict) -> str:
+    return "MoE" if stepmodel.load_model(case["model"]).moe else "dense"
+
+
 def layout_text(case: dict) -> str:
     lay = case["layout"]
-    parts = [f"{k}{v}" for k, v in lay.items() if k in ("tp", "cp", "pp", "dp", "vpp") and (v > 1 or k in ("tp", "pp", "dp"))]
-    flags = [k for k in ("tpo", "ogr", "opg") if lay.get(k)]
-    return f"{'/'.join(parts)} m{case['micro_batches']} s{case['seq_len']}" + (f" +{'+'.join(flags)}" if flags else "")
+    parts = [f"{k}{v}" for k, v in lay.items()
+             if k in ("tp", "cp", "pp", "dp", "vpp", "ep", "etp") and (v > 1 or k in ("tp", "pp", "dp"))]
+    flags = [k for k in ("tpo", "ogr", "opg", "a2ao", "deepep") if lay.get(k)]
+    recompute = f" rc-{case['recompute']}" if case.get("recompute") else ""
+    return f"{'/'.join(parts)} m{case['micro_batches']} s{case['seq_len']}{recompute}" + (f" +{'+'.join(flags)}" if flags else "")
 
 
 def table(checks: list[Check]) -> str:
@@ -130,10 +137,12 @@ def main(argv: list[str] | None = None) -> int:
     print(table(checks))
     for gen in sorted({generation(c) for c in cases}):
         for role in ("calibration", "held-out"):
-            errs = [abs(c.error) for c in checks if c.case["role"] == role and generation(c.case) == gen]
-            if errs:
-                print(f"{gen} {role}: {len(errs)} cases, mean |error| {sum(errs) / len(errs):.1%}, "
-                      f"worst {max(errs):.1%}, within 10%: {sum(e <= 0.10 for e in errs)}")
+            for family in ("dense", "MoE"):
+                errs = [abs(c.error) for c in checks
+                        if c.case["role"] == role and generation(c.case) == gen and family_of(c.case) == family]
+                if errs:
+                    print(f"{gen} {role} {family}: {len(errs)} cases, mean |error| {sum(errs) / len(errs):.1%}, "
+                          f"worst {max(errs):.1%}, within 10%: {sum(e <= 0.10 for e in errs)}")
     return 0
 
 
