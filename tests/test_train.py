@@ -281,7 +281,8 @@ def _toml(cfg: dict) -> str:
 
     lines = [f"{k} = {value(v)}" for k, v in cfg.items() if k not in ("model", "data", "train", "health")]
     for section in ("model", "data", "train", "health"):
-        lines += [f"[{section}]"] + [f"{k} = {value(v)}" for k, v in cfg[section].items()]
+        # TOML has no null: an unset key (model.n_layers = None, the ladder's depth) is left out
+        lines += [f"[{section}]"] + [f"{k} = {value(v)}" for k, v in cfg[section].items() if v is not None]
     return "\n".join(lines) + "\n"
 
 
