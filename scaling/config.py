@@ -371,8 +371,7 @@ def validate(cfg: dict | RunConfig) -> RunConfig:
     if study["budgets"] and len(study["budgets"]) != len(train["budgets"]):
         raise ConfigError("study.budgets", study["budgets"], f"one budget per train.budgets entry ({len(train['budgets'])})")
     _check_model(resolved)
-    if model["n_layers"] == ladder.config_for_size(model["size"]).n_layers:
-        model["n_layers"] = None  # the ladder's own depth, written out: the same run
+    model["n_layers"] = ladder.depth_override(model["size"], model["n_layers"])
     if train["lr"] == "auto":  # resolved here, so a run's config, id and results hold the number
         train["lr"] = ladder.ladder_lr(resolved["model"]["size"])
     sections = {key: cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in resolved[key].items()})

@@ -60,6 +60,12 @@ def config_for_size(size: int, *, vocab: int = 256, seq_len: int = 256, smooth_s
                        vocab=vocab, seq_len=seq_len, smooth_swiglu=smooth_swiglu)
 
 
+def depth_override(size: int, n_layers: int | None) -> int | None:
+    """n_layers as an override of the size's depth: None where it is the ladder's own depth, so a
+    config or design that writes that depth out names the same model (and run) as one that does not."""
+    return None if n_layers == config_for_size(size).n_layers else n_layers
+
+
 # The ladder's AdamW peak learning rate falls with width: lr = 1.6e-2 · (32 / d_model)^1.2.
 # Fitted to the optimum of each size in experiments/lr.toml (sizes 1-5, FP32, 655k tokens, WSD;
 # results/lr.csv): 1.5e-2, 7.5e-3, 4.7e-3, 2.7e-3, 2.3e-3 at d_model 32..160. With one LR for every

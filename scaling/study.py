@@ -161,7 +161,7 @@ def _shape(entry: Any) -> tuple[int, int | None]:
     else:
         shape = (model["size"].check("isoflop.sizes", entry), None)
     ladder.config_for_size(shape[0], n_layers=shape[1])  # the ladder rejects what it cannot build
-    return shape
+    return shape[0], ladder.depth_override(*shape)
 
 
 def design(points: Sequence[dict], plan: Design, vocab: int = 256) -> list[list[config.RunConfig]]:

@@ -279,6 +279,9 @@ def test_design_errors_are_one_line_and_name_the_key():
         study.design([DESIGN_POINT], study.Design.from_table({"budgets": [2e11], "reference": "bf16"}))
     with pytest.raises(ConfigError, match=r"^isoflop\.size: got 3"):
         study.Design.from_table({"budgets": [1e12], "size": 3})
+    # the ladder's own depth written out is the same shape, not a second one
+    assert study.Design.from_table({"budgets": [1e12], "sizes": [1, {"size": 1, "n_layers": 2}, 2, 3],
+                                    "sizes_per_budget": 3}).sizes == ((1, None), (2, None), (3, None))
     with pytest.raises(ConfigError, match=r"^isoflop\.sizes\.n_layers: got 0; allowed: an integer >= 1"):
         study.Design.from_table({"budgets": [1e12], "sizes": [1, {"size": 2, "n_layers": 0}]})
     with pytest.raises(ConfigError, match=r"^isoflop\.sizes: got \{'layers': 2\}; allowed: a ladder size or"):
