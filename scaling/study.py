@@ -102,7 +102,12 @@ class Design:
     `replicates` (seeds, e.g. [1, 2]): once a grid point's runs have landed, its run at each budget's
     observed IsoFLOP minimum and at the minimum's two neighbours is trained again at each of these
     seeds, as it was (same length and budgets): the seed noise where the minimum is read (see
-    `replicates`)."""
+    `replicates`).
+
+    `extend_edges`: once a grid point's runs have landed, a budget whose observed minimum is its
+    smallest (largest) size gets a run at the next smaller (larger) shape of `sizes`, serving that
+    budget alone, and so on while the minimum stays on the edge (see `extend_edges`): a profile
+    whose minimum is its last point does not locate it."""
 
     budgets: tuple[float, ...]
     cost: str = "bits"
@@ -112,6 +117,7 @@ class Design:
     min_steps: int = 50
     reference: str | None = None
     replicates: tuple[int, ...] = ()
+    extend_edges: bool = False
 
     @classmethod
     def from_table(cls, table: Any) -> "Design":
@@ -140,7 +146,14 @@ class Design:
                                                                     table.get("tokens_per_param", cls.tokens_per_param)),
                    min_steps=config._integer(1)("isoflop.min_steps", table.get("min_steps", cls.min_steps)),
                    reference=config._name("isoflop.reference", table["reference"]) if "reference" in table else None,
-                   replicates=_seeds(table.get("replicates", [])))
+                   replicates=_seeds(table.get("replicates", [])),
+                   extend_edges=_flag("isoflop.extend_edges", table.get("extend_edges", cls.extend_edges)))
+
+
+def _flag(key: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(key, value, "true or false")
+    return value
 
 
 def _seeds(value: Any) -> tuple[int, ...]:
@@ -190,20 +203,73 @@ def design(points: Sequence[dict], plan: Design, vocab: int = 256) -> list[list[
                     if size in served[i]:  # sizes the reference runs anyway; their budgets stay its own
                         for steps in at:
                             served[i][size].setdefault(steps, 0.0)
+    return [[_run_config(point, base, shape, at_size[shape], plan.cost)
+             for shape in sorted(at_size, key=lambda s: (s[0], s[1] or 0))]
+            for point, base, at_size in zip(points, bases, served)]
+
+
+def _run_config(point: dict, base: config.RunConfig, shape: tuple[int, int | None], at: dict[int, float],
+                cost: str) -> config.RunConfig:
+    """A grid point's run at one shape, trained to the last of `at` ({steps: budget}) with a WSD
+    branch at each of the others."""
+    at = dict(sorted(at.items()))
+    last = max(at)
+    cfg = copy.deepcopy(point)  # as written: a size's `lr = "auto"` resolves at that size
+    if shape[1] is not None:
+        config.set_dotted(cfg, "model.n_layers", shape[1])
+    for key, value in {"model.size": shape[0], "train.tokens": last * base.tokens_per_step,
+                       "train.budgets": [s / last for s in at], "study.budgets": list(at.values()),
+                       "study.cost": cost}.items():
+        config.set_dotted(cfg, key, value)
+    return config.validate(cfg)
+
+
+def extend_edges(points: Sequence[dict], designed: Sequence[Sequence[config.RunConfig]], plan: Design,
+                 landed: pd.DataFrame, vocab: int = 256) -> list[list[config.RunConfig]]:
+    """Each grid point's runs plus the edge runs (Design.extend_edges) its landed results call for.
+
+    Once all of a point's runs have landed ok, each budget whose lowest val_loss is at its smallest
+    (largest) N gets one run at the next smaller (larger) shape of `plan.sizes` that is not yet
+    there, serving that budget alone (at least `min_steps` steps); when that run lands and is the
+    new edge minimum, the next shape follows, until the minimum is inside or the shapes run out.
+    Points with runs still to land are returned as designed."""
+    if not plan.extend_edges or landed.empty or "budget" not in landed.columns:
+        return [list(cfgs) for cfgs in designed]
+    ok = landed[landed["status"] == "ok"] if "status" in landed.columns else landed
     out = []
-    for point, base, at_size in zip(points, bases, served):
-        cfgs = []
-        for size, n_layers in sorted(at_size, key=lambda s: (s[0], s[1] or 0)):
-            at = dict(sorted(at_size[(size, n_layers)].items()))
-            last = max(at)
-            cfg = copy.deepcopy(point)  # as written: a size's `lr = "auto"` resolves at that size
-            if n_layers is not None:
-                config.set_dotted(cfg, "model.n_layers", n_layers)
-            for key, value in {"model.size": size, "train.tokens": last * base.tokens_per_step,
-                               "train.budgets": [s / last for s in at], "study.budgets": list(at.values()),
-                               "study.cost": plan.cost}.items():
-                config.set_dotted(cfg, key, value)
-            cfgs.append(config.validate(cfg))
+    for point, cfgs in zip(points, designed):
+        cfgs = list(cfgs)
+        base = config.validate(point)
+        shapes = pd.DataFrame([{"shape": shape, "N": compute_lib.run_row(
+            base.replace(**{"model.size": shape[0], "model.n_layers": shape[1]}), vocab)["N"]} for shape in plan.sizes])
+        shapes = shapes.sort_values("N").reset_index(drop=True)
+        cost = compute_lib.get(plan.cost)
+        while True:
+            ids = [c.run_id for c in cfgs]
+            if not set(ids) <= set(ok["run_id"]):
+                break
+            added = []
+            for budget in plan.budgets:
+                at = ok[ok["run_id"].isin(ids) & np.isclose(ok["budget"].astype(float), budget, rtol=1e-9)]
+                if len(at) < 2:
+                    continue
+                at = at.sort_values("N").reset_index(drop=True)
+                i = int(np.argmin(at["val_loss"].to_numpy(float)))
+                if 0 < i < len(at) - 1:
+                    continue
+                n_edge = at["N"].iloc[i]
+                beyond = shapes[shapes["N"] < n_edge].iloc[::-1] if i == 0 else shapes[shapes["N"] > n_edge]
+                for shape in beyond["shape"]:
+                    cfg = base.replace(**{"model.size": shape[0], "model.n_layers": shape[1]})
+                    steps = int(np.round(budget / float(cost.per_token(pd.DataFrame([compute_lib.run_row(cfg, vocab)]))[0])
+                                         / base.tokens_per_step))
+                    if steps >= max(plan.min_steps, base.train.warmup + 1):
+                        added.append(_run_config(point, base, shape, {steps: budget}, plan.cost))
+                    break  # the next shape only: the one after waits for this one's result
+            added = [c for c in added if c.run_id not in ids]
+            if not added:
+                break
+            cfgs += added
         out.append(cfgs)
     return out
 

@@ -138,8 +138,9 @@ def expand(path: str | Path, overrides: list[str] = (), landed: str | Path | Non
 
     `overrides` are `key=value` strings applied to the base config (as `scaling train --set`).
     Every point is validated before anything runs: a bad value anywhere is a ConfigError.
-    `landed`: the results root the sweep writes to; an IsoFLOP design with `replicates` adds the
-    replicate runs its landed runs there call for (scaling.study.replicates).
+    `landed`: the results root the sweep writes to; an IsoFLOP design with `extend_edges` or
+    `replicates` adds the edge and replicate runs its landed runs there call for
+    (scaling.study.extend_edges, scaling.study.replicates).
     """
     experiment = load_experiment(path)
     base = {k: v for k, v in experiment.items() if k not in EXPERIMENT_KEYS}
@@ -169,10 +170,12 @@ def expand(path: str | Path, overrides: list[str] = (), landed: str | Path | Non
             raise ConfigError(e.key, e.value, f"{e.allowed} (grid point {where})") from None
         for cfg in cfgs:
             specs.setdefault(cfg.run_id, RunSpec(run_id=cfg.run_id, sweep=sweep, config=cfg))
-    if design and design.replicates and landed is not None and (Path(landed) / sweep).is_dir():
+    if design and (design.replicates or design.extend_edges) and landed is not None and (Path(landed) / sweep).is_dir():
         from scaling import results
 
-        for cfg in study.replicates(designed, design, results.load(Path(landed) / sweep)):
+        rows = results.load(Path(landed) / sweep)
+        designed = study.extend_edges([c for _, c in points], designed, design, rows, _vocab(base))
+        for cfg in [c for cfgs in designed for c in cfgs] + study.replicates(designed, design, rows):
             specs.setdefault(cfg.run_id, RunSpec(run_id=cfg.run_id, sweep=sweep, config=cfg))
     return list(specs.values())
 

@@ -288,6 +288,8 @@ def test_design_errors_are_one_line_and_name_the_key():
         study.Design.from_table({"budgets": [1e12], "sizes": [{"layers": 2}]})
     with pytest.raises(ConfigError, match=r"^isoflop\.sizes_per_budget: got 2; allowed: an integer >= 3"):
         study.Design.from_table({"budgets": [1e12], "sizes_per_budget": 2})
+    with pytest.raises(ConfigError, match=r"^isoflop\.extend_edges: got 'yes'; allowed: true or false"):
+        study.Design.from_table({"budgets": [1e12], "extend_edges": "yes"})
 
 
 def test_warmup_in_steps_gives_a_budget_the_same_schedule_in_any_run_length():
@@ -381,6 +383,55 @@ def test_specification_range_spans_only_laws_whose_precision_axis_is_bits():
     labels = [label for label, _ in study.specification_fits(rows, chosen)]
     # no precision term (chinchilla) or no bits axis (capacity): left out; variants named as selected
     assert labels == ["quartet (chosen)", "kumar[kappa free] (within noise)"]
+
+
+def test_edge_runs_follow_a_minimum_off_the_end_of_its_profile_until_it_is_inside():
+    table = {"budgets": [2e11, 6e11], "sizes": list(range(1, 11)), "min_steps": 20}
+    plan = study.Design.from_table({**table, "extend_edges": True})
+    point = {**DESIGN_POINT, "precision": "fp32"}
+    (designed,) = study.design([point], plan)
+    served = {b: sorted(c.model.size for c in designed if b in c.study.budgets) for b in plan.budgets}
+    top = served[2e11][-1]
+    assert top + 3 <= 10  # shapes above the small budget's profile (the third has too few steps)
+    size_n = {c.model.size: compute.run_row(c)["N"] for c in designed}
+    size_n |= {s: compute.run_row(config.validate({**point, "model": {**point["model"], "size": s}}))["N"]
+               for s in range(1, 11) if s not in size_n}
+    # U in log N: the big budget's bottom is inside its profile, the small one's just above it
+    bottom = {2e11: size_n[top + 1], 6e11: size_n[served[6e11][1]]}
+
+    def landed(cfgs):
+        return pd.DataFrame([{"run_id": c.run_id, "status": "ok", "N": compute.run_row(c)["N"], "budget": b,
+                              "val_loss": (math.log(compute.run_row(c)["N"]) - math.log(bottom[b])) ** 2}
+                             for c in cfgs for b in c.study.budgets])
+
+    rounds = [designed]
+    while True:  # as `scaling sweep` does: train what is called for, land it, ask again
+        (cfgs,) = study.extend_edges([point], [designed], plan, landed(rounds[-1]))
+        if [c.run_id for c in cfgs] == [c.run_id for c in rounds[-1]]:
+            break
+        rounds.append(cfgs)
+    edge = rounds[-1][len(designed):]
+    # one shape per round, upwards, until the minimum has a neighbour above it
+    assert [c.model.size for c in edge] == [top + 1, top + 2]
+    assert [len(r) - len(designed) for r in rounds] == [0, 1, 2]
+    for c in edge:  # each serves the small budget alone, at its own size's rate and step count
+        assert tuple(c.study.budgets) == (2e11,) and tuple(c.train.budgets) == (1.0,)
+        assert c.train.lr == config.validate({**point, "model": {**point["model"], "size": c.model.size}}).train.lr
+        assert abs(c.train.tokens - 2e11 / _per_token(c)) <= 0.5 * c.tokens_per_step  # the nearest whole step
+    # nothing while a run of the point is still to land; nothing without extend_edges
+    (cfgs,) = study.extend_edges([point], [rounds[-1]], plan, landed(rounds[-1][:-1]))
+    assert [c.run_id for c in cfgs] == [c.run_id for c in rounds[-1]]
+    (cfgs,) = study.extend_edges([point], [designed], study.Design.from_table(table), landed(designed))
+    assert [c.run_id for c in cfgs] == [c.run_id for c in designed]
+    # the replicates then sit at the minimum the edge runs found
+    plan = study.Design.from_table({**table, "extend_edges": True, "replicates": [1]})
+    twins = study.replicates([rounds[-1]], plan, landed(rounds[-1]))
+    assert {c.model.size for c in twins if 2e11 in c.study.budgets} >= {top, top + 1, top + 2}
+    assert {c.run_id for c in twins if tuple(c.study.budgets) == (2e11,)} == {c.replace(seed=1).run_id for c in edge}
+    # the shapes run out where a budget gives a shape fewer than min_steps steps (size top + 3 here)
+    bottom[2e11] = size_n[10]
+    (cfgs,) = study.extend_edges([point], [rounds[-1]], plan, landed(rounds[-1]))
+    assert [c.run_id for c in cfgs] == [c.run_id for c in rounds[-1]]
 
 
 def test_replicates_retrain_each_budgets_landed_minimum_and_its_neighbours_at_every_seed():
