@@ -1250,7 +1250,7 @@ def category(op: str) -> str:
         return "attention"
     if op.startswith("quantise"):
         return "quantise"
-    if op.startswith(("tp ", "cp ", "dp ", "pp ", "zero-3")):
+    if op.startswith(("tp ", "cp ", "dp ", "pp ", "ep ", "zero-3")):
         return "communication"
     if op in ("pipeline bubble", "optimizer"):
         return op
