@@ -240,10 +240,7 @@ def extend_edges(points: Sequence[dict], designed: Sequence[Sequence[config.RunC
     for point, cfgs in zip(points, designed):
         cfgs = list(cfgs)
         base = config.validate(point)
-        shapes = pd.DataFrame([{"shape": shape, "N": compute_lib.run_row(
-            base.replace(**{"model.size": shape[0], "model.n_layers": shape[1]}), vocab)["N"]} for shape in plan.sizes])
-        shapes = shapes.sort_values("N").reset_index(drop=True)
-        cost = compute_lib.get(plan.cost)
+        shapes = _shapes(base, plan, vocab)
         while True:
             ids = [c.run_id for c in cfgs]
             if not set(ids) <= set(ok["run_id"]):
@@ -259,13 +256,11 @@ def extend_edges(points: Sequence[dict], designed: Sequence[Sequence[config.RunC
                     continue
                 n_edge = at["N"].iloc[i]
                 beyond = shapes[shapes["N"] < n_edge].iloc[::-1] if i == 0 else shapes[shapes["N"] > n_edge]
-                for shape in beyond["shape"]:
-                    cfg = base.replace(**{"model.size": shape[0], "model.n_layers": shape[1]})
-                    steps = int(np.round(budget / float(cost.per_token(pd.DataFrame([compute_lib.run_row(cfg, vocab)]))[0])
-                                         / base.tokens_per_step))
+                if not beyond.empty:  # the next shape only: the one after waits for this one's result
+                    shape, per_token = beyond["shape"].iloc[0], beyond["per_token"].iloc[0]
+                    steps = int(np.round(budget / per_token / base.tokens_per_step))  # as _served rounds
                     if steps >= max(plan.min_steps, base.train.warmup + 1):
                         added.append(_run_config(point, base, shape, {steps: budget}, plan.cost))
-                    break  # the next shape only: the one after waits for this one's result
             added = [c for c in added if c.run_id not in ids]
             if not added:
                 break
@@ -306,18 +301,23 @@ def replicates(designed: Sequence[Sequence[config.RunConfig]], plan: Design,
     return list(out.values())
 
 
+def _shapes(base: config.RunConfig, plan: Design, vocab: int) -> pd.DataFrame:
+    """plan.sizes at a grid point, by N: columns shape, N, per_token (cost under plan.cost)."""
+    cost = compute_lib.get(plan.cost)
+    rows = []
+    for shape in plan.sizes:
+        row = compute_lib.run_row(base.replace(**{"model.size": shape[0], "model.n_layers": shape[1]}), vocab)
+        rows.append({"shape": shape, "N": row["N"], "per_token": float(cost.per_token(pd.DataFrame([row]))[0])})
+    return pd.DataFrame(rows).sort_values("N").reset_index(drop=True)
+
+
 def _served(base: config.RunConfig, plan: Design, vocab: int) -> dict[tuple, dict[int, float]]:
     """shape -> {steps: budget}: where one grid point's runs land on each budget (see Design)."""
     if base.train.warmup < 1:  # a fraction would give one size different warmups at different lengths
         raise ConfigError("train.warmup", base.train.warmup,
                           "a whole number of steps in an IsoFLOP design (the same warmup at every budget)")
-    cost = compute_lib.get(plan.cost)
     tokens_per_step = base.tokens_per_step
-    rows = []
-    for shape in plan.sizes:
-        row = compute_lib.run_row(base.replace(**{"model.size": shape[0], "model.n_layers": shape[1]}), vocab)
-        rows.append({"shape": shape, "N": row["N"], "per_token": float(cost.per_token(pd.DataFrame([row]))[0])})
-    sizes = pd.DataFrame(rows).sort_values("N").reset_index(drop=True)
+    sizes = _shapes(base, plan, vocab)
     served: dict[tuple, dict[int, float]] = {}
     for budget in plan.budgets:
         steps = np.round(budget / sizes["per_token"] / tokens_per_step).astype(int)
