@@ -6,9 +6,8 @@ Four small analytical models, pure Python (no JAX, no SciPy: the verb must start
    (scaling.stepmodel) of a model laid out on the cluster (`cluster_step`, CLUSTER_RECIPES: the
    talk's H100 table of issue #6 recomputed from written-down layouts), or from an MFU the user
    measured (`--mfu`).
-2. Memory per GPU (`memory_per_gpu`): weights, gradients, FP32 master weights, Adam moments
-   under data parallel with ZeRO 0-3, tensor and pipeline parallel, plus activations from
-   Korthikanti et al. 2022 with FP8 caching of GEMM inputs as in DeepSeek-V3.
+2. Memory per GPU: the step model's busiest GPU (scaling.stepmodel.stage_memory) under the
+   layout the days come from; any other layout: `scaling plan step --model 7e9 --layout ...`.
 3. Reliability (`expected_interruptions`, `checkpoint_goodput`, `drop_replica_goodput`):
    Poisson GPU failures; checkpoint-and-restart (Young/Daly) vs dropping a failed
    data-parallel replica and carrying on.
@@ -159,211 +158,6 @@ def describe_layout(result: Any) -> str:
 
 
 # --------------------------------------------------------------------------------------------
-# Memory
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Layout:
-    """Parallel layout: dp * tp * pp GPUs; ZeRO stage shards over the dp group."""
-
-    dp: int = 1
-    tp: int = 1
-    pp: int = 1
-    zero: int = 0
-
-    def __post_init__(self):
-        for key in ("dp", "tp", "pp"):
-            if not (isinstance(getattr(self, key), int) and getattr(self, key) >= 1):
-                raise ConfigError(f"layout.{key}", getattr(self, key), "an integer >= 1")
-        if self.zero not in (0, 1, 2, 3):
-            raise ConfigError("layout.zero", self.zero, (0, 1, 2, 3))
-
-    @property
-    def gpus(self) -> int:
-        return self.dp * self.tp * self.pp
-
-    @property
-    def model_parallel(self) -> int:
-        """GPUs holding one model replica (what a failure takes down with drop-replica)."""
-        return self.tp * self.pp
-
-
-def parse_layout(text: str, gpus: int | None = None) -> Layout:
-    """'dp=8,tp=1,pp=1,zero=1' -> Layout. Without dp=, dp = gpus / (tp * pp) (needs `gpus`)."""
-    allowed = "comma-separated dp=, tp=, pp=, zero= with integer values, e.g. dp=8,tp=1,pp=1,zero=1"
-    fields: dict[str, int] = {}
-    for part in text.split(","):
-        key, sep, value = part.strip().partition("=")
-        if not sep or key not in ("dp", "tp", "pp", "zero") or key in fields:
-            raise ConfigError("layout", text, allowed)
-        try:
-            fields[key] = int(value)
-        except ValueError:
-            raise ConfigError("layout", text, allowed) from None
-    if "dp" not in fields:
-        model_parallel = fields.get("tp", 1) * fields.get("pp", 1)
-        if gpus is None or model_parallel < 1 or gpus % model_parallel:
-            raise ConfigError("layout", text, f"dp=..., or tp*pp dividing the GPU count ({gpus})")
-        fields["dp"] = gpus // model_parallel
-    return Layout(**fields)
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """What the activation formula needs: layers L, hidden h, heads a, sequence s, micro-batch b."""
-
-    layers: int
-    hidden: int
-    heads: int
-    seq_len: int = 4096
-    micro_batch: int = 1
-
-    @staticmethod
-    def for_params(params: float, seq_len: int = 4096, micro_batch: int = 1) -> "ModelShape":
-        """A GPT shape with ~`params` parameters: N = 12 L h^2, h = 128 L, head dim 128.
-
-        h/L = 128 is the aspect ratio of Llama 2 7B (4096/32); Kaplan et al. 2020 find loss flat
-        for h/L in ~50-200. Hidden size is rounded to a multiple of 128.
-        """
-        if not params > 0:
-            raise ConfigError("params", params, "a positive parameter count")
-        layers = max(1, round((params / (12 * 128**2)) ** (1 / 3)))
-        hidden = max(128, 128 * round(math.sqrt(params / (12 * layers)) / 128))
-        return ModelShape(layers, hidden, hidden // 128, seq_len, micro_batch)
-
-
-# Per-layer activations kept for the backward pass, Korthikanti et al. 2022 ("Reducing
-# Activation Recomputation in Large Transformer Models", Sec. 4.1), GPT block with LayerNorm,
-# GeLU MLP (4h) and dropout. Units: elements of s*b*h, or of a*s^2*b for the attention core.
-#   GEMM inputs (the four linear layers): QKV in 1, out-proj in 1, fc1 in 1, fc2 in 4  -> 7 sbh
-#   other 16-bit tensors: Q,K 2, V 1, GeLU input 4, two LayerNorm inputs 2            -> 9 sbh
-#   1-byte dropout masks: attention output 1, MLP output 1                             -> 2 sbh
-#   attention core: softmax output 1 + dropout output 1 (16-bit), dropout mask 1 (1 byte)
-# In BF16: 2*7 + 2*9 + 2 = 34 sbh and 2*2 + 1 = 5 as^2b: the paper's s*b*h*(34 + 5*a*s/h).
-GEMM_INPUT_SBH, OTHER_SBH, MASK_SBH = 7, 9, 2
-ATTENTION_CORE_AS2B, ATTENTION_MASK_AS2B = 2, 1
-
-
-@dataclass(frozen=True)
-class MemoryRecipe:
-    """Bytes per parameter for model states and bytes per cached activation element."""
-
-    weight: float
-    gradient: float
-    master: float
-    moments: float  # Adam m and v together
-    activation: float  # every cached non-GEMM tensor
-    gemm_input: float  # cached inputs of the linear GEMMs
-
-
-# Adam m, v in FP32 (8 bytes) everywhere; FP32 master weights unless the weights are FP32.
-# FP8 and FP4 recipes keep a BF16 weight copy (the low-precision casts are transient, per GEMM)
-# and BF16 gradients, as DeepSeek-V3 and Transformer Engine do. FP8 caches the GEMM inputs in
-# FP8 (DeepSeek-V3 Sec. 3.3.3: "cache the activations in FP8"), halving 14 of the 34 sbh bytes.
-# FP4 caches them in FP8 too: the backward GEMMs reduce along a different axis than the
-# forward, so a 4-bit block-scaled copy cannot be reused and is re-quantised from FP8.
-MEMORY_RECIPES: dict[str, MemoryRecipe] = {
-    "fp32": MemoryRecipe(weight=4, gradient=4, master=0, moments=8, activation=4, gemm_input=4),
-    "tf32": MemoryRecipe(weight=4, gradient=4, master=0, moments=8, activation=4, gemm_input=4),
-    "bf16": MemoryRecipe(weight=2, gradient=2, master=4, moments=8, activation=2, gemm_input=2),
-    "fp8": MemoryRecipe(weight=2, gradient=2, master=4, moments=8, activation=2, gemm_input=1),
-    "fp4": MemoryRecipe(weight=2, gradient=2, master=4, moments=8, activation=2, gemm_input=1),
-}
-RECOMPUTE = ("none", "selective", "full")
-
-
-def activation_bytes_per_layer(shape: ModelShape, precision: str = "bf16", recompute: str = "none", tp: int = 1) -> float:
-    """Cached activation bytes of one transformer layer for one micro-batch, per GPU.
-
-    none:      s*b*h*(7*gemm + 9*act + 2) + a*s^2*b*(2*act + 1)      (BF16: sbh*(34 + 5as/h))
-    selective: the attention core is recomputed (Korthikanti et al.), the a*s^2*b term drops
-    full:      only the layer input is kept: s*b*h*act
-    Tensor parallelism runs with sequence parallelism (Megatron's default with TP), so every
-    term is divided by tp.
-    """
-    if recompute not in RECOMPUTE:
-        raise ConfigError("recompute", recompute, RECOMPUTE)
-    recipe = MEMORY_RECIPES[canonical_precision(precision)]
-    s, b, h, a = shape.seq_len, shape.micro_batch, shape.hidden, shape.heads
-    sbh, as2b = s * b * h, a * s * s * b
-    if recompute == "full":
-        return sbh * recipe.activation / tp
-    per_layer = sbh * (GEMM_INPUT_SBH * recipe.gemm_input + OTHER_SBH * recipe.activation + MASK_SBH)
-    if recompute == "none":
-        per_layer += as2b * (ATTENTION_CORE_AS2B * recipe.activation + ATTENTION_MASK_AS2B)
-    return per_layer / tp
-
-
-@dataclass(frozen=True)
-class MemoryEstimate:
-    """Bytes per GPU, by component (the most loaded GPU: first pipeline stage)."""
-
-    weights: float
-    gradients: float
-    master_weights: float
-    optimizer_moments: float
-    activations: float
-
-    @property
-    def total(self) -> float:
-        return self.weights + self.gradients + self.master_weights + self.optimizer_moments + self.activations
-
-    def components(self) -> dict[str, float]:
-        return {
-            "weights": self.weights,
-            "gradients": self.gradients,
-            "master_weights": self.master_weights,
-            "optimizer_moments": self.optimizer_moments,
-            "activations": self.activations,
-            "total": self.total,
-        }
-
-    def gib(self) -> dict[str, float]:
-        return {k: v / 2**30 for k, v in self.components().items()}
-
-    def fits(self, gpu: str) -> bool:
-        return self.total <= get_gpu(gpu).memory_bytes
-
-
-def memory_per_gpu(
-    params: float,
-    layout: Layout = Layout(),
-    precision: str = "bf16",
-    shape: ModelShape | None = None,
-    recompute: str = "selective",
-) -> MemoryEstimate:
-    """Memory per GPU for a model of `params` parameters.
-
-    Model states (bytes/param from MEMORY_RECIPES; BF16 recipe: 2 + 2 + 4 + 8 = 16) are split
-    evenly over tp*pp (embedding and norm imbalance ignored) and ZeRO shards them over dp:
-        stage 0: nothing sharded; 1: master + moments / dp; 2: + gradients / dp; 3: + weights / dp
-    Activations: L * activation_bytes_per_layer. Under 1F1B the first pipeline stage holds
-    p micro-batches of L/p layers, i.e. L layers' worth whatever p is (Korthikanti et al. Sec. 4.2.3).
-    Embedding/logit activations, temporary buffers and allocator fragmentation are not modelled.
-    `shape` defaults to ModelShape.for_params(params). The default recompute is "selective":
-    FlashAttention recomputes the attention core in the backward pass, which is exactly
-    Korthikanti's selective recompute (no a*s^2*b term); "none" is the paper's baseline.
-    """
-    if not params > 0:
-        raise ConfigError("params", params, "a positive parameter count")
-    recipe = MEMORY_RECIPES[canonical_precision(precision)]
-    shape = shape or ModelShape.for_params(params)
-    per_gpu = params / layout.model_parallel
-
-    def sharded(bytes_per_param: float, from_stage: int) -> float:
-        return per_gpu * bytes_per_param / (layout.dp if layout.zero >= from_stage else 1)
-
-    return MemoryEstimate(
-        weights=sharded(recipe.weight, 3),
-        gradients=sharded(recipe.gradient, 2),
-        master_weights=sharded(recipe.master, 1),
-        optimizer_moments=sharded(recipe.moments, 1),
-        activations=shape.layers * activation_bytes_per_layer(shape, precision, recompute, layout.tp),
-    )
-
-
-# --------------------------------------------------------------------------------------------
 # Reliability
 # --------------------------------------------------------------------------------------------
 
@@ -449,6 +243,8 @@ class RunPlan:
     checkpoint_goodput: float
     drop_replica_goodput: float
     layout: str = ""  # the step-model layout the days come from ('' for a given MFU)
+    memory_gib: float | None = None  # that step's peak on its busiest GPU (None for a given MFU)
+    fits: bool = True  # whether that peak fits in the GPU's memory
 
     @property
     def checkpoint_days(self) -> float:
@@ -500,6 +296,8 @@ def plan_run(
         drop_replica_goodput=drop_replica_goodput(gpus, replica_gpus, gpu_mtbf_hours, repair_hours, reconfigure_minutes / 60),
         layout=(describe_layout(step) + (f" ({gpus - step.layout.gpus:,} idle)" if step.layout.gpus < gpus else ""))
         if step is not None else "",
+        memory_gib=step.memory.total / 2**30 if step is not None else None,
+        fits=step is None or step.memory.total <= step.gpu.memory_bytes,
     )
 
 
@@ -559,18 +357,10 @@ class PrecisionPlan:
     runs: tuple[RunPlan, ...]
 
 
-def dense_model(params: float, seq_len: int = 4096, tp: int = 8) -> Any:
-    """The step model's dense GPT shape for `params` (ModelShape.for_params: N = 12 L h^2, h = 128 L)."""
-    from scaling import stepmodel
-
-    shape = ModelShape.for_params(params, seq_len)
-    return stepmodel.shape_for_params(shape.layers, shape.hidden, shape.heads, tp=tp)
-
-
 def plan_optimum(point: dict, gpus: list[int], gpu: str = "h100", recipe: ClusterRecipe = DENSE_RECIPE,
                  mfu: float | None = None, **run_options: Any) -> PrecisionPlan:
     """Days on each cluster size for one (P, N, D, loss) point, at the hardware format for P bits:
-    the point's dense shape (`dense_model`) stepped on each cluster under `recipe`, or a given `mfu`."""
+    the point's dense GPT shape (`stepmodel.gpt_for_params`) stepped on each cluster under `recipe`, or a given `mfu`."""
     from scaling import stepmodel
 
     precision = precision_for_bits(float(point["P"]), gpu)
@@ -579,7 +369,7 @@ def plan_optimum(point: dict, gpus: list[int], gpu: str = "h100", recipe: Cluste
         runs = tuple(plan_run(flops, k, gpu, precision, mfu, **run_options) for k in gpus)
     else:
         tp = stepmodel.parse_step_layout(recipe.layout).tp
-        model = dense_model(float(point["N"]), recipe.seq_len, tp)
+        model = stepmodel.gpt_for_params(float(point["N"]), tp)
         step_recipe = stepmodel.RECIPE_FOR_FORMAT[precision]
         runs = tuple(plan_run(flops, k, gpu, step=cluster_step(model, gpu, k, step_recipe, recipe), **run_options)
                      for k in gpus)
@@ -628,15 +418,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = (
         "Training days, memory per GPU and failure goodput on a GPU cluster. "
         "Examples: `scaling plan --flops 3.4e24 --model deepseek-v3 --gpus 1024 5000 10000`; "
-        "`scaling plan --params 7e9 --layout dp=8,tp=1,pp=1,zero=3`; "
         "`scaling plan --fit fits/NAME.json --compute 1e21 --gpus 1024`. "
-        "One step op by op (time, memory, breakdown): `scaling plan step --help`."
+        "One step op by op (time, memory per GPU, breakdown) for any model and layout: `scaling plan step --help`."
     )
     what = parser.add_argument_group("what to plan (one or more)")
     what.add_argument("--flops", help="training FLOPs, e.g. 3.4e24: print days per cluster size (with --model or --mfu)")
     what.add_argument("--model", help=f"with --flops: the model whose step on the cluster sets the speed: "
                       f"{', '.join(CLUSTER_RECIPES)} (their layouts: docs/planner.md)")
-    what.add_argument("--params", help="parameter count, e.g. 7e9: print memory per GPU for --layout")
     what.add_argument("--fit", help="fitted law (fits/NAME.json): plan its compute-optimal (N, D, P)")
     what.add_argument("--compute", help="with --fit: training compute in FLOPs")
     what.add_argument("--target-loss", help="with --fit: the loss to reach (compute found by bisection)")
@@ -645,22 +433,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     hw.add_argument("--gpu", default="h100", help=f"one of {', '.join(GPUS)} (default h100)")
     hw.add_argument("--precision", default="bf16", help=f"one of {', '.join(PRECISIONS)} (default bf16; --fit uses P)")
     hw.add_argument("--mfu", help="a measured MFU relative to the precision's peak, instead of the step model")
-    mem = parser.add_argument_group("memory")
-    mem.add_argument("--layout", help="dp=,tp=,pp=,zero= (dp defaults to GPUs/(tp*pp)); default tp=1,pp=1,zero=1")
-    mem.add_argument("--layers", help="transformer layers (default: from --params, h = 128 L)")
-    mem.add_argument("--hidden", help="hidden size (default: from --params)")
-    mem.add_argument("--heads", help="attention heads (default: hidden / 128)")
-    mem.add_argument("--seq-len", default="4096", help="sequence length (default 4096)")
-    mem.add_argument("--micro-batch", default="1", help="micro-batch size per GPU (default 1)")
-    mem.add_argument("--recompute", default="selective",
-                     help=f"activation recompute: {', '.join(RECOMPUTE)} (default selective = FlashAttention)")
+    hw.add_argument("--layout", help="with --fit: tp=,pp= of the optimum's dense shape (dp fills the cluster; "
+                    "default tp=8 and a pp of 4-16)")
+    hw.add_argument("--seq-len", default="4096", help="with --fit: sequence length (default 4096)")
     rel = parser.add_argument_group("reliability")
     rel.add_argument("--mtbf-hours", default=str(GPU_MTBF_HOURS), help="per-GPU MTBF in hours (default: Llama 3, 50,677)")
     rel.add_argument("--checkpoint-minutes", default=str(CHECKPOINT_MINUTES), help="checkpoint write cost")
     rel.add_argument("--restart-minutes", default=str(RESTART_MINUTES), help="restart cost after a crash")
     rel.add_argument("--repair-hours", default=str(REPAIR_HOURS), help="time until a dropped replica rejoins")
-    rel.add_argument("--replica-gpus", help="GPUs a failure takes down with drop-replica (default: the step's replica, "
-                     "tp*pp of --layout for --fit, else 8)")
+    rel.add_argument("--replica-gpus", help="GPUs a failure takes down with drop-replica (default: the step's replica, else 8)")
 
 
 def _run_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -673,39 +454,20 @@ def _run_options(args: argparse.Namespace) -> dict[str, Any]:
     )
 
 
-def _shape(args: argparse.Namespace, params: float) -> ModelShape:
-    seq, micro = _positive("seq-len", args.seq_len, int), _positive("micro-batch", args.micro_batch, int)
-    if args.layers is None and args.hidden is None:
-        return ModelShape.for_params(params, seq, micro)
-    if args.layers is None or args.hidden is None:
-        raise ConfigError("layers/hidden", (args.layers, args.hidden), "both --layers and --hidden, or neither")
-    hidden = _positive("hidden", args.hidden, int)
-    heads = _positive("heads", args.heads, int) if args.heads else max(1, hidden // 128)
-    return ModelShape(_positive("layers", args.layers, int), hidden, heads, seq, micro)
-
-
 def format_runs(runs: tuple[RunPlan, ...] | list[RunPlan], gpu_mtbf_hours: float) -> str:
     """Days table: failure-free days, then checkpoint-and-restart and drop-a-failed-replica."""
     lines = [
         f"{'':>7} {'':>6} {'no failures':>11} | {'checkpoint-and-restart':^37} | {'drop a failed replica':^21} |",
         f"{'GPUs':>7} {'MFU':>6} {'days':>11} | {'every':>7} {'goodput':>8} {'days':>8} {'failures':>10} | {'goodput':>10} {'days':>10} |"
-        + (" step-model layout" if any(r.layout for r in runs) else ""),
+        + (" GiB/GPU step-model layout" if any(r.layout for r in runs) else ""),
     ]
     for r in runs:
         failures = expected_interruptions(r.checkpoint_days, r.gpus, gpu_mtbf_hours)
         lines.append(
             f"{r.gpus:>7,} {r.mfu:>6.3f} {r.days:>11.4g} | {r.checkpoint_interval_hours * 60:>5.0f} m {r.checkpoint_goodput:>8.3f}"
             f" {r.checkpoint_days:>8.4g} {failures:>10,.0f} | {r.drop_replica_goodput:>10.3f} {r.drop_replica_days:>10.4g} |"
-            + (f" {r.layout}" if r.layout else "")
+            + (f" {r.memory_gib:>7.1f} {r.layout}" + ("" if r.fits else " (does NOT fit)") if r.layout else "")
         )
-    return "\n".join(lines)
-
-
-def format_memory(mem: MemoryEstimate, gpu: str) -> str:
-    spec = get_gpu(gpu)
-    lines = [f"  {name:<18} {gib:>9.2f} GiB" for name, gib in mem.gib().items()]
-    verdict = "fits" if mem.fits(gpu) else "does NOT fit"
-    lines.append(f"  {verdict} in {spec.name} ({spec.memory_bytes / 2**30:.1f} GiB)")
     return "\n".join(lines)
 
 
@@ -714,7 +476,7 @@ def _step_speedup(gpu: str, gpus: int, recipe: ClusterRecipe, best: PrecisionPla
     cluster size and the layout its days come from."""
     from scaling import stepmodel  # pure Python too
 
-    model = dense_model(best.params, recipe.seq_len, stepmodel.parse_step_layout(recipe.layout).tp)
+    model = stepmodel.gpt_for_params(best.params, stepmodel.parse_step_layout(recipe.layout).tp)
     try:
         low = cluster_step(model, gpu, gpus, stepmodel.RECIPE_FOR_FORMAT[best.hardware_precision], recipe)
         base = stepmodel.step(model, gpu, low.layout, "bf16", recipe.seq_len)
@@ -742,20 +504,17 @@ def _model_runs(args: argparse.Namespace, flops: float, gpus: list[int], precisi
 
 
 def main(args: argparse.Namespace) -> int:
-    if args.fit is None and (args.compute or args.target_loss):
-        raise ConfigError("compute/target-loss", args.compute or args.target_loss, "only together with --fit")
-    if args.flops is None and args.params is None and args.fit is None:
-        raise ConfigError("plan", "nothing", "at least one of --flops, --params, --fit")
+    from scaling import stepmodel
+
+    if args.fit is None and (args.compute or args.target_loss or args.layout):
+        raise ConfigError("compute/target-loss/layout", args.compute or args.target_loss or args.layout, "only together with --fit")
+    if args.flops is None and args.fit is None:
+        raise ConfigError("plan", "nothing", "--flops or --fit (memory and time of one step for any layout: scaling plan step)")
     spec = get_gpu(args.gpu)
     gpus = [_positive("gpus", g, int) for g in args.gpus]
     mfu = _positive("mfu", args.mfu) if args.mfu else None
     if mfu is not None and mfu > 1:
         raise ConfigError("mfu", args.mfu, "a fraction in (0, 1]")
-    recompute = args.recompute
-    if recompute not in RECOMPUTE:
-        raise ConfigError("recompute", recompute, RECOMPUTE)
-    # dp follows the first cluster size unless given
-    layout = parse_layout(args.layout or "tp=1,pp=1,zero=1", gpus[0])
     options = _run_options(args)
 
     sections: list[str] = []
@@ -772,23 +531,14 @@ def main(args: argparse.Namespace) -> int:
             + format_runs(runs, options["gpu_mtbf_hours"])
         )
 
-    if args.params is not None:
-        params = _positive("params", args.params)
-        shape = _shape(args, params)
-        sections.append(
-            f"memory per GPU: {params:.3g} params, {args.precision}, {layout}, {shape}, recompute={recompute}\n"
-            + format_memory(memory_per_gpu(params, layout, args.precision, shape, recompute), args.gpu)
-        )
-
     if args.fit is not None:
         compute = _positive("compute", args.compute) if args.compute else None
         target = _positive("target-loss", args.target_loss) if args.target_loss else None
         # the fit's dense shapes are stepped with --layout's tp and pp when given, else DENSE_RECIPE
-        recipe = DENSE_RECIPE
+        recipe = replace(DENSE_RECIPE, seq_len=_positive("seq-len", args.seq_len, int))
         if args.layout:
-            recipe = replace(DENSE_RECIPE, layout=f"tp={layout.tp},pp={layout.pp},ogr=1,opg=1" + (",tpo=1" if layout.tp > 1 else ""),
-                             seq_len=_positive("seq-len", args.seq_len, int))
-            options["replica_gpus"] = options["replica_gpus"] or layout.model_parallel
+            lay = stepmodel.parse_step_layout(args.layout)
+            recipe = replace(recipe, layout=f"tp={lay.tp},pp={lay.pp},ogr=1,opg=1" + (",tpo=1" if lay.tp > 1 else ""))
         compute, best, per_precision = plan_fit(args.fit, gpus, args.gpu, compute, target, recipe=recipe, mfu=mfu, **options)
         lines = [
             f"fit {args.fit}: compute {compute:.3g} FLOPs" + (f" (reaches loss {target:g})" if target else ""),
@@ -799,12 +549,9 @@ def main(args: argparse.Namespace) -> int:
             lines.append(f"{p.bits:>5g} {p.hardware_precision:>6} {p.params:>10.3g} {p.tokens:>10.3g} {p.loss:>8.4f} {p.flops:>10.3g} "
                          + " ".join(f"{r.days:>11.3g}" for r in p.runs) + mark)
         sections.append("\n".join(lines))
-        shape = _shape(args, best.params)
         sections.append(
             f"optimum P={best.bits:.3g} bits -> {best.hardware_precision} on {spec.name}, N={best.params:.3g}, D={best.tokens:.3g}\n"
             + format_runs(best.runs, options["gpu_mtbf_hours"])
-            + f"\nmemory per GPU ({layout}, {shape}):\n"
-            + format_memory(memory_per_gpu(best.params, layout, best.hardware_precision, shape, recompute), args.gpu)
         )
         sections.append(_step_speedup(args.gpu, gpus[0], recipe, best))
     print("\n\n".join(sections))

@@ -198,11 +198,22 @@ EXTRA_SHAPE_KEYS = ("head_size", "q_rank", "kv_rank", "rope_dim", "v_head", "exp
                     "expert_ffn", "dense_layers", "route_nodes")
 
 
-def load_model(name: str, **overrides: Any) -> Transformer:
-    """A preset name or a JSON file with SHAPE_KEYS (kv_heads defaults to heads, gated to true) and
-    optionally EXTRA_SHAPE_KEYS."""
+def _count(text: str) -> float | None:
+    """A positive finite parameter count written as a number, else None."""
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) and value > 0 else None
+
+
+def load_model(name: str, tp: int = 1, **overrides: Any) -> Transformer:
+    """A preset name, a JSON file with SHAPE_KEYS (kv_heads defaults to heads, gated to true) and
+    optionally EXTRA_SHAPE_KEYS, or a parameter count ('7e9': `gpt_for_params`, heads that `tp` divides)."""
     if name.lower() in PRESETS:
         model = PRESETS[name.lower()]
+    elif _count(name) is not None:
+        model = gpt_for_params(_count(name), tp)
     elif name.endswith(".json") and Path(name).is_file():
         try:
             fields = json.loads(Path(name).read_text())
@@ -216,7 +227,8 @@ def load_model(name: str, **overrides: Any) -> Transformer:
         except (KeyError, ValueError, TypeError, json.JSONDecodeError) as e:
             raise ConfigError("model", name, f"a JSON object with integer {', '.join(SHAPE_KEYS[:-1])} ({e})") from None
     else:
-        raise ConfigError("model", name, f"one of {', '.join(PRESETS)}, or a JSON file of {', '.join(SHAPE_KEYS)}")
+        raise ConfigError("model", name, f"one of {', '.join(PRESETS)}, a JSON file of {', '.join(SHAPE_KEYS)}, "
+                          "or a parameter count (e.g. 7e9: a GPT shape, h = 128 L)")
     model = replace(model, **{k: v for k, v in overrides.items() if v is not None})
     for key in SHAPE_KEYS[:-1]:
         if getattr(model, key) < 1:
@@ -1265,13 +1277,20 @@ def breakdown(result: StepResult) -> dict[str, float]:
     return out
 
 
-def shape_for_params(layers: int, hidden: int, heads: int, vocab: int = 32_000, tp: int = 1) -> Transformer:
-    """scaling.plan.ModelShape's GPT shape (N = 12 L h^2: MHA, GELU MLP of 4h) as a step-model Transformer.
+def gpt_for_params(params: float, tp: int = 1, vocab: int = 32_000) -> Transformer:
+    """A GPT shape with ~`params` parameters in its layers (N = 12 L h^2: MHA, GELU MLP of 4h):
+    h = 128 L, head dim 128, hidden rounded to a multiple of 128.
 
-    The vocabulary is Llama 2's 32,000 (the fitted laws count non-embedding parameters). The head
-    count moves to the nearest one that tp divides and that divides hidden: the step's FLOPs,
-    bytes and memory depend on heads x head_dim = hidden only, so this changes no number.
+    h/L = 128 is the aspect ratio of Llama 2 7B (4096/32); Kaplan et al. 2020 find loss flat for
+    h/L in ~50-200. The vocabulary is Llama 2's 32,000 (the fitted laws count non-embedding
+    parameters). The head count moves to the nearest one that tp divides and that divides hidden:
+    the step's FLOPs, bytes and memory depend on heads x head_dim = hidden only.
     """
+    if not (isinstance(params, (int, float)) and math.isfinite(params) and params > 0):
+        raise ConfigError("params", params, "a positive parameter count")
+    layers = max(1, round((params / (12 * 128**2)) ** (1 / 3)))
+    hidden = max(128, 128 * round(math.sqrt(params / (12 * layers)) / 128))
+    heads = hidden // 128
     options = [a for a in range(tp, hidden + 1, tp) if hidden % a == 0]
     if options:
         heads = min(options, key=lambda a: (abs(a - heads), a))
@@ -1348,7 +1367,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "layout and a precision recipe. Example: `scaling plan step --model llama3-70b --layers 12 "
         "--gpu b200 --layout tp=4,pp=1,dp=2,zero=1 --seq-len 4096 --micro-batch 1 --micro-batches 8 --json`."
     )
-    parser.add_argument("--model", default="llama3-8b", help=f"{', '.join(PRESETS)}, or a JSON file of {', '.join(SHAPE_KEYS)}")
+    parser.add_argument("--model", default="llama3-8b", help=f"{', '.join(PRESETS)}, a JSON file of {', '.join(SHAPE_KEYS)}, "
+                        "or a parameter count (e.g. 7e9: a GPT shape with h = 128 L, 32K vocabulary)")
     parser.add_argument("--layers", help="override the model's layer count (e.g. a cut-down model for a benchmark)")
     parser.add_argument("--gpu", default="h100", help=f"one of {', '.join(GPUS)} (default h100)")
     parser.add_argument("--gpus", help="cluster size: the layout's tp*cp*pp*dp must equal it")
@@ -1404,11 +1424,12 @@ def _positive_float(key: str, text: str) -> float:
 
 
 def main(args: argparse.Namespace) -> int:
-    model = load_model(args.model, layers=_positive_int("layers", args.layers) if args.layers else None)
+    layers = _positive_int("layers", args.layers) if args.layers else None
     tokens = _positive_float("tokens", args.tokens) if args.tokens else None
     if args.search:
         if not args.gpus or not args.global_batch:
             raise ConfigError("search", "--gpus/--global-batch missing", "both --gpus K and --global-batch B with --search")
+        model = load_model(args.model, tp=8, layers=layers)  # a parameter count gets heads that tp <= 8 divides
         result, fitting = search(model, args.gpu, _positive_int("gpus", args.gpus), _positive_int("global-batch", args.global_batch),
                                  _positive_int("seq-len", args.seq_len), args.precision, overlap=not args.no_overlap)
         return _print(args, result, tokens, {"fitting_layouts": fitting})
@@ -1423,6 +1444,7 @@ def main(args: argparse.Namespace) -> int:
         cp=_positive_int("cp", args.cp) if args.cp else None,
         ep=_positive_int("ep", args.ep) if args.ep else None,
     )
+    model = load_model(args.model, tp=layout.tp, layers=layers)
     gpus = _positive_int("gpus", args.gpus) if args.gpus else None
     result = step(model, args.gpu, layout, args.precision, _positive_int("seq-len", args.seq_len), gpus)
     if not args.allow_oom and result.memory.total > result.gpu.memory_bytes:

@@ -111,67 +111,19 @@ def test_precision_for_bits(bits, gpu, expected):
     assert plan.precision_for_bits(bits, gpu) == expected
 
 
-# -- memory ------------------------------------------------------------------------------------
+# -- a shape from a parameter count ------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "layout, bytes_per_gpu",
-    [
-        (plan.Layout(dp=8, zero=0), 7e9 * 16),  # 2 + 2 + 4 + 8 bytes/param replicated: 112 GB
-        (plan.Layout(dp=8, zero=1), 7e9 * (2 + 2 + 12 / 8)),  # 38.5 GB
-        (plan.Layout(dp=8, zero=2), 7e9 * (2 + 14 / 8)),  # 26.25 GB
-        (plan.Layout(dp=8, zero=3), 7e9 * 16 / 8),  # 14 GB
-        (plan.Layout(dp=2, tp=2, pp=2, zero=1), 7e9 / 4 * (2 + 2 + 12 / 2)),  # 17.5 GB
-    ],
-)
-def test_model_state_memory_hand_computed(layout, bytes_per_gpu):
-    mem = plan.memory_per_gpu(7e9, layout, "bf16")
-    assert mem.total - mem.activations == pytest.approx(bytes_per_gpu)
-
-
-def test_fp32_recipe_has_no_separate_master_copy():
-    mem = plan.memory_per_gpu(1e9, plan.Layout(), "fp32")
-    assert (mem.weights, mem.gradients, mem.master_weights, mem.optimizer_moments) == (4e9, 4e9, 0, 8e9)
-
-
-def test_activations_korthikanti_formula():
-    shape = plan.ModelShape(layers=24, hidden=4096, heads=32, seq_len=2048, micro_batch=1)
-    sbh = 2048 * 1 * 4096
-    # BF16, no recompute: s*b*h*(34 + 5*a*s/h) = sbh * (34 + 80) per layer
-    assert plan.activation_bytes_per_layer(shape, "bf16", "none") == sbh * (34 + 5 * 32 * 2048 / 4096)
-    # FP8 caching of the 7 sbh GEMM inputs saves 7 bytes per sbh element
-    assert plan.activation_bytes_per_layer(shape, "fp8", "none") == sbh * (27 + 80)
-    assert plan.activation_bytes_per_layer(shape, "bf16", "selective") == sbh * 34
-    assert plan.activation_bytes_per_layer(shape, "bf16", "full") == sbh * 2
-    # sequence parallel with tp=4 divides everything by 4
-    assert plan.activation_bytes_per_layer(shape, "bf16", "none", tp=4) == sbh * 114 / 4
-    # 1F1B: the first stage holds L layers' worth of activations whatever pp is
-    for pp in (1, 4):
-        mem = plan.memory_per_gpu(7e9, plan.Layout(tp=2, pp=pp), "bf16", shape, "selective")
-        assert mem.activations == 24 * sbh * 34 / 2
-    assert mem.gib()["activations"] == pytest.approx(24 * sbh * 34 / 2 / 2**30)
-
-
-def test_shape_from_params_matches_parameter_count():
-    shape = plan.ModelShape.for_params(7e9)
-    assert shape.hidden % 128 == 0 and shape.heads == shape.hidden // 128
-    assert 12 * shape.layers * shape.hidden**2 == pytest.approx(7e9, rel=0.05)
-    assert 100 <= shape.hidden / shape.layers <= 160
-
-
-def test_memory_fits_uses_spec_sheet_capacity():
-    states_80gb = plan.memory_per_gpu(5e9, plan.Layout(dp=8, zero=0), "bf16", recompute="full")  # 80 GB of states
-    assert not states_80gb.fits("h100") and states_80gb.fits("h200")
-
-
-@pytest.mark.parametrize("text", ["dp=8,tp=x", "dp=8,foo=1", "dp=8,dp=2", "zero=4,dp=1", "dp=0", "tp=3"])
-def test_bad_layouts_are_config_errors(text):
-    with pytest.raises(ConfigError, match="layout"):
-        plan.parse_layout(text, gpus=16)
-
-
-def test_layout_dp_defaults_to_gpus_over_model_parallel():
-    assert plan.parse_layout("tp=8,pp=4,zero=1", gpus=1024) == plan.Layout(dp=32, tp=8, pp=4, zero=1)
+@pytest.mark.parametrize("params", [1e8, 7e9, 7e10])
+def test_gpt_shape_from_params_matches_parameter_count(params):
+    for tp in (1, 8):
+        model = stepmodel.gpt_for_params(params, tp)
+        assert model.hidden % 128 == 0 and model.heads % tp == 0 and model.hidden % model.heads == 0
+        assert 12 * model.layers * model.hidden**2 == pytest.approx(params, rel=0.1)
+        assert model.layers * (model.attention_params + model.mlp_params(False)) == 12 * model.layers * model.hidden**2
+        assert 100 <= model.hidden / model.layers <= 160 or model.layers < 8
+    with pytest.raises(ConfigError, match="params"):
+        stepmodel.gpt_for_params(-1.0)
 
 
 # -- reliability -------------------------------------------------------------------------------
@@ -266,7 +218,7 @@ def test_plan_optimum_maps_bits_to_hardware_and_counts_6nd():
     assert (on_b200.hardware_precision, on_h100.hardware_precision) == ("fp4", "fp8")
     assert on_b200.flops == 1.2e20
     # the days are the dense shape's NVFP4 step on the cluster
-    step = plan.cluster_step(plan.dense_model(1e9), "b200", 1024, "nvfp4", plan.DENSE_RECIPE)
+    step = plan.cluster_step(stepmodel.gpt_for_params(1e9, 8), "b200", 1024, "nvfp4", plan.DENSE_RECIPE)
     assert on_b200.runs[0].days == pytest.approx(1.2e20 / (step.model_flops / step.step_seconds) / 86_400, rel=1e-12)
     assert on_b200.runs[0].mfu == pytest.approx(plan.step_mfu(step, 1024))
     assert plan.plan_optimum(point, [1024], gpu="b200", mfu=0.4).runs[0].days == pytest.approx(
@@ -313,13 +265,14 @@ def test_cli_prints_the_talk_table_from_the_step_model():
     assert fixed.returncode == 0 and float(fixed.stdout.splitlines()[3].split()[2]) == pytest.approx(97.15, abs=0.02)
 
 
-def test_cli_memory_breakdown():
-    proc = _cli("--params", "7e9", "--layout", "dp=8,tp=1,pp=1,zero=3", "--recompute", "full")
+def test_cli_memory_of_a_parameter_count_under_zero_3():
+    proc = _cli("step", "--model", "7e9", "--layout", "dp=8,zero=3", "--recompute", "full", "--json")
     assert proc.returncode == 0, proc.stderr
-    gib = {line.split()[0]: float(line.split()[1]) for line in proc.stdout.splitlines() if line.strip().endswith("GiB")
-           and not line.strip().startswith(("fits", "does"))}
-    assert gib["weights"] == pytest.approx(7e9 * 2 / 8 / 2**30, abs=0.01)
-    assert gib["weights"] + gib["gradients"] + gib["master_weights"] + gib["optimizer_moments"] == pytest.approx(14e9 / 2**30, abs=0.02)
+    gib = json.loads(proc.stdout)["memory_breakdown_gib"]
+    params = stepmodel.gpt_for_params(7e9).params  # 7.3e9 with the 32K vocabulary in and out
+    # Megatron mixed precision: BF16 weights 2, FP32 gradients 4, master + Adam 12 bytes, all / dp under ZeRO-3
+    for key, nbytes in (("weights", 2), ("gradients", 4), ("optimizer", 12)):
+        assert gib[key] == pytest.approx(params * nbytes / 8 / 2**30, rel=1e-3)
 
 
 @pytest.mark.parametrize(
@@ -331,7 +284,8 @@ def test_cli_memory_breakdown():
         (["--flops", "1e24", "--gpu", "a100", "--precision", "fp8"], "precision"),
         (["--flops", "1e24"], "model"),  # the step of which model? (or --mfu)
         (["--flops", "1e24", "--model", "llama2-7b"], "model"),  # no written-down cluster layout
-        (["--params", "7e9", "--layout", "dp=8,zero=7"], "layout.zero"),
+        (["--fit", "missing.json", "--compute", "1e22", "--layout", "tp=8,zero=7"], "layout.zero"),
+        (["--flops", "1e24", "--mfu", "0.4", "--layout", "tp=8"], "compute/target-loss/layout"),  # --layout is for --fit
         ([], "plan"),
     ],
 )
@@ -370,10 +324,11 @@ def test_cli_plans_the_compute_optimum_of_a_fitted_law(kumar_fit_json, capsys):
         optimum_row = out.split("optimum P=")[1].splitlines()[3].split()
         # the optimum's dense shape stepped on 1,024 GPUs with --layout's tp and pp
         recipe = plan.replace(plan.DENSE_RECIPE, layout="tp=8,pp=1,ogr=1,opg=1,tpo=1")
-        step = plan.cluster_step(plan.dense_model(best["N"], 4096, 8), gpu, 1024, stepmodel.RECIPE_FOR_FORMAT[fmt], recipe)
+        step = plan.cluster_step(stepmodel.gpt_for_params(best["N"], 8), gpu, 1024, stepmodel.RECIPE_FOR_FORMAT[fmt], recipe)
         assert float(optimum_row[2]) == pytest.approx(flops / (step.model_flops / step.step_seconds) / 86_400, rel=1e-3)
         assert float(optimum_row[1]) == pytest.approx(plan.step_mfu(step, 1024), abs=1e-3)
-        assert "Layout(dp=128, tp=8, pp=1, zero=1)" in out
+        assert float(optimum_row[13]) == pytest.approx(step.memory.total / 2**30, abs=0.05)  # GiB/GPU of that step
+        assert optimum_row[14:16] == ["tp8", "pp1"]
         rows = {float(line.split()[0]): line.split() for line in out.split("days@1024")[1].split("\n\n")[0].strip().splitlines()}
         assert sorted(rows) == [4, 6, 8, 16, 32]
         assert (rows[4][1], rows[16][1], rows[32][1]) == (p4_fmt, "bf16", "tf32")
