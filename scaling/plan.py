@@ -118,8 +118,8 @@ def cluster_step(model: Any, gpu: str, gpus: int, precision: str, recipe: Cluste
     chunks = ref.pp * ref.vpp
     best, best_key = None, None
     for pp in range(max(1, ref.pp // 2), min(model.layers, 2 * ref.pp) + 1):
-        vpp = max(1, chunks // pp) if pp > 1 else 1
-        if pp * vpp > model.layers:
+        vpp = max(1, chunks // pp) if pp > 1 and not ref.dualpipe else 1
+        if pp * vpp > model.layers or (ref.dualpipe and pp % 2):
             continue
         for recompute in dict.fromkeys((recipe.recompute, "full")):
             base = replace(ref, pp=pp, vpp=vpp, recompute=recompute)

@@ -67,6 +67,7 @@ class Transformer:
     expert_ffn: int = 0
     dense_layers: int = 0  # the first layers keep a dense FFN
     route_nodes: int = 0  # node-limited routing: a token's experts lie on at most this many nodes (0: any)
+    mtp: int = 0  # multi-token prediction modules (DeepSeek-V3: 1), on the last pipeline stage
 
     @property
     def head_dim(self) -> int:
@@ -120,6 +121,18 @@ class Transformer:
         return self.attention_params + self.mlp_params(moe) + self.norm_params
 
     @property
+    def mtp_extra_params(self) -> int:
+        """What each MTP module adds besides its transformer layer (DeepSeek-V3 Sec. 2.2): the
+        projection of [norm(h); norm(embedding)] (2h x h) and those two RMSNorms. The module's
+        layer is of the model's last kind (MoE for DeepSeek-V3); embedding and output layer are shared."""
+        return 2 * self.hidden * self.hidden + 2 * self.hidden
+
+    @property
+    def mtp_params(self) -> int:
+        """Parameters of the MTP modules (not in `params`: DeepSeek-V3's 671B leaves them out)."""
+        return self.mtp * (self.layer_params(self.moe) + self.mtp_extra_params)
+
+    @property
     def params(self) -> int:
         """All parameters, untied input embedding and output layer (Megatron's default for Llama)."""
         dense = self.layers - self.moe_layers
@@ -129,15 +142,19 @@ class Transformer:
     @property
     def matmul_params(self) -> int:
         """Parameters that multiply every token (the N of 6 N D; MoE: the activated ones): layers'
-        GEMMs and the output layer."""
+        GEMMs and the output layer, and each MTP module's layer, projection and (shared) output layer."""
         dense = self.layers - self.moe_layers
+        mtp = self.mtp * (self.attention_params + self.mlp_params(self.moe, activated=True) + 2 * self.hidden**2
+                          + self.vocab * self.hidden)
         return (self.layers * self.attention_params + dense * self.mlp_params(False)
-                + self.moe_layers * self.mlp_params(True, activated=True) + self.vocab * self.hidden)
+                + self.moe_layers * self.mlp_params(True, activated=True) + self.vocab * self.hidden + mtp)
 
     @property
     def activated_params(self) -> int:
-        """Parameters one token touches, embedding included (how MoE reports quote 'activated')."""
-        return self.matmul_params + self.vocab * self.hidden + self.layers * self.norm_params + self.hidden
+        """Parameters one token touches, embedding included, MTP modules not (how MoE reports quote
+        'activated': DeepSeek-V3's 37B)."""
+        main = replace(self, mtp=0)
+        return main.matmul_params + self.vocab * self.hidden + self.layers * self.norm_params + self.hidden
 
 
 # Published shapes:
@@ -154,7 +171,8 @@ class Transformer:
 #   qk_rope_head_dim 64, v_head_dim 128), first 3 layers dense (intermediate 18432), then 256
 #   routed experts top-8 + 1 shared, expert width 2048; vocabulary 129,280. 671B total, 37B
 #   activated (the paper's numbers; the multi-token-prediction module is not counted). Each token's
-#   experts lie on at most 4 nodes (Sec. 2.1.2, node-limited routing M = 4).
+#   experts lie on at most 4 nodes (Sec. 2.1.2, node-limited routing M = 4). Trained with one MTP
+#   module (Sec. 2.2, 4.2: D = 1; num_nextn_predict_layers = 1 in config.json).
 # - Kimi K2 (moonshotai/Kimi-K2-Base; Kimi Team 2025, arXiv 2507.20534): the DeepSeek-V3 shape
 #   with 64 heads, 384 routed experts, 1 dense layer, vocabulary 163,840: 1.04T total, 32B activated.
 # - Mixtral 8x7B (mistralai/Mixtral-8x7B-v0.1): 32 layers, hidden 4096, 32 heads / 8 KV, 8 experts
@@ -180,7 +198,7 @@ PRESETS: dict[str, Transformer] = {
     "llama2-70b": Transformer("llama2-70b", 80, 8192, 64, 8, 28672, 32000),
     "deepseek-v3": Transformer("deepseek-v3", 61, 7168, 128, 128, 18432, 129280, head_size=128, q_rank=1536,
                                kv_rank=512, rope_dim=64, v_head=128, experts=256, top_k=8, shared_experts=1,
-                               expert_ffn=2048, dense_layers=3, route_nodes=4),
+                               expert_ffn=2048, dense_layers=3, route_nodes=4, mtp=1),
     "kimi-k2": Transformer("kimi-k2", 61, 7168, 64, 64, 18432, 163840, head_size=128, q_rank=1536, kv_rank=512,
                            rope_dim=64, v_head=128, experts=384, top_k=8, shared_experts=1, expert_ffn=2048,
                            dense_layers=1),
@@ -195,7 +213,7 @@ PRESETS: dict[str, Transformer] = {
 SHAPE_KEYS = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "gated")
 # optional integer keys of a JSON shape (MLA and MoE); 0 or absent: off
 EXTRA_SHAPE_KEYS = ("head_size", "q_rank", "kv_rank", "rope_dim", "v_head", "experts", "top_k", "shared_experts",
-                    "expert_ffn", "dense_layers", "route_nodes")
+                    "expert_ffn", "dense_layers", "route_nodes", "mtp")
 
 
 def _count(text: str) -> float | None:
@@ -271,7 +289,8 @@ class StepLayout:
     --overlap-moe-expert-parallel-comm); deepep: tokens cross the network once per remote node
     holding one of their experts, then fan out over NVLink (DeepEP, Megatron's flex dispatcher;
     DeepSeek-V3's own kernels), instead of once per expert (NCCL all-to-all). All off by default,
-    as in Megatron-LM.
+    as in Megatron-LM. dualpipe: DeepSeek-V3's bidirectional schedule (Sec. 3.2.1) instead of 1F1B:
+    GPU i holds pipeline stages i and pp - 1 - i and feeds half the micro-batches from each end.
     """
 
     tp: int = 1
@@ -293,6 +312,7 @@ class StepLayout:
     shared_expert_overlap: bool = False
     a2a_overlap: bool = False
     deepep: bool = False
+    dualpipe: bool = False
 
     def __post_init__(self):
         for key in ("tp", "pp", "dp", "cp", "ep", "etp", "micro_batch", "micro_batches", "vpp"):
@@ -307,6 +327,8 @@ class StepLayout:
             raise ConfigError("sequence-parallel", self.sp, "only with tp > 1")
         if self.tp_overlap and not (self.tp > 1 and self.sequence_parallel):
             raise ConfigError("layout.tpo", 1, "only with tp > 1 and sequence parallel (TE's userbuffer overlap)")
+        if self.dualpipe and (self.pp < 2 or self.pp % 2 or self.vpp > 1):
+            raise ConfigError("layout.dualpipe", 1, "only with an even pp >= 2 and vpp = 1 (DualPipe is its own schedule)")
         if self.vpp > 1 and self.pp == 1:
             raise ConfigError("layout.vpp", self.vpp, "1 unless pp > 1 (virtual stages interleave a pipeline)")
 
@@ -334,15 +356,16 @@ class StepLayout:
 
     @property
     def p2p_overlapped(self) -> bool:
-        return self.vpp > 1 if self.overlap_p2p is None else self.overlap_p2p
+        return (self.vpp > 1 or self.dualpipe) if self.overlap_p2p is None else self.overlap_p2p
 
 
 LAYOUT_KEYS = {"tp": int, "pp": int, "dp": int, "cp": int, "ep": int, "etp": int, "zero": int, "vpp": int, "sp": int,
                "ogr": int, "opg": int, "tpo": int, "p2p": int, "seo": int, "a2ao": int,
-               "deepep": int}
+               "deepep": int, "dualpipe": int}
 # boolean layout keys -> StepLayout fields
 FLAG_KEYS = {"sp": "sp", "ogr": "overlap_grad_reduce", "opg": "overlap_param_gather", "tpo": "tp_overlap",
-             "p2p": "overlap_p2p", "seo": "shared_expert_overlap", "a2ao": "a2a_overlap", "deepep": "deepep"}
+             "p2p": "overlap_p2p", "seo": "shared_expert_overlap", "a2ao": "a2a_overlap", "deepep": "deepep",
+             "dualpipe": "dualpipe"}
 
 
 def parse_step_layout(text: str, **extra: Any) -> StepLayout:
@@ -423,12 +446,19 @@ class Efficiency:
       (small GEMMs are launch/tail bound: the knee is where half the best is lost).
     attention: flash attention's fraction of the BF16 peak on its hardware FLOPs.
     bandwidth: fraction of HBM, NVLink and NIC bandwidth that memory-bound kernels and NCCL reach.
+    moe_layer_seconds: time per MoE layer per micro-batch (forward + backward) that the listed
+      ops do not account for: dropless routing synchronises host and device in every layer
+      (the dispatcher needs the token counts per expert on the host), after which the GPU waits
+      on the host to launch the layer's many small router, permute and per-expert kernels; such
+      layers cannot be captured in CUDA graphs (Megatron-LM's MoE README). Fitted on MoE runs
+      only, after the other four (0: none).
     """
 
     gemm: float
     gemm_half_flops: float
     attention: float
     bandwidth: float
+    moe_layer_seconds: float = 0.0
 
 
 # Least squares of log step time over the calibration runs of scaling/step_cases.json, one fit per
@@ -439,6 +469,13 @@ class Efficiency:
 # - h100: 5 of NeMo's published DGX-H100 runs (FP8 per-tensor; Llama 2 7B/13B, Llama 3 8B with CP,
 #   GPT-3 175B on 128 GPUs, Llama 3 70B on 64 GPUs), with the overlaps those recipes turn on. The
 #   GEMM fraction is of the FP8 peak; BF16 runs on H100 (Llama 3 405B) come out 16-32% slow with it.
+#   moe_layer_seconds, fitted afterwards with those four held: 5 of Megatron-Bridge's DGX-H100 MoE
+#   runs from its newest containers (Qwen3-235B-A22B on 256 GPUs, Qwen3-30B-A3B on 16; FP8, dropless).
+#   Without it the model was 17-26% fast on them, short by ~2.4 ms per MoE layer per micro-batch in
+#   both models although their expert GEMMs and all-to-alls differ 1.2-2.5x: a fixed host-side cost,
+#   not a GEMM or all-to-all efficiency. Older Bridge containers, DeepSeek-V3 (H100, H800) are held out.
+# - b200 has no MoE term (0): its constants price Megatron-Bridge's MXFP8 MoE runs slower than
+#   measured before any, so that fit goes to its bound (step_cases.json keeps those runs as checks).
 # B200's constants priced the H100 runs 20-37% (FP8) and 47-71% (Llama 3 BF16) too slow: the
 # constants are per generation and software stack, not portable.
 # One set per GPU generation: `python -m scaling.stepvalidate --calibrate` fits each generation
@@ -446,7 +483,8 @@ class Efficiency:
 # (FP8, TP/DP/PP communication overlapped). A100 has no calibration runs yet and borrows Hopper's.
 EFFICIENCY: dict[str, Efficiency] = {
     "b200": Efficiency(gemm=0.485, gemm_half_flops=1.26e11, attention=0.263, bandwidth=0.647),
-    "h100": Efficiency(gemm=0.493, gemm_half_flops=2.13e10, attention=0.558, bandwidth=0.806),
+    "h100": Efficiency(gemm=0.493, gemm_half_flops=2.13e10, attention=0.558, bandwidth=0.806,
+                       moe_layer_seconds=2.40e-3),
 }
 GENERATION = {"a100": "h100", "h100": "h100", "h800": "h100", "h200": "h100", "b200": "b200"}
 
@@ -701,6 +739,10 @@ def layer_ops(c: Ctx, moe: bool = False) -> list[Op]:
             a2a_fwd, a2a_bwd = max(0.0, a2a_fwd - shared_fwd), max(0.0, a2a_bwd - shared_bwd)
         ops.append(Op("ep all-to-all fwd", "comm", a2a_fwd))
         ops.append(Op("ep all-to-all bwd", "comm", a2a_bwd))
+    if moe and c.eff.moe_layer_seconds:
+        # the GPU idles on the host (Efficiency.moe_layer_seconds): no other micro-batch's
+        # all-to-all hides under it, and recompute does not repeat it (no suffix)
+        ops.append(Op("moe overhead", "host", c.eff.moe_layer_seconds))
     if lay.cp > 1:
         # ring attention: every rank gathers the other ranks' K, V (forward) and reduce-scatters
         # dK, dV (backward); the exchange overlaps the attention blocks it feeds
@@ -723,24 +765,36 @@ def layer_ops(c: Ctx, moe: bool = False) -> list[Op]:
 
 
 def edge_ops(c: Ctx, first: bool, last: bool) -> list[Op]:
-    """The embedding (first stage) and output layer + cross-entropy (last stage) for one micro-batch."""
+    """The embedding (first stage) and output layer + cross-entropy (last stage) for one micro-batch.
+
+    Each MTP module (last stage; its transformer layer is counted by `stage_layers`) adds an
+    embedding lookup, two RMSNorms and the 2h -> h projection before its layer, and a final norm,
+    the shared output layer and a cross-entropy after it (DeepSeek-V3 Sec. 2.2)."""
     m, tp, t = c.model, c.layout.tp, c.tokens
+    norm_split = tp if c.layout.sequence_parallel else 1
     ops: list[Op] = []
     if first:
         ops.append(Op("embedding fwd+bwd", "memory", c.hbm_seconds(t * m.hidden * (2 + 4))))
     if last:
+        heads = 1 + m.mtp  # output layers run per micro-batch: the model's and one per MTP module
         vocab = padded_vocab(m, tp)
         run = 2.0 * t * m.hidden * vocab / tp  # the padded rows cost time but are not model FLOPs
         flops = 2.0 * t * m.hidden * m.vocab / tp
-        ops.append(Op("gemm output fwd", "gemm", c.gemm_seconds(run, "bf16"), flops))  # kept in BF16
-        ops.append(Op("gemm output bwd", "gemm", 2 * c.gemm_seconds(run, "bf16"), 2 * flops))
+        ops.append(Op("gemm output fwd", "gemm", c.gemm_seconds(run, "bf16"), flops, heads))  # kept in BF16
+        ops.append(Op("gemm output bwd", "gemm", 2 * c.gemm_seconds(run, "bf16"), 2 * flops, heads))
         # fused cross-entropy: FP32 logits read/written about three times over forward and backward
-        ops.append(Op("cross-entropy", "memory", c.hbm_seconds(3 * 4.0 * t * vocab / tp)))
-        ops.append(Op("final rmsnorm", "memory", c.hbm_seconds(12.0 * t * m.hidden / (tp if c.layout.sequence_parallel else 1))))
+        ops.append(Op("cross-entropy", "memory", c.hbm_seconds(3 * 4.0 * t * vocab / tp), count=heads))
+        ops.append(Op("final rmsnorm", "memory", c.hbm_seconds(12.0 * t * m.hidden / norm_split), count=heads))
         if tp > 1:
             buf = 2.0 * t * m.hidden
-            ops.append(Op("tp all-gather fwd", "comm", c.collective("all-gather", buf, tp, tp)))
-            ops.append(Op("tp reduce-scatter bwd", "comm", c.collective("reduce-scatter", buf, tp, tp)))
+            ops.append(Op("tp all-gather fwd", "comm", c.collective("all-gather", buf, tp, tp), count=heads))
+            ops.append(Op("tp reduce-scatter bwd", "comm", c.collective("reduce-scatter", buf, tp, tp), count=heads))
+        if m.mtp:
+            proj = 2.0 * t * 2 * m.hidden * m.hidden / tp
+            ops.append(Op("gemm mtp-proj fwd", "gemm", c.gemm_seconds(proj), proj, m.mtp))
+            ops.append(Op("gemm mtp-proj bwd", "gemm", 2 * c.gemm_seconds(proj), 2 * proj, m.mtp))
+            ops.append(Op("mtp embedding+norms", "memory", c.hbm_seconds(t * m.hidden * (2 + 4) + 2 * 12.0 * t * m.hidden / norm_split),
+                          count=m.mtp))
     return ops
 
 
@@ -827,6 +881,7 @@ def stage_layers(model: Transformer, layout: StepLayout, stage: int) -> tuple[in
     The layers fill the pp * vpp virtual stages in order, ceil(L / (pp vpp)) each (the last ones
     may hold fewer: Megatron's uneven split, --decoder-last-pipeline-num-layers or a
     pipeline layout); stage s runs virtual stages s, s + pp, ... The first dense_layers are dense.
+    The last stage also runs the MTP modules' layers (Megatron places them after the output layer).
     """
     chunks = layout.pp * layout.vpp
     per = -(-model.layers // chunks)
@@ -836,6 +891,8 @@ def stage_layers(model: Transformer, layout: StepLayout, stage: int) -> tuple[in
         if last > first:
             n_dense = max(0, min(last, model.layers - model.moe_layers) - first)
             dense, moe = dense + n_dense, moe + (last - first - n_dense)
+    if stage == layout.pp - 1 and model.mtp:
+        dense, moe = (dense, moe + model.mtp) if model.moe else (dense + model.mtp, moe)
     return dense, moe
 
 
@@ -844,7 +901,9 @@ def stage_params_split(model: Transformer, layout: StepLayout, stage: int) -> tu
 
     Everything but the routed experts is split by tp (norm weights are replicated; < 0.01%) and
     sharded by ZeRO over dp x cp; the routed experts are split over ep x etp and sharded over
-    their expert-data-parallel group. Embedding on the first stage, output layer on the last.
+    their expert-data-parallel group. Embedding on the first stage, output layer on the last, and
+    with MTP the modules' projections and, under pipeline parallelism, a copy of the embedding
+    (Megatron builds one on the last stage for the MTP inputs).
     """
     tp, pp = layout.tp, layout.pp
     dense, moe = stage_layers(model, layout, stage)
@@ -852,6 +911,8 @@ def stage_params_split(model: Transformer, layout: StepLayout, stage: int) -> tu
     routed = (3 if model.gated else 2) * model.hidden * model.expert_ffn * model.experts
     layers = dense * model.layer_params() + moe * (model.layer_params(True) - routed)
     edge = (vocab * model.hidden if stage == 0 else 0) + (vocab * model.hidden + model.hidden if stage == pp - 1 else 0)
+    if stage == pp - 1 and model.mtp:
+        edge += model.mtp * model.mtp_extra_params + (vocab * model.hidden if pp > 1 else 0)
     return (layers + edge) / tp, moe * routed / (layout.ep * layout.expert_tp)
 
 
@@ -873,22 +934,28 @@ def stage_memory(model: Transformer, layout: StepLayout, seq_len: int, stage: in
     Activations: 1F1B keeps min(pp - stage, m) micro-batches in flight on `stage` (pp on the
     first); interleaving with v virtual stages adds (pp - 1) / v chunks of L / (pp v) layers
     (Korthikanti Sec. 4.2.3). The last stage also holds the FP32 logits and their gradient.
+    DualPipe (DeepSeek-V3 Table 2): the GPU holds stages s and pp - 1 - s (twice the parameters)
+    and pp + 1 micro-batches of a stage's activations (the mean of its two).
     """
     zero = layout.zero_stage
-    replicated, routed = stage_params_split(model, layout, stage)
-    groups = ((replicated, layout.dp * layout.cp), (routed, layout.expert_dp))
+    stages = (stage, layout.pp - 1 - stage) if layout.dualpipe else (stage,)
+    splits = [stage_params_split(model, layout, s) for s in stages]
+    groups = ((sum(r for r, _ in splits), layout.dp * layout.cp), (sum(e for _, e in splits), layout.expert_dp))
 
     def sharded(nbytes: float, from_stage: int) -> float:
         return sum(p * nbytes / (size if zero >= from_stage else 1) for p, size in groups)
 
-    dense, moe = stage_layers(model, layout, stage)
+    layers = [stage_layers(model, layout, s) for s in stages]
+    dense, moe = max(n for n, _ in layers), max(n for _, n in layers)  # for the largest local weight below
     in_flight = min(layout.pp - stage, layout.micro_batches)
     if layout.vpp > 1 and stage == 0:
         in_flight = min(layout.pp * (1 + (layout.pp - 1) / (layout.pp * layout.vpp)), layout.micro_batches)
-    per_micro_batch = (dense * activation_bytes_per_layer(model, layout, seq_len)
-                       + moe * activation_bytes_per_layer(model, layout, seq_len, moe=True))
+    if layout.dualpipe:
+        in_flight = min(layout.pp + 1, layout.micro_batches)
+    per_micro_batch = sum(d * activation_bytes_per_layer(model, layout, seq_len)
+                          + e * activation_bytes_per_layer(model, layout, seq_len, moe=True) for d, e in layers) / len(layers)
     t = seq_len * layout.micro_batch / layout.cp
-    logits = 6.0 * t * padded_vocab(model, layout.tp) / layout.tp if stage == layout.pp - 1 else 0.0
+    logits = 6.0 * t * padded_vocab(model, layout.tp) / layout.tp if layout.pp - 1 in stages else 0.0
     # the backward of one layer materialises its gradients next to the saved activations
     no_recompute = replace(layout, recompute="none")
     transient = max((activation_bytes_per_layer(model, no_recompute, seq_len, kind) for kind, n in ((False, dense), (True, moe)) if n),
@@ -960,7 +1027,8 @@ class StepResult:
                        "sequence_parallel": lay.sequence_parallel, "recompute": lay.recompute, "vpp": lay.vpp,
                        "micro_batch": lay.micro_batch, "micro_batches": lay.micro_batches,
                        "overlap_grad_reduce": lay.overlap_grad_reduce, "overlap_param_gather": lay.overlap_param_gather,
-                       "tp_overlap": lay.tp_overlap, "overlap_p2p": lay.p2p_overlapped, "gpus": lay.gpus}
+                       "tp_overlap": lay.tp_overlap, "overlap_p2p": lay.p2p_overlapped, "dualpipe": lay.dualpipe,
+                       "gpus": lay.gpus}
             | ({"etp": lay.expert_tp, "shared_expert_overlap": lay.shared_expert_overlap, "a2a_overlap": lay.a2a_overlap,
                 "deepep": lay.deepep} if self.model.moe else {}),
             "params": self.model.params,
@@ -1046,22 +1114,38 @@ def step(model: Transformer, gpu: str | GPU, layout: StepLayout, precision: str 
     # dense / MoE layer counts and at the ends (embedding on the first, output layer on the last):
     # each distinct kind is priced once.
     kinds: dict[tuple, int] = {}
-    for s in range(pp):
-        kinds.setdefault((stage_layers(model, layout, s), s == 0, s == pp - 1), s)
+    kind_of = {s: kinds.setdefault((stage_layers(model, layout, s), s == 0, s == pp - 1), s) for s in range(pp)}
     stage_ops = {}
     for (counts, first, last), s in kinds.items():
         ops = [replace(o, count=o.count * n) for moe, n in zip((False, True), counts) if n for o in body[moe]]
         stage_ops[s] = ops + edge_ops(c, first, last)
-    stage_time = {s: sum(o.seconds * o.count for o in ops) for s, ops in stage_ops.items()}
-    slow = max(stage_time, key=lambda s: stage_time[s])
-    # 1F1B: m micro-batches plus the (p - 1) / v bubble (Narayanan et al. 2021, interleaved: / v)
+
+    def gpu_ops(s: int) -> list[tuple[Op, float]]:
+        """(op, weight) of one micro-batch's work on a GPU of stage s: its stage's ops, or under
+        DualPipe half of stage s's and half of stage pp - 1 - s's (half the micro-batches enter
+        from each end)."""
+        if layout.dualpipe:
+            return [(o, 0.5) for mirror in (s, pp - 1 - s) for o in stage_ops[kind_of[mirror]]]
+        return [(o, 1.0) for o in stage_ops[kind_of[s]]]
+
+    gpu_time = {s: sum(o.seconds * o.count * w for o, w in gpu_ops(s)) for s in range(pp)}
+    slow = max(gpu_time, key=lambda s: gpu_time[s])
     by_op: dict[str, float] = {}
-    for o in stage_ops[slow]:
-        by_op[_group(o.name)] = by_op.get(_group(o.name), 0.0) + o.seconds * o.count * m_count
+    for o, w in gpu_ops(slow):
+        by_op[_group(o.name)] = by_op.get(_group(o.name), 0.0) + o.seconds * o.count * w * m_count
     by_collective = {k: v for k, v in by_op.items() if k.startswith(("tp ", "cp ", "ep ", "etp "))}
-    if pp > 1:
-        by_op["pipeline bubble"] = stage_time[slow] * (pp - 1) / v
-    total = stage_time[slow] * m_count + by_op.get("pipeline bubble", 0.0)
+    t_micro = gpu_time[slow]
+    if pp > 1 and layout.dualpipe:
+        # DeepSeek-V3 Table 2: (pp/2 - 1)(F&B + B - 3W), F&B a forward and a backward overlapped
+        # (t_micro), B the input-gradient and W the weight-gradient part of the backward (half of
+        # each backward GEMM is its weight gradient)
+        fwd = sum(o.seconds * o.count * w for o, w in gpu_ops(slow) if o.name.endswith(" fwd"))
+        wgrad = sum(o.seconds * o.count * w for o, w in gpu_ops(slow) if o.kind == "gemm" and o.name.endswith(" bwd")) / 2
+        by_op["pipeline bubble"] = (pp / 2 - 1) * (t_micro + (t_micro - fwd - wgrad) - 3 * wgrad)
+    elif pp > 1:
+        # 1F1B: m micro-batches plus the (p - 1) / v bubble (Narayanan et al. 2021, interleaved: / v)
+        by_op["pipeline bubble"] = t_micro * (pp - 1) / v
+    total = t_micro * m_count + by_op.get("pipeline bubble", 0.0)
 
     tp, cp, dp = layout.tp, layout.cp, layout.dp
     if pp > 1:
@@ -1132,8 +1216,8 @@ def step(model: Transformer, gpu: str | GPU, layout: StepLayout, precision: str 
 
 def attention_flops_per_token(model: Transformer, seq_len: int) -> float:
     """Model FLOPs of causal attention per token, forward and backward: 3 * L * s * heads * (d_qk + d_v)
-    (QK^T and PV, halved by the causal mask; 6 L s h for multi-head attention)."""
-    return 3.0 * model.layers * seq_len * model.heads * (model.qk_head + model.v_head_dim)
+    (QK^T and PV, halved by the causal mask; 6 L s h for multi-head attention), L counting the MTP modules' layers."""
+    return 3.0 * (model.layers + model.mtp) * seq_len * model.heads * (model.qk_head + model.v_head_dim)
 
 
 # --------------------------------------------------------------------------------------------
@@ -1252,7 +1336,7 @@ def run_days(result: StepResult, tokens: float, **failure_options: Any):
 
 # hardware format (scaling.hardware.precision_for_bits) -> the recipe that runs it
 RECIPE_FOR_FORMAT = {"bf16": "bf16", "fp8": "fp8", "fp4": "nvfp4", "tf32": "tf32"}
-CATEGORIES = ("GEMMs", "attention", "quantise", "memory-bound", "communication", "pipeline bubble", "optimizer")
+CATEGORIES = ("GEMMs", "attention", "quantise", "memory-bound", "communication", "MoE overhead", "pipeline bubble", "optimizer")
 
 
 def category(op: str) -> str:
@@ -1262,8 +1346,10 @@ def category(op: str) -> str:
         return "attention"
     if op.startswith("quantise"):
         return "quantise"
-    if op.startswith(("tp ", "cp ", "dp ", "pp ", "ep ", "zero-3")):
+    if op.startswith(("tp ", "cp ", "dp ", "pp ", "ep ", "etp ", "zero-3")):
         return "communication"
+    if op == "moe overhead":
+        return "MoE overhead"
     if op in ("pipeline bubble", "optimizer"):
         return op
     return "memory-bound"

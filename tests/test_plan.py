@@ -3,6 +3,7 @@ import math
 import re
 import subprocess
 import sys
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -26,8 +27,13 @@ def _talk_days(name, precision="bf16", gpus=(1024, 5000, 10000)):
 
 def test_talk_table_recomputed_from_written_down_layouts():
     """Issue #6's H100 table (BF16 days on 1,024 / 5,000 / 10,000 GPUs) from the step model of each
-    run under its layout: every entry within 30% of the talk's, DeepSeek-V3 (the run with a published
-    H100 layout) within 15%, and at least 4 of 9 within 10% (docs/planner.md lists every error)."""
+    run under its layout: every entry within 40% of the talk's, and more days than the talk in at
+    least 8 of the 9 (docs/planner.md lists every error). The talk is optimistic for these MoE runs:
+    its 97 BF16 days for DeepSeek-V3 on 1,024 H100s are fewer than the 114 FP8 days that
+    Megatron-Bridge's measured run of that layout implies (3.4e24 FLOPs at 338 model TFLOP/s/GPU,
+    25.09 container). Before the MoE overhead was fitted on measured MoE runs
+    (Efficiency.moe_layer_seconds) the bound was 30%, DeepSeek-V3 within 15% and 4 of 9 within
+    10%: the model's MoE steps were 20-35% fast, which hid its BF16-on-Hopper slowness here."""
     errors = {}
     for name, (model_name, flops, talk) in plan.TALK_TABLE.items():
         for k, (days, step) in _talk_days(name).items():
@@ -36,9 +42,8 @@ def test_talk_table_recomputed_from_written_down_layouts():
             assert step.memory.total <= step.gpu.memory_bytes and 0.9 * k <= step.layout.gpus <= k
             errors[(name, k)] = days / talk[k] - 1
     print({key: f"{e:+.1%}" for key, e in errors.items()})
-    assert all(abs(e) <= 0.30 for e in errors.values()), errors
-    assert all(abs(e) <= 0.15 for (name, _), e in errors.items() if name == "DeepSeek-V3"), errors
-    assert sum(abs(e) <= 0.10 for e in errors.values()) >= 4, errors
+    assert all(abs(e) <= 0.40 for e in errors.values()), errors
+    assert sum(e > 0 for e in errors.values()) >= 8, errors
 
 
 KEPT_BF16 = ("gemm output", "gemm router")  # GEMMs every recipe runs in BF16 (stepmodel: rate="bf16")
@@ -440,6 +445,30 @@ def test_moe_op_inventory_flops_are_6_activated_nd_plus_attention(layout):
     assert r.model_flops == pytest.approx(6 * n * tokens + attention_flops, rel=1e-12)
 
 
+@pytest.mark.parametrize("layout", [stepmodel.StepLayout(dp=4, ep=4), stepmodel.StepLayout(tp=2, pp=2, dp=2, ep=2, etp=1, micro_batches=2)])
+def test_mtp_module_is_one_more_layer_a_projection_and_an_output_layer_on_the_last_stage(layout):
+    m, s = replace(TINY_MOE, mtp=1), 4096
+    tokens = s * layout.micro_batches * layout.dp
+    attention = 1024 * 256 + 256 * 8 * 160 + 1024 * 160 + 128 * 8 * 192 + 8 * 64 * 1024
+    moe_mlp = 3 * 1024 * 512 * (4 + 1) + 1024 * 16
+    # DeepSeek-V3 Sec. 2.2: its own (MoE) layer, the 2h -> h projection and the shared output layer run per token
+    n = TINY_MOE.matmul_params + attention + moe_mlp + 2 * 1024 * 1024 + 1000 * 1024
+    assert m.matmul_params == n
+    assert (m.params, m.activated_params) == (TINY_MOE.params, TINY_MOE.activated_params)  # as DeepSeek counts them
+    assert m.mtp_params == TINY_MOE.layer_params(True) + 2 * 1024 * 1024 + 2 * 1024
+    attention_flops = 3 * 5 * s * 8 * (160 + 64) * tokens  # 4 layers + the MTP layer
+    assert _inventory_flops(m, layout, s) == pytest.approx(6 * n * tokens + attention_flops, rel=1e-12)
+    assert stepmodel.step(m, "h100", layout, "bf16", s).model_flops == pytest.approx(6 * n * tokens + attention_flops, rel=1e-12)
+    last = layout.pp - 1
+    assert stepmodel.stage_layers(m, layout, last)[1] == stepmodel.stage_layers(TINY_MOE, layout, last)[1] + 1
+    if layout.pp > 1:  # the first stage is unchanged; the last also holds a copy of the embedding
+        assert stepmodel.stage_layers(m, layout, 0) == stepmodel.stage_layers(TINY_MOE, layout, 0)
+        extra = stepmodel.stage_params(m, layout, last) - stepmodel.stage_params(TINY_MOE, layout, last)
+        routed = 3 * 1024 * 512 * 16
+        embedding = stepmodel.padded_vocab(m, 2) * 1024
+        assert extra == pytest.approx((m.mtp_params - routed + embedding) / 2 + routed / 2)  # tp 2; ep 2 x etp 1
+
+
 def test_moe_memory_terms_hand_counted():
     m, s = TINY_MOE, 4096
     lay = stepmodel.StepLayout(tp=2, dp=4, ep=4, etp=1, zero=1)
@@ -468,7 +497,7 @@ def test_moe_memory_terms_hand_counted():
 
 
 def test_moe_all_to_all_on_nvlink_inside_a_node_and_the_network_across():
-    model = stepmodel.load_model("deepseek-v3", layers=8)
+    model = stepmodel.load_model("deepseek-v3", layers=8, mtp=0)  # 5 MoE layers (3 dense first)
 
     def a2a(text):
         r = stepmodel.step(model, "h100", stepmodel.parse_step_layout(text, micro_batches=8, recompute="selective"))
@@ -633,17 +662,14 @@ def test_held_out_step_time_and_memory_errors():
     dense = [c for c in checks if stepvalidate.family_of(c.case) == "dense"]
     within = [abs(c.error) <= 0.10 for c in dense if c.case["role"] == "held-out"]
     assert sum(within) / len(within) >= 0.7  # "most" held-out dense cases
-    # MoE: check cases only (no constant is fitted on them), each listed with its explanation
-    moe = [c for c in checks if stepvalidate.family_of(c.case) == "MoE"]
-    assert len(moe) >= 4 and all(c.case["role"] == "held-out" and c.case.get("note") for c in moe)
-    assert all(abs(c.error) < 0.7 for c in moe), [(c.case["name"], c.error) for c in moe]
+    # MoE: test_moe_held_out_step_times_after_the_moe_fit
 
 
 def test_calibration_reproduces_the_constants_in_the_module():
     refits = stepvalidate.calibrate_all(stepvalidate.load_cases())
     assert set(refits) == set(stepmodel.EFFICIENCY)
     for gen, refit in refits.items():
-        for key in ("gemm", "gemm_half_flops", "attention", "bandwidth"):
+        for key in ("gemm", "gemm_half_flops", "attention", "bandwidth", "moe_layer_seconds"):
             assert getattr(refit, key) == pytest.approx(getattr(stepmodel.EFFICIENCY[gen], key), rel=0.02), (gen, key)
 
 
@@ -707,6 +733,33 @@ def test_overlap_flags_bad_input():
         with pytest.raises(ConfigError) as e:
             stepmodel.parse_step_layout(text)
         assert e.value.key == key, text
+
+
+def test_dualpipe_bubble_memory_and_bad_layouts():
+    """DeepSeek-V3 Table 2: bubble (pp/2 - 1)(F&B + B - 3W), twice the parameters, pp + 1 micro-batches of activations."""
+    model = stepmodel.load_model("llama3-8b", layers=8)
+    one_f_one_b = stepmodel.parse_step_layout("pp=4,dp=2", micro_batches=8)
+    dual = replace(one_f_one_b, dualpipe=True)
+    r1, r2 = stepmodel.step(model, "h100", one_f_one_b), stepmodel.step(model, "h100", dual)
+    # GPU s runs half the micro-batches of stage s and half of stage 3 - s: GPU 0 has the embedding and the output layer
+    c = stepmodel.Ctx(model, plan.get_gpu("h100"), dual, stepmodel.RECIPES["bf16"], 4096, stepmodel.EFFICIENCY["h100"])
+    ops = 4 * stepmodel.layer_ops(c) + [o for first, last in ((True, False), (False, True)) for o in stepmodel.edge_ops(c, first, last)]
+    half = [(o, 0.5) for o in ops]  # 2 layers on each of its stages, each stage at half the micro-batches
+    t = sum(o.seconds * o.count * w for o, w in half)
+    fwd = sum(o.seconds * o.count * w for o, w in half if o.name.endswith(" fwd"))
+    wgrad = sum(o.seconds * o.count * w for o, w in half if o.kind == "gemm" and o.name.endswith(" bwd")) / 2
+    assert r2.by_op["pipeline bubble"] == pytest.approx((4 / 2 - 1) * (t + (t - fwd - wgrad) - 3 * wgrad), rel=1e-9)
+    assert r2.by_op["pipeline bubble"] < r1.by_op["pipeline bubble"]
+    # twice the parameters of a 1F1B stage (stages 0 and 3 on GPU 0), pp + 1 = 5 micro-batches in flight
+    m0 = stepmodel.stage_memory(model, dual, 4096, 0)
+    both = stepmodel.stage_params(model, one_f_one_b, 0) + stepmodel.stage_params(model, one_f_one_b, 3)
+    assert m0.weights == pytest.approx(2 * both)
+    per_layer = stepmodel.activation_bytes_per_layer(model, dual, 4096)
+    assert m0.activations == pytest.approx(5 * 2 * per_layer)
+    assert stepmodel.stage_memory(model, one_f_one_b, 4096, 0).activations == pytest.approx(4 * 2 * per_layer)
+    for text in ("pp=3,dualpipe=1", "pp=4,vpp=2,dualpipe=1", "dualpipe=1"):
+        with pytest.raises(ConfigError, match="layout.dualpipe"):
+            stepmodel.parse_step_layout(text)
 
 
 def test_layout_search_returns_the_fastest_fitting_layout():
@@ -805,3 +858,53 @@ def test_step_cli_writes_the_breakdown_figure(tmp_path, capsys):
                      "--micro-batches", "4", "--precision", "fp8", "--figure", str(out), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["figure"] == str(out)
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 5_000
+
+
+def test_moe_held_out_step_times_after_the_moe_fit():
+    """moe_layer_seconds is fitted on Megatron-Bridge's H100 Qwen3 runs of containers 26.04 and later; every other MoE
+    run is held out. Held-out runs without a note must be within 10%, and the MoE term is what brings them there
+    (priced without it they are all more than 15% fast: the model before the MoE fit failed this test). Noted runs (a
+    software regression the source tables themselves show, a whole training run, B200 constants from another stack)
+    are printed with their error and must be within 60% either way (the worst, Qwen3-30B in 25.11, is -57%; the model
+    before the MoE fit priced it -65%)."""
+    checks = [c for c in _checks() if stepvalidate.family_of(c.case) == "MoE"]
+    print("\n" + stepvalidate.table(checks))
+    fitted = [c for c in checks if c.case["role"] == "calibration"]
+    held = [c for c in checks if c.case["role"] == "held-out"]
+    assert len(fitted) >= 5 and len(held) >= 8
+    assert {c.case["model"] for c in fitted} == {"qwen3-235b-a22b", "qwen3-30b-a3b"}
+    plain = [c for c in held if not c.case.get("note")]
+    assert len(plain) >= 4
+    assert all(abs(c.error) <= 0.10 for c in plain), [(c.case["name"], c.error) for c in plain]
+    for c in plain:
+        without = replace(stepmodel.EFFICIENCY[stepvalidate.generation(c.case)], moe_layer_seconds=0.0)
+        assert stepvalidate.check(c.case, without).error < -0.15, c.case["name"]
+    assert all(abs(c.error) < 0.60 for c in held), [(c.case["name"], c.error) for c in held]
+
+
+def _slowed(case: dict, factor: float = 3.0) -> dict:
+    """The case with its measured step `factor` times longer, whichever way its source states it."""
+    case = dict(case)
+    if "measured_step_ms" in case:
+        case["measured_step_ms"] *= factor
+    elif "measured_tokens_per_s_per_gpu" in case:
+        case["measured_tokens_per_s_per_gpu"] /= factor
+    else:
+        case["measured_tflops_per_gpu"] /= factor
+    return case
+
+
+def test_moe_fit_never_sees_a_held_out_case():
+    """Tripling every held-out MoE run's measured step leaves the H100 refit exactly as it was; tripling the MoE
+    calibration runs' moves moe_layer_seconds (so this test can fail) and leaves the four dense constants alone."""
+    cases = [c for c in stepvalidate.load_cases() if stepvalidate.generation(c) == "h100"]
+
+    def moe(c: dict) -> bool:
+        return stepvalidate.family_of(c) == "MoE"
+
+    base = stepvalidate.calibrate(cases)
+    assert base.moe_layer_seconds > 0
+    assert stepvalidate.calibrate([_slowed(c) if moe(c) and c["role"] == "held-out" else c for c in cases]) == base
+    control = stepvalidate.calibrate([_slowed(c) if moe(c) and c["role"] == "calibration" else c for c in cases])
+    assert control.moe_layer_seconds > 2 * base.moe_layer_seconds
+    assert replace(control, moe_layer_seconds=base.moe_layer_seconds) == base
