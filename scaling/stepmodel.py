@@ -173,6 +173,13 @@ class Transformer:
 #   activated (the paper's numbers; the multi-token-prediction module is not counted). Each token's
 #   experts lie on at most 4 nodes (Sec. 2.1.2, node-limited routing M = 4). Trained with one MTP
 #   module (Sec. 2.2, 4.2: D = 1; num_nextn_predict_layers = 1 in config.json).
+# - DeepSeek-V2 (deepseek-ai/DeepSeek-V2 config.json; DeepSeek-AI 2024, arXiv 2405.04434 Sec. 3.1;
+#   the same shape in SimuMax's configs/models/deepseekv2.json): 60 layers, hidden 5120, MLA with
+#   128 heads (q_lora_rank 1536, kv_lora_rank 512, qk_nope_head_dim 128, qk_rope_head_dim 64,
+#   v_head_dim 128), first layer dense (intermediate 12288), then 160 routed experts top-6 + 2
+#   shared (n_shared_experts 2: SimuMax's shared width 3072 = 2 x 1536), expert width 1536;
+#   vocabulary 102,400. 236B total, 21B activated. Its device-limited routing (topk_group 3 of
+#   n_group 8) limits devices, not nodes: route_nodes is left 0. No MTP module.
 # - Kimi K2 (moonshotai/Kimi-K2-Base; Kimi Team 2025, arXiv 2507.20534): the DeepSeek-V3 shape
 #   with 64 heads, 384 routed experts, 1 dense layer, vocabulary 163,840: 1.04T total, 32B activated.
 # - Mixtral 8x7B (mistralai/Mixtral-8x7B-v0.1): 32 layers, hidden 4096, 32 heads / 8 KV, 8 experts
@@ -199,6 +206,9 @@ PRESETS: dict[str, Transformer] = {
     "deepseek-v3": Transformer("deepseek-v3", 61, 7168, 128, 128, 18432, 129280, head_size=128, q_rank=1536,
                                kv_rank=512, rope_dim=64, v_head=128, experts=256, top_k=8, shared_experts=1,
                                expert_ffn=2048, dense_layers=3, route_nodes=4, mtp=1),
+    "deepseek-v2": Transformer("deepseek-v2", 60, 5120, 128, 128, 12288, 102400, head_size=128, q_rank=1536,
+                               kv_rank=512, rope_dim=64, v_head=128, experts=160, top_k=6, shared_experts=2,
+                               expert_ffn=1536, dense_layers=1),
     "kimi-k2": Transformer("kimi-k2", 61, 7168, 64, 64, 18432, 163840, head_size=128, q_rank=1536, kv_rank=512,
                            rope_dim=64, v_head=128, experts=384, top_k=8, shared_experts=1, expert_ffn=2048,
                            dense_layers=1),
@@ -963,8 +973,11 @@ def stage_memory(model: Transformer, layout: StepLayout, seq_len: int, stage: in
     if layout.recompute == "full":
         transient *= 2  # the recomputed layer's activations and their gradients
     # Transformer Engine fuses wgrad into the FP32 main_grad and hands autograd a dummy BF16 wgrad
-    # of the weight's shape: the largest local weight is allocated during its backward (a MoE
-    # layer's grouped GEMM: all local experts' FC1 at once)
+    # of the weight's shape: the largest local weight is allocated during its backward. A MoE
+    # layer's grouped GEMM asks for one per expert, but TE caches dummy wgrads by (rows, cols,
+    # dtype) (transformer_engine/pytorch/module/base.py get_dummy_wgrad; SimuMax models it so,
+    # simumax/core/base_struct.py _record_te_dummy_wgrad_shape), so all local experts share one
+    # expert's FC1 shape, not all local experts' FC1 at once
     m, tp, h, g = model, layout.tp, model.hidden, (2 if model.gated else 1)
     if m.mla:
         local = [h * m.q_rank, m.q_rank * m.heads * m.qk_head / tp, h * (m.kv_rank + m.rope_dim),
@@ -974,7 +987,7 @@ def stage_memory(model: Transformer, layout: StepLayout, seq_len: int, stage: in
     if dense:
         local.append(h * g * m.ffn / tp)
     if moe:
-        local.append(h * g * m.expert_ffn * m.experts / (layout.ep * layout.expert_tp))
+        local.append(h * g * m.expert_ffn / layout.expert_tp)
     transient += 2.0 * max(local)
     return StageMemory(
         weights=sharded(2, 3),

@@ -43,7 +43,9 @@ class Check:
 
 
 def check(case: dict, eff: Efficiency | None = None) -> Check:
-    model = stepmodel.load_model(case["model"], layers=case.get("layers"))
+    # a case may cut the model as it was run: fewer layers, its dense-layer count, MTP modules on or off
+    model = stepmodel.load_model(case["model"], layers=case.get("layers"), dense_layers=case.get("dense_layers"),
+                                 mtp=case.get("mtp"))
     lay = dict(case["layout"])
     text = ",".join(f"{k}={v}" for k, v in lay.items())
     layout = stepmodel.parse_step_layout(text, micro_batch=case["micro_batch"], micro_batches=case["micro_batches"],
