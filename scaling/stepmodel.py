@@ -240,8 +240,8 @@ def load_model(name: str, tp: int = 1, **overrides: Any) -> Transformer:
     optionally EXTRA_SHAPE_KEYS, or a parameter count ('7e9': `gpt_for_params`, heads that `tp` divides)."""
     if name.lower() in PRESETS:
         model = PRESETS[name.lower()]
-    elif _count(name) is not None:
-        model = gpt_for_params(_count(name), tp)
+    elif (count := _count(name)) is not None:
+        model = gpt_for_params(count, tp)
     elif name.endswith(".json") and Path(name).is_file():
         try:
             fields = json.loads(Path(name).read_text())
@@ -1144,7 +1144,8 @@ def step(model: Transformer, gpu: str | GPU, layout: StepLayout, precision: str 
     gpu_time = {s: sum(o.seconds * o.count * w for o, w in gpu_ops(s)) for s in range(pp)}
     slow = max(gpu_time, key=lambda s: gpu_time[s])
     by_op: dict[str, float] = {}
-    for o, w in gpu_ops(slow):
+    slow_ops = gpu_ops(slow)
+    for o, w in slow_ops:
         by_op[_group(o.name)] = by_op.get(_group(o.name), 0.0) + o.seconds * o.count * w * m_count
     by_collective = {k: v for k, v in by_op.items() if k.startswith(("tp ", "cp ", "ep ", "etp "))}
     t_micro = gpu_time[slow]
@@ -1152,8 +1153,8 @@ def step(model: Transformer, gpu: str | GPU, layout: StepLayout, precision: str 
         # DeepSeek-V3 Table 2: (pp/2 - 1)(F&B + B - 3W), F&B a forward and a backward overlapped
         # (t_micro), B the input-gradient and W the weight-gradient part of the backward (half of
         # each backward GEMM is its weight gradient)
-        fwd = sum(o.seconds * o.count * w for o, w in gpu_ops(slow) if o.name.endswith(" fwd"))
-        wgrad = sum(o.seconds * o.count * w for o, w in gpu_ops(slow) if o.kind == "gemm" and o.name.endswith(" bwd")) / 2
+        fwd = sum(o.seconds * o.count * w for o, w in slow_ops if o.name.endswith(" fwd"))
+        wgrad = sum(o.seconds * o.count * w for o, w in slow_ops if o.kind == "gemm" and o.name.endswith(" bwd")) / 2
         by_op["pipeline bubble"] = (pp / 2 - 1) * (t_micro + (t_micro - fwd - wgrad) - 3 * wgrad)
     elif pp > 1:
         # 1F1B: m micro-batches plus the (p - 1) / v bubble (Narayanan et al. 2021, interleaved: / v)
