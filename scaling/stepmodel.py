@@ -481,20 +481,22 @@ class Efficiency:
 #   GEMM fraction is of the FP8 peak; BF16 runs on H100 (Llama 3 405B) come out 16-32% slow with it.
 #   moe_layer_seconds, fitted afterwards with those four held: 5 of Megatron-Bridge's DGX-H100 MoE
 #   runs from its newest containers (Qwen3-235B-A22B on 256 GPUs, Qwen3-30B-A3B on 16; FP8, dropless).
-#   Without it the model was 17-26% fast on them, short by ~2.4 ms per MoE layer per micro-batch in
-#   both models although their expert GEMMs and all-to-alls differ 1.2-2.5x: a fixed host-side cost,
-#   not a GEMM or all-to-all efficiency. Older Bridge containers, DeepSeek-V3 (H100, H800) are held out.
-# - b200 has no MoE term (0): its constants price Megatron-Bridge's MXFP8 MoE runs slower than
-#   measured before any, so that fit goes to its bound (step_cases.json keeps those runs as checks).
+#   Without it the model is 17-36% fast on them; fitted on each model alone it comes to 2.3 ms
+#   (Qwen3-235B) and 3.4 ms (Qwen3-30B) per MoE layer per micro-batch, although their expert GEMMs
+#   and all-to-alls differ 1.2-2.5x: mostly a fixed host-side cost, not a GEMM or all-to-all efficiency. Older Bridge containers, DeepSeek-V3 (H100, H800) are held out.
+# - b200 moe_layer_seconds: the same rule, Megatron-Bridge's DGX-B200 MXFP8 Qwen3 runs of 26.04 and
+#   later (3). One constant leaves Qwen3-235B 16% fast and Qwen3-30B (CUDA-graphed router and
+#   attention) 15% slow; SimuMax's BF16 DeepSeek-V2/V3 runs, held out, come within 10%.
 # B200's constants priced the H100 runs 20-37% (FP8) and 47-71% (Llama 3 BF16) too slow: the
 # constants are per generation and software stack, not portable.
 # One set per GPU generation: `python -m scaling.stepvalidate --calibrate` fits each generation
 # on its own calibration cases. Hopper (H100/H200): NeMo's published Megatron-Core runs on DGX H100
 # (FP8, TP/DP/PP communication overlapped). A100 has no calibration runs yet and borrows Hopper's.
 EFFICIENCY: dict[str, Efficiency] = {
-    "b200": Efficiency(gemm=0.485, gemm_half_flops=1.26e11, attention=0.263, bandwidth=0.647),
+    "b200": Efficiency(gemm=0.485, gemm_half_flops=1.26e11, attention=0.263, bandwidth=0.647,
+                       moe_layer_seconds=0.72e-3),
     "h100": Efficiency(gemm=0.493, gemm_half_flops=2.13e10, attention=0.558, bandwidth=0.806,
-                       moe_layer_seconds=2.40e-3),
+                       moe_layer_seconds=3.08e-3),
 }
 GENERATION = {"a100": "h100", "h100": "h100", "h800": "h100", "h200": "h100", "b200": "b200"}
 
@@ -571,12 +573,14 @@ def _gemm(c: Ctx, ops: list[Op], name: str, tokens: float, k: float, n: float, g
           model_share: float = 1.0, rate: str | None = None) -> tuple[float, float]:
     """A GEMM (tokens x k) @ (k x n) forward and its two backward GEMMs (input and weight grads).
 
-    `groups` equal GEMMs run as one grouped GEMM (a GPU's local experts), each priced at its own
-    size; `model_share` scales the model FLOPs (a routing imbalance adds time, not model FLOPs).
+    `groups` equal GEMMs run as one grouped GEMM (a GPU's local experts: TE's --moe-grouped-gemm, one
+    kernel), priced at their total size: a grouped kernel's launch and tail cost is paid once, not
+    per expert (per expert, SimuMax's B200 DeepSeek runs came out +31% to +97%); `model_share`
+    scales the model FLOPs (a routing imbalance adds time, not model FLOPs).
     Returns the elements a low-precision recipe quantises: the input (forward), the output grad (backward).
     """
     flops = 2.0 * tokens * k * n
-    seconds = groups * c.gemm_seconds(flops / groups, rate)
+    seconds = c.gemm_seconds(flops, rate)
     ops.append(Op(f"gemm {name} fwd", "gemm", seconds, flops * model_share))
     ops.append(Op(f"gemm {name} bwd", "gemm", 2 * seconds, 2 * flops * model_share))
     return tokens * k, tokens * n
