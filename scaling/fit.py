@@ -617,8 +617,9 @@ def compare_laws(df: pd.DataFrame, laws_to_compare: Sequence[str] = ("chinchilla
 
 # ----------------------------------------------------------------------------- law selection
 
-# Splits for held-out errors: leave out the largest size (N) or the longest budget (D).
-SELECTION_SPLITS = ("N", "D")
+# Splits for held-out errors: leave out the largest size (N), the longest run (D), or, in an IsoFLOP
+# design, the largest compute budget (`budget`, with the reference rows at the same (N, D)).
+SELECTION_SPLITS = ("N", "D", "budget")
 # Precision columns, larger = more precise; the reference recipe maximises them in this order, so a
 # recipe that quantises only the weights or only the backward pass (P = 32 as well) is not the reference.
 _REFERENCE_ORDER = ("P", "P_fwd", "P_w", "P_a", "P_g", "P_bwd")
@@ -735,9 +736,20 @@ def precision_gaps(df: pd.DataFrame, loss_column: str = "val_loss", reference: s
 def _heldout_gap_errors(df: pd.DataFrame, cand: Candidate, by: str, loss_column: str, ref: np.ndarray,
                         ids: np.ndarray, fit_kwargs: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray] | str:
     """Fit on the rows below the largest `by`, predict the precision gaps of the held-out rows:
-    (positions, predicted - measured gap), or the reason it could not be done."""
+    (positions, predicted - measured gap), or the reason it could not be done. For `budget` the
+    held-out rows are the largest budget's and every row with the same (N, D, seed) as one of them
+    (the reference evaluated there), so the fit sees nothing at the held-out points. A split whose
+    held-out gaps come from one run only is not used: one run's error has no standard error."""
+    if by not in df.columns:
+        return f"no {by} column"
     key = pd.to_numeric(df[by], errors="coerce").to_numpy(float)
+    if not np.isfinite(key).any():
+        return f"no {by} values"
     test = key == np.nanmax(key)
+    if by == "budget":
+        if len(np.unique(key[np.isfinite(key)])) < 2:
+            return "one budget: nothing left to fit on"
+        test = np.isin(ids, ids[test])
     if test.all():
         return f"one value of {by}: nothing left to fit on"
     reason = unfittable_reason(df[~test], cand.law, cand.fixed, loss_column)
@@ -746,6 +758,9 @@ def _heldout_gap_errors(df: pd.DataFrame, cand: Candidate, by: str, loss_column:
     pos, measured = _gaps(pd.to_numeric(df[loss_column]).to_numpy(float), ids, ref, test)
     if len(pos) == 0:
         return f"no held-out row at the largest {by} has a matching reference run"
+    runs = df["run_id"].to_numpy()[pos] if "run_id" in df.columns else pos
+    if len(np.unique(runs)) < 2:
+        return f"the held-out gaps at the largest {by} come from one run: no standard error, not used"
     try:
         fitted = fit_law(df[~test], cand.law, fixed=cand.fixed, loss_column=loss_column, **fit_kwargs)
     except ConfigError as e:
@@ -901,16 +916,17 @@ def select_law(df: pd.DataFrame, candidates: Sequence[str] | None = None, loss_c
         has those params.
 
     A gap is a row's loss minus the loss of the reference run with the same (N, D, seed if present);
-    the law's predicted gap is law(x) - law(x_ref). Twice, the largest size (N) and then the longest
-    budget (D) are left out, the law is fitted on the rest and the held-out gaps are predicted (rows
-    without a matching reference are dropped; the count is n_heldout). The chosen law has the lowest
-    mean of the two held-out gap MAEs (nats); `within_noise` marks laws whose excess over it is within
+    the law's predicted gap is law(x) - law(x_ref). In turn the largest size (N), the longest run
+    (D) and, in an IsoFLOP design, the largest compute budget (`budget`) are left out, the law is
+    fitted on the rest and the held-out gaps are predicted (rows without a matching reference are
+    dropped; the count is n_heldout; a split with gaps from fewer than two runs is not used). The
+    chosen law has the lowest mean of the held-out gap MAEs (nats) over the usable splits; `within_noise` marks laws whose excess over it is within
     NOISE_SE run-clustered standard errors (see _choose). Also per law: AIC with n = number of runs,
     in-sample MARE of the loss, params. Laws that cannot be fitted are listed with the reason.
 
     Returns {"chosen": name or None, "criterion", "loss_column", "reference", "splits", "noise_se",
     "candidates": [{name, law, fixed, fittable, reason, n_params, aic, mare, objective,
-    heldout_gap_mae: {N, D}, n_heldout: {N, D}, heldout_notes, score, gap_mae_diff: {value, se},
+    heldout_gap_mae: {N, D, budget}, n_heldout: {N, D, budget}, heldout_notes, score, gap_mae_diff: {value, se},
     within_noise, params}, ...]} (unfittable entries: name, law, fixed, fittable False, reason,
     within_noise False, score None, gap_mae_diff None).
     """
@@ -986,9 +1002,10 @@ def _print_selection(selection: Mapping[str, Any]) -> None:
     """One line per candidate law: the chosen one starred, unfittable ones with the reason."""
     ref = selection["reference"]
     print(f"law selection: held-out precision-gap MAE (nats) vs the reference ({', '.join(ref.get('recipes', [])) or ref}), "
-          f"leaving out the largest N / D; within noise: excess over the best <= {selection['noise_se']:g} SE")
+          f"leaving out the largest N / D / budget; within noise: excess over the best <= {selection['noise_se']:g} SE")
     width = max(len(c["name"]) for c in selection["candidates"])
-    print(f"  {'law':<{width}}  {'k':>2}  {'AIC(runs)':>10}  {'MARE':>7}  {'gap|N':>8}  {'gap|D':>8}  {'vs best':>18}")
+    print(f"  {'law':<{width}}  {'k':>2}  {'AIC(runs)':>10}  {'MARE':>7}  {'gap|N':>8}  {'gap|D':>8}  {'gap|C':>8}"
+          f"  {'vs best':>18}")
 
     def num(v, fmt):
         return format(v, fmt) if v is not None else "-"
@@ -1001,7 +1018,7 @@ def _print_selection(selection: Mapping[str, Any]) -> None:
         gap, diff = c["heldout_gap_mae"], c["gap_mae_diff"]
         versus = "-" if diff is None else "best" if mark == "*" else f"{diff['value']:+.4f} ± {diff['se']:.4f}"
         print(f"{mark} {c['name']:<{width}}  {c['n_params']:>2}  {num(c['aic'], '10.2f')}  {num(c['mare'], '7.3%')}"
-              f"  {num(gap.get('N'), '8.4f')}  {num(gap.get('D'), '8.4f')}  {versus:>18}"
+              f"  {num(gap.get('N'), '8.4f')}  {num(gap.get('D'), '8.4f')}  {num(gap.get('budget'), '8.4f')}  {versus:>18}"
               f"{'  within noise' if c['within_noise'] and mark != '*' else ''}")
 
 

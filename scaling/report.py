@@ -131,11 +131,14 @@ def selection_text(selection: dict) -> str:
         rows.append({"candidate": c["name"] + (" (chosen)" if c["name"] == selection["chosen"] else ""),
                      "params": c.get("n_params"), "gap MAE, largest N out": gap.get("N"),
                      "gap MAE, longest D out": gap.get("D"),
+                     **({"gap MAE, largest budget out": gap.get("budget")} if "budget" in gap else {}),
                      "within noise": "yes" if c.get("within_noise") else ("not fitted" if not c.get("fittable", True) else "no")})
     close = sum(bool(c.get("within_noise")) for c in selection["candidates"]) - 1
     return (f"Chosen by held-out error on the precision gaps (loss minus the same-size, same-tokens "
             f"{', '.join(selection.get('reference', {}).get('recipes', []) or ['reference'])} run's, nats): the law is fitted "
-            "without the largest size, then without the longest budget, and predicts the gaps it did not see. "
+            "without the largest size, then without the longest run" + (", then without the largest compute budget" if any(
+                "budget" in (c.get("heldout_gap_mae") or {}) and c["heldout_gap_mae"]["budget"] is not None
+                for c in selection["candidates"]) else "") + ", and predicts the gaps it did not see. "
             f"{close} other candidate{'s' if close != 1 else ''} {'are' if close != 1 else 'is'} within noise "
             "(2 run-clustered standard errors) of the chosen one, so the choice among them is not decided by these "
             "data; P* is reported across those whose precision axis is bits (the specification range above)."

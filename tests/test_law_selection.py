@@ -49,7 +49,8 @@ def test_select_law_prefers_the_data_dependent_penalty():
     assert kd["score"] < min(ku["score"], free["score"])
     assert kd["params"]["gamma_D"] > 0  # the fitted penalty grows with D
     # Held out: the largest size at 6 budgets x 3 low precisions; the longest budget at 4 sizes x 3.
-    assert kd["n_heldout"] == {"N": 18, "D": 12} == ku["n_heldout"]
+    assert kd["n_heldout"] == {"N": 18, "D": 12, "budget": 0} == ku["n_heldout"]
+    assert kd["heldout_notes"] == {"budget": "no budget column"}
     assert (kd["n_params"], ku["n_params"], free["n_params"]) == (10, 6, 7)
     assert free["fixed"] == {} and ku["fixed"] == {"kappa": 3.0} and kd["within_noise"]
     assert kd["aic"] < ku["aic"] and kd["mare"] < ku["mare"]
@@ -69,6 +70,44 @@ def test_law_auto_puts_p_star_within_a_bit_of_the_truth():
         want = optimal.optimal_precision(truth, compute, p_range=(2.0, 32.0))["P"]
         got = optimal.optimal_precision(chosen, compute, p_range=(2.0, 32.0))["P"]
         assert sel["chosen"] == "kumar_data" and abs(got - want) < 1.0, (compute, got, want)
+
+
+def test_isoflop_budget_split_holds_out_the_largest_budget_and_the_reference_at_its_points(monkeypatch):
+    """In an IsoFLOP design the largest budget is left out, with the reference rows at the same (N, D) even
+    where they carry no budget of their own (the reference evaluated at another recipe's steps): the fit
+    sees no row at a held-out point, and every low-precision row of that budget is predicted."""
+    df = kumar_data_runs()
+    df["budget"] = np.where(df["D"] >= 2e10, 3e12, 1e12)
+    df.loc[(df["recipe"] == "fp32") & (df["D"] == 2e10), "budget"] = np.nan
+    seen = []
+    real_fit = fit.fit_law
+
+    def spy(data, *args, **kwargs):
+        seen.append(data[["N", "D"]].itertuples(index=False, name=None))
+        return real_fit(data, *args, **kwargs)
+
+    monkeypatch.setattr(fit, "fit_law", spy)
+    sel = fit.select_law(df, ["kumar"], **QUICK)
+    c = by_name(sel)["kumar"]
+    assert c["n_heldout"]["budget"] == 4 * 2 * 3  # 4 sizes x D in {2e10, 5e10} x 3 low precisions
+    assert np.isfinite(c["heldout_gap_mae"]["budget"])
+    held_points = set(df.loc[df["D"] >= 2e10, ["N", "D"]].itertuples(index=False, name=None))
+    fitted_sets = [set(rows) for rows in seen]
+    # one of the fits is the budget split's: it saw none of the held-out points, and all the others
+    assert any(not (rows & held_points) and len(rows) == 4 * 4 for rows in fitted_sets)
+    assert "budget" in sel["splits"]
+
+
+def test_a_split_whose_held_out_gaps_come_from_one_run_is_not_used():
+    """One run's held-out error has no standard error: its split is noted and not ranked on, so no
+    law is called worse than another on one run."""
+    df = kumar_data_runs()
+    df = df[(df["N"] < 3e8) | df["recipe"].isin(["fp32", "fp4"])]  # the largest size: fp32 and one fp4 run
+    sel = fit.select_law(df, ["kumar", "kumar[kappa free]"], **QUICK)
+    for c in sel["candidates"]:
+        assert c["n_heldout"]["N"] == 0 and "from one run" in c["heldout_notes"]["N"], c
+        assert c["n_heldout"]["D"] > 0
+    assert sel["criterion"].endswith("largest D)")
 
 
 def test_unfittable_laws_are_listed_with_the_reason():
