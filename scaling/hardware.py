@@ -87,6 +87,7 @@ class GPU:
     net_latency_us: float = 0.0  # per collective step across nodes
     gpus_per_node: int = 8
     block_scaled: tuple[str, ...] = ()  # micro-scaled GEMM formats the tensor cores run natively
+    sms: int = 132  # streaming multiprocessors (what communication kernels that run beside compute take from)
 
     @property
     def memory_bytes(self) -> float:
@@ -126,7 +127,7 @@ class GPU:
 # InfiniBand/RoCE): assumptions that matter only for small messages.
 GPUS: dict[str, GPU] = {
     "a100": GPU("A100 SXM4 80GB", 80, {"fp32": 19.5, "tf32": 156, "bf16": 312},
-                hbm_tbps=2.039, nvlink_gbps=300, net_gbps=25, nvlink_latency_us=3, net_latency_us=6),
+                hbm_tbps=2.039, nvlink_gbps=300, net_gbps=25, nvlink_latency_us=3, net_latency_us=6, sms=108),
     "h100": GPU("H100 SXM5 80GB", 80, {"fp32": 67, "tf32": 495, "bf16": 989, "fp8": 1979},
                 hbm_tbps=3.35, nvlink_gbps=450, net_gbps=50, nvlink_latency_us=2.5, net_latency_us=6),
     "h800": GPU("H800 SXM5 80GB", 80, {"fp32": 67, "tf32": 495, "bf16": 989, "fp8": 1979},
@@ -135,7 +136,7 @@ GPUS: dict[str, GPU] = {
                 hbm_tbps=4.8, nvlink_gbps=450, net_gbps=50, nvlink_latency_us=2.5, net_latency_us=6),
     "b200": GPU("B200 (HGX) 180GB", 180, {"fp32": 80, "tf32": 1100, "bf16": 2250, "fp8": 4500, "fp4": 9000},
                 hbm_tbps=8.0, nvlink_gbps=900, net_gbps=50, nvlink_latency_us=2.5, net_latency_us=6,
-                block_scaled=("mxfp8", "mxfp6", "mxfp4", "nvfp4")),
+                block_scaled=("mxfp8", "mxfp6", "mxfp4", "nvfp4"), sms=148),
 }
 
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8", "fp4")

@@ -569,6 +569,12 @@ class Ctx:
 MOE_IMBALANCE = 1.0
 
 
+# SMs DeepEP's dispatch/combine kernels take while compute overlaps them: DeepSeek-V3 (Sec. 3.2.2)
+# uses 20 of an H800's 132; Megatron-Bridge's DeepSeek-V3 recipe leaves the same 20 free of TE's
+# kernels (NVTE_*_SM_MARGIN=20).
+DEEPEP_SMS = 20
+
+
 def _gemm(c: Ctx, ops: list[Op], name: str, tokens: float, k: float, n: float, groups: int = 1,
           model_share: float = 1.0, rate: str | None = None) -> tuple[float, float]:
     """A GEMM (tokens x k) @ (k x n) forward and its two backward GEMMs (input and weight grads).
@@ -748,7 +754,10 @@ def layer_ops(c: Ctx, moe: bool = False) -> list[Op]:
         if lay.a2a_overlap:  # another micro-batch's compute runs under the all-to-all (DualPipe)
             compute_fwd = sum(o.seconds for o in ops if o.kind != "comm" and o.name.endswith(" fwd"))
             compute_bwd = sum(o.seconds for o in ops if o.kind != "comm" and o.name.endswith(" bwd"))
+            hidden = min(a2a_fwd, compute_bwd) + min(a2a_bwd, compute_fwd)
             a2a_fwd, a2a_bwd = max(0.0, a2a_fwd - compute_bwd), max(0.0, a2a_bwd - compute_fwd)
+            if lay.deepep:  # DeepEP's kernels hold DEEPEP_SMS SMs while the compute runs beside them
+                ops.append(Op("ep all-to-all SM share", "comm", hidden * DEEPEP_SMS / (c.gpu.sms - DEEPEP_SMS)))
         elif lay.shared_expert_overlap:  # the shared experts' GEMMs run under the all-to-all
             a2a_fwd, a2a_bwd = max(0.0, a2a_fwd - shared_fwd), max(0.0, a2a_bwd - shared_bwd)
         ops.append(Op("ep all-to-all fwd", "comm", a2a_fwd))

@@ -27,13 +27,14 @@ def _talk_days(name, precision="bf16", gpus=(1024, 5000, 10000)):
 
 def test_talk_table_recomputed_from_written_down_layouts():
     """Issue #6's H100 table (BF16 days on 1,024 / 5,000 / 10,000 GPUs) from the step model of each
-    run under its layout: every entry within 40% of the talk's, and more days than the talk in at
-    least 8 of the 9 (docs/planner.md lists every error). The talk is optimistic for these MoE runs:
-    its 97 BF16 days for DeepSeek-V3 on 1,024 H100s are fewer than the 114 FP8 days that
-    Megatron-Bridge's measured run of that layout implies (3.4e24 FLOPs at 338 model TFLOP/s/GPU,
-    25.09 container). Before the MoE overhead was fitted on measured MoE runs
-    (Efficiency.moe_layer_seconds) the bound was 30%, DeepSeek-V3 within 15% and 4 of 9 within
-    10%: the model's MoE steps were 20-35% fast, which hid its BF16-on-Hopper slowness here."""
+    run under its layout: every entry within 55% of the talk's, and more days than the talk in at
+    least 8 of the 9 (docs/planner.md lists every error). The talk is optimistic for these MoE runs,
+    which a measurement shows: its 97 BF16 days for DeepSeek-V3 on 1,024 H100s are fewer than the
+    114 FP8 days that Megatron-Bridge's measured run of that layout implies (3.4e24 FLOPs at 338
+    model TFLOP/s/GPU, 25.09 container), a run the step model prices within 10% (held out). The
+    bound has moved with what the model learned from measured runs: 30% before the MoE overhead was
+    fitted (MoE steps then 20-35% fast), 40% before DeepEP's 20 SMs were priced (DeepSeek-V3's
+    held-out run then -6%)."""
     errors = {}
     for name, (model_name, flops, talk) in plan.TALK_TABLE.items():
         for k, (days, step) in _talk_days(name).items():
@@ -42,8 +43,12 @@ def test_talk_table_recomputed_from_written_down_layouts():
             assert step.memory.total <= step.gpu.memory_bytes and 0.9 * k <= step.layout.gpus <= k
             errors[(name, k)] = days / talk[k] - 1
     print({key: f"{e:+.1%}" for key, e in errors.items()})
-    assert all(abs(e) <= 0.40 for e in errors.values()), errors
+    assert all(abs(e) <= 0.55 for e in errors.values()), errors
     assert sum(e > 0 for e in errors.values()) >= 8, errors
+    measured_fp8_days = 3.4e24 / (338e12 * 1024) / 86_400
+    assert plan.TALK_TABLE["DeepSeek-V3"][2][1024] < measured_fp8_days
+    bridge = next(c for c in stepvalidate.load_cases() if c["name"].startswith("bridge2509_deepseek_v3_1024xh100"))
+    assert abs(stepvalidate.check(bridge).error) <= 0.10
 
 
 KEPT_BF16 = ("gemm output", "gemm router")  # GEMMs every recipe runs in BF16 (stepmodel: rate="bf16")
@@ -514,6 +519,11 @@ def test_moe_all_to_all_on_nvlink_inside_a_node_and_the_network_across():
     assert deepep == pytest.approx(across * (4 * 7 / 8) / (8 * 7 / 8), rel=1e-3)
     hidden, overlapped = a2a("dp=64,ep=64,a2ao=1")
     assert hidden < across and overlapped.step_seconds < base.step_seconds
+    # DeepEP overlapped: what compute hides costs compute 20 of the 132 SMs for as long (20 / 112 more time)
+    exposed, both = a2a("dp=64,ep=64,deepep=1,a2ao=1")
+    assert 0 <= exposed < deepep
+    assert both.by_op["ep all-to-all SM share"] == pytest.approx((deepep - exposed) * 20 / 112, rel=1e-9)
+    assert "ep all-to-all SM share" not in overlapped.by_op  # NCCL's all-to-all: not priced
     # a routing imbalance adds expert time, not model FLOPs
     from unittest import mock
     with mock.patch.object(stepmodel, "MOE_IMBALANCE", 1.5):
