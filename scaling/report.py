@@ -283,15 +283,25 @@ def pstar_section(f: dict) -> str:
     law = f["law"]["name"]
     lines = []
     for e in f["P_star"]:
+        if "error" in e and e.get("no_bits_axis"):
+            lines.append(f"- C = {_fmt(e['compute'])}: no P*: {e['error']}.")
+            continue
         if "error" in e:
             lines.append(f"- C = {_fmt(e['compute'])}: no optimum ({e['error']}).")
+            continue
+        verdicts = "; ".join(f"{'inside' if v == 'inside' else 'outside'} {name}'s {a:g}–{b:g} bits" if v != "cannot tell"
+                             else f"whether it lies in {name}'s {a:g}–{b:g} bits, cannot tell"
+                             for name, (a, b), v in ((n, r, e["published"][n]) for n, r in _published().items()))
+        if e.get("no_bits_axis"):
+            rng = e["P_range"]
+            lines.append(f"- C = {_fmt(e['compute'])}: the chosen `{law}` law prices precision by measured quantisation "
+                         f"error, not bits, so it has no P* of its own; across the {len(e['specifications'])} specifications "
+                         f"of the within-noise laws whose axis is bits (law × cost model), P* is "
+                         f"{rng[0]:.3g}–{rng[1]:.3g} bits: {verdicts}.")
             continue
         ci = f"bootstrap 95% CI {e['P_ci'][0]:.3g}–{e['P_ci'][1]:.3g}" if e.get("P_ci") else "no bootstrap CI"
         rng = e.get("P_range")
         rng_text = f"{rng[0]:.3g}–{rng[1]:.3g} bits across {len(e['specifications'])} specifications" if rng else "–"
-        verdicts = "; ".join(f"{'inside' if v == 'inside' else 'outside'} {name}'s {a:g}–{b:g} bits" if v != "cannot tell"
-                             else f"whether it lies in {name}'s {a:g}–{b:g} bits, cannot tell"
-                             for name, (a, b), v in ((n, r, e["published"][n]) for n, r in _published().items()))
         lines.append(f"- C = {_fmt(e['compute'])}: the `{law}` law gives P* = {e['P']:.3g} bits ({ci}); "
                      f"the specification range is {rng_text}. Taking both together (P* in "
                      f"{e['interval'][0]:.3g}–{e['interval'][1]:.3g} bits): {verdicts}.")

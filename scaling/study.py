@@ -717,6 +717,21 @@ def findings(df: pd.DataFrame, fit: Any | None, *, cost: str = "bits", budgets: 
     chosen_cost = optimal.Cost(model=cost_model, shape=optimal.shape_of(fit))
     # no IsoFLOP budget: the law is still read at the largest compute a run reached
     at = budgets or ([float(with_cost(main, cost_model)["C"].max())] if costable else [])
+    if not _has_bits(fit.law):
+        # e.g. capacity: precision as measured quantisation error, with no map from a hypothetical P to
+        # it; P* comes only from the within-noise laws whose axis is bits, if any
+        bits_specs = [(label, alt) for label, alt in specs[1:] if _has_bits(alt.law)]
+        for c in at:
+            entry = {"compute": float(c), "P": None, "P_ci": None, "no_bits_axis": fit.law}
+            spec = optimal.specification_range(bits_specs, c, costs) if bits_specs else {"P_range": None}
+            if not spec["P_range"]:
+                entry["error"] = (f"the chosen law ({fit.law}) prices precision by measured quantisation error, not "
+                                  "bits, and no law with a bits axis is within noise of it: these data give no P*")
+            else:
+                entry.update(P_range=spec["P_range"], specifications=spec["table"], interval=list(spec["P_range"]))
+                entry["published"] = {name: verdict(entry["interval"], a, b) for name, (a, b) in PUBLISHED.items()}
+            out["P_star"].append(entry)
+        return out
     for c in at:
         entry: dict[str, Any] = {"compute": float(c)}
         try:

@@ -463,3 +463,33 @@ def test_replicates_retrain_each_budgets_landed_minimum_and_its_neighbours_at_ev
     assert study.replicates([cfgs], plan, landed(loss, drop={cfgs[-1].run_id})) == []
     assert study.replicates([cfgs], study.Design.from_table({"budgets": [2e11, 6e11], "sizes": [1, 2, 3, 4, 5, 6, 7, 8],
                                                              "min_steps": 20}), landed(loss)) == []
+
+
+def test_a_chosen_law_without_a_bits_axis_gives_p_star_only_from_within_noise_bits_laws():
+    """capacity prices precision by measured quantisation error: it has no P* over bits. P* then comes from the
+    within-noise laws whose axis is bits, or the report says these data give none (never a raw error)."""
+    from scaling import fit, report
+
+    runs = _isoflop_runs({"bf16": 0.0, "fp8": 0.01}, noise=0.005)
+    kumar = {"E": 1.7, "A": 400.0, "B": 2000.0, "alpha": 0.34, "beta": 0.36, "gamma": 2.5, "kappa": 3.0}
+    capacity = {"E": 1.7, "A": 400.0, "B": 2000.0, "alpha": 0.34, "beta": 0.36, "F": 0.03, "C": 3.0}
+
+    def chosen(kumar_within_noise):
+        f = fit.FitResult(law="capacity", params=capacity, objective=0.0, residuals=np.zeros(0))
+        f.selection = {"chosen": "capacity", "candidates": [
+            {"name": "capacity", "law": "capacity", "within_noise": True, "params": capacity},
+            {"name": "kumar", "law": "kumar", "within_noise": kumar_within_noise, "params": kumar,
+             "fixed": {"kappa": 3.0}}]}
+        return f
+
+    (alone,) = study.findings(runs, chosen(False), budgets=[1e12])["P_star"]
+    assert alone["P"] is None and "no P*" in alone["error"] and "capacity" in alone["error"]
+    text = report.pstar_section({"P_star": [alone], "law": {"name": "capacity"}})
+    assert "no P*" in text and "context" not in text
+    (both,) = study.findings(runs, chosen(True), budgets=[1e12])["P_star"]
+    assert both["P"] is None and "error" not in both
+    assert {r["spec"] for r in both["specifications"]} == {"kumar (within noise)"}  # x each cost model
+    lo, hi = both["interval"]
+    assert lo == both["P_range"][0] <= hi and set(both["published"]) == set(study.PUBLISHED)
+    text = report.pstar_section({"P_star": [both], "law": {"name": "capacity"}})
+    assert "no P* of its own" in text and f"{lo:.3g}" in text
