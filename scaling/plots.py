@@ -229,6 +229,14 @@ def precision_term(fit: Any) -> bool:
     return bool({"P", "P_w", "P_a", "P_g", "ebits", "mbits"} & set(laws.get(fit.law).columns))
 
 
+def no_bits_reason(law: str) -> str:
+    """Why a law without a bits axis locates no sweet spot over bits."""
+    if {"qerr_w", "qerr_a", "qerr_g"} & set(laws.get(law).columns):
+        return (f"the {law} law prices precision by measured quantisation error, not bits, so it has no "
+                "loss at a hypothetical P")
+    return f"the {law} law has no precision term"
+
+
 def optimum(fit: Any, compute: float, precisions: Sequence[float] | None = None, params: dict | None = None,
             n_range: tuple[float, float] = (1.0, np.inf), cost: Any = None) -> dict:
     """scaling.optimal.optimal_precision: the best (P, N, D, loss) and the per_precision table."""
@@ -717,7 +725,7 @@ def make_figures(results: pd.DataFrame | None, fit: Any, out_dir: str | Path, *,
     analysed = [b for b in (facts or {}).get("budgets", []) if any(e["parabola"] for e in b["recipes"])]
     cost_name = analysed[0]["cost_model"] if analysed else "bits"
     unit = (facts or {}).get("loss_unit", "nats/token")
-    law_missing = _need(fit=fit) or (None if precision_term(fit) else f"the {fit.law} law has no precision term")
+    law_missing = _need(fit=fit) or (None if precision_term(fit) else no_bits_reason(fit.law))
     largest = max([b["budget"] for b in (facts or {}).get("budgets", [])]
                   + [p["compute"] for p in (facts or {}).get("P_star", []) or []], default=None)
     if largest is None and main is not None and not main.empty and "flops_fprop" in main.columns:

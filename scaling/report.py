@@ -134,14 +134,21 @@ def selection_text(selection: dict) -> str:
                      **({"gap MAE, largest budget out": gap.get("budget")} if "budget" in gap else {}),
                      "within noise": "yes" if c.get("within_noise") else ("not fitted" if not c.get("fittable", True) else "no")})
     close = sum(bool(c.get("within_noise")) for c in selection["candidates"]) - 1
+    labels = {"N": "the largest size", "D": "the longest run", "budget": "the largest compute budget"}
+    measured = {k for c in selection["candidates"] for k, v in (c.get("heldout_gap_mae") or {}).items() if v is not None}
+    tried = {k for c in selection["candidates"] for k in (c.get("heldout_gap_mae") or {})}
+    used = [labels[k] for k in labels if k in measured]
+    unused = [labels[k] for k in ("N", "D") if k in tried and k not in measured]
     return (f"Chosen by held-out error on the precision gaps (loss minus the same-size, same-tokens "
             f"{', '.join(selection.get('reference', {}).get('recipes', []) or ['reference'])} run's, nats): the law is fitted "
-            "without the largest size, then without the longest run" + (", then without the largest compute budget" if any(
-                "budget" in (c.get("heldout_gap_mae") or {}) and c["heldout_gap_mae"]["budget"] is not None
-                for c in selection["candidates"]) else "") + ", and predicts the gaps it did not see. "
-            f"{close} other candidate{'s' if close != 1 else ''} {'are' if close != 1 else 'is'} within noise "
-            "(2 run-clustered standard errors) of the chosen one, so the choice among them is not decided by these "
-            "data; P* is reported across those whose precision axis is bits (the specification range above)."
+            f"without {', then without '.join(used) or 'nothing (no split was usable)'}, and predicts the gaps it did not "
+            "see" + (f" (without {' or '.join(unused)}, the held-out gaps come from fewer than two runs or have no "
+                     "matching reference run: not used)" if unused else "") + ". "
+            + (f"{close} other candidate{'s' if close != 1 else ''} {'are' if close != 1 else 'is'} within noise "
+               "(2 run-clustered standard errors) of the chosen one, so the choice among them is not decided by these "
+               "data; P* is reported across those whose precision axis is bits (the specification range above)."
+               if close > 0 else "No other candidate is within noise (2 run-clustered standard errors) of the chosen "
+               "one: on these held-out gaps the data prefer it.")
             + (" Among them is `chinchilla`, which has no precision term: these data cannot show that a "
                "precision-aware law predicts the held-out gaps better than none."
                if any(c["law"] == "chinchilla" and c.get("within_noise") and c["name"] != selection["chosen"]
@@ -156,6 +163,9 @@ def heldout_error(fit: Any, ok: pd.DataFrame) -> tuple[str, float | None]:
     text = f"Mean absolute relative error of the fitted law on its {len(ok)} points: {rel.mean():.2%}."
     heldout = getattr(fit, "heldout", None) or {}
     if heldout.get("mare") is None:
+        if (getattr(fit, "selection", None) or {}).get("chosen"):
+            return text + (" This is in-sample; the law's held-out error on the precision gaps is in the selection "
+                           "table above (the loss itself is not held out: `scaling fit --holdout N`)."), None
         return text + " The fit records no held-out test (`scaling fit --holdout N`), so this is in-sample only.", None
     by = "N" if heldout.get("by", "N") == "N" else "compute 6·N·D"
     text += (f" Held-out extrapolation: fitted on the {heldout.get('n_train', '?')} points with {by} below "
@@ -441,8 +451,9 @@ def write_report(results_df: pd.DataFrame, fit_result: Any, out_dir: str | Path,
         if gap_text:
             sections += ["## The cost of low precision, by tokens", "", gap_text, ""]
         if not plots.precision_term(fit_result):
-            sections += [f"The `{fit_result.law}` law has no precision term, so it cannot locate a sweet spot; "
-                         "fit a precision-aware law (`scaling fit --law auto`).", ""]
+            sections += [plots.no_bits_reason(fit_result.law)[0].upper() + plots.no_bits_reason(fit_result.law)[1:]
+                         + ", so it cannot locate a sweet spot over bits; the IsoFLOP minima above are the measured "
+                         "answer, and `scaling fit --law kumar` (or any law with a bits axis) gives a P*.", ""]
     else:
         sections += ["## Fitted law", "", "No fitted law was given (`--fit`), so there is no P* to report.", ""]
     sections += ["## Figures", ""]

@@ -150,4 +150,12 @@ def test_the_report_says_how_the_law_was_chosen_and_when_no_precision_term_does_
     assert "1 other candidate is within noise" in close and "cannot show that a precision-aware law" in close
     assert "| kumar (chosen) | 6 | 0.01 | 0.02 | yes |" in close and "| sun | – | – | – | not fitted |" in close
     far = report.selection_text(selection(False))
-    assert "0 other candidates are within noise" in far and "cannot show" not in far
+    assert "No other candidate is within noise" in far and "the data prefer it" in far and "cannot show" not in far
+    assert "fitted without the largest size, then without the longest run, and predicts" in far
+    # a split nobody could use is named as unused, not as fitted without
+    unusable = selection(False)
+    for c in unusable["candidates"][:2]:
+        c["heldout_gap_mae"] = {"N": None, "D": 0.02, "budget": 0.03}
+    text = report.selection_text(unusable)
+    assert "without the longest run, then without the largest compute budget, and predicts" in text
+    assert "(without the largest size, the held-out gaps come from fewer than two runs" in text
