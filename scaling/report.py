@@ -303,11 +303,25 @@ def pstar_section(f: dict) -> str:
                              else f"whether it lies in {name}'s {a:g}–{b:g} bits, cannot tell"
                              for name, (a, b), v in ((n, r, e["published"][n]) for n, r in _published().items()))
         if e.get("no_bits_axis"):
-            rng = e["P_range"]
-            lines.append(f"- C = {_fmt(e['compute'])}: the chosen `{law}` law prices precision by measured quantisation "
-                         f"error, not bits, so it has no P* of its own; across the {len(e['specifications'])} specifications "
-                         f"of the within-noise laws whose axis is bits (law × cost model), P* is "
-                         f"{rng[0]:.3g}–{rng[1]:.3g} bits: {verdicts}.")
+            text = (f"- C = {_fmt(e['compute'])}: the chosen `{law}` law prices precision by measured quantisation "
+                    "error, not bits, so it has no continuous P*")
+            ranked = e.get("recipes") or []
+            if ranked:
+                top = ranked[0]
+                share = f", best in {top['p_best']:.0%} of bootstrap resamples" if top.get("p_best") is not None else ""
+                ci = (f"; the best recipe's effective bits over the resamples span {top['bits_ci'][0]:.3g}–"
+                      f"{top['bits_ci'][1]:.3g}" if top.get("bits_ci") else "")
+                text += (f". Read at each measured recipe's own quantisation errors, it prefers {top['recipe']} "
+                         f"({top['bits']:.3g} effective bits{share}; N = {_fmt(top['N'])}, D = {_fmt(top['D'])}), then "
+                         + ", ".join(f"{r['recipe']} (+{r['loss'] - top['loss']:.3g} nats)" for r in ranked[1:4]) + ci)
+            rng = e.get("P_range")
+            if rng:
+                text += (f". Across the {len(e['specifications'])} specifications of the within-noise laws whose axis "
+                         f"is bits (law × cost model), P* is {rng[0]:.3g}–{rng[1]:.3g} bits")
+            lo, hi = e["interval"]
+            span = f"{lo:.3g} bits" if f"{lo:.3g}" == f"{hi:.3g}" else f"{lo:.3g}–{hi:.3g} bits"
+            lines.append(text + f". Taking these together ({span}; a choice among the measured recipes"
+                         f"{' and the bits laws' if rng else ''}, not a continuous optimum): {verdicts}.")
             continue
         ci = f"bootstrap 95% CI {e['P_ci'][0]:.3g}–{e['P_ci'][1]:.3g}" if e.get("P_ci") else "no bootstrap CI"
         rng = e.get("P_range")

@@ -719,16 +719,22 @@ def findings(df: pd.DataFrame, fit: Any | None, *, cost: str = "bits", budgets: 
     at = budgets or ([float(with_cost(main, cost_model)["C"].max())] if costable else [])
     if not _has_bits(fit.law):
         # e.g. capacity: precision as measured quantisation error, with no map from a hypothetical P to
-        # it; P* comes only from the within-noise laws whose axis is bits, if any
+        # it. The law still ranks the measured recipes (each at its own quantisation errors and cost);
+        # a continuous P* comes only from the within-noise laws whose axis is bits, if any
         bits_specs = [(label, alt) for label, alt in specs[1:] if _has_bits(alt.law)]
         for c in at:
-            entry = {"compute": float(c), "P": None, "P_ci": None, "no_bits_axis": fit.law}
+            entry = {"compute": float(c), "P": None, "P_ci": None, "no_bits_axis": fit.law,
+                     "recipes": recipe_optima(main, fit, c, chosen_cost, cost_model, ci_samples)}
             spec = optimal.specification_range(bits_specs, c, costs) if bits_specs else {"P_range": None}
-            if not spec["P_range"]:
+            if spec["P_range"]:
+                entry.update(P_range=spec["P_range"], specifications=spec["table"])
+            bits = [e["bits"] for e in entry["recipes"] if e["best"]] + [b for e in entry["recipes"] for b in e["bits_ci"]]
+            span = [*bits, *(spec["P_range"] or [])]
+            if not span:
                 entry["error"] = (f"the chosen law ({fit.law}) prices precision by measured quantisation error, not "
                                   "bits, and no law with a bits axis is within noise of it: these data give no P*")
             else:
-                entry.update(P_range=spec["P_range"], specifications=spec["table"], interval=list(spec["P_range"]))
+                entry["interval"] = [min(span), max(span)]
                 entry["published"] = {name: verdict(entry["interval"], a, b) for name, (a, b) in PUBLISHED.items()}
             out["P_star"].append(entry)
         return out
@@ -754,6 +760,41 @@ def findings(df: pd.DataFrame, fit: Any | None, *, cost: str = "bits", budgets: 
         entry["published"] = {name: verdict([lo, hi], a, b) for name, (a, b) in PUBLISHED.items()}
         out["P_star"].append(entry)
     return out
+
+
+def recipe_optima(df: pd.DataFrame, fit: Any, compute: float, cost: optimal.Cost, cost_model: compute_lib.CostModel,
+                  ci_samples: int | None = None) -> list[dict]:
+    """A law on quantisation errors (capacity) read at `compute` for each measured recipe: its median
+    qerr_w/a/g over the runs and its mean effective bits as the cost's P (every quantised FLOP at
+    that width: an approximation for recipes that quantise only some roles); the compute-optimal
+    N, D and loss under the law, sorted best first. With bootstrap samples: p_best (share of resamples
+    in which the recipe is the law's best) and bits_ci (the best recipe's bits over the resamples, on
+    the best recipe's row only). Recipes with no quantisation error recorded are left out."""
+    cols = [c for c in laws.QERR_COLUMNS if c in df.columns]
+    if not cols or "recipe" not in df.columns:
+        return []
+    runs = with_cost(df, cost_model).dropna(subset=cols)
+    per = runs.groupby("recipe").agg(**{c: (c, "median") for c in cols}, bits=("bits_eff", "mean"))
+
+    def rank(params: dict | None) -> list[dict]:
+        rows = []
+        for recipe, r in per.iterrows():
+            best = optimal.optimal_precision(fit, compute, [float(r["bits"])], cost=cost, params=params,
+                                             context={c: float(r[c]) for c in cols})
+            rows.append({"recipe": str(recipe), "bits": float(r["bits"]), "N": best["N"], "D": best["D"],
+                         "loss": best["loss"]})
+        return sorted(rows, key=lambda e: e["loss"])
+
+    table = rank(None)
+    samples = getattr(fit, "samples", pd.DataFrame())
+    samples = samples.iloc[:ci_samples] if ci_samples else samples
+    winners = [rank(row)[0] for row in samples.to_dict("records")] if len(samples) >= 2 else []
+    for i, e in enumerate(table):
+        e["best"] = i == 0
+        e["p_best"] = sum(w["recipe"] == e["recipe"] for w in winners) / len(winners) if winners else None
+        e["bits_ci"] = ([float(np.percentile([w["bits"] for w in winners], q)) for q in (2.5, 97.5)]
+                        if winners and i == 0 else [])
+    return table
 
 
 def _law_columns(fit: Any) -> tuple[str, ...]:

@@ -482,7 +482,8 @@ def test_a_chosen_law_without_a_bits_axis_gives_p_star_only_from_within_noise_bi
              "fixed": {"kappa": 3.0}}]}
         return f
 
-    (alone,) = study.findings(runs, chosen(False), budgets=[1e12])["P_star"]
+    no_qerr = runs.drop(columns=[c for c in runs.columns if c.startswith("qerr_")])  # nothing to rank recipes by
+    (alone,) = study.findings(no_qerr, chosen(False), budgets=[1e12])["P_star"]
     assert alone["P"] is None and "no P*" in alone["error"] and "capacity" in alone["error"]
     text = report.pstar_section({"P_star": [alone], "law": {"name": "capacity"}})
     assert "no P*" in text and "context" not in text
@@ -492,4 +493,28 @@ def test_a_chosen_law_without_a_bits_axis_gives_p_star_only_from_within_noise_bi
     lo, hi = both["interval"]
     assert lo == both["P_range"][0] <= hi and set(both["published"]) == set(study.PUBLISHED)
     text = report.pstar_section({"P_star": [both], "law": {"name": "capacity"}})
-    assert "no P* of its own" in text and f"{lo:.3g}" in text
+    assert "no continuous P*" in text and f"{lo:.3g}" in text
+
+
+def test_a_quantisation_error_law_ranks_the_measured_recipes_at_their_own_errors_and_costs():
+    """capacity read at each recipe's measured qerr and effective bits: when quantisation costs nothing
+    (F large: capacity ~1) the cheapest recipe wins; when it costs much (F tiny) the unquantised one does."""
+    from scaling import fit, report
+
+    runs = _isoflop_runs({"bf16": 0.0, "fp8": 0.0, "mxfp4": 0.0}, noise=0.005)
+    cfg = ladder.config_for_size(2, seq_len=64)
+    per_recipe = {r: compute.columns(cfg, r, 1024) for r in ("bf16", "fp8", "mxfp4")}  # each recipe's own bits
+    runs = pd.DataFrame([{**row, **per_recipe[row["recipe"]]} for row in runs.to_dict("records")])
+    qerr = {"bf16": 0.0, "fp8": 2e-3, "mxfp4": 3e-2}
+    runs = runs.assign(**{c: runs["recipe"].map(qerr) for c in ("qerr_w", "qerr_a", "qerr_g")})
+    base = {"E": 1.7, "A": 400.0, "B": 2000.0, "alpha": 0.34, "beta": 0.36, "C": 1.0}
+    for F, winner in ((1e3, "mxfp4"), (1e-3, "bf16")):
+        law = fit.FitResult(law="capacity", params={**base, "F": F}, objective=0.0, residuals=np.zeros(0))
+        (entry,) = study.findings(runs, law, budgets=[1e12])["P_star"]
+        ranked = entry["recipes"]
+        assert [r["recipe"] for r in ranked][0] == winner and ranked[0]["best"], (F, ranked)
+        assert [r["loss"] for r in ranked] == sorted(r["loss"] for r in ranked)
+        assert {r["recipe"]: r["bits"] for r in ranked}["mxfp4"] < {r["recipe"]: r["bits"] for r in ranked}["fp8"] < 16
+        assert entry["interval"][0] <= ranked[0]["bits"] <= entry["interval"][1]
+        text = report.pstar_section({"P_star": [entry], "law": {"name": "capacity"}})
+        assert f"it prefers {winner}" in text and "no continuous P*" in text
