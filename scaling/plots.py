@@ -738,7 +738,7 @@ def make_figures(results: pd.DataFrame | None, fit: Any, out_dir: str | Path, *,
          lambda: iso_loss(fit, largest, stem[2], optimal.Cost(model=compute.get(cost_name), shape=optimal.shape_of(fit)))),
         (3, _need(fit=fit, results=main), lambda: fitted_vs_observed(fit, main, stem[3], heldout_mask(fit, main))),
         (4, _need_curves(main_curves, ("tokens", "N", "recipe")), lambda: training_curves(main_curves, stem[4])),
-        (5, _need_granularity(grain), lambda: granularity_format(grain, stem[5])),
+        (5, _no_granularity_sweep(results) or _need_granularity(grain), lambda: granularity_format(grain, stem[5])),
         (6, _need_amax(amax_curves), lambda: amax_distributions(curves_lib.amax_long(amax_curves), stem[6])),
         (7, _need_outliers(outlier_curves), lambda: outliers(outlier_curves, stem[7])),
         (8, None, lambda: cluster_table(plan_table if plan_table is not None else cluster_time_table(fit), stem[8])),
@@ -761,6 +761,15 @@ def _need_curves(curves: pd.DataFrame | None, columns: Sequence[str]) -> str | N
         return "no per-step curves (--curves)"
     missing = [c for c in columns if c not in curves.columns or curves[c].isna().all()]
     return f"curves lack {', '.join(missing)}" if missing else None
+
+
+def _no_granularity_sweep(results: pd.DataFrame | None) -> str | None:
+    """A study with named sweeps but no granularity sweep: its recipes differ in format, size and tokens
+    at once, so their final losses say nothing about the scale scheme."""
+    if results is not None and "sweep" in results.columns and \
+            not (study.sweep_family(results["sweep"]) == "granularity").any():
+        return "the results hold no granularity sweep (scale schemes compared at one size and token count)"
+    return None
 
 
 def _need_granularity(results: pd.DataFrame | None) -> str | None:

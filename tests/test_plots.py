@@ -302,8 +302,16 @@ def test_absent_inputs_are_skipped_not_errors(tmp_path):
     assert set(skipped) == {1, 2, 3, 4, 5, 6, 7, 9}
     assert "no budget with IsoFLOP profiles" in skipped[1] and "no fitted law" in skipped[2]
     assert "no per-step curves" in skipped[4]
-    assert "no model size trained with two or more scaling schemes" in skipped[5]
+    assert "no granularity sweep" in skipped[5]  # fake_results is a named sweep of its own
     valid_image(made[7].png)  # the cluster table needs no data
+    # a study of named sweeps without a granularity sweep: recipes that differ in format, size and tokens at
+    # once are not a scale-scheme comparison, even where one size ran two schemes
+    mixed = fake_results()
+    mixed.loc[mixed["run_id"].str.startswith("fp8-2e+05"), "granularity"] = "block"
+    assert plots._need_granularity(mixed) is None
+    assert "no model size trained with two or more scaling schemes" in plots._need_granularity(fake_results())
+    made = plots.make_figures(mixed.assign(sweep="isoflop"), None, tmp_path / "iso", curves=None)
+    assert "no granularity sweep" in next(f.reason for f in made if f.number == 5)
 
 
 def test_figures_cli_errors_on_malformed_inputs(tmp_path, capsys):
