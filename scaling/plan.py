@@ -117,7 +117,9 @@ def cluster_step(model: Any, gpu: str, gpus: int, precision: str, recipe: Cluste
     ref = stepmodel.parse_step_layout(recipe.layout)
     chunks = ref.pp * ref.vpp
     best, best_key = None, None
-    for pp in range(max(1, ref.pp // 2), min(model.layers, 2 * ref.pp) + 1):
+    # pp from half to twice the recipe's, within the model's layers (a model of fewer layers than half
+    # the recipe's pp still gets pp = its layers and below)
+    for pp in range(max(1, min(ref.pp // 2, model.layers)), min(model.layers, 2 * ref.pp) + 1):
         vpp = max(1, chunks // pp) if pp > 1 and not ref.dualpipe else 1
         if pp * vpp > model.layers or (ref.dualpipe and pp % 2):
             continue

@@ -953,3 +953,15 @@ def test_moe_b200_memory_against_simumax_measurements():
     for c in checks:
         assert c.measured_gib is not None
         assert abs(c.memory_error) <= 0.05, (c.case["name"], c.memory_error)
+
+
+def test_a_law_optimum_smaller_than_the_dense_recipe_pipeline_is_still_stepped():
+    """A fitted law's optimum can be a tiny model at cluster compute (`scaling reproduce --preset quick` put one
+    at N = 1e5: 1 layer): the dense recipe's pp 8 cannot hold it, so pp drops to the layers it has (it was
+    'at least 32 GPUs' on 1,024 GPUs, which failed the README's first command)."""
+    model = stepmodel.gpt_for_params(1e5, 8)
+    assert model.layers < stepmodel.parse_step_layout(plan.DENSE_RECIPE.layout).pp // 2
+    step = plan.cluster_step(model, "h100", 1024, "bf16", plan.DENSE_RECIPE)
+    assert step.layout.pp <= model.layers and step.layout.gpus <= 1024
+    point = {"P": 8.0, "N": 1e5, "D": 3.4e24 / 6e5, "loss": 1.0}
+    assert all(r.days > 0 for r in plan.plan_optimum(point, [1024, 5000], "h100").runs)
