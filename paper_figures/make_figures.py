@@ -4,8 +4,9 @@
     python paper_figures/make_figures.py --results results/ladder.csv --curves results/ladder_curves.parquet \
         --fit fits/ladder.json --out paper_figures/
 
-The defaults are the committed reference study: the full ladder's files (written by
-`scaling reproduce --preset full --out .`) when they exist, else the quick preset's.
+The defaults are the committed reference study: the IsoFLOP study's files (results/isoflop.csv and
+its curves, written as its runs land, and fits/isoflop.json, fitted once the sweep is complete) when
+its fit exists, else the earlier ladder study's, else the quick preset's.
 
 Same as `scaling figures` with the committed files as defaults. Without curves or a fit, the figures
 that need them are listed as skipped in REPORT.md; missing results, or any malformed input, is an
@@ -24,7 +25,8 @@ sys.path.insert(0, str(ROOT))  # run from a fresh clone without installing the p
 from scaling import report  # noqa: E402
 from scaling.errors import ConfigError  # noqa: E402
 
-STUDY = "ladder" if (ROOT / "results" / "ladder.csv").exists() else "quick"
+STUDY = next(name for name, ready in (("isoflop", (ROOT / "fits" / "isoflop.json").exists()),
+                                      ("ladder", (ROOT / "results" / "ladder.csv").exists()), ("quick", True)) if ready)
 DEFAULTS = {
     "results": ROOT / "results" / f"{STUDY}.csv",
     "curves": ROOT / "results" / f"{STUDY}_curves.parquet",
