@@ -280,6 +280,17 @@ class CostModel:
             total += df[f"flops_{p}"].to_numpy(float) * self.gemm_factor(b0, b1, width)
         return total
 
+    def effective_bits(self, df: pd.DataFrame) -> np.ndarray:
+        """Each row's effective bits as this model costs them: the FLOP-weighted mean over the dense
+        projections' GEMMs (fprop, dgrad, wgrad) of their operands' bits, an unquantised operand in a
+        run that quantises something at high_bits (the raw `bits_eff` column counts it at 32)."""
+        dense = ("fprop", "dgrad", "wgrad")
+        bits = {p: (df[f"bits_{p}_0"].to_numpy(float), df[f"bits_{p}_1"].to_numpy(float)) for p in PARTS}
+        quantised_run = np.any([b < UNQUANTISED_BITS for p in PARTS for b in bits[p]], axis=0)
+        flops = sum(df[f"flops_{p}"].to_numpy(float) for p in dense)
+        return sum(df[f"flops_{p}"].to_numpy(float) * sum(self._mapped(b, quantised_run) for b in bits[p]) / 2
+                   for p in dense) / flops
+
     def compute(self, df: pd.DataFrame) -> np.ndarray:
         """Training compute of each row (run at token budget D) in 16-bit FLOP units."""
         return self.per_token(df) * df["D"].to_numpy(float)

@@ -342,9 +342,10 @@ def _served(base: config.RunConfig, plan: Design, vocab: int) -> dict[tuple, dic
 # ----------------------------------------------------------------------------- budgets and points
 
 def with_cost(df: pd.DataFrame, cost: compute_lib.CostModel) -> pd.DataFrame:
-    """df with `C` (training compute in 16-bit FLOP units under `cost`) and `bits_eff` columns."""
+    """df with `C` (training compute in 16-bit FLOP units under `cost`) and `bits_eff` (the effective
+    bits as `cost` counts them: a forward-only recipe's unquantised backward at 16, not 32) columns."""
     df = compute_lib.backfill(df)
-    return df.assign(C=cost.compute(df))
+    return df.assign(C=cost.compute(df), bits_eff=cost.effective_bits(df))
 
 
 def points_at(df: pd.DataFrame, budget: float, cost: compute_lib.CostModel) -> pd.DataFrame:

@@ -77,6 +77,14 @@ def test_effective_bits_per_recipe():
     assert blockwise["bits_fprop_1"] == pytest.approx(8 + 32 / 128 ** 2)
     fwd_only = compute.columns(cfg, "experiments/recipes/fp8-forward-only.toml", 1024)
     assert fwd_only["bits_dgrad_0"] == fwd_only["bits_wgrad_1"] == 32 and fwd_only["P_g"] == 32
+    # as costed, the unquantised backward of a quantised run counts at 16 bits (fprop 8, dgrad and wgrad 16),
+    # not the raw 32 (bits_eff (8 + 32 + 32) / 3 = 24): what the IsoFLOP tables must show
+    rows = pd.DataFrame([compute.columns(cfg, r, 1024) for r in
+                         ("experiments/recipes/fp8-forward-only.toml", "fp32", "bf16", "fp8")])
+    assert fwd_only["bits_eff"] == pytest.approx(24)
+    assert compute.get("bits").effective_bits(rows) == pytest.approx([40 / 3, 32, 16, 8])
+    assert study.with_cost(rows.assign(N=1e6, D=1e6), compute.get("bits"))["bits_eff"].tolist() == \
+        pytest.approx([40 / 3, 32, 16, 8])
     assert compute.columns(cfg, "fp8", 1024)["bits_attn_fwd_0"] == 32  # attention stays unquantised
 
 
