@@ -228,10 +228,12 @@ def extend_edges(points: Sequence[dict], designed: Sequence[Sequence[config.RunC
                  landed: pd.DataFrame, vocab: int = 256) -> list[list[config.RunConfig]]:
     """Each grid point's runs plus the edge runs (Design.extend_edges) its landed results call for.
 
-    Once all of a point's runs have landed ok, each budget whose lowest val_loss is at its smallest
-    (largest) N gets one run at the next smaller (larger) shape of `plan.sizes` that is not yet
-    there, serving that budget alone (at least `min_steps` steps); when that run lands and is the
-    new edge minimum, the next shape follows, until the minimum is inside or the shapes run out.
+    Once all of a point's runs have landed ok, each budget whose minimum (the mean val_loss over the
+    seeds landed at each N: the point's own runs and their replicates) is at its smallest (largest) N
+    gets one run at the next smaller (larger) shape of `plan.sizes` that is not yet there, serving
+    that budget alone (at least `min_steps` steps); when that run lands and is the new edge minimum,
+    the next shape follows, until the minimum is inside or the shapes run out. An edge run that has
+    landed stays, even once replicates move the minimum inside (landed results are never dropped).
     Points with runs still to land are returned as designed."""
     if not plan.extend_edges or landed.empty or "budget" not in landed.columns:
         return [list(cfgs) for cfgs in designed]
@@ -241,26 +243,33 @@ def extend_edges(points: Sequence[dict], designed: Sequence[Sequence[config.RunC
         cfgs = list(cfgs)
         base = config.validate(point)
         shapes = _shapes(base, plan, vocab)
+        edge_runs = {}  # every edge run this point could have: those landed are kept
+        for shape, per_token in zip(shapes["shape"], shapes["per_token"]):
+            for budget in plan.budgets:
+                steps = int(np.round(budget / per_token / base.tokens_per_step))  # as _served rounds
+                if steps >= max(plan.min_steps, base.train.warmup + 1):
+                    cfg = _run_config(point, base, shape, {steps: budget}, plan.cost)
+                    edge_runs[(budget, shape)] = cfg
+        held, on_disk = {c.run_id for c in cfgs}, set(landed["run_id"])
+        cfgs += [c for c in edge_runs.values() if c.run_id in on_disk and c.run_id not in held]
         while True:
             ids = [c.run_id for c in cfgs]
             if not set(ids) <= set(ok["run_id"]):
                 break
             added = []
             for budget in plan.budgets:
-                at = ok[ok["run_id"].isin(ids) & np.isclose(ok["budget"].astype(float), budget, rtol=1e-9)]
+                at = _profile(ok, cfgs, plan, budget)
                 if len(at) < 2:
                     continue
-                at = at.sort_values("N").reset_index(drop=True)
                 i = int(np.argmin(at["val_loss"].to_numpy(float)))
                 if 0 < i < len(at) - 1:
                     continue
                 n_edge = at["N"].iloc[i]
                 beyond = shapes[shapes["N"] < n_edge].iloc[::-1] if i == 0 else shapes[shapes["N"] > n_edge]
                 if not beyond.empty:  # the next shape only: the one after waits for this one's result
-                    shape, per_token = beyond["shape"].iloc[0], beyond["per_token"].iloc[0]
-                    steps = int(np.round(budget / per_token / base.tokens_per_step))  # as _served rounds
-                    if steps >= max(plan.min_steps, base.train.warmup + 1):
-                        added.append(_run_config(point, base, shape, {steps: budget}, plan.cost))
+                    run = edge_runs.get((budget, beyond["shape"].iloc[0]))
+                    if run is not None:
+                        added.append(run)
             added = [c for c in added if c.run_id not in ids]
             if not added:
                 break
@@ -269,28 +278,47 @@ def extend_edges(points: Sequence[dict], designed: Sequence[Sequence[config.RunC
     return out
 
 
+def _profile(ok: pd.DataFrame, cfgs: Sequence[config.RunConfig], plan: Design, budget: float) -> pd.DataFrame:
+    """A grid point's IsoFLOP profile at `budget` from its landed ok rows, by N: the mean val_loss over
+    the seeds landed there (its runs and their replicates at plan.replicates) and `run_id`, the
+    point's own run at that N. A minimum read from one seed moves with seed noise as large as the
+    differences between neighbouring sizes; the analysis averages seeds, so the design does too."""
+    own = {c.run_id for c in cfgs}
+    twin_of = {c.replace(seed=s).run_id: c.run_id for c in cfgs for s in plan.replicates} | {i: i for i in own}
+    at = ok[ok["run_id"].isin(twin_of.keys()) & np.isclose(ok["budget"].astype(float), budget, rtol=1e-9)]
+    at = at.assign(run_id=at["run_id"].map(twin_of))
+    at = at.groupby("run_id", as_index=False).agg(N=("N", "first"), val_loss=("val_loss", "mean"))
+    return at[at["run_id"].isin(own)].sort_values("N").reset_index(drop=True)
+
+
 def replicates(designed: Sequence[Sequence[config.RunConfig]], plan: Design,
                landed: pd.DataFrame) -> list[config.RunConfig]:
     """The replicate runs of an IsoFLOP design (Design.replicates) that its landed results call for.
 
     designed: `design`'s configs per grid point; landed: the results rows (scaling.results.load) of
     the runs landed so far. A grid point gets replicates once all its runs have landed ok: at each
-    budget, its run with the lowest val_loss there and the runs of the two neighbouring sizes (the two
-    nearest where the minimum is the smallest or largest size), each again at every replicate seed.
-    Until then it gets none (a minimum is read from finished runs only)."""
+    budget, its run at the minimum (of the mean over the seeds landed so far, see `_profile`) and the
+    runs of the two neighbouring sizes (the two nearest where the minimum is the smallest or largest
+    size), each again at every replicate seed. Until then it gets none (a minimum is read from
+    finished runs only). A replicate that has landed stays, even once the minimum has moved."""
     if not plan.replicates or landed.empty or "budget" not in landed.columns:
         return []
     ok = landed[landed["status"] == "ok"] if "status" in landed.columns else landed
     out: dict[str, config.RunConfig] = {}
+    on_disk = set(landed["run_id"])
     for cfgs in designed:
         ids = [c.run_id for c in cfgs]
+        for cfg in cfgs:
+            for seed in plan.replicates:
+                twin = cfg.replace(seed=seed)
+                if twin.run_id in on_disk:
+                    out.setdefault(twin.run_id, twin)
         if not set(ids) <= set(ok["run_id"]):
             continue
         for budget in plan.budgets:
-            at = ok[ok["run_id"].isin(ids) & np.isclose(ok["budget"].astype(float), budget, rtol=1e-9)]
+            at = _profile(ok, cfgs, plan, budget)
             if at.empty:
                 continue
-            at = at.sort_values("N").reset_index(drop=True)
             i = int(np.argmin(at["val_loss"].to_numpy(float)))
             start = min(max(0, i - 1), max(0, len(at) - 3))
             for run_id in at["run_id"].iloc[start:start + 3]:

@@ -473,6 +473,43 @@ def test_replicates_retrain_each_budgets_landed_minimum_and_its_neighbours_at_ev
                                                              "min_steps": 20}), landed(loss)) == []
 
 
+def test_the_design_reads_each_minimum_from_the_mean_over_landed_seeds_and_never_drops_a_landed_run():
+    """Seed noise is as large as neighbouring sizes' differences: seed 0 alone put a minimum inside that
+    the mean over three seeds puts on the edge. The edge run follows the mean, and runs already landed
+    (replicates at a minimum that later moved, edge runs) stay in the design."""
+    plan = study.Design.from_table({"budgets": [2e11, 6e11], "sizes": list(range(1, 11)),
+                                    "min_steps": 20, "replicates": [1, 2], "extend_edges": True})
+    point = {**DESIGN_POINT, "precision": "fp32"}
+    (cfgs,) = study.design([point], plan)
+    small = sorted((c for c in cfgs if 2e11 in c.study.budgets), key=lambda c: c.model.size)
+    top, second = small[-1].model.size, small[-2].model.size
+    # 2e11: seed 0 is best one below the largest size (inside); seeds 1 and 2 favour the largest
+    table = {(second, 0): 1.00, (top, 0): 1.02, (second, 1): 1.10, (top, 1): 0.90, (second, 2): 1.10, (top, 2): 0.90}
+
+    def rows(runs, loss):
+        return pd.DataFrame([{"run_id": c.run_id, "status": "ok", "N": compute.run_row(c)["N"], "budget": b,
+                              "val_loss": loss(c, b)} for c in runs for b in c.study.budgets])
+
+    def loss(c, b):
+        return table.get((c.model.size, c.seed), 3.0) if b == 2e11 else (c.model.size - 4.0) ** 2
+
+    (own,) = study.extend_edges([point], [cfgs], plan, rows(cfgs, loss))
+    assert [c.run_id for c in own] == [c.run_id for c in cfgs]  # seed 0 alone: inside
+    twins = study.replicates([cfgs], plan, rows(cfgs, loss))
+    (grown,) = study.extend_edges([point], [cfgs], plan, rows(cfgs + twins, loss))
+    (edge,) = grown[len(cfgs):]  # mean 0.94 at the largest size against 1.07: the minimum is on the edge
+    assert tuple(edge.study.budgets) == (2e11,) and edge.model.size == top + 1
+    # the edge run lands worse (the minimum is inside again), then seeds move it down to small[-4]
+    table[(top + 1, 0)] = 5.0
+    table |= {(small[-4].model.size, s): 0.5 for s in (0, 1, 2)}
+    later = rows(cfgs + twins + [edge], loss)
+    (kept,) = study.extend_edges([point], [cfgs], plan, later)
+    assert [c.run_id for c in kept] == [c.run_id for c in grown]  # the landed edge run stays
+    again = {c.run_id for c in study.replicates([kept], plan, later)}
+    assert {c.run_id for c in twins} <= again  # the replicates at the old minimum stay
+    assert small[-5].replace(seed=1).run_id in again  # and the new minimum's neighbours get theirs
+
+
 def test_a_chosen_law_without_a_bits_axis_gives_p_star_only_from_within_noise_bits_laws():
     """capacity prices precision by measured quantisation error: it has no P* over bits. P* then comes from the
     within-noise laws whose axis is bits, or the report says these data give none (never a raw error)."""
