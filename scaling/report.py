@@ -280,10 +280,22 @@ def _verdict_sentence(b: dict, unit: str) -> str:
         w = next(e for e in b["recipes"] if e["recipe"] == b["winner"])
         return (f"{b['winner']} has the lowest IsoFLOP minimum, {b['diff']:.3f} {unit} below {b['runner_up']} "
                 f"(95% CI of the difference {b['diff_ci'][0]:.3f}–{b['diff_ci'][1]:.3f}; {w['runs']} runs; "
-                f"P(best) = {w['p_best']:.2f}; run-to-run noise {b['sigma']:.3f} on {b['dof']} dof).")
-    noise = f" Run-to-run noise {b['sigma']:.3f} {unit} on {b['dof']} dof." if b["sigma"] else ""
+                f"P(best) = {w['p_best']:.2f}).{_noise_text(b, unit)}")
     reason = b["reason"][0].upper() + b["reason"][1:]
-    return f"No winner. {reason}.{noise}"
+    return f"No winner. {reason}.{_noise_text(b, unit)}"
+
+
+def _noise_text(b: dict, unit: str) -> str:
+    """The noise the bootstrap drew from, and how much of it seeds alone explain."""
+    if not b["sigma"]:
+        return ""
+    seeds = "; no seed replicates"
+    if b.get("seed_sigma"):
+        seeds = f"; seed replicates alone: {b['seed_sigma']:.3f} on {b['seed_dof']} dof"
+        if b["sigma"] > 1.2 * b["seed_sigma"]:
+            seeds += ", the excess is the parabolas' lack of fit"
+    return (f" Noise about the profiles {b['sigma']:.3f} {unit} on {b['dof']} dof (parabola residuals and seed "
+            f"replicates pooled{seeds}).")
 
 
 def pstar_section(f: dict) -> str:
@@ -466,7 +478,7 @@ def write_report(results_df: pd.DataFrame, fit_result: Any, out_dir: str | Path,
             sections += ["## The cost of low precision, by tokens", "", gap_text, ""]
         if not plots.precision_term(fit_result):
             sections += [plots.no_bits_reason(fit_result.law)[0].upper() + plots.no_bits_reason(fit_result.law)[1:]
-                         + ", so it cannot locate a sweet spot over bits; the IsoFLOP minima above are the measured "
+                         + ": it cannot locate a sweet spot over bits; the IsoFLOP minima above are the measured "
                          "answer, and `scaling fit --law kumar` (or any law with a bits axis) gives a P*.", ""]
     else:
         sections += ["## Fitted law", "", "No fitted law was given (`--fit`), so there is no P* to report.", ""]

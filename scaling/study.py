@@ -493,7 +493,9 @@ def isoflop(df: pd.DataFrame, budget: float, cost: compute_lib.CostModel | str =
             n_boot: int = 2000, seed: int = 0, level: float = LEVEL,
             noise: tuple[float, int] = (0.0, 0)) -> dict[str, Any]:
     """The IsoFLOP analysis at one budget (see module doc). Returns a JSON-friendly dict:
-    budget, cost_model, sigma (pooled run-to-run noise, nats), dof, recipes: [{recipe, bits_eff, P,
+    budget, cost_model, sigma (noise about the profiles, nats: parabola residuals and seed replicates
+    pooled), dof, seed_sigma and seed_dof (the seed replicates alone; None without any: a sigma well
+    above it is the parabola's lack of fit), recipes: [{recipe, bits_eff, P,
     runs, sizes, interpolated, N_opt, loss, ci, inside, p_best}], best, runner_up, diff (runner-up
     minus best) with diff_ci, winner (or None) and reason.
     noise: (sum of squares, dof) from seed replicates (replicate_noise), pooled with the residuals."""
@@ -501,6 +503,7 @@ def isoflop(df: pd.DataFrame, budget: float, cost: compute_lib.CostModel | str =
     pts = points_at(df, budget, cost)
     out: dict[str, Any] = {"budget": float(budget), "cost_model": cost.name, "level": level, "recipes": [],
                            "sigma": None, "dof": 0, "best": None, "runner_up": None, "diff": None,
+                           "seed_sigma": math.sqrt(noise[0] / noise[1]) if noise[1] else None, "seed_dof": int(noise[1]),
                            "diff_ci": None, "winner": None, "reason": ""}
     profiles = {}
     rss, dof = noise

@@ -171,6 +171,25 @@ def test_isoflop_names_no_winner_on_noise_only():
     assert res["sigma"] == pytest.approx(0.02, rel=0.35)
 
 
+def test_isoflop_names_seed_noise_apart_from_the_parabolas_lack_of_fit():
+    """sigma pools the parabola residuals with the seed replicates; a profile that is not a parabola (a bad
+    shape family) inflates it. The report names both, so a reader sees which noise the CIs carry."""
+    from scaling import report
+
+    smooth_facts = study.findings(_isoflop_runs({"a": 0.0, "b": 0.0}, noise=0.02, rng=4), None, budgets=[1e12])
+    smooth = smooth_facts["budgets"][0]
+    assert smooth["seed_sigma"] == pytest.approx(0.02, rel=0.35) and smooth["seed_dof"] == 14
+    assert smooth["sigma"] == pytest.approx(smooth["seed_sigma"], rel=0.3)
+    bumpy = _isoflop_runs({"a": 0.0, "b": 0.0}, noise=0.02, rng=4)
+    bumpy["val_loss"] += np.where(bumpy["run_id"].str.contains(r"-[14]-"), 0.15, 0.0)  # two sizes off the curve
+    facts = study.findings(bumpy, None, budgets=[1e12])
+    b = facts["budgets"][0]
+    assert b["seed_sigma"] == pytest.approx(smooth["seed_sigma"]) and b["sigma"] > 2 * b["seed_sigma"]
+    text = report.findings_section(facts)
+    assert f"seed replicates alone: {b['seed_sigma']:.3f} on 14 dof, the excess is the parabolas' lack of fit" in text
+    assert "lack of fit" not in report.findings_section(smooth_facts)
+
+
 def test_isoflop_no_winner_when_a_minimum_is_at_the_edge():
     runs = _isoflop_runs({"a": 0.0, "b": 0.3}, noise=0.002)
     runs = runs[~((runs["recipe"] == "b") & (runs["N"] > 5e5))]  # b's sizes stop before its optimum
