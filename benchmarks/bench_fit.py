@@ -101,6 +101,7 @@ def bench_bootstrap(subset: int = 20) -> None:
 
 
 def main() -> None:
+    hardware.restart_with_process_env()  # as the CLI runs: malloc with huge pages (GLIBC_TUNABLES=glibc.malloc.hugetlb=0: without)
     print(hardware.describe(), flush=True)  # timings hold for this kind of machine only
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--subset", type=int, default=200, help="scipy-loop starts to time (extrapolated to 4,500)")

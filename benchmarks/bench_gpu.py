@@ -120,6 +120,7 @@ def time_torch(cfg: ladder.ModelConfig, tokens: np.ndarray, steps: int, warmup: 
 
 
 def main() -> None:
+    hardware.restart_with_process_env()  # as the CLI runs: malloc with huge pages (GLIBC_TUNABLES=glibc.malloc.hugetlb=0: without)
     print(hardware.describe(), flush=True)  # timings hold for this kind of machine only
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--params", default="20e6,100e6", help="non-embedding parameter targets; nearest ladder sizes")

@@ -36,6 +36,7 @@ def _time(fn, x) -> float:
 
 
 def main() -> None:
+    hardware.restart_with_process_env()  # as the CLI runs: malloc with huge pages (GLIBC_TUNABLES=glibc.malloc.hugetlb=0: without)
     print(hardware.describe(), flush=True)  # timings hold for this kind of machine only
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=4096)

@@ -56,6 +56,7 @@ def make_step(cfg: ladder.ModelConfig, recipe: precision.Recipe, tokens_BxL1):
 
 
 def main() -> None:
+    hardware.restart_with_process_env()  # as the CLI runs: malloc with huge pages (GLIBC_TUNABLES=glibc.malloc.hugetlb=0: without)
     print(hardware.describe(), flush=True)  # timings hold for this kind of machine only
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size", type=int, default=8)

@@ -35,6 +35,7 @@ def run_mode(workers: int) -> float:
 
 
 def main() -> None:
+    hardware.restart_with_process_env()  # as the CLI runs: malloc with huge pages (GLIBC_TUNABLES=glibc.malloc.hugetlb=0: without)
     print(hardware.describe(), flush=True)  # timings hold for this kind of machine only
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=1)

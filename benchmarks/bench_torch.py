@@ -78,6 +78,7 @@ class TorchLM(torch.nn.Module):
 
 
 def main() -> None:
+    hardware.restart_with_process_env()  # as the CLI runs: malloc with huge pages (GLIBC_TUNABLES=glibc.malloc.hugetlb=0: without)
     print(hardware.describe(), flush=True)  # timings hold for this kind of machine only
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size", type=int, default=8)

@@ -55,7 +55,7 @@ from typing import Any, Mapping
 
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from scaling import config, data, ladder, runs
+from scaling import config, data, hardware, ladder, runs
 from scaling._io import atomic_write_json, atomic_write_text
 from scaling.config import set_dotted
 from scaling.errors import ConfigError
@@ -214,8 +214,9 @@ def _compilation_cache_settings() -> dict[str, str]:
 
 def worker_env(pin: Mapping[str, str] = {}) -> dict[str, str]:
     """Runs share XLA's persistent compilation cache: a shape compiled once (at take-off) is loaded,
-    not recompiled, by every later run of that shape, in any process. `pin`: a GPU slot's settings."""
-    return {**_compilation_cache_settings(), **os.environ, **pin}
+    not recompiled, by every later run of that shape, in any process; their processes start with
+    hardware.PROCESS_ENV (malloc with huge pages). `pin`: a GPU slot's settings."""
+    return {**_compilation_cache_settings(), **hardware.process_env(os.environ), **os.environ, **pin}
 
 
 # ---------------------------------------------------------------- GPUs

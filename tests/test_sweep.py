@@ -97,6 +97,16 @@ def test_each_worker_is_pinned_to_its_own_gpu():
     assert sweep.worker_env(pins[1])["CUDA_VISIBLE_DEVICES"] == "1"
 
 
+def test_run_processes_start_with_the_process_env_unless_the_user_set_their_own(monkeypatch):
+    from scaling import hardware
+
+    monkeypatch.setattr(hardware.platform, "system", lambda: "Linux")
+    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
+    assert sweep.worker_env()["GLIBC_TUNABLES"] == hardware.PROCESS_ENV["GLIBC_TUNABLES"]
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.arena_max=2")
+    assert sweep.worker_env()["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2"
+
+
 def test_a_gpu_fraction_shares_memory_unless_the_user_set_it():
     assert sweep.gpu_share(0.5, {}) == {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.375"}
     assert sweep.gpu_share(1, {}) == {} and sweep.gpu_share(0, {}) == {}
