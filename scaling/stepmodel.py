@@ -462,6 +462,9 @@ class Efficiency:
       on the host to launch the layer's many small router, permute and per-expert kernels; such
       layers cannot be captured in CUDA graphs (Megatron-LM's MoE README). Fitted on MoE runs
       only, after the other four (0: none).
+    gemm_rates: (rate, gemm) pairs for the tensor-core rates whose GEMMs reach another share of
+      their peak than the rate the four constants were fitted on (FP8 kernels reach a smaller share
+      of their 2x peak than BF16's); fitted on that rate's runs with the rest held.
     """
 
     gemm: float
@@ -469,6 +472,12 @@ class Efficiency:
     attention: float
     bandwidth: float
     moe_layer_seconds: float = 0.0
+    gemm_rates: tuple[tuple[str, float], ...] = ()
+
+    def gemm_at(self, rate: str) -> float:
+        """Best GEMM efficiency at a tensor-core rate ('bf16', 'fp8', ...): `gemm` unless `gemm_rates`
+        has its own, fitted on runs at that rate (a format's kernels reach another share of its peak)."""
+        return dict(self.gemm_rates).get(rate, self.gemm)
 
 
 # Least squares of log step time over the calibration runs of scaling/step_cases.json, one fit per
@@ -541,8 +550,9 @@ class Ctx:
         return self.seq_len * self.layout.micro_batch // self.layout.cp
 
     def gemm_seconds(self, flops: float, rate: str | None = None) -> float:
-        peak = self.gpu.peak_tflops[rate or self.recipe.rate] * 1e12
-        return flops / (peak * self.eff.gemm * flops / (flops + self.eff.gemm_half_flops))
+        rate = rate or self.recipe.rate
+        peak = self.gpu.peak_tflops[rate] * 1e12
+        return flops / (peak * self.eff.gemm_at(rate) * flops / (flops + self.eff.gemm_half_flops))
 
     def hbm_seconds(self, nbytes: float) -> float:
         return nbytes / (self.gpu.hbm_tbps * 1e12 * self.eff.bandwidth)

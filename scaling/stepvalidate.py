@@ -78,14 +78,23 @@ def calibrate_all(cases: list[dict]) -> dict[str, Efficiency]:
 
 
 def calibrate(cases: list[dict], start: Efficiency = START, rounds: int = 6) -> Efficiency:
-    """Least squares of log(predicted / measured) step time over the calibration cases, in two
-    stages: the four dense constants on the dense runs, then moe_layer_seconds on the MoE runs
-    with those four held (MoE runs never move the dense constants). Held-out cases are dropped
-    before anything is priced."""
+    """Least squares of log(predicted / measured) step time over the calibration cases, in stages:
+    the four dense constants on the dense runs at the generation's main rate (MAIN_RATE, else the
+    tensor-core rate most of its dense calibration runs use); then, with those held, one GEMM efficiency per other
+    rate on that rate's dense runs (`Efficiency.gemm_rates`); then moe_layer_seconds on the MoE
+    runs with everything else held (MoE runs never move the dense constants). Held-out cases are
+    dropped before anything is priced."""
     cases = [c for c in cases if c["role"] == "calibration"]
     dense = [c for c in cases if family_of(c) == "dense"]
     moe = [c for c in cases if family_of(c) == "MoE"]
-    best = _descend(dense, start, DENSE_BOUNDS, rounds) if dense else start
+    rates = [rate_of(c) for c in dense]
+    gens = {generation(c) for c in cases}
+    main = MAIN_RATE[gens.pop()] if len(gens) == 1 and next(iter(gens)) in MAIN_RATE else (
+        max(sorted(set(rates)), key=rates.count) if rates else None)
+    best = _descend([c for c in dense if rate_of(c) == main], start, DENSE_BOUNDS, rounds) if dense else start
+    for rate in sorted(set(rates) - {main}):
+        best = replace(best, gemm_rates=best.gemm_rates + ((rate, best.gemm),))
+        best = _descend([c for c in dense if rate_of(c) == rate], best, {f"gemm_rates.{rate}": DENSE_BOUNDS["gemm"]}, rounds)
     if moe:
         best = _descend(moe, replace(best, moe_layer_seconds=MOE_START), MOE_BOUNDS, rounds)
     return best
@@ -94,6 +103,26 @@ def calibrate(cases: list[dict], start: Efficiency = START, rounds: int = 6) -> 
 DENSE_BOUNDS = {"gemm": (0.3, 1.0), "gemm_half_flops": (1e8, 1e12), "attention": (0.1, 1.0), "bandwidth": (0.3, 1.0)}
 MOE_BOUNDS = {"moe_layer_seconds": (1e-6, 0.1)}
 MOE_START = 1e-3  # seconds per MoE layer per micro-batch: where the MoE stage starts (a round number)
+# The rate whose runs set a generation's four dense constants: the one its first calibration set used
+# (H100: NeMo's FP8 runs; B200: SimuMax's BF16 runs), so runs added at another rate fit only their own.
+MAIN_RATE = {"h100": "fp8", "b200": "bf16"}
+
+
+def rate_of(case: dict) -> str:
+    """The tensor-core rate a case's GEMMs run at ('bf16', 'fp8', ...)."""
+    return stepmodel.get_recipe(case["precision"], stepmodel.get_gpu(case["gpu"])).rate
+
+
+def _get(eff: Efficiency, key: str) -> float:
+    """A constant by name; 'gemm_rates.RATE' reads one rate's GEMM efficiency."""
+    return eff.gemm_at(key.split(".", 1)[1]) if key.startswith("gemm_rates.") else getattr(eff, key)
+
+
+def _set(eff: Efficiency, key: str, value: float) -> Efficiency:
+    if key.startswith("gemm_rates."):
+        rate = key.split(".", 1)[1]
+        return replace(eff, gemm_rates=tuple((r, value if r == rate else g) for r, g in eff.gemm_rates))
+    return replace(eff, **{key: value})
 
 
 def _descend(cases: list[dict], start: Efficiency, bounds: dict[str, tuple[float, float]], rounds: int) -> Efficiency:
@@ -110,8 +139,8 @@ def _descend(cases: list[dict], start: Efficiency, bounds: dict[str, tuple[float
             while improved:
                 improved = False
                 for factor in (math.exp(step), math.exp(-step)):
-                    value = min(hi, max(lo, getattr(best, key) * factor))
-                    trial = replace(best, **{key: value})
+                    value = min(hi, max(lo, _get(best, key) * factor))
+                    trial = _set(best, key, value)
                     trial_loss = loss(trial)
                     if trial_loss < best_loss - 1e-12:
                         best, best_loss, improved = trial, trial_loss, True

@@ -683,6 +683,8 @@ def test_calibration_reproduces_the_constants_in_the_module():
     for gen, refit in refits.items():
         for key in ("gemm", "gemm_half_flops", "attention", "bandwidth", "moe_layer_seconds"):
             assert getattr(refit, key) == pytest.approx(getattr(stepmodel.EFFICIENCY[gen], key), rel=0.02), (gen, key)
+        rates = dict(stepmodel.EFFICIENCY[gen].gemm_rates)
+        assert dict(refit.gemm_rates) == pytest.approx(rates, rel=0.02) and set(dict(refit.gemm_rates)) == set(rates), gen
 
 
 def test_expected_interruptions_matches_monte_carlo():
@@ -965,3 +967,26 @@ def test_a_law_optimum_smaller_than_the_dense_recipe_pipeline_is_still_stepped()
     assert step.layout.pp <= model.layers and step.layout.gpus <= 1024
     point = {"P": 8.0, "N": 1e5, "D": 3.4e24 / 6e5, "loss": 1.0}
     assert all(r.days > 0 for r in plan.plan_optimum(point, [1024, 5000], "h100").runs)
+
+
+def test_a_second_tensor_core_rate_gets_its_own_gemm_efficiency_from_its_own_runs():
+    """A generation's four dense constants come from its main rate's runs (H100: FP8); runs at another rate (BF16)
+    fit only that rate's GEMM efficiency, with the four held. Synthetic BF16 runs made to the model at a BF16 GEMM
+    efficiency of 0.62 give back 0.62; the FP8 runs' constants do not move; other rates keep `gemm`."""
+    cases = [c for c in stepvalidate.load_cases() if stepvalidate.generation(c) == "h100"
+             and stepvalidate.family_of(c) == "dense"]
+    base = stepvalidate.calibrate(cases)
+    truth = replace(base, gemm_rates=(("bf16", 0.62),))
+    twins = []
+    for c in cases:
+        if c["role"] != "calibration":
+            continue
+        twin = {k: v for k, v in c.items() if not k.startswith("measured_")}
+        twin |= {"name": c["name"] + "_bf16", "precision": "bf16"}
+        twin["measured_step_ms"] = stepvalidate.check({**twin, "measured_step_ms": 1.0}, truth).predicted_ms
+        twins.append(twin)
+    assert {stepvalidate.rate_of(c) for c in twins} == {"bf16"}
+    refit = stepvalidate.calibrate(cases + twins)
+    assert dict(refit.gemm_rates)["bf16"] == pytest.approx(0.62, rel=0.02)
+    assert replace(refit, gemm_rates=()) == base  # the FP8 runs' constants, untouched
+    assert refit.gemm_at("fp8") == base.gemm and refit.gemm_at("bf16") != base.gemm
