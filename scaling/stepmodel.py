@@ -505,7 +505,7 @@ EFFICIENCY: dict[str, Efficiency] = {
     "b200": Efficiency(gemm=0.485, gemm_half_flops=1.26e11, attention=0.263, bandwidth=0.647,
                        moe_layer_seconds=0.72e-3),
     "h100": Efficiency(gemm=0.493, gemm_half_flops=2.13e10, attention=0.558, bandwidth=0.806,
-                       moe_layer_seconds=3.08e-3),
+                       moe_layer_seconds=3.13e-3, gemm_rates=(("bf16", 0.595),)),
 }
 GENERATION = {"a100": "h100", "h100": "h100", "h800": "h100", "h200": "h100", "b200": "b200"}
 

@@ -27,14 +27,15 @@ def _talk_days(name, precision="bf16", gpus=(1024, 5000, 10000)):
 
 def test_talk_table_recomputed_from_written_down_layouts():
     """Issue #6's H100 table (BF16 days on 1,024 / 5,000 / 10,000 GPUs) from the step model of each
-    run under its layout: every entry within 55% of the talk's, and more days than the talk in at
-    least 8 of the 9 (docs/planner.md lists every error). The talk is optimistic for these MoE runs,
+    run under its layout: every entry within 45% of the talk's, and more days than the talk in at
+    least 7 of the 9 (docs/planner.md lists every error). The talk is optimistic for these MoE runs,
     which a measurement shows: its 97 BF16 days for DeepSeek-V3 on 1,024 H100s are fewer than the
     114 FP8 days that Megatron-Bridge's measured run of that layout implies (3.4e24 FLOPs at 338
     model TFLOP/s/GPU, 25.09 container), a run the step model prices within 10% (held out). The
     bound has moved with what the model learned from measured runs: 30% before the MoE overhead was
     fitted (MoE steps then 20-35% fast), 40% before DeepEP's 20 SMs were priced (DeepSeek-V3's
-    held-out run then -6%)."""
+    held-out run then -6%), 55% (8 of 9 slow) before BF16 GEMMs on Hopper got their own efficiency,
+    fitted on NVIDIA's DGX Cloud BF16 runs (these BF16 steps were priced at the FP8 runs' fraction)."""
     errors = {}
     for name, (model_name, flops, talk) in plan.TALK_TABLE.items():
         for k, (days, step) in _talk_days(name).items():
@@ -43,8 +44,8 @@ def test_talk_table_recomputed_from_written_down_layouts():
             assert step.memory.total <= step.gpu.memory_bytes and 0.9 * k <= step.layout.gpus <= k
             errors[(name, k)] = days / talk[k] - 1
     print({key: f"{e:+.1%}" for key, e in errors.items()})
-    assert all(abs(e) <= 0.55 for e in errors.values()), errors
-    assert sum(e > 0 for e in errors.values()) >= 8, errors
+    assert all(abs(e) <= 0.45 for e in errors.values()), errors
+    assert sum(e > 0 for e in errors.values()) >= 7, errors
     measured_fp8_days = 3.4e24 / (338e12 * 1024) / 86_400
     assert plan.TALK_TABLE["DeepSeek-V3"][2][1024] < measured_fp8_days
     bridge = next(c for c in stepvalidate.load_cases() if c["name"].startswith("bridge2509_deepseek_v3_1024xh100"))
@@ -55,12 +56,15 @@ KEPT_BF16 = ("gemm output", "gemm router")  # GEMMs every recipe runs in BF16 (s
 
 
 def _fp8_step_from_bf16(bf16_step, fp8_step) -> float:
-    """The FP8 step its BF16 step predicts: every GEMM but KEPT_BF16 at twice the rate; attention,
-    memory-bound ops and the optimizer unchanged; plus what the FP8 step reports for its quantise
-    ops, its pipeline bubble and its exposed communication (less compute hides less of it)."""
+    """The FP8 step its BF16 step predicts: every GEMM but KEPT_BF16 at the FP8 rate (twice the peak at
+    the FP8 runs' efficiency, not BF16's: H100 0.493 of 1,979 against 0.595 of 989, so 1.66x, not 2x);
+    attention, memory-bound ops and the optimizer unchanged; plus what the FP8 step reports for its
+    quantise ops, its pipeline bubble and its exposed communication (less compute hides less of it)."""
     moving = ("quantise", "communication", "pipeline bubble")
     cat = stepmodel.category
-    gemms = sum(t if op in KEPT_BF16 else t / 2 for op, t in bf16_step.by_op.items() if cat(op) == "GEMMs")
+    gpu, eff = fp8_step.gpu, stepmodel.efficiency_for(fp8_step.gpu)
+    speedup = gpu.peak_tflops["fp8"] * eff.gemm_at("fp8") / (gpu.peak_tflops["bf16"] * eff.gemm_at("bf16"))
+    gemms = sum(t if op in KEPT_BF16 else t / speedup for op, t in bf16_step.by_op.items() if cat(op) == "GEMMs")
     same = sum(t for op, t in bf16_step.by_op.items() if cat(op) not in ("GEMMs", *moving))
     return gemms + same + sum(t for op, t in fp8_step.by_op.items() if cat(op) in moving)
 
@@ -972,9 +976,10 @@ def test_a_law_optimum_smaller_than_the_dense_recipe_pipeline_is_still_stepped()
 def test_a_second_tensor_core_rate_gets_its_own_gemm_efficiency_from_its_own_runs():
     """A generation's four dense constants come from its main rate's runs (H100: FP8); runs at another rate (BF16)
     fit only that rate's GEMM efficiency, with the four held. Synthetic BF16 runs made to the model at a BF16 GEMM
-    efficiency of 0.62 give back 0.62; the FP8 runs' constants do not move; other rates keep `gemm`."""
+    efficiency of 0.62 give back 0.62; the FP8 runs' constants do not move; other rates keep `gemm`. (The real
+    BF16 runs, DGX Cloud's, are left out here.)"""
     cases = [c for c in stepvalidate.load_cases() if stepvalidate.generation(c) == "h100"
-             and stepvalidate.family_of(c) == "dense"]
+             and stepvalidate.family_of(c) == "dense" and stepvalidate.rate_of(c) == "fp8"]
     base = stepvalidate.calibrate(cases)
     truth = replace(base, gemm_rates=(("bf16", 0.62),))
     twins = []
