@@ -487,8 +487,11 @@ class Efficiency:
 #   what the model does not list (kernel launch gaps, CPU-side overhead, TE's casts and copies).
 # - h100: 5 of NeMo's published DGX-H100 runs (FP8 per-tensor; Llama 2 7B/13B, Llama 3 8B with CP,
 #   GPT-3 175B on 128 GPUs, Llama 3 70B on 64 GPUs), with the overlaps those recipes turn on. The
-#   GEMM fraction is of the FP8 peak; BF16 runs on H100 (Llama 3 405B) come out 16-32% slow with it.
-#   moe_layer_seconds, fitted afterwards with those four held: 5 of Megatron-Bridge's DGX-H100 MoE
+#   GEMM fraction is of the FP8 peak; BF16 runs on H100 came out 11-32% slow with it, so BF16 GEMMs
+#   get their own (gemm_rates), fitted with the four held on 4 BF16 runs of NVIDIA's DGX Cloud
+#   Benchmarking recipes (NeMo 24.12: Llama 3.1 8B/70B/405B, GPT-3 175B), whose tables also ran
+#   every model in FP8: BF16/FP8 step ratios 1.31-1.60 measured, 1.35-1.52 priced.
+#   moe_layer_seconds, fitted afterwards with those held: 5 of Megatron-Bridge's DGX-H100 MoE
 #   runs from its newest containers (Qwen3-235B-A22B on 256 GPUs, Qwen3-30B-A3B on 16; FP8, dropless).
 #   Without it the model is 17-36% fast on them; fitted on each model alone it comes to 2.3 ms
 #   (Qwen3-235B) and 3.4 ms (Qwen3-30B) per MoE layer per micro-batch, although their expert GEMMs
