@@ -264,6 +264,17 @@ def loss_vs_precision(fit: Any, compute: float, bits: Sequence[float] | None = N
 # ---------------------------------------------------------------------------------------------
 
 
+SHARED_LEGEND_FROM = 5  # recipes; more share one legend under the panels
+
+
+def _count_label(value: float, _pos: object = None) -> str:
+    """20k, 100k, 2M: a parameter count as an axis label."""
+    for scale, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if value >= scale:
+            return f"{value / scale:g}{suffix}"
+    return f"{value:g}"
+
+
 def isoflop_profiles(points: Sequence[tuple[dict, pd.DataFrame]], stem: str | Path, unit: str = "nats/token") -> Figure:
     """Figure 1: per budget (a study.isoflop entry and its study.points_at rows), each recipe's loss
     against N, its parabola in log N and its minimum with the bootstrap CI."""
@@ -286,15 +297,26 @@ def isoflop_profiles(points: Sequence[tuple[dict, pd.DataFrame]], stem: str | Pa
             ax.errorbar([e["N_opt"]], [e["loss"]], yerr=[[e["loss"] - lo], [hi - e["loss"]]], fmt="*", ms=13,
                         mfc=colour, mec="k", ecolor=colour, capsize=4, zorder=4)
         ax.set_xscale("log")
-        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # minor labels overlap on short spans
+        # ticks at 1, 2 and 5 per decade, labelled 20k / 100k / 2M: a profile spans less than a decade
+        ax.xaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(_count_label))
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.set_xlabel("non-embedding parameters N")
         ax.set_ylabel(f"validation loss ({unit})")
         verdict = f"winner: {entry['winner']}" if entry["winner"] else "no winner"
         ax.set_title(f"C = {_fmt(entry['budget'])} ({entry['cost_model']} cost model)\n{verdict}", fontsize=9)
-        ax.legend(fontsize=7, loc="upper left")
+        if len(recipes) <= SHARED_LEGEND_FROM:
+            ax.legend(fontsize=7, loc="upper left")
         captions.append(f"at C = {_fmt(entry['budget'])}: {entry['reason'] or 'no analysis'}")
     fig.suptitle(f"{TITLES[1]}\nstars: each recipe's minimum with its 95% bootstrap CI", fontsize=10)
-    fig.tight_layout()
+    if len(recipes) > SHARED_LEGEND_FROM:  # one legend under the panels: inside, it would cover the points
+        bits = {e["recipe"]: e["bits_eff"] for entry, _ in points for e in entry["recipes"]}
+        handles = [matplotlib.lines.Line2D([], [], color=colours[r], marker="o", mec="k", mew=0.5, lw=1.4,
+                                           label=f"{r} ({bits[r]:.3g} bits)") for r in recipes]
+        fig.legend(handles=handles, loc="lower center", ncol=min(5, len(recipes)), fontsize=8, frameon=False)
+        fig.tight_layout(rect=(0, 0.06 * math.ceil(len(recipes) / 5), 1, 1))
+    else:
+        fig.tight_layout()
     return _figure(1, Path(stem), fig, "; ".join(captions) + ".")
 
 
