@@ -219,6 +219,8 @@ PRESETS: dict[str, Transformer] = {
                                    top_k=8, expert_ffn=1536),
     "gpt4-reported": Transformer("gpt4-reported", 120, 10752, 96, 96, 43008, 100256, gated=False, experts=16, top_k=2,
                                  expert_ffn=43008),
+    # Nemotron-4 15B (Parmar et al. 2024): GQA 48/8 heads, squared-ReLU FFN (two matrices), 256K vocabulary
+    "nemotron4-15b": Transformer("nemotron4-15b", 32, 6144, 48, 8, 24576, 256000, gated=False),
 }
 SHAPE_KEYS = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "gated")
 # optional integer keys of a JSON shape (MLA and MoE); 0 or absent: off
