@@ -354,8 +354,10 @@ def _published() -> dict:
     return study.PUBLISHED
 
 
-def limitations(ok: pd.DataFrame, fit: Any | None, found: list[dict], heldout: float | None) -> str:
-    """A paragraph written from the data's spans: what the measurements can and cannot support."""
+def limitations(ok: pd.DataFrame, fit: Any | None, found: list[dict], heldout: float | None,
+                budgets: Sequence[dict] = ()) -> str:
+    """A paragraph written from the data's spans: what the measurements can and cannot support.
+    budgets: the IsoFLOP analyses (study.findings' "budgets"), for how well a parabola in N fits them."""
     sentences = []
     n_sizes, n_max = ok["N"].nunique(), ok["N"].max()
     sentences.append(f"Our {n_sizes} model size{'s' if n_sizes != 1 else ''} reach at most {_fmt(n_max)} non-embedding "
@@ -377,6 +379,12 @@ def limitations(ok: pd.DataFrame, fit: Any | None, found: list[dict], heldout: f
                          f"one at {len(worse)} of {len(biggest)} precisions: at these few tokens per parameter (and one "
                          "learning rate for every width) more parameters do not buy lower loss, the regime where "
                          "low precision's gain, a larger model for the same compute, is worth least.")
+    rough = [b for b in budgets if b.get("sigma") and b.get("seed_sigma") and b["sigma"] > 1.2 * b["seed_sigma"]]
+    if rough:
+        where = ", ".join(f"{_fmt(b['budget'])} ({b['sigma'] / b['seed_sigma']:.2g}x)" for b in rough)
+        sentences.append(f"At C = {where} the IsoFLOP profiles scatter about their parabolas more than seeds do: "
+                         "at fixed compute the loss depends on a model's shape (width against depth), not on N "
+                         "alone, and that lack of fit is part of every CI above.")
     bits = sorted(ok["P"].dropna().unique())
     sentences.append(f"{len(bits)} distinct precision{'s' if len(bits) != 1 else ''} were measured "
                      f"({', '.join(f'{b:g}' for b in bits)} bits)" + (
@@ -508,7 +516,7 @@ def write_report(results_df: pd.DataFrame, fit_result: Any, out_dir: str | Path,
                      "(Hoffmann et al. 2022; Kaplan et al. 2020), so a cluster-scale allocation from them would "
                      "not be credible. `scaling plan --flops F --model M` still gives days for any budget.", ""]
     if not ok.empty:
-        sections += ["## Limitations", "", limitations(fitted, fit_result, found, heldout), ""]
+        sections += ["## Limitations", "", limitations(fitted, fit_result, found, heldout, facts.get("budgets", ())), ""]
     path = out_dir / "REPORT.md"
     atomic_write_text(path, "\n".join(sections))
     return path

@@ -188,6 +188,9 @@ def test_isoflop_names_seed_noise_apart_from_the_parabolas_lack_of_fit():
     text = report.findings_section(facts)
     assert f"seed replicates alone: {b['seed_sigma']:.3f} on 14 dof, the excess is the parabolas' lack of fit" in text
     assert "lack of fit" not in report.findings_section(smooth_facts)
+    # and the limitations paragraph says what it means
+    assert "scatter about their parabolas" in report.limitations(bumpy, None, [], None, facts["budgets"])
+    assert "parabolas" not in report.limitations(bumpy, None, [], None, smooth_facts["budgets"])
 
 
 def test_isoflop_no_winner_when_a_minimum_is_at_the_edge():
