@@ -12,7 +12,8 @@ WSD cooldown evaluations bracket C: then log loss is interpolated linearly in lo
 
 Uncertainty: a parametric bootstrap. Each profile's residuals about its parabola, pooled over the
 recipes at a budget (sigma² = sum RSS / sum (n - 3)) and with the scatter of seed replicates
-anywhere in the table (`replicate_noise`), give the run-to-run noise; every resample
+anywhere in the table (`replicate_noise`), give the noise about the profiles (seed scatter plus
+the parabola's lack of fit; `seed_sigma` is the seeds' part alone); every resample
 redraws each run's loss as fit + sigma·z, refits every profile, and takes each recipe's minimum
 over its measured size range. From the resamples: a CI per recipe's minimum, the probability that
 each recipe is the best, and the paired difference of the best two. `winner` is the best recipe
