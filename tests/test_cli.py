@@ -87,17 +87,17 @@ def test_training_verbs_restart_once_with_the_process_env(monkeypatch):
 
 def test_the_process_env_cuts_page_faults_of_malloc_scratch():
     """What PROCESS_ENV is for, measured in a child process: 64 MiB blocks allocated, written and freed
-    in a loop fault their pages in every time under glibc's defaults; with huge pages ~512x fewer."""
+    in a loop fault their pages in every time under glibc's defaults; with huge pages through madvise
+    (the kernel's THP mode 'madvise', as on our machines) ~512x fewer. In mode 'never' it cannot help,
+    in 'always' both fault little: there the setting must at least cost no faults."""
     import os
+    import re
     from pathlib import Path
-
-    import pytest
 
     from scaling import hardware
 
     thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
-    if hardware.process_env({}) == {} or not thp.exists() or "[madvise]" not in thp.read_text():
-        pytest.skip("needs glibc and transparent huge pages in madvise mode (with 'always' both fault little)")
+    mode = re.search(r"\[(\w+)\]", thp.read_text()).group(1) if thp.exists() else "none"
     code = ("import ctypes, resource\n"
             "libc = ctypes.CDLL(None); libc.malloc.restype = ctypes.c_void_p; libc.free.argtypes = [ctypes.c_void_p]\n"
             "n = 64 << 20\n"
@@ -109,5 +109,10 @@ def test_the_process_env_cuts_page_faults_of_malloc_scratch():
     plain = int(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout)
     huge = int(subprocess.run([sys.executable, "-c", code], env={**env, **hardware.PROCESS_ENV},
                               capture_output=True, text=True, check=True).stdout)
-    assert plain >= 8 * (64 << 20) // 4096 * 0.9  # every 4 KiB page, every time
-    assert huge < plain / 10
+    every_page = 8 * (64 << 20) // 4096
+    assert huge <= 1.1 * plain + 64
+    if mode == "madvise":
+        assert plain >= 0.9 * every_page  # every 4 KiB page, every time
+        assert huge < plain / 10
+    elif mode == "never":
+        assert huge >= 0.9 * every_page
