@@ -533,10 +533,16 @@ def granularity_format(results: pd.DataFrame, stem: str | Path) -> Figure:
     grid.set_axis_labels("scaling granularity", f"final {LOSS_LABEL}")
     grid.set_titles("{col_name} scaling" if row is None else "{row_name}, {col_name} scaling")
     grid.figure.suptitle(TITLES[5], y=1.03)
-    best = df.loc[df["val_loss"].idxmin()]
-    caption = (f"{df['run_id'].nunique()} runs; lowest final loss {best['val_loss']:.4g} with {best['precision']} "
-               f"{best['granularity']} ({best['scaling']} scaling); points are means over seeds, bars ± 1 sd.")
+    seeds = df.groupby(["precision", "granularity", "scaling"])["seed"].nunique() if "seed" in df.columns else None
+    caption = (f"{df['run_id'].nunique()} runs, {_range_text_int(seeds) if seeds is not None else 1} seed(s) per scheme; "
+               "points are means over seeds, bars ± 1 sd. Each scheme against per-tensor scaling, with "
+               "simultaneous CIs: REPORT.md, 'Scaling granularity and scale timing'.")
     return _figure(5, Path(stem), grid.figure, caption)
+
+
+def _range_text_int(counts: pd.Series) -> str:
+    lo, hi = int(counts.min()), int(counts.max())
+    return f"{lo}" if lo == hi else f"{lo}-{hi}"
 
 
 def amax_distributions(amax: pd.DataFrame, stem: str | Path) -> Figure:

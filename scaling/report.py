@@ -259,7 +259,17 @@ def integer_arm_section(f: dict) -> str:
              f"compute-optimal precision at {lo:g}-{hi:g} bits. The same comparison here: the forward-only integer "
              "recipes (backward GEMMs unquantised, costed at 16 bits) against the high-precision reference alone."]
     for b in arm:
-        lines += ["", f"**C = {_fmt(b['budget'])}.** " + _verdict_sentence(b, f["loss_unit"]), "",
+        head = f"**C = {_fmt(b['budget'])}.** " + _verdict_sentence(b, f["loss_unit"])
+        if b.get("P_interval"):
+            lo_p, hi_p = b["P_interval"]
+            span = f"{lo_p:g}" if lo_p == hi_p else f"{lo_p:g}-{hi_p:g}"
+            name = "Kumar et al. 2024"
+            v = b["published"][name]
+            head += (" Not ruled out as best (P(best) ≥ 0.025): " +
+                     ", ".join(f"{m['recipe']} ({m['P']:g} forward bits, P(best) {m['p_best']:.2f})" for m in b["measured"]) +
+                     f": forward precision {span} bits; against {name}'s {lo:g}-{hi:g} bits, "
+                     + ("cannot tell." if v == "cannot tell" else f"{v}."))
+        lines += ["", head, "",
                   "| recipe | effective bits | runs (sizes) | IsoFLOP minimum | 95% CI | P(best) |", "| --- | --- | --- | --- | --- | --- |"]
         for e in sorted(b["recipes"], key=lambda e: (e["loss"] is None, e["loss"] or 0)):
             if e["loss"] is None:
@@ -269,6 +279,54 @@ def integer_arm_section(f: dict) -> str:
             p_best = f"{e['p_best']:.2f}" if e["p_best"] is not None else "–"
             lines.append(f"| {e['recipe']} | {e['bits_eff']:.3g} | {e['runs']} ({e['sizes']}) | {e['loss']:.4g} | {ci} | {p_best} |")
     return "\n".join(lines)
+
+
+def granularity_section(g: dict, unit: str) -> str:
+    """The granularity sweep (study.scheme_effects): each scheme against per-tensor current scaling."""
+    lines = [f"Each scaling scheme against per-tensor, current scaling in the same format, final validation loss "
+             f"paired by seed ({g['runs']} runs, {g['comparisons']} comparisons)."]
+    if g["sigma"] is None:
+        lines[0] += (" No scheme has two seeds, so there is no noise estimate and no difference can be told from "
+                     "seed noise: every verdict is *cannot tell*.")
+    else:
+        lines[0] += (f" Scatter of the paired differences, pooled over the comparisons: {g['sigma']:.3f} {unit} on "
+                     f"{g['dof']} dof; intervals are simultaneous {g['level']:.0%} over all {g['comparisons']} "
+                     "comparisons (Bonferroni).")
+        counts = {v: sum(r["verdict"] == v for r in g["rows"]) for v in ("lower", "higher", "cannot tell")}
+        lines[0] += f" Lower than per tensor: {counts['lower']}; higher: {counts['higher']}; cannot tell: {counts['cannot tell']}."
+    lines += ["", "| format | scheme | seeds | loss | per-tensor loss | difference | CI | verdict |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in sorted(g["rows"], key=lambda r: (r["format"], r["diff"])):
+        ci = f"{r['ci'][0]:+.3f} to {r['ci'][1]:+.3f}" if r["ci"] else "–"
+        lines.append(f"| {r['format']} | {r['recipe']} | {r['n']} | {r['loss']:.4g} | {r['loss_ref']:.4g} | "
+                     f"{r['diff']:+.3f} | {ci} | {r['verdict']} |")
+    lines += _not_ok_lines(g["not_ok"], "recipe")
+    return "\n".join(lines)
+
+
+def outliers_section(o: dict, unit: str) -> str:
+    """The outlier sweep (study.smooth_swiglu_effect): Smooth-SwiGLU on minus off."""
+    if not o["n"]:
+        text = f"{o['runs']} runs, but no pair with Smooth-SwiGLU on and off that both finished: nothing to compare."
+    elif o["ci"] is None:
+        text = (f"Smooth-SwiGLU on minus off, final validation loss: {o['diff']:+.3f} {unit} from one pair, "
+                "with no noise estimate: cannot tell.")
+    else:
+        say = {"lower": "lower with Smooth-SwiGLU", "higher": "higher with Smooth-SwiGLU", "cannot tell": "cannot tell"}
+        text = (f"Smooth-SwiGLU on minus off, final validation loss paired by recipe, learning rate and seed: "
+                f"{o['diff']:+.3f} {unit} ({o['level']:.0%} CI {o['ci'][0]:+.3f} to {o['ci'][1]:+.3f}, n = {o['n']} "
+                f"pairs): {say[o['verdict']]}.")
+    lines = [text, "", "| recipe | learning rate | seed | loss, off | loss, on | on − off |", "| --- | --- | --- | --- | --- | --- |"]
+    lines += [f"| {p['recipe']} | {p['lr']:g} | {p['seed']} | {p['off']:.4g} | {p['on']:.4g} | {p['on'] - p['off']:+.3f} |"
+              for p in o["pairs"]]
+    return "\n".join(lines + _not_ok_lines(o["not_ok"], "Smooth-SwiGLU"))
+
+
+def _not_ok_lines(not_ok: dict, what: str) -> list[str]:
+    if not not_ok:
+        return ["", "Every run finished ok."]
+    return ["", "Runs that did not finish ok (not compared): " + "; ".join(
+        f"{what} {k}: " + ", ".join(f"{n} {s}" for s, n in v.items()) for k, v in not_ok.items()) + "."]
 
 
 def _range_text(r: Sequence[int]) -> str:
@@ -328,26 +386,42 @@ def pstar_section(f: dict) -> str:
                          + ", ".join(f"{r['recipe']} (+{r['loss'] - top['loss']:.3g} nats)" for r in ranked[1:4]) + ci)
             rng = e.get("P_range")
             if rng:
-                text += (f". Across the {len(e['specifications'])} specifications of the within-noise laws whose axis "
-                         f"is bits (law × cost model), P* is {rng[0]:.3g}–{rng[1]:.3g} bits")
+                text += (f". Across its {len(e['specifications'])} specifications (cost model{' and the within-noise laws whose axis is bits' if any(r['spec'].split(' ')[0] != law for r in e['specifications']) else ''}) "
+                         f"the chosen bits span {rng[0]:.3g}–{rng[1]:.3g}")
+            text += _measured_text(e, ranked[0]["recipe"] if ranked else None)
             lo, hi = e["interval"]
             span = f"{lo:.3g} bits" if f"{lo:.3g}" == f"{hi:.3g}" else f"{lo:.3g}–{hi:.3g} bits"
-            lines.append(text + f". Taking these together ({span}; a choice among the measured recipes"
-                         f"{' and the bits laws' if rng else ''}, not a continuous optimum): {verdicts}.")
+            lines.append(text + f". Taking these together ({span}; a choice among the measured recipes, not a "
+                         f"continuous optimum): {verdicts}.")
             continue
         ci = f"bootstrap 95% CI {e['P_ci'][0]:.3g}–{e['P_ci'][1]:.3g}" if e.get("P_ci") else "no bootstrap CI"
         rng = e.get("P_range")
         rng_text = f"{rng[0]:.3g}–{rng[1]:.3g} bits across {len(e['specifications'])} specifications" if rng else "–"
         lines.append(f"- C = {_fmt(e['compute'])}: the `{law}` law gives P* = {e['P']:.3g} bits ({ci}); "
-                     f"the specification range is {rng_text}. Taking both together (P* in "
+                     f"the specification range is {rng_text}{_measured_text(e, None)}. Taking these together (P* in "
                      f"{e['interval'][0]:.3g}–{e['interval'][1]:.3g} bits): {verdicts}.")
     spec = f["P_star"][0].get("specifications") or []
     if spec:
-        lines += ["", "Specifications at the first budget (law and exponents × cost model):", "",
+        lines += ["", "Specifications at the first budget (law and exponents × cost model; for a law on measured "
+                  "quantisation errors, the bits of its best recipe):", "",
                   "| specification | cost model | P* | N | D |", "| --- | --- | --- | --- | --- |"]
         lines += [f"| {r['spec']} | {r['cost_model']} | " + (f"{r['P']:.3g} | {_fmt(r['N'])} | {_fmt(r['D'])} |"
                   if "P" in r else f"{r.get('error', '–')} | – | – |") for r in spec]
     return "\n".join(lines)
+
+
+def _measured_text(e: dict, law_choice: str | None) -> str:
+    """The recipes the IsoFLOP measurement at this budget cannot rule out (study.measured_choice), and
+    whether the law's choice is among them."""
+    measured = e.get("measured") or []
+    if not measured:
+        return ""
+    text = ("; the IsoFLOP measurement at this budget cannot rule out as best " +
+            ", ".join(f"{m['recipe']} ({m['bits']:.3g} bits, P(best) {m['p_best']:.2f})" for m in measured))
+    if law_choice and law_choice not in {m["recipe"] for m in measured}:
+        text += (f", so it disagrees with the law's {law_choice} (see the law's residuals by recipe, figure 9), and "
+                 "both enter the interval")
+    return text
 
 
 def _published() -> dict:
@@ -457,6 +531,8 @@ def write_report(results_df: pd.DataFrame, fit_result: Any, out_dir: str | Path,
     fitted = study.study_part(ok, "main")
     budgets = ([compute] if isinstance(compute, (int, float)) else list(compute)) if compute is not None else None
     facts = study.findings(fitted if not fitted.empty else ok, fit_result, budgets=budgets, noise_rows=ok)
+    facts["granularity"] = study.scheme_effects(study.purpose_rows(results_df, "granularity"))
+    facts["outliers"] = study.smooth_swiglu_effect(study.purpose_rows(results_df, "outliers"))
     table = plan_table if plan_table is not None else plots.cluster_time_table(fit_result)
     figures = plots.make_figures(results_df, fit_result, out_dir, curves=curves, facts=facts, plan_table=table)
 
@@ -477,6 +553,10 @@ def write_report(results_df: pd.DataFrame, fit_result: Any, out_dir: str | Path,
             "## P*: the law's compute-optimal precision, with its uncertainty", "", pstar_section(facts), ""]
     if facts.get("integer_arm"):
         head += ["## Like for like with Kumar et al.: the forward-only integer arm", "", integer_arm_section(facts), ""]
+    if facts["granularity"]:
+        head += ["## Scaling granularity and scale timing", "", granularity_section(facts["granularity"], facts["loss_unit"]), ""]
+    if facts["outliers"]:
+        head += ["## Outliers: Smooth-SwiGLU", "", outliers_section(facts["outliers"], facts["loss_unit"]), ""]
     sections[4:4] = head
     if fit_result is not None and not ok.empty:
         error_text, heldout = heldout_error(fit_result, fitted)

@@ -736,6 +736,11 @@ def findings(df: pd.DataFrame, fit: Any | None, *, cost: str = "bits", budgets: 
     if costable and not arm.empty:
         out["integer_arm"] = analyse(arm, budgets, cost_model, n_boot=n_boot,
                                      noise=replicate_noise(integer_arm(df if noise_rows is None else noise_rows)))
+        for b in out["integer_arm"]:  # Kumar et al.'s P is the forward precision: compare on it, not effective bits
+            b["measured"] = measured_choice(b)
+            forward = [m["P"] for m in b["measured"]]
+            b["P_interval"] = [min(forward), max(forward)] if forward else None
+            b["published"] = {name: verdict(b["P_interval"], lo, hi) for name, (lo, hi) in PUBLISHED.items()}
     if fit is None:
         return out
     out["law"] = {"name": fit.law, "params": fit.params, "fixed": fit.fixed,
@@ -750,6 +755,9 @@ def findings(df: pd.DataFrame, fit: Any | None, *, cost: str = "bits", budgets: 
     chosen_cost = optimal.Cost(model=cost_model, shape=optimal.shape_of(fit))
     # no IsoFLOP budget: the law is still read at the largest compute a run reached
     at = budgets or ([float(with_cost(main, cost_model)["C"].max())] if costable else [])
+    # what the IsoFLOP measurement itself cannot rule out at each budget: part of every P* interval, so a
+    # law that disagrees with the measurement widens the interval instead of overruling it
+    measured = {float(b["budget"]): measured_choice(b) for b in out["budgets"]}
     if not _has_bits(fit.law):
         # e.g. capacity: precision as measured quantisation error, with no map from a hypothetical P to
         # it. The law still ranks the measured recipes (each at its own quantisation errors and cost);
@@ -757,12 +765,22 @@ def findings(df: pd.DataFrame, fit: Any | None, *, cost: str = "bits", budgets: 
         bits_specs = [(label, alt) for label, alt in specs[1:] if _has_bits(alt.law)]
         for c in at:
             entry = {"compute": float(c), "P": None, "P_ci": None, "no_bits_axis": fit.law,
-                     "recipes": recipe_optima(main, fit, c, chosen_cost, cost_model, ci_samples)}
-            spec = optimal.specification_range(bits_specs, c, costs) if bits_specs else {"P_range": None}
-            if spec["P_range"]:
-                entry.update(P_range=spec["P_range"], specifications=spec["table"])
+                     "recipes": recipe_optima(main, fit, c, chosen_cost, cost_model, ci_samples),
+                     "measured": measured.get(float(c), [])}
+            # the law's choice under every cost model, then P* of the within-noise laws whose axis is bits
+            table = []
+            for cst in costs:
+                top = (recipe_optima(main, fit, c, cst, cost_model) or [None])[0]
+                if top:
+                    table.append({"spec": f"{fit.law} (chosen; best recipe {top['recipe']})", "cost_model": cst.name,
+                                  "P": top["bits"], "N": top["N"], "D": top["D"], "loss": top["loss"]})
+            if bits_specs:
+                table += optimal.specification_range(bits_specs, c, costs)["table"]
+            ps = [r["P"] for r in table if "P" in r]
+            if ps:
+                entry.update(P_range=[float(min(ps)), float(max(ps))], specifications=table)
             bits = [e["bits"] for e in entry["recipes"] if e["best"]] + [b for e in entry["recipes"] for b in e["bits_ci"]]
-            span = [*bits, *(spec["P_range"] or [])]
+            span = [*bits, *ps, *(m["bits"] for m in entry["measured"])]
             if not span:
                 entry["error"] = (f"the chosen law ({fit.law}) prices precision by measured quantisation error, not "
                                   "bits, and no law with a bits axis is within noise of it: these data give no P*")
@@ -772,7 +790,7 @@ def findings(df: pd.DataFrame, fit: Any | None, *, cost: str = "bits", budgets: 
             out["P_star"].append(entry)
         return out
     for c in at:
-        entry: dict[str, Any] = {"compute": float(c)}
+        entry: dict[str, Any] = {"compute": float(c), "measured": measured.get(float(c), [])}
         try:
             best = optimal.optimal_precision(fit, c, cost=chosen_cost, p_range=(2.0, 32.0))
             entry.update(P=best["P"], N=best["N"], D=best["D"])
@@ -787,12 +805,20 @@ def findings(df: pd.DataFrame, fit: Any | None, *, cost: str = "bits", budgets: 
             continue
         spec = optimal.specification_range(specs, c, costs)
         entry.update(P_range=spec["P_range"], specifications=spec["table"])
-        lo = min([entry["P"], *(entry["P_ci"] or []), *(spec["P_range"] or [])])
-        hi = max([entry["P"], *(entry["P_ci"] or []), *(spec["P_range"] or [])])
+        span = [entry["P"], *(entry["P_ci"] or []), *(spec["P_range"] or []), *(m["bits"] for m in entry["measured"])]
+        lo, hi = min(span), max(span)
         entry["interval"] = [lo, hi]
         entry["published"] = {name: verdict([lo, hi], a, b) for name, (a, b) in PUBLISHED.items()}
         out["P_star"].append(entry)
     return out
+
+
+def measured_choice(analysis: dict, level: float = LEVEL) -> list[dict]:
+    """The recipes an IsoFLOP analysis at one budget (`isoflop`) cannot rule out as best: P(best) at
+    least (1 - level) / 2 in the bootstrap, best first, with their effective bits."""
+    keep = [e for e in analysis["recipes"] if e.get("p_best") is not None and e["p_best"] >= (1 - level) / 2]
+    return [{"recipe": e["recipe"], "bits": float(e["bits_eff"]), "P": float(e["P"]), "p_best": float(e["p_best"])}
+            for e in sorted(keep, key=lambda e: -e["p_best"])]
 
 
 def recipe_optima(df: pd.DataFrame, fit: Any, compute: float, cost: optimal.Cost, cost_model: compute_lib.CostModel,
@@ -841,3 +867,93 @@ def _seeds_per_cell(df: pd.DataFrame) -> list[int]:
     keys = [k for k in ("sweep", "recipe", "N", "D") if k in df.columns]
     n = df.groupby(keys)["seed"].nunique()
     return [int(n.min()), int(n.max())]
+
+
+# ----------------------------------------------------------------------------- the purpose sweeps
+
+def purpose_rows(df: pd.DataFrame | None, name: str) -> pd.DataFrame | None:
+    """The rows of one purpose sweep (PURPOSE_SWEEPS), each run's last evaluation; None if it has none."""
+    if df is None or "sweep" not in df.columns:
+        return None
+    part = df[sweep_family(df["sweep"]) == name]
+    if part.empty:
+        return None
+    return part.sort_values("D").groupby("run_id", as_index=False).tail(1).reset_index(drop=True)
+
+
+def _status_counts(df: pd.DataFrame, by: str) -> dict[str, dict[str, int]]:
+    """{value of `by`: {status: runs}} for the runs that did not finish ok (diverged, failed, ...)."""
+    bad = df[df["status"].astype(str) != "ok"] if "status" in df.columns else df.iloc[0:0]
+    return {str(k): {str(s): int(n) for s, n in g["status"].value_counts().items()} for k, g in bad.groupby(by)}
+
+
+def scheme_effects(df: pd.DataFrame, level: float = LEVEL) -> dict[str, Any] | None:
+    """The granularity sweep: each scaling scheme (granularity x scale timing) against per-tensor,
+    current scaling in the same format, paired by seed (same initialisation and data order).
+
+    The paired differences' scatter about their means, pooled over every comparison (sigma, dof =
+    sum of (pairs - 1)), gives each mean difference a t interval; the intervals are simultaneous at
+    `level` over all m comparisons (Bonferroni: each at 1 - (1 - level) / m), so "lower" or
+    "higher" is a claim about the whole table, and "cannot tell" where an interval includes zero.
+    Runs that did not finish ok are counted, not compared. None without the sweep's columns."""
+    need = {"recipe", "format", "granularity", "scaling", "seed", "val_loss"}
+    if df is None or not need <= set(df.columns):
+        return None
+    ok = ok_rows(df)
+    cells = ok.groupby(["format", "granularity", "scaling", "seed"], as_index=False)["val_loss"].mean()
+    recipes = ok.groupby(["format", "granularity", "scaling"])["recipe"].first()
+    pairs = []
+    for (fmt, gran, timing), recipe in recipes.items():
+        if (gran, timing) == ("tensor", "current") or (fmt, "tensor", "current") not in recipes.index:
+            continue
+        mine = cells[(cells["format"] == fmt) & (cells["granularity"] == gran) & (cells["scaling"] == timing)]
+        ref = cells[(cells["format"] == fmt) & (cells["granularity"] == "tensor") & (cells["scaling"] == "current")]
+        both = mine.merge(ref, on="seed", suffixes=("", "_ref"))
+        if len(both):
+            pairs.append({"format": str(fmt), "recipe": str(recipe), "granularity": str(gran), "scaling": str(timing),
+                          "reference": str(recipes[(fmt, "tensor", "current")]),
+                          "d": (both["val_loss"] - both["val_loss_ref"]).to_numpy(),
+                          "loss": float(both["val_loss"].mean()), "loss_ref": float(both["val_loss_ref"].mean())})
+    m = len(pairs)
+    dof = sum(len(p["d"]) - 1 for p in pairs)
+    ss = sum(float(np.sum((p["d"] - p["d"].mean()) ** 2)) for p in pairs)
+    sigma = math.sqrt(ss / dof) if dof else None
+    t = float(stats.t.ppf(1 - (1 - level) / (2 * m), dof)) if dof and m else None
+    rows = []
+    for p in pairs:
+        diff = float(p["d"].mean())
+        ci = None if sigma is None else [diff - t * sigma / math.sqrt(len(p["d"])), diff + t * sigma / math.sqrt(len(p["d"]))]
+        rows.append({k: v for k, v in p.items() if k != "d"} |
+                    {"n": len(p["d"]), "diff": diff, "ci": ci,
+                     "verdict": "cannot tell" if ci is None or ci[0] <= 0 <= ci[1] else ("lower" if ci[1] < 0 else "higher")})
+    return {"runs": int(df["run_id"].nunique()) if "run_id" in df.columns else len(df),
+            "comparisons": m, "sigma": sigma, "dof": dof, "level": level, "rows": rows,
+            "not_ok": _status_counts(df, "recipe")}
+
+
+def smooth_swiglu_effect(df: pd.DataFrame, level: float = LEVEL) -> dict[str, Any] | None:
+    """The outlier sweep: final validation loss with Smooth-SwiGLU on minus off, paired by everything
+    else (recipe, learning rate, seed); the mean difference with a t interval on the pairs' own
+    scatter (n - 1 dof), "cannot tell" where it includes zero. Runs that did not finish ok are
+    counted by Smooth-SwiGLU on/off. None without the sweep's columns."""
+    need = {"smooth_swiglu", "recipe", "lr", "seed", "val_loss"}
+    if df is None or not need <= set(df.columns):
+        return None
+    keys = ["recipe", "lr", "seed"]
+    ok = ok_rows(df).assign(smooth_swiglu=lambda d: d["smooth_swiglu"].astype(bool))
+    on, off = (ok[ok["smooth_swiglu"] == flag].groupby(keys, as_index=False)["val_loss"].mean() for flag in (True, False))
+    both = on.merge(off, on=keys, suffixes=("_on", "_off"))
+    d = (both["val_loss_on"] - both["val_loss_off"]).to_numpy()
+    n = len(d)
+    diff = float(d.mean()) if n else None
+    ci = None
+    if n >= 2:
+        half = float(stats.t.ppf(0.5 + level / 2, n - 1)) * float(d.std(ddof=1)) / math.sqrt(n)
+        ci = [diff - half, diff + half]
+    status = df.assign(smooth_swiglu=df["smooth_swiglu"].astype(bool).map({True: "on", False: "off"}))
+    return {"runs": int(df["run_id"].nunique()) if "run_id" in df.columns else len(df), "n": n, "diff": diff,
+            "ci": ci, "level": level,
+            "verdict": "cannot tell" if ci is None or ci[0] <= 0 <= ci[1] else ("lower" if ci[1] < 0 else "higher"),
+            "pairs": [{"recipe": str(r.recipe), "lr": float(r.lr), "seed": int(r.seed), "on": float(r.val_loss_on),
+                       "off": float(r.val_loss_off)} for r in both.itertuples()],
+            "not_ok": _status_counts(status, "smooth_swiglu")}

@@ -239,8 +239,12 @@ def test_the_forward_only_integer_arm_is_analysed_on_its_own():
     (at,) = facts["integer_arm"]
     assert {e["recipe"] for e in at["recipes"]} == {"bf16", "int8-fwd", "int4-fwd"}
     assert at["winner"] is None and "cannot tell" in at["reason"]  # bf16 and int8 tied under noise 0.01
+    # Kumar et al.'s P is the forward precision: the recipes not ruled out, on their forward bits
+    assert {m["recipe"] for m in at["measured"]} <= {"bf16", "int8-fwd"} and "int8-fwd" in {m["recipe"] for m in at["measured"]}
+    assert at["P_interval"] == [min(m["P"] for m in at["measured"]), max(m["P"] for m in at["measured"])]
+    assert at["P_interval"][0] == 8 and at["published"]["Kumar et al. 2024"] == study.verdict(at["P_interval"], 7, 8)
     text = report.integer_arm_section(facts)
-    assert "Kumar et al. 2024" in text and "No winner" in text and "int4-fwd" in text
+    assert "Kumar et al. 2024" in text and "No winner" in text and "int4-fwd" in text and "8 forward bits" in text
     # one integer recipe is no arm
     assert study.integer_arm(runs[runs["recipe"] != "int4-fwd"]).empty
     assert study.findings(runs[runs["recipe"] != "int4-fwd"], None, budgets=[1e12])["integer_arm"] == []
@@ -550,15 +554,20 @@ def test_a_chosen_law_without_a_bits_axis_gives_p_star_only_from_within_noise_bi
         return f
 
     no_qerr = runs.drop(columns=[c for c in runs.columns if c.startswith("qerr_")])  # nothing to rank recipes by
-    (alone,) = study.findings(no_qerr, chosen(False), budgets=[1e12])["P_star"]
-    assert alone["P"] is None and "no P*" in alone["error"] and "capacity" in alone["error"]
+    (alone,) = study.findings(no_qerr, chosen(False), budgets=[1e14])["P_star"]  # a budget no run reaches
+    assert alone["P"] is None and not alone["measured"] and "no P*" in alone["error"] and "capacity" in alone["error"]
     text = report.pstar_section({"P_star": [alone], "law": {"name": "capacity"}})
     assert "no P*" in text and "context" not in text
+    (measured,) = study.findings(no_qerr, chosen(False), budgets=[1e12])["P_star"]  # the IsoFLOP measurement alone
+    bits = [m["bits"] for m in measured["measured"]]
+    assert bits and "error" not in measured and measured["interval"] == [min(bits), max(bits)]
     (both,) = study.findings(runs, chosen(True), budgets=[1e12])["P_star"]
     assert both["P"] is None and "error" not in both
-    assert {r["spec"] for r in both["specifications"]} == {"kumar (within noise)"}  # x each cost model
+    specs = {r["spec"] for r in both["specifications"]}  # x each cost model
+    assert "kumar (within noise)" in specs and all(s == "kumar (within noise)" or s.startswith("capacity (chosen")
+                                                   for s in specs)
     lo, hi = both["interval"]
-    assert lo == both["P_range"][0] <= hi and set(both["published"]) == set(study.PUBLISHED)
+    assert lo <= both["P_range"][0] <= both["P_range"][1] <= hi and set(both["published"]) == set(study.PUBLISHED)
     text = report.pstar_section({"P_star": [both], "law": {"name": "capacity"}})
     assert "no continuous P*" in text and f"{lo:.3g}" in text
 
@@ -585,3 +594,80 @@ def test_a_quantisation_error_law_ranks_the_measured_recipes_at_their_own_errors
         assert entry["interval"][0] <= ranked[0]["bits"] <= entry["interval"][1]
         text = report.pstar_section({"P_star": [entry], "law": {"name": "capacity"}})
         assert f"it prefers {winner}" in text and "no continuous P*" in text
+
+
+def test_p_star_never_overrules_the_isoflop_measurement():
+    """A law that prefers a recipe the IsoFLOP profiles rule out (here capacity with F large prefers the
+    cheap mxfp4 while the measured mxfp4 is 0.3 nats worse) widens P*'s interval to what the measurement
+    cannot rule out, and the report says the two disagree."""
+    from scaling import fit, report
+
+    runs = _isoflop_runs({"bf16": 0.0, "fp8": 0.3, "mxfp4": 0.3}, noise=0.005)
+    cfg = ladder.config_for_size(2, seq_len=64)
+    per_recipe = {r: compute.columns(cfg, r, 1024) for r in ("bf16", "fp8", "mxfp4")}
+    runs = pd.DataFrame([{**row, **per_recipe[row["recipe"]]} for row in runs.to_dict("records")])
+    runs["D"] = 1e12 / compute.get("bits").per_token(runs)  # each recipe's runs land on the budget at its own cost
+    qerr = {"bf16": 0.0, "fp8": 2e-3, "mxfp4": 3e-2}
+    runs = runs.assign(**{c: runs["recipe"].map(qerr) for c in ("qerr_w", "qerr_a", "qerr_g")})
+    law = fit.FitResult(law="capacity", params={"E": 1.7, "A": 400.0, "B": 2000.0, "alpha": 0.34, "beta": 0.36,
+                                                "C": 1.0, "F": 1e3}, objective=0.0, residuals=np.zeros(0))
+    facts = study.findings(runs, law, budgets=[1e12])
+    (entry,) = facts["P_star"]
+    assert entry["recipes"][0]["recipe"] == "mxfp4"
+    assert [m["recipe"] for m in entry["measured"]] == ["bf16"] == [facts["budgets"][0]["winner"]]
+    assert entry["interval"][0] <= entry["recipes"][0]["bits"] < 16 == entry["interval"][1]
+    text = report.pstar_section({"P_star": [entry], "law": {"name": "capacity"}})
+    assert "disagrees with the law's mxfp4" in text and "cannot rule out as best bf16" in text
+
+
+def _purpose_rows(recipes: dict, seeds=(0, 1), noise=0.01, rng=0):
+    """Granularity-sweep rows: recipe -> (format, granularity, scaling, true loss); a seed effect shared by
+    every recipe (same initialisation and data order) plus independent noise."""
+    rng = np.random.default_rng(rng)
+    shared = {s: 0.05 * rng.standard_normal() for s in seeds}
+    return pd.DataFrame([{"run_id": f"{r}-{s}", "sweep": "granularity", "recipe": r, "format": f, "granularity": g,
+                          "scaling": t, "seed": s, "N": 1.6e5, "D": 1.6e6, "status": "ok",
+                          "val_loss": loss + shared[s] + noise * rng.standard_normal()}
+                         for r, (f, g, t, loss) in recipes.items() for s in seeds])
+
+
+def test_scaling_schemes_are_compared_with_per_tensor_scaling_paired_by_seed():
+    recipes = {"fp8-tensor": ("fp8", "tensor", "current", 1.60), "fp8-block": ("fp8", "block", "current", 1.60),
+               "fp4-tensor": ("fp4", "tensor", "current", 2.00), "fp4-mx": ("fp4", "mx", "current", 1.70),
+               "fp4-tensor-delayed": ("fp4", "tensor", "delayed", 2.30), "fp6-mx": ("fp6", "mx", "current", 1.6)}
+    rows = _purpose_rows(recipes, seeds=(0, 1, 2))
+    g = study.scheme_effects(rows)
+    by = {r["recipe"]: r for r in g["rows"]}
+    assert set(by) == {"fp8-block", "fp4-mx", "fp4-tensor-delayed"}  # fp6 has no per-tensor reference
+    assert g["comparisons"] == 3 and g["dof"] == 3 * 2
+    assert by["fp4-mx"]["verdict"] == "lower" and by["fp4-tensor-delayed"]["verdict"] == "higher"
+    assert by["fp8-block"]["verdict"] == "cannot tell" and by["fp8-block"]["ci"][0] < 0 < by["fp8-block"]["ci"][1]
+    assert by["fp4-mx"]["diff"] == pytest.approx(-0.30, abs=0.05) and by["fp4-mx"]["reference"] == "fp4-tensor"
+    # pairing removes the shared seed effect (sd 0.05): the pooled sigma is the independent noise, ~0.01 * sqrt(2)
+    assert g["sigma"] < 0.04
+    # one seed: no noise estimate, so no verdict
+    one = study.scheme_effects(_purpose_rows(recipes, seeds=(0,)))
+    assert one["sigma"] is None and {r["verdict"] for r in one["rows"]} == {"cannot tell"}
+    # a run that did not finish is counted, not compared
+    broken = rows.copy()
+    broken.loc[broken["run_id"] == "fp4-mx-0", ["status", "val_loss"]] = ["diverged", np.nan]
+    g2 = study.scheme_effects(broken)
+    assert g2["not_ok"] == {"fp4-mx": {"diverged": 1}} and {r["recipe"]: r["n"] for r in g2["rows"]}["fp4-mx"] == 2
+    from scaling import report
+    text = report.granularity_section(g2, "nats/byte")
+    assert "Bonferroni" in text and "fp4-mx" in text and "1 diverged" in text
+    assert "every verdict is *cannot tell*" in report.granularity_section(one, "nats/byte")
+
+
+def test_smooth_swiglu_is_compared_on_against_off_paired_by_recipe_rate_and_seed():
+    rng = np.random.default_rng(1)
+    rows = [{"run_id": f"{r}-{lr}-{on}", "sweep": "outliers", "recipe": r, "lr": lr, "seed": 0, "smooth_swiglu": on,
+             "D": 2.6e6, "status": "ok", "val_loss": 1.3 + (lr == 0.03) * 0.2 - 0.05 * on + 0.005 * rng.standard_normal()}
+            for r in ("fp8", "fp8-delayed") for lr in (0.01, 0.03) for on in (False, True)]
+    o = study.smooth_swiglu_effect(pd.DataFrame(rows))
+    assert o["n"] == 4 and o["verdict"] == "lower" and o["diff"] == pytest.approx(-0.05, abs=0.02)
+    same = [{**r, "val_loss": r["val_loss"] + 0.05 * r["smooth_swiglu"]} for r in rows]
+    assert study.smooth_swiglu_effect(pd.DataFrame(same))["verdict"] == "cannot tell"
+    from scaling import report
+    assert "lower with Smooth-SwiGLU" in report.outliers_section(o, "nats/byte")
+    assert study.purpose_rows(pd.DataFrame(rows), "granularity") is None
