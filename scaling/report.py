@@ -174,51 +174,45 @@ def heldout_error(fit: Any, ok: pd.DataFrame) -> tuple[str, float | None]:
     return text, float(heldout["mare"])
 
 
-def precision_gaps(ok: pd.DataFrame) -> pd.DataFrame:
-    """Loss minus the FP32 run's at the same size, tokens and seed, for every other precision:
-    columns precision, N, D, gap (nats/byte). Empty without FP32 runs to pair with."""
-    labelled = plots.with_precision(ok)
-    keys = ["N", "D"] + (["seed"] if "seed" in ok.columns else [])
-    base = labelled[labelled["precision"] == "FP32"].groupby(keys)["val_loss"].mean().rename("fp32")
-    others = labelled[labelled["precision"] != "FP32"].join(base, on=keys, how="inner")
-    return others.assign(gap=others["val_loss"] - others["fp32"])[["precision", "N", "D", "gap"]].reset_index(drop=True)
-
-
 def cost_of_precision(ok: pd.DataFrame, fit: Any) -> str:
-    """How much each precision loses to FP32 at each token budget (mean over sizes), and whether the
-    lowest precision's loss grows with tokens per parameter: the kumar form (precision lowers the
-    effective N only) predicts a gap that does not depend on D."""
-    gaps = precision_gaps(ok)
+    """Each recipe's loss minus the high-precision reference run's at the same size, tokens and seed
+    (study.precision_gaps): its mean, and how it moves with D at a fixed size (least squares on log2 D
+    with size fixed effects), each with a 95% t interval over the matched points. Kumar et al.'s form,
+    where precision lowers only the effective N, predicts a gap that does not move with D."""
+    gaps = study.precision_gaps(ok)
     if gaps.empty:
         return ""
-    table = gaps.groupby(["precision", "D"])["gap"].mean().unstack("D")
-    table = table.loc[plots.precision_order(table.index)]
-    rows = [{"precision": name, **{f"D = {_fmt(d)}": f"{v:+.3f}" for d, v in row.items() if not math.isnan(v)}}
-            for name, row in table.iterrows()]
-    text = ["Validation loss minus the FP32 run's at the same size, tokens and seed (nats/byte), mean over "
-            "model sizes:", "", _markdown(pd.DataFrame(rows))]
-    lowest = table.index[-1]
-    mine = gaps[gaps["precision"] == lowest]
-    if mine.groupby("N")["D"].nunique().max() > 1:
-        # least squares within each size (size fixed effects): how the gap moves with D at a fixed N
-        centred = mine.assign(log_d=np.log2(mine["D"]))
+    reference = study.high_precision_recipe(ok)
+    rows, grows = [], []
+    for recipe, g in gaps.groupby("recipe"):
+        n = len(g)
+        mean = float(g["gap"].mean())
+        half = float(stats.t.ppf(0.975, n - 1) * g["gap"].std(ddof=1) / math.sqrt(n)) if n >= 2 else math.nan
+        row = {"recipe": recipe, "points (sizes)": f"{n} ({g['N'].nunique()})", "mean gap": f"{mean:+.3f}",
+               "its 95% CI": f"{mean - half:+.3f} to {mean + half:+.3f}" if n >= 2 else "–",
+               "change per doubling of D": "–", "95% CI": "–", "with D": "cannot tell"}
+        centred = g.assign(log_d=np.log2(g["D"]))
         centred[["log_d", "gap"]] -= centred.groupby("N")[["log_d", "gap"]].transform("mean")
         sxx = float((centred["log_d"] ** 2).sum())
-        slope = float((centred["log_d"] * centred["gap"]).sum() / sxx)
-        dof = len(centred) - mine["N"].nunique() - 1
-        first, last = table.loc[lowest].dropna().iloc[[0, -1]]
-        text += ["", f"{lowest}'s gap goes from {first:+.3f} at the fewest tokens to {last:+.3f} at the most (mean over sizes)."]
-        if dof >= 1:
+        dof = n - g["N"].nunique() - 1
+        if sxx > 0 and dof >= 1:
+            slope = float((centred["log_d"] * centred["gap"]).sum() / sxx)
             resid = centred["gap"] - slope * centred["log_d"]
-            se = math.sqrt(float((resid ** 2).sum()) / dof / sxx)
-            half = stats.t.ppf(0.975, dof) * se
-            ci = f"{slope:+.3f} nats/byte per doubling of the tokens (95% CI {slope - half:+.3f} to {slope + half:+.3f}, n = {len(centred)} points, size fixed effects)"
-            if slope - half > 0:
-                text[-1] += f" At a fixed model size it grows with D: {ci}; Kumar et al.'s form, where precision lowers only the effective N, predicts a gap that does not."
-            elif slope + half < 0:
-                text[-1] += f" At a fixed model size it shrinks with D: {ci}."
-            else:
-                text[-1] += f" Whether it changes with D at a fixed size, these data cannot tell: {ci}."
+            h = float(stats.t.ppf(0.975, dof) * math.sqrt(float((resid ** 2).sum()) / dof / sxx))
+            verdict = "grows" if slope - h > 0 else "shrinks" if slope + h < 0 else "cannot tell"
+            row.update({"change per doubling of D": f"{slope:+.3f}", "95% CI": f"{slope - h:+.3f} to {slope + h:+.3f}",
+                        "with D": verdict})
+            if verdict == "grows":
+                grows.append(recipe)
+        rows.append(row)
+    unit = study.loss_unit(ok)
+    text = [f"Validation loss minus the {reference} run's at the same size, tokens and seed ({unit}; a point is one "
+            "matched evaluation), and how that gap moves with the tokens at a fixed model size (size fixed effects); "
+            f"each interval is 95% for its own recipe ({len(rows)} recipes):",
+            "", _markdown(pd.DataFrame(rows))]
+    if grows:
+        text += ["", f"At a fixed size the gap grows with D for {', '.join(grows)} (95% CI above zero); Kumar et al.'s "
+                 "form, where precision lowers only the effective N, predicts a gap that does not."]
     return "\n".join(text)
 
 

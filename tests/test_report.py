@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 from test_plots import fake_results
@@ -110,32 +111,31 @@ def test_limitations_name_a_size_axis_without_gain_and_an_unidentified_floor():
     assert "The irreducible loss E went to ≈0 (1e-08)" in text
 
 
-def test_cost_of_precision_pairs_runs_with_fp32_and_measures_the_trend_in_tokens():
+def test_cost_of_precision_pairs_runs_with_the_reference_and_measures_the_trend_in_tokens():
     from scaling import fit
 
+    rng = np.random.default_rng(0)
     rows = []
     for N in (1e5, 4e5):
         for i, D in enumerate((1e6, 2e6, 4e6)):
             base = 3.0 - 0.1 * i - (0.2 if N > 1e5 else 0.0)
-            for P, recipe, gap in ((32, "fp32", 0.0), (8, "fp8", 0.004), (4, "mxfp4", 0.03 + 0.05 * i)):
+            for P, recipe, gap in ((16, "bf16", 0.0), (8, "fp8", 0.004), (4, "mxfp4", 0.03 + 0.05 * i)):
                 rows.append(dict(run_id=f"{recipe}-{N:g}", N=N, D=D, P=P, recipe=recipe, format=recipe, seed=0,
-                                 val_loss=base + gap))
+                                 val_loss=base + gap + 0.002 * rng.standard_normal() * (recipe != "bf16")))
     ok = pd.DataFrame(rows)
-    gaps = report.precision_gaps(ok)
-    assert len(gaps) == 12 and set(gaps["precision"]) == {"FP8", "FP4"}
-    assert gaps[gaps["precision"] == "FP8"]["gap"].to_numpy() == pytest.approx([0.004] * 6)
     law = fit.FitResult.from_dict({"law": "kumar", "params": {}, "fixed": {}, "objective": 0.0})
     text = report.cost_of_precision(ok, law)
-    assert "| FP8 | +0.004 | +0.004 | +0.004 |" in text and "| FP4 | +0.030 | +0.080 | +0.130 |" in text
-    # +0.05 per doubling of D at either size
-    assert "FP4's gap goes from +0.030 at the fewest tokens to +0.130 at the most (mean over sizes)." in text
-    assert "At a fixed model size it grows with D: +0.050 nats/byte per doubling of the tokens" in text
-    assert "Kumar et al.'s form, where precision lowers only the effective N, predicts a gap that does not." in text
+    assert "minus the bf16 run's" in text
+    line = {r.split("|")[1].strip(): [c.strip() for c in r.split("|")[1:-1]] for r in text.splitlines() if r.startswith("| ")}
+    assert line["mxfp4"][1] == "6 (2)" and float(line["mxfp4"][2]) == pytest.approx(0.08, abs=0.005)
+    # +0.05 per doubling of D at either size: grows, with a CI above zero; fp8's constant gap does not move
+    assert float(line["mxfp4"][4]) == pytest.approx(0.05, abs=0.005) and line["mxfp4"][6] == "grows"
+    assert line["fp8"][6] == "cannot tell" and float(line["fp8"][2]) == pytest.approx(0.004, abs=0.003)
+    assert "grows with D for mxfp4" in text and "Kumar et al.'s form" in text
     flat = ok.assign(val_loss=ok["val_loss"] - (ok["recipe"] == "mxfp4") * 0.05 * ok["D"].map({1e6: 0, 2e6: 1, 4e6: 2}))
-    flat.loc[flat.index[::5], "val_loss"] += 0.01  # noise, no trend: the sentence says it cannot tell
-    assert "these data cannot tell" in report.cost_of_precision(flat, law)
-    # no FP32 to pair with: no section
-    assert report.cost_of_precision(ok[ok["P"] != 32], law) == ""
+    assert "grows with D" not in report.cost_of_precision(flat, law)
+    # only the reference: no section
+    assert report.cost_of_precision(ok[ok["recipe"] == "bf16"], law) == ""
 
 
 def test_the_report_says_how_the_law_was_chosen_and_when_no_precision_term_does_as_well():
