@@ -1,12 +1,12 @@
 """Regenerate every figure and REPORT.md from committed results and fits alone (no training).
 
     python paper_figures/make_figures.py
-    python paper_figures/make_figures.py --results results/ladder.csv --curves results/ladder_curves.parquet \
-        --fit fits/ladder.json --out paper_figures/
+    python paper_figures/make_figures.py --results results/quick.csv --curves results/quick_curves.parquet \
+        --fit fits/quick.json --out /tmp/quick_figures
 
-The defaults are the committed reference study: the IsoFLOP study's files (results/isoflop.csv and
-its curves, written as its runs land, and fits/isoflop.json, fitted once the sweep is complete) when
-its fit exists, else the earlier ladder study's, else the quick preset's.
+The defaults are the committed reference study (`scaling reproduce --preset full --out .`):
+results/isoflop.csv (the IsoFLOP design plus the granularity and outlier sweeps), its curves and
+fits/isoflop.json.
 
 Same as `scaling figures` with the committed files as defaults. Without curves or a fit, the figures
 that need them are listed as skipped in REPORT.md; missing results, or any malformed input, is an
@@ -25,12 +25,10 @@ sys.path.insert(0, str(ROOT))  # run from a fresh clone without installing the p
 from scaling import report  # noqa: E402
 from scaling.errors import ConfigError  # noqa: E402
 
-STUDY = next(name for name, ready in (("isoflop", (ROOT / "fits" / "isoflop.json").exists()),
-                                      ("ladder", (ROOT / "results" / "ladder.csv").exists()), ("quick", True)) if ready)
 DEFAULTS = {
-    "results": ROOT / "results" / f"{STUDY}.csv",
-    "curves": ROOT / "results" / f"{STUDY}_curves.parquet",
-    "fit": ROOT / "fits" / f"{STUDY}.json",
+    "results": ROOT / "results" / "isoflop.csv",
+    "curves": ROOT / "results" / "isoflop_curves.parquet",
+    "fit": ROOT / "fits" / "isoflop.json",
     "out": ROOT / "paper_figures",
 }
 

@@ -524,7 +524,10 @@ def write_report(results_df: pd.DataFrame, fit_result: Any, out_dir: str | Path,
     ok = plots.validate_results(results_df)
     fitted = study.study_part(ok, "main")
     budgets = ([compute] if isinstance(compute, (int, float)) else list(compute)) if compute is not None else None
-    facts = study.findings(fitted if not fitted.empty else ok, fit_result, budgets=budgets, noise_rows=ok)
+    # seed noise from the main study and the direct test, not from the purpose sweeps (a broken per-tensor
+    # FP4 recipe there is noisy in its own way)
+    facts = study.findings(fitted if not fitted.empty else ok, fit_result, budgets=budgets,
+                           noise_rows=study.study_part(ok, "law"))
     facts["granularity"] = study.scheme_effects(study.purpose_rows(results_df, "granularity"))
     facts["outliers"] = study.smooth_swiglu_effect(study.purpose_rows(results_df, "outliers"))
     table = plan_table if plan_table is not None else plots.cluster_time_table(fit_result)
@@ -616,8 +619,8 @@ def load_fit(path: str | Path) -> Any:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = ("Regenerate every figure and REPORT.md from results and a fitted law (no training). "
-                          "Example: scaling figures --results results/ladder.csv --curves results/ladder_curves.parquet "
-                          "--fit fits/ladder.json --out paper_figures/")
+                          "Example: scaling figures --results results/isoflop.csv --curves results/isoflop_curves.parquet "
+                          "--fit fits/isoflop.json --out paper_figures/")
     parser.add_argument("--results", help="results directory, or a committed .csv / .parquet summary (required)")
     parser.add_argument("--curves", help="per-step curves: a results directory with metrics.jsonl, or a .csv / .parquet "
                         "(default: the --results directory's own metrics.jsonl files)")
