@@ -283,9 +283,11 @@ def granularity_section(g: dict, unit: str) -> str:
         lines[0] += (" No scheme has two seeds, so there is no noise estimate and no difference can be told from "
                      "seed noise: every verdict is *cannot tell*.")
     else:
+        own = [r["recipe"] for r in g["rows"] if r.get("own_noise")]
+        apart = f" (apart from {', '.join(own)}, whose paired scatter is far above the rest's by an F test: each keeps its own)"
         lines[0] += (f" Scatter of the paired differences, pooled over the comparisons: {g['sigma']:.3f} {unit} on "
-                     f"{g['dof']} dof; intervals are simultaneous {g['level']:.0%} over all {g['comparisons']} "
-                     "comparisons (Bonferroni).")
+                     f"{g['dof']} dof{apart if own else ''}; intervals are simultaneous {g['level']:.0%} over all "
+                     f"{g['comparisons']} comparisons (Bonferroni).")
         counts = {v: sum(r["verdict"] == v for r in g["rows"]) for v in ("lower", "higher", "cannot tell")}
         lines[0] += f" Lower than per tensor: {counts['lower']}; higher: {counts['higher']}; cannot tell: {counts['cannot tell']}."
     lines += ["", "| format | scheme | seeds | loss | per-tensor loss | difference | CI | verdict |",

@@ -891,10 +891,12 @@ def scheme_effects(df: pd.DataFrame, level: float = LEVEL) -> dict[str, Any] | N
     """The granularity sweep: each scaling scheme (granularity x scale timing) against per-tensor,
     current scaling in the same format, paired by seed (same initialisation and data order).
 
-    The paired differences' scatter about their means, pooled over every comparison (sigma, dof =
-    sum of (pairs - 1)), gives each mean difference a t interval; the intervals are simultaneous at
-    `level` over all m comparisons (Bonferroni: each at 1 - (1 - level) / m), so "lower" or
-    "higher" is a claim about the whole table, and "cannot tell" where an interval includes zero.
+    The paired differences' scatter about their means, pooled over the comparisons (sigma, dof = sum
+    of (pairs - 1)), gives each mean difference a t interval; a comparison whose scatter is far above
+    the others' (F test of the largest against the rest, repeated) keeps its own (`own_noise`). The
+    intervals are simultaneous at `level` over all m comparisons (Bonferroni: each at 1 - (1 - level)
+    / m), so "lower" or "higher" is a claim about the whole table, and "cannot tell" where an
+    interval includes zero.
     Runs that did not finish ok are counted, not compared. None without the sweep's columns."""
     need = {"recipe", "format", "granularity", "scaling", "seed", "val_loss"}
     if df is None or not need <= set(df.columns):
@@ -915,16 +917,35 @@ def scheme_effects(df: pd.DataFrame, level: float = LEVEL) -> dict[str, Any] | N
                           "d": (both["val_loss"] - both["val_loss_ref"]).to_numpy(),
                           "loss": float(both["val_loss"].mean()), "loss_ref": float(both["val_loss_ref"].mean())})
     m = len(pairs)
-    dof = sum(len(p["d"]) - 1 for p in pairs)
-    ss = sum(float(np.sum((p["d"] - p["d"].mean()) ** 2)) for p in pairs)
-    sigma = math.sqrt(ss / dof) if dof else None
-    t = float(stats.t.ppf(1 - (1 - level) / (2 * m), dof)) if dof and m else None
+    for p in pairs:
+        p["dof"] = len(p["d"]) - 1
+        p["ss"] = float(np.sum((p["d"] - p["d"].mean()) ** 2))
+    # One noise level for every comparison, unless one's scatter is far above the rest's (a scheme that
+    # trains chaotically, e.g. delayed per-tensor scales at 6 bits): the largest is F-tested against the
+    # others' pooled scatter at (1 - level) / k and, while it fails, keeps its own scatter.
+    pooled = [p for p in pairs if p["dof"] >= 1]
+    own = []
+    while len(pooled) >= 2:
+        worst = max(pooled, key=lambda p: p["ss"] / p["dof"])
+        rest = [p for p in pooled if p is not worst]
+        rest_dof = sum(p["dof"] for p in rest)
+        rest_var = sum(p["ss"] for p in rest) / rest_dof
+        if rest_var > 0 and stats.f.sf(worst["ss"] / worst["dof"] / rest_var, worst["dof"], rest_dof) >= (1 - level) / len(pooled):
+            break
+        own.append(worst)
+        pooled = rest
+    dof = sum(p["dof"] for p in pooled)
+    sigma = math.sqrt(sum(p["ss"] for p in pooled) / dof) if dof else None
     rows = []
     for p in pairs:
+        mine = (math.sqrt(p["ss"] / p["dof"]), p["dof"]) if any(p is q for q in own) else (sigma, dof)
         diff = float(p["d"].mean())
-        ci = None if sigma is None else [diff - t * sigma / math.sqrt(len(p["d"])), diff + t * sigma / math.sqrt(len(p["d"]))]
-        rows.append({k: v for k, v in p.items() if k != "d"} |
-                    {"n": len(p["d"]), "diff": diff, "ci": ci,
+        ci = None
+        if mine[0] is not None and mine[1] >= 1:
+            half = float(stats.t.ppf(1 - (1 - level) / (2 * m), mine[1])) * mine[0] / math.sqrt(len(p["d"]))
+            ci = [diff - half, diff + half]
+        rows.append({k: v for k, v in p.items() if k not in ("d", "ss", "dof")} |
+                    {"n": len(p["d"]), "diff": diff, "ci": ci, "own_noise": any(p is q for q in own),
                      "verdict": "cannot tell" if ci is None or ci[0] <= 0 <= ci[1] else ("lower" if ci[1] < 0 else "higher")})
     return {"runs": int(df["run_id"].nunique()) if "run_id" in df.columns else len(df),
             "comparisons": m, "sigma": sigma, "dof": dof, "level": level, "rows": rows,

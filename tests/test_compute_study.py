@@ -645,6 +645,14 @@ def test_scaling_schemes_are_compared_with_per_tensor_scaling_paired_by_seed():
     assert by["fp4-mx"]["diff"] == pytest.approx(-0.30, abs=0.05) and by["fp4-mx"]["reference"] == "fp4-tensor"
     # pairing removes the shared seed effect (sd 0.05): the pooled sigma is the independent noise, ~0.01 * sqrt(2)
     assert g["sigma"] < 0.04
+    # a scheme that trains chaotically (seeds 0.6 apart) keeps its own scatter instead of swamping the others'
+    wild = rows.copy()
+    wild.loc[wild["run_id"] == "fp4-tensor-delayed-1", "val_loss"] += 0.6
+    g3 = study.scheme_effects(wild)
+    by3 = {r["recipe"]: r for r in g3["rows"]}
+    assert by3["fp4-tensor-delayed"]["own_noise"] and by3["fp4-tensor-delayed"]["verdict"] == "cannot tell"
+    assert g3["sigma"] == pytest.approx(g["sigma"], rel=0.5) and by3["fp4-mx"]["verdict"] == "lower"
+    assert not any(r["own_noise"] for r in g["rows"])
     # one seed: no noise estimate, so no verdict
     one = study.scheme_effects(_purpose_rows(recipes, seeds=(0,)))
     assert one["sigma"] is None and {r["verdict"] for r in one["rows"]} == {"cannot tell"}
@@ -656,6 +664,7 @@ def test_scaling_schemes_are_compared_with_per_tensor_scaling_paired_by_seed():
     from scaling import report
     text = report.granularity_section(g2, "nats/byte")
     assert "Bonferroni" in text and "fp4-mx" in text and "1 diverged" in text
+    assert "apart from fp4-tensor-delayed" in report.granularity_section(g3, "nats/byte")
     assert "every verdict is *cannot tell*" in report.granularity_section(one, "nats/byte")
 
 
