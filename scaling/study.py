@@ -770,7 +770,7 @@ def findings(df: pd.DataFrame, fit: Any | None, *, cost: str = "bits", budgets: 
             # the law's choice under every cost model, then P* of the within-noise laws whose axis is bits
             table = []
             for cst in costs:
-                top = (recipe_optima(main, fit, c, cst, cost_model) or [None])[0]
+                top = (recipe_optima(main, fit, c, cst, cost_model, bootstrap=False) or [None])[0]
                 if top:
                     table.append({"spec": f"{fit.law} (chosen; best recipe {top['recipe']})", "cost_model": cst.name,
                                   "P": top["bits"], "N": top["N"], "D": top["D"], "loss": top["loss"]})
@@ -822,13 +822,13 @@ def measured_choice(analysis: dict, level: float = LEVEL) -> list[dict]:
 
 
 def recipe_optima(df: pd.DataFrame, fit: Any, compute: float, cost: optimal.Cost, cost_model: compute_lib.CostModel,
-                  ci_samples: int | None = None) -> list[dict]:
+                  ci_samples: int | None = None, bootstrap: bool = True) -> list[dict]:
     """A law on quantisation errors (capacity) read at `compute` for each measured recipe: its median
     qerr_w/a/g over the runs and its mean effective bits as the cost's P (every quantised FLOP at
     that width: an approximation for recipes that quantise only some roles); the compute-optimal
     N, D and loss under the law, sorted best first. With bootstrap samples: p_best (share of resamples
     in which the recipe is the law's best) and bits_ci (the best recipe's bits over the resamples, on
-    the best recipe's row only). Recipes with no quantisation error recorded are left out."""
+    the best recipe's row only); `bootstrap=False` skips the resamples). Recipes with no quantisation error recorded are left out."""
     cols = [c for c in laws.QERR_COLUMNS if c in df.columns]
     if not cols or "recipe" not in df.columns:
         return []
@@ -845,7 +845,7 @@ def recipe_optima(df: pd.DataFrame, fit: Any, compute: float, cost: optimal.Cost
         return sorted(rows, key=lambda e: e["loss"])
 
     table = rank(None)
-    samples = getattr(fit, "samples", pd.DataFrame())
+    samples = getattr(fit, "samples", pd.DataFrame()) if bootstrap else pd.DataFrame()
     samples = samples.iloc[:ci_samples] if ci_samples else samples
     winners = [rank(row)[0] for row in samples.to_dict("records")] if len(samples) >= 2 else []
     for i, e in enumerate(table):

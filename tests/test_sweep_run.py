@@ -212,7 +212,7 @@ def test_reproduce_runs_an_isoflop_study_reuses_landed_runs_and_reports_only_the
     (experiments / "repro.toml").write_text(REPRO)
     monkeypatch.setattr(reproduce, "EXPERIMENTS", experiments)
     monkeypatch.setitem(reproduce.PRESETS, "repro", ["repro.toml"])
-    monkeypatch.setattr(reproduce, "CANDIDATES", ("chinchilla", "kumar"))  # two laws keep the test quick
+    monkeypatch.setitem(reproduce.CANDIDATES, "repro", ("chinchilla", "kumar"))  # two laws keep the test quick
     out = tmp_path / "study"
     reproduce.reproduce("repro", out, bootstrap=4, progress=False)
     assert "repro: 6 runs, 0 already landed" in capsys.readouterr().out
