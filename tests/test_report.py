@@ -159,3 +159,26 @@ def test_the_report_says_how_the_law_was_chosen_and_when_no_precision_term_does_
     text = report.selection_text(unusable)
     assert "without the longest run, then without the largest compute budget, and predicts" in text
     assert "(without the largest size, the held-out gaps come from fewer than two runs" in text
+
+
+@pytest.mark.slow
+def test_make_figures_regenerates_every_committed_figure_and_the_findings_from_committed_files(tmp_path):
+    """The reference study's paper_figures/ is what make_figures.py makes from results/, fits/ alone:
+    the same figure files (none stale, none missing) and the same findings."""
+    import json
+
+    proc = subprocess.run([sys.executable, str(ROOT / "paper_figures" / "make_figures.py"), "--out", str(tmp_path)],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    figures = lambda d: {p.name for p in d.iterdir() if p.suffix in (".png", ".pdf")}  # noqa: E731
+    assert figures(tmp_path) == figures(ROOT / "paper_figures")
+    made = json.loads((tmp_path / "findings.json").read_text())
+    committed = json.loads((ROOT / "paper_figures" / "findings.json").read_text())
+    assert [b["winner"] for b in made["budgets"]] == [b["winner"] for b in committed["budgets"]]
+    for new, old in zip(made["budgets"] + made["integer_arm"], committed["budgets"] + committed["integer_arm"]):
+        assert {e["recipe"]: e["loss"] for e in new["recipes"]} == pytest.approx({e["recipe"]: e["loss"] for e in old["recipes"]}, abs=1e-6)
+        assert new["diff_ci"] == pytest.approx(old["diff_ci"], abs=1e-6)
+    for new, old in zip(made["P_star"], committed["P_star"], strict=True):
+        assert new["interval"] == pytest.approx(old["interval"])
+    assert made["granularity"]["rows"] == committed["granularity"]["rows"]
+    assert made["outliers"] == committed["outliers"]
