@@ -102,8 +102,8 @@ def _loss(law: laws.Law, params: Mapping[str, float], N, D, cols: Mapping[str, f
         return np.asarray(law.predict(params, x, np))
 
 
-def _best_n(law, params, compute, P, cols, cost: Cost, n_range) -> dict[str, float]:
-    """min over N of L(N, D = C/(6·N·f(P)), P): log-N grid, then bounded Brent between the grid neighbours."""
+def _best_n(law, params, compute, P, cols, cost: Cost, n_range, refine: bool = True) -> dict[str, float]:
+    """min over N of L(N, D = C/(6·N·f(P)), P): log-N grid, then (refine) bounded Brent between the grid neighbours."""
     # D >= 1: per-token cost >= 6·N·c(P), so N <= C / (6·c(P))
     n_max = compute / (cost.flops_per_param_token * float(cost.model.factor(P, cost.overhead)))
     lo, hi = np.log(n_range[0]), np.log(min(n_range[1], n_max))
@@ -113,6 +113,9 @@ def _best_n(law, params, compute, P, cols, cost: Cost, n_range) -> dict[str, flo
     losses = _loss(law, params, np.exp(grid), cost.tokens(np.exp(grid), compute, P), cols)
     losses = np.where(np.isfinite(losses), losses, np.inf)
     i = int(np.argmin(losses))
+    if not refine:
+        N = float(np.exp(grid[i]))
+        return {"P": float(P), "N": N, "D": float(cost.tokens(N, compute, P)), "loss": float(losses[i])}
     a, b = grid[max(i - 1, 0)], grid[min(i + 1, _N_GRID - 1)]
 
     def f(log_n):
@@ -124,10 +127,10 @@ def _best_n(law, params, compute, P, cols, cost: Cost, n_range) -> dict[str, flo
     return {"P": float(P), "N": N, "D": float(cost.tokens(N, compute, P)), "loss": loss}
 
 
-def _best_at_precision(law, params, compute, P, cost, context, data, n_range) -> dict[str, float]:
+def _best_at_precision(law, params, compute, P, cost, context, data, n_range, refine: bool = True) -> dict[str, float]:
     best = None
     for cols in precision_columns(law, P, context, data):
-        row = _best_n(law, params, compute, P, cols, cost, n_range)
+        row = _best_n(law, params, compute, P, cols, cost, n_range, refine)
         row.update({c: cols[c] for c in ("ebits", "mbits") if c in cols})
         if best is None or row["loss"] < best["loss"]:
             best = row
@@ -137,14 +140,15 @@ def _best_at_precision(law, params, compute, P, cost, context, data, n_range) ->
 def optimal_precision(fit: FitResult | Mapping[str, Any], compute: float, precisions: Sequence[float] | None = None, *,
                       cost: Cost = Cost(), p_range: tuple[float, float] = (1.0, 32.0),
                       n_range: tuple[float, float] = (1.0, np.inf), context: Mapping[str, float] | None = None,
-                      params: Mapping[str, float] | None = None) -> dict[str, Any]:
+                      params: Mapping[str, float] | None = None, per_precision: bool = True) -> dict[str, Any]:
     """Minimise the fitted loss over N, D, P at training compute C under `cost`.
 
     precisions: a set to choose from (e.g. 4, 6, 8, 16, 32), or None for continuous P in p_range
     (integers in p_range for laws on exponent/mantissa bits). Returns dict(P, N, D, loss, compute,
     per_precision): per_precision has the best N, D, loss for each P of the set (continuous: of
     TABLE_PRECISIONS inside p_range) — "at the same budget FP16 trains a 2x larger model than FP32".
-    params: evaluate other params than fit.params (e.g. one bootstrap resample).
+    params: evaluate other params than fit.params (e.g. one bootstrap resample). per_precision=False
+    skips that table (None), for callers that keep only the optimum (bootstrap CIs, specification ranges).
     """
     fit = _fit(fit)
     law = laws.get(fit.law)
@@ -155,27 +159,31 @@ def optimal_precision(fit: FitResult | Mapping[str, Any], compute: float, precis
     if not 0 < p_range[0] < p_range[1]:
         raise ConfigError("p_range", p_range, "0 < low < high")
 
-    def at(P):
-        return _best_at_precision(law, params, compute, P, cost, context, fit.data, n_range)
+    def at(P, refine=True):
+        return _best_at_precision(law, params, compute, P, cost, context, fit.data, n_range, refine)
 
     if precisions is not None:
         if len(precisions) == 0 or any(not p > 0 for p in precisions):
             raise ConfigError("precisions", list(precisions), "a non-empty list of positive bit widths")
-        table = pd.DataFrame([at(float(p)) for p in precisions])
-        best = table.loc[table["loss"].idxmin()].to_dict()
+        full = pd.DataFrame([at(float(p)) for p in precisions])
+        best = full.loc[full["loss"].idxmin()].to_dict()
+        table = full if per_precision else None
     elif {"ebits", "mbits"} <= set(law.columns):
         ints = range(max(3, int(np.ceil(p_range[0]))), int(np.floor(p_range[1])) + 1)
         full = pd.DataFrame([at(float(p)) for p in ints])
         best = full.loc[full["loss"].idxmin()].to_dict()
-        table = full[full["P"].isin(TABLE_PRECISIONS)].reset_index(drop=True)
+        table = full[full["P"].isin(TABLE_PRECISIONS)].reset_index(drop=True) if per_precision else None
     else:
+        # bracket P* on a profile of each P's N-grid minimum (the 400-point log-N grid is fine enough to
+        # rank neighbouring P), then the exact search (Brent in N inside Brent in P) only inside the bracket
         p_grid = np.linspace(p_range[0], p_range[1], int(4 * (p_range[1] - p_range[0])) + 1)
-        profile = [at(p)["loss"] for p in p_grid]
+        profile = [at(p, refine=False)["loss"] for p in p_grid]
         i = int(np.argmin(profile))
         a, b = p_grid[max(i - 1, 0)], p_grid[min(i + 1, len(p_grid) - 1)]
         res = minimize_scalar(lambda p: at(p)["loss"], bounds=(a, b), method="bounded", options={"xatol": 1e-7})
-        best = at(float(res.x)) if res.fun <= profile[i] else at(float(p_grid[i]))
-        table = pd.DataFrame([at(float(p)) for p in TABLE_PRECISIONS if p_range[0] <= p <= p_range[1]])
+        edge = at(float(p_grid[i]))
+        best = at(float(res.x)) if res.fun <= edge["loss"] else edge
+        table = pd.DataFrame([at(float(p)) for p in TABLE_PRECISIONS if p_range[0] <= p <= p_range[1]]) if per_precision else None
     return {"P": float(best["P"]), "N": float(best["N"]), "D": float(best["D"]), "loss": float(best["loss"]),
             "compute": float(compute), "per_precision": table,
             **{k: float(best[k]) for k in ("ebits", "mbits") if k in best}}
@@ -194,7 +202,8 @@ def optimal_precision_ci(fit: FitResult | Mapping[str, Any], compute: float, pre
     if max_samples is not None:
         samples = samples.iloc[:max_samples]
     optima = pd.DataFrame([
-        {k: v for k, v in optimal_precision(fit, compute, precisions, params=row, **kwargs).items() if k != "per_precision"}
+        {k: v for k, v in optimal_precision(fit, compute, precisions, params=row, per_precision=False, **kwargs).items()
+         if k != "per_precision"}
         for row in samples.to_dict("records")
     ])
     tail = 100 * (1 - level) / 2
@@ -279,7 +288,7 @@ def specification_range(fits: Sequence[tuple[str, FitResult]], compute: float, c
     for label, fit in fits:
         for cost in costs:
             try:
-                best = optimal_precision(fit, compute, cost=cost, p_range=p_range)
+                best = optimal_precision(fit, compute, cost=cost, p_range=p_range, per_precision=False)
                 rows.append({"spec": label, "cost_model": cost.name, "P": best["P"], "N": best["N"],
                              "D": best["D"], "loss": best["loss"]})
             except (ConfigError, ValueError) as e:
