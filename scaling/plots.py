@@ -50,7 +50,9 @@ from scaling.study import study_part  # noqa: E402  (each figure reads its own s
 PRECISION_ORDER = ("FP32", "BF16", "FP16", "FP8", "FP6", "FP4")
 PALETTE = dict(zip(PRECISION_ORDER, sns.color_palette("colorblind", len(PRECISION_ORDER))))
 GRANULARITY_ORDER = ("tensor", "channel", "block", "block2d", "mx", "nvfp4")
-LOSS_LABEL = "validation loss (nats/token)"
+def loss_label(unit: str = "nats/token", kind: str = "validation") -> str:
+    """An axis label for a loss in `unit` (study.loss_unit: nats/byte for byte-tokenised corpora)."""
+    return f"{kind} loss ({unit})"
 # The continuous precision grid of the law's curves (bits, log-spaced).
 P_GRID = np.geomspace(3.0, 32.0, 48)
 RESULTS_REQUIRED = ("run_id", "N", "D", "P", "val_loss")
@@ -320,7 +322,7 @@ def isoflop_profiles(points: Sequence[tuple[dict, pd.DataFrame]], stem: str | Pa
     return _figure(1, Path(stem), fig, "; ".join(captions) + ".")
 
 
-def iso_loss(fit: Any, compute: float, stem: str | Path, cost: Any = None) -> Figure:
+def iso_loss(fit: Any, compute: float, stem: str | Path, cost: Any = None, unit: str = "nats/token") -> Figure:
     """Figure 2: the law's loss over (N, P) at fixed C, each (N, P) given the tokens C affords it under
     `cost` (a scaling.optimal.Cost; default: the fit's runs' shape under the `bits` cost model);
     the frontier N*(P) and the optimum."""
@@ -341,7 +343,7 @@ def iso_loss(fit: Any, compute: float, stem: str | Path, cost: Any = None) -> Fi
     filled = ax.contourf(NN, PP, np.minimum(loss, hi), levels=levels, cmap="viridis_r")
     lines = ax.contour(NN, PP, loss, levels=levels[1::2], colors="white", linewidths=0.6)
     ax.clabel(lines, fmt="%.3g", fontsize=7)
-    fig.colorbar(filled, ax=ax, label=LOSS_LABEL, format="%.3g")
+    fig.colorbar(filled, ax=ax, label=loss_label(unit), format="%.3g")
     if sizes:  # where the law is a measurement, not an extrapolation
         ax.axvspan(*sizes, facecolor="none", edgecolor="k", hatch="//", lw=0.8, alpha=0.5, label="model sizes fitted")
     ax.plot(frontier["N"], frontier["P"], color="tab:red", lw=2, label="compute-optimal N*(P)")
@@ -389,7 +391,8 @@ def heldout_predictions(fit: Any, results: pd.DataFrame, mask: np.ndarray | None
     return predicted
 
 
-def fitted_vs_observed(fit: Any, results: pd.DataFrame, stem: str | Path, heldout: np.ndarray | None = None) -> Figure:
+def fitted_vs_observed(fit: Any, results: pd.DataFrame, stem: str | Path, heldout: np.ndarray | None = None,
+                       unit: str = "nats/token") -> Figure:
     """Figure 3: the law's prediction against every measured loss; held-out points hollow."""
     df = with_precision(results)
     df["heldout"] = np.zeros(len(df), bool) if heldout is None else np.asarray(heldout, bool)
@@ -420,8 +423,8 @@ def fitted_vs_observed(fit: Any, results: pd.DataFrame, stem: str | Path, heldou
         if recorded is not None:
             text += f"; the fit's held-out test: {recorded:.2%}"
     ax.text(0.03, 0.97, text, transform=ax.transAxes, va="top", fontsize=8)
-    ax.set_xlabel(f"observed {LOSS_LABEL}")
-    ax.set_ylabel(f"fitted {LOSS_LABEL}")
+    ax.set_xlabel(f"observed {loss_label(unit)}")
+    ax.set_ylabel(f"fitted {loss_label(unit)}")
     ax.set_title(f"{TITLES[3]} ({fit.law} law, {len(df)} points)", fontsize=10)
     ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
@@ -469,7 +472,7 @@ def _size_label(n: float) -> str:
     return f"N = {n / 1e6:.3g}M" if n >= 1e5 else f"N = {n / 1e3:.3g}k"
 
 
-def training_curves(curves: pd.DataFrame, stem: str | Path) -> Figure:
+def training_curves(curves: pd.DataFrame, stem: str | Path, unit: str = "nats/token") -> Figure:
     """Figure 4: training loss vs tokens, one colour per recipe, one panel per size (mean ± sd over seeds).
 
     Each run's logged loss is smoothed by a centred moving average over 1/20 of its points (the
@@ -497,7 +500,7 @@ def training_curves(curves: pd.DataFrame, stem: str | Path) -> Figure:
         if len(values):
             pad = 0.03 * (values.max() - values.min() + 1e-9)
             ax.set_ylim(values.min() - pad, values.max() + pad)
-    grid.set_axis_labels("tokens seen", "training loss, smoothed (nats/token)")
+    grid.set_axis_labels("tokens seen", loss_label(unit, "training") + ", smoothed")
     grid.set_titles("{col_name}")
     grid.figure.suptitle(TITLES[4], y=1.03)
     caption = (f"{df['run_id'].nunique()} runs, {len(order)} recipes, {len(panels)} model sizes; lines are the "
@@ -511,7 +514,7 @@ def final_rows(results: pd.DataFrame) -> pd.DataFrame:
     return results.sort_values("D").groupby("run_id", as_index=False).tail(1)
 
 
-def granularity_format(results: pd.DataFrame, stem: str | Path) -> Figure:
+def granularity_format(results: pd.DataFrame, stem: str | Path, unit: str = "nats/token") -> Figure:
     """Figure 5: final validation loss per granularity (x) and precision (colour), one panel per scale timing."""
     df = with_precision(final_rows(results))
     df = df[df["P"].isin([8, 6, 4])]
@@ -530,7 +533,7 @@ def granularity_format(results: pd.DataFrame, stem: str | Path) -> Figure:
                        palette=palette, col="scaling", col_order=timings, row=row, row_order=row_order, kind="point", errorbar="sd",
                        dodge=0.3, markers="o", linestyles="none", height=3.4, aspect=1.2,
                        sharey="row" if row else True)  # "row" sharing with a single row draws nothing (seaborn 0.13)
-    grid.set_axis_labels("scaling granularity", f"final {LOSS_LABEL}")
+    grid.set_axis_labels("scaling granularity", f"final {loss_label(unit)}")
     grid.set_titles("{col_name} scaling" if row is None else "{row_name}, {col_name} scaling")
     grid.figure.suptitle(TITLES[5], y=1.03)
     seeds = df.groupby(["precision", "granularity", "scaling"])["seed"].nunique() if "seed" in df.columns else None
@@ -606,7 +609,7 @@ def outlier_column(curves: pd.DataFrame) -> str | None:
     return next((c for c in OUTLIER_COLUMNS if c in curves.columns and curves[c].notna().any()), None)
 
 
-def outliers(curves: pd.DataFrame, stem: str | Path) -> Figure:
+def outliers(curves: pd.DataFrame, stem: str | Path, unit: str = "nats/token") -> Figure:
     """Figure 7: largest activation magnitude (top row) and training loss (bottom row) vs tokens, one column
     per recipe (and learning rate, when the sweep varies it), Smooth-SwiGLU off and on in each panel."""
     column = outlier_column(curves)
@@ -620,7 +623,7 @@ def outliers(curves: pd.DataFrame, stem: str | Path) -> Figure:
                              squeeze=False)
     for j, recipe in enumerate(order):
         part = df[df["recipe"] == recipe]
-        for i, (y, label) in enumerate(((column, OUTLIER_COLUMNS[column]), ("loss", "training loss (nats/token)"))):
+        for i, (y, label) in enumerate(((column, OUTLIER_COLUMNS[column]), ("loss", loss_label(unit, "training")))):
             ax = axes[i, j]
             sns.lineplot(data=part, x="tokens", y=y, hue="Smooth-SwiGLU", hue_order=["off", "on"], palette=colours,
                          errorbar="sd", ax=ax, legend=(i, j) == (0, len(order) - 1))
@@ -763,12 +766,12 @@ def make_figures(results: pd.DataFrame | None, fit: Any, out_dir: str | Path, *,
          lambda: isoflop_profiles([(b, study.points_at(main, b["budget"], compute.get(cost_name))) for b in analysed],
                                   stem[1], unit)),
         (2, law_missing or (None if largest else "no compute budget (results without FLOPs by part)"),
-         lambda: iso_loss(fit, largest, stem[2], optimal.Cost(model=compute.get(cost_name), shape=optimal.shape_of(fit)))),
-        (3, _need(fit=fit, results=main), lambda: fitted_vs_observed(fit, main, stem[3], heldout_mask(fit, main))),
-        (4, _need_curves(main_curves, ("tokens", "N", "recipe")), lambda: training_curves(main_curves, stem[4])),
-        (5, _no_granularity_sweep(results) or _need_granularity(grain), lambda: granularity_format(grain, stem[5])),
+         lambda: iso_loss(fit, largest, stem[2], optimal.Cost(model=compute.get(cost_name), shape=optimal.shape_of(fit)), unit)),
+        (3, _need(fit=fit, results=main), lambda: fitted_vs_observed(fit, main, stem[3], heldout_mask(fit, main), unit)),
+        (4, _need_curves(main_curves, ("tokens", "N", "recipe")), lambda: training_curves(main_curves, stem[4], unit)),
+        (5, _no_granularity_sweep(results) or _need_granularity(grain), lambda: granularity_format(grain, stem[5], unit)),
         (6, _need_amax(amax_curves), lambda: amax_distributions(curves_lib.amax_long(amax_curves), stem[6])),
-        (7, _need_outliers(outlier_curves), lambda: outliers(outlier_curves, stem[7])),
+        (7, _need_outliers(outlier_curves), lambda: outliers(outlier_curves, stem[7], unit)),
         (8, None, lambda: cluster_table(plan_table if plan_table is not None else cluster_time_table(fit), stem[8])),
         (9, _need(fit=fit, results=main), lambda: residuals(*study.residuals_by_recipe(main, fit), fit, stem[9], unit)),
     ]
