@@ -45,14 +45,11 @@ import seaborn as sns  # noqa: E402
 from scaling import compute, laws, optimal, plan, study
 from scaling import curves as curves_lib  # noqa: E402
 from scaling.errors import ConfigError  # noqa: E402
-from scaling.study import study_part  # noqa: E402  (each figure reads its own study part)
+from scaling.study import final_rows, study_part  # noqa: E402  (each figure reads its own study part)
 
 PRECISION_ORDER = ("FP32", "BF16", "FP16", "FP8", "FP6", "FP4")
 PALETTE = dict(zip(PRECISION_ORDER, sns.color_palette("colorblind", len(PRECISION_ORDER))))
 GRANULARITY_ORDER = ("tensor", "channel", "block", "block2d", "mx", "nvfp4")
-def loss_label(unit: str = "nats/token", kind: str = "validation") -> str:
-    """An axis label for a loss in `unit` (study.loss_unit: nats/byte for byte-tokenised corpora)."""
-    return f"{kind} loss ({unit})"
 # The continuous precision grid of the law's curves (bits, log-spaced).
 P_GRID = np.geomspace(3.0, 32.0, 48)
 RESULTS_REQUIRED = ("run_id", "N", "D", "P", "val_loss")
@@ -95,6 +92,11 @@ STEMS = {1: "fig1_isoflop", 2: "fig2_iso_loss", 3: "fig3_fit_vs_observed", 4: "f
 # ---------------------------------------------------------------------------------------------
 # Labels, colours, saving
 # ---------------------------------------------------------------------------------------------
+
+
+def loss_label(unit: str = "nats/token", kind: str = "validation") -> str:
+    """An axis label for a loss in `unit` (study.loss_unit: nats/byte for byte-tokenised corpora)."""
+    return f"{kind} loss ({unit})"
 
 
 def precision_label(bits: float, fmt: Any = None, recipe: Any = None) -> str:
@@ -507,11 +509,6 @@ def training_curves(curves: pd.DataFrame, stem: str | Path, unit: str = "nats/to
                "training loss (moving average over 1/20 of each run), mean over seeds with ± 1 sd bands; circles "
                "are validation losses (after the cooldown).")
     return _figure(4, Path(stem), grid.figure, caption)
-
-
-def final_rows(results: pd.DataFrame) -> pd.DataFrame:
-    """Each run's row at the largest token budget it evaluated."""
-    return results.sort_values("D").groupby("run_id", as_index=False).tail(1)
 
 
 def granularity_format(results: pd.DataFrame, stem: str | Path, unit: str = "nats/token") -> Figure:

@@ -828,7 +828,8 @@ def recipe_optima(df: pd.DataFrame, fit: Any, compute: float, cost: optimal.Cost
     that width: an approximation for recipes that quantise only some roles); the compute-optimal
     N, D and loss under the law, sorted best first. With bootstrap samples: p_best (share of resamples
     in which the recipe is the law's best) and bits_ci (the best recipe's bits over the resamples, on
-    the best recipe's row only); `bootstrap=False` skips the resamples). Recipes with no quantisation error recorded are left out."""
+    the best recipe's row only; `bootstrap=False` skips the resamples). Recipes with no quantisation
+    error recorded are left out."""
     cols = [c for c in laws.QERR_COLUMNS if c in df.columns]
     if not cols or "recipe" not in df.columns:
         return []
@@ -871,14 +872,24 @@ def _seeds_per_cell(df: pd.DataFrame) -> list[int]:
 
 # ----------------------------------------------------------------------------- the purpose sweeps
 
+def final_rows(results: pd.DataFrame) -> pd.DataFrame:
+    """Each run's row at the largest token budget it evaluated."""
+    return results.sort_values("D").groupby("run_id", as_index=False).tail(1)
+
+
 def purpose_rows(df: pd.DataFrame | None, name: str) -> pd.DataFrame | None:
     """The rows of one purpose sweep (PURPOSE_SWEEPS), each run's last evaluation; None if it has none."""
     if df is None or "sweep" not in df.columns:
         return None
     part = df[sweep_family(df["sweep"]) == name]
-    if part.empty:
-        return None
-    return part.sort_values("D").groupby("run_id", as_index=False).tail(1).reset_index(drop=True)
+    return None if part.empty else final_rows(part).reset_index(drop=True)
+
+
+def _direction(ci: Sequence[float] | None) -> str:
+    """'lower' or 'higher' where an interval of a difference excludes zero, else 'cannot tell'."""
+    if ci is None or ci[0] <= 0 <= ci[1]:
+        return "cannot tell"
+    return "lower" if ci[1] < 0 else "higher"
 
 
 def _status_counts(df: pd.DataFrame, by: str) -> dict[str, dict[str, int]]:
@@ -924,7 +935,6 @@ def scheme_effects(df: pd.DataFrame, level: float = LEVEL) -> dict[str, Any] | N
     # trains chaotically, e.g. delayed per-tensor scales at 6 bits): the largest is F-tested against the
     # others' pooled scatter at (1 - level) / k and, while it fails, keeps its own scatter.
     pooled = [p for p in pairs if p["dof"] >= 1]
-    own = []
     while len(pooled) >= 2:
         worst = max(pooled, key=lambda p: p["ss"] / p["dof"])
         rest = [p for p in pooled if p is not worst]
@@ -932,21 +942,21 @@ def scheme_effects(df: pd.DataFrame, level: float = LEVEL) -> dict[str, Any] | N
         rest_var = sum(p["ss"] for p in rest) / rest_dof
         if rest_var > 0 and stats.f.sf(worst["ss"] / worst["dof"] / rest_var, worst["dof"], rest_dof) >= (1 - level) / len(pooled):
             break
-        own.append(worst)
+        worst["own"] = True
         pooled = rest
     dof = sum(p["dof"] for p in pooled)
     sigma = math.sqrt(sum(p["ss"] for p in pooled) / dof) if dof else None
     rows = []
     for p in pairs:
-        mine = (math.sqrt(p["ss"] / p["dof"]), p["dof"]) if any(p is q for q in own) else (sigma, dof)
+        own = p.pop("own", False)
+        mine = (math.sqrt(p["ss"] / p["dof"]), p["dof"]) if own else (sigma, dof)
         diff = float(p["d"].mean())
         ci = None
         if mine[0] is not None and mine[1] >= 1:
             half = float(stats.t.ppf(1 - (1 - level) / (2 * m), mine[1])) * mine[0] / math.sqrt(len(p["d"]))
             ci = [diff - half, diff + half]
         rows.append({k: v for k, v in p.items() if k not in ("d", "ss", "dof")} |
-                    {"n": len(p["d"]), "diff": diff, "ci": ci, "own_noise": any(p is q for q in own),
-                     "verdict": "cannot tell" if ci is None or ci[0] <= 0 <= ci[1] else ("lower" if ci[1] < 0 else "higher")})
+                    {"n": len(p["d"]), "diff": diff, "ci": ci, "own_noise": own, "verdict": _direction(ci)})
     return {"runs": int(df["run_id"].nunique()) if "run_id" in df.columns else len(df),
             "comparisons": m, "sigma": sigma, "dof": dof, "level": level, "rows": rows,
             "not_ok": _status_counts(df, "recipe")}
@@ -974,7 +984,7 @@ def smooth_swiglu_effect(df: pd.DataFrame, level: float = LEVEL) -> dict[str, An
     status = df.assign(smooth_swiglu=df["smooth_swiglu"].astype(bool).map({True: "on", False: "off"}))
     return {"runs": int(df["run_id"].nunique()) if "run_id" in df.columns else len(df), "n": n, "diff": diff,
             "ci": ci, "level": level,
-            "verdict": "cannot tell" if ci is None or ci[0] <= 0 <= ci[1] else ("lower" if ci[1] < 0 else "higher"),
+            "verdict": _direction(ci),
             "pairs": [{"recipe": str(r.recipe), "lr": float(r.lr), "seed": int(r.seed), "on": float(r.val_loss_on),
                        "off": float(r.val_loss_off)} for r in both.itertuples()],
             "not_ok": _status_counts(status, "smooth_swiglu")}
