@@ -52,15 +52,15 @@ def time_ours(cfg: ladder.ModelConfig, recipe_name: str, tokens: np.ndarray, ste
     state = init(cfg, recipe, tx, 0)
     batch, lr = jax.device_put(tokens), np.float32(1e-4)
     started = time.perf_counter()
-    state, loss, _, _ = train_step(model_def, opt_def, state, batch, 0, 0, lr)
+    state, loss, _, _ = train_step(model_def, opt_def, state, batch, 0, 0, lr, False)
     jax.block_until_ready(loss)
     compile_s = time.perf_counter() - started
     for i in range(warmup):
-        state, loss, _, _ = train_step(model_def, opt_def, state, batch, 0, i + 1, lr)
+        state, loss, _, _ = train_step(model_def, opt_def, state, batch, 0, i + 1, lr, False)
     jax.block_until_ready(loss)
     started = time.perf_counter()
     for i in range(steps):
-        state, loss, _, _ = train_step(model_def, opt_def, state, batch, 0, warmup + i + 1, lr)
+        state, loss, _, _ = train_step(model_def, opt_def, state, batch, 0, warmup + i + 1, lr, False)
     jax.block_until_ready(loss)
     return compile_s, (time.perf_counter() - started) / steps
 

@@ -4,7 +4,8 @@
         [--recipes fp32,bf16,fp8,fp8-blockwise,mxfp4,nvfp4] [--path auto|bf16|fp32]
 
 One process, one model shape (size 8 = width 256 by default), every recipe measured the same way:
-the trainer's own jitted step (scaling.train: model.grad_step + AdamW), compiled ahead of time
+the trainer's own jitted step (scaling.train: model.grad_step + AdamW) as it runs between logged
+steps (no quantisation telemetry: `measure` false), compiled ahead of time
 (compile time reported as wall and CPU seconds, the persistent compilation cache off so every
 recipe really compiles), then the median of --steps timed steps. Prints step time, ratio to fp32
 (targets: fp8 <= 1.0 on AVX2-only CPUs and <= 0.8 with AMX, fp8-blockwise <= 1.2, mxfp4 and
@@ -51,7 +52,7 @@ def make_step(cfg: ladder.ModelConfig, recipe: precision.Recipe, tokens_BxL1):
     model_def, opt_def = nnx.eval_shape(lambda: step_lib.graph_defs(cfg, recipe, tx, 0))
     state = init(cfg, recipe, tx, 0)
     t, c = time.perf_counter(), time.process_time()
-    step = train_step.lower(model_def, opt_def, state, tokens_BxL1, 0, 0, 1e-3).compile()
+    step = train_step.lower(model_def, opt_def, state, tokens_BxL1, 0, 0, 1e-3, False).compile()
     return state, step, time.perf_counter() - t, time.process_time() - c
 
 
@@ -89,7 +90,7 @@ def main() -> None:
             step = steps[name][1]
             for i in range(args.steps):
                 t, c = time.perf_counter(), time.process_time()
-                states[name], loss, _, _ = step(states[name], tokens, 0, i, 1e-3)
+                states[name], loss, _, _ = step(states[name], tokens, 0, i, 1e-3, False)
                 jax.block_until_ready(loss)
                 times[name].append(time.perf_counter() - t)
                 cpu[name].append(time.process_time() - c)

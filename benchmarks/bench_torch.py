@@ -97,7 +97,7 @@ def main() -> None:
 
     @nnx.jit
     def jax_step(m, opt, tokens, key):
-        loss, grads, _ = model.grad_step(m, tokens, key)
+        loss, grads, _ = model.grad_step(m, tokens, key, measure=False)
         opt.update(m, grads)
         return loss
 

@@ -76,23 +76,27 @@ def _spec(s: RoleStructure, axis: int, key: jax.Array | None) -> quant.QuantSpec
 
 def quantise_operand(x: jax.Array, s: RoleStructure, fmt: jax.Array, axis: int, *,
                      key: jax.Array | None = None, history: jax.Array | None = None,
-                     with_telemetry: bool = False) -> Operand:
-    """`quant.quantize` of a 2-D operand along `axis`, the element format the runtime vector `fmt`."""
+                     measure: jax.Array | None = None) -> Operand:
+    """`quant.quantize` of a 2-D operand along `axis`, the element format the runtime vector `fmt`;
+    with its telemetry where `measure` (a bool, may be traced) is given (see `_telemetry`)."""
     spec = _spec(s, axis, key)
     q = quant.quantize(x, spec, key=key if spec.rounding == "stochastic" else None, history=history, fmt_params=fmt)
     op = Operand(q, spec, fmt[3])
-    return op._replace(telemetry=_telemetry(x, op)) if with_telemetry else op
+    return op if measure is None else op._replace(telemetry=_telemetry(x, op, measure))
 
 
-def _telemetry(x: jax.Array, op: Operand) -> jax.Array:
-    """`quant.telemetry_vector` of one operand. One quantised along its columns (activations,
+def _telemetry(x: jax.Array, op: Operand, measure: jax.Array) -> jax.Array:
+    """`quant.telemetry_vector` of one operand where `measure` is true, NaNs where it is false: the
+    trainer reads telemetry only on its logged steps and skips the work on the others (a runtime
+    condition, so one compiled step serves both). One quantised along its columns (activations,
     gradients: rows are tokens) is measured on every (M // TELEMETRY_ROWS)-th row (amax stays
     exact): a few per cent of the quantisation's own cost instead of several times it."""
     axis = op.spec.axis
     stride = max(1, x.shape[0] // TELEMETRY_ROWS) if axis == 1 else 1
     scale = quant.expand_scale(op.q.scale, op.spec, x.shape)[::stride]  # fused: only sampled rows are formed
     xs, values = x[::stride], op.q.values[::stride]
-    return quant.telemetry_vector(xs, values * scale, scale, op.q.amax, op.fmax, axis)
+    return jax.lax.cond(measure, lambda: quant.telemetry_vector(xs, values * scale, scale, op.q.amax, op.fmax, axis),
+                        lambda: jnp.full((TELEMETRY_SIZE,), jnp.nan, jnp.float32))
 
 
 def _axis_free(s: RoleStructure | None) -> bool:
@@ -244,11 +248,11 @@ def _unsmooth(op: Operand, s_inv: jax.Array | None) -> Operand:
     return op if s_inv is None else op._replace(q=op.q._replace(values=op.q.values * s_inv))
 
 
-def _quantise_x(x, smooth_K, st, state, key, axis, with_telemetry):
+def _quantise_x(x, smooth_K, st, state, key, axis, measure):
     """X (M×K) along `axis`; with Smooth-SwiGLU X·s is quantised and s undone on the values."""
     x_in = x if smooth_K is None else x * smooth_K[None, :]
     op = quantise_operand(x_in, st.activation, state.fmt["activation"], axis, key=key,
-                          history=state.hist.get("activation"), with_telemetry=with_telemetry)
+                          history=state.hist.get("activation"), measure=measure)
     return _unsmooth(op, None if smooth_K is None else 1.0 / smooth_K[None, :])
 
 
@@ -256,14 +260,14 @@ def _history(op: Operand | None) -> jax.Array | None:
     return None if op is None else op.q.history
 
 
-def _fprop(x, w, state: QdotState, key_data, smooth_K, st: RecipeStructure):
+def _fprop(x, w, state: QdotState, key_data, smooth_K, measure, st: RecipeStructure):
     """Y = Q(X; along K) · Q(W; along K). Returns ((Y, telemetry by role, new forward histories),
     the quantised operands for reuse in the backward pass)."""
     ka, kw = _keys(key_data, 0, 2)
     sa, sw = st.activation, st.weight
-    a = None if sa is None else _quantise_x(x, smooth_K, st, state, ka, 1, True)
+    a = None if sa is None else _quantise_x(x, smooth_K, st, state, ka, 1, measure)
     b = None if sw is None else quantise_operand(w, sw, state.fmt["weight"], 0, key=kw,
-                                                 history=state.hist.get("weight"), with_telemetry=True)
+                                                 history=state.hist.get("weight"), measure=measure)
     y = _gemm(x if a is None else a, 1, w if b is None else b, 0, _fast_ok(st, sa, sw))
     ops = (("activation", a), ("weight", b))
     telem = {r: op.telemetry for r, op in ops if op is not None}
@@ -272,26 +276,26 @@ def _fprop(x, w, state: QdotState, key_data, smooth_K, st: RecipeStructure):
 
 
 @jax.custom_vjp
-def _qdot(x, w, state, key_data, smooth_K, box):
-    return _fprop(x, w, state, key_data, smooth_K, box.value)[0]
+def _qdot(x, w, state, key_data, smooth_K, measure, box):
+    return _fprop(x, w, state, key_data, smooth_K, measure, box.value)[0]
 
 
-def _qdot_fwd(x, w, state, key_data, smooth_K, box):
-    out, (a, b) = _fprop(x, w, state, key_data, smooth_K, box.value)
+def _qdot_fwd(x, w, state, key_data, smooth_K, measure, box):
+    out, (a, b) = _fprop(x, w, state, key_data, smooth_K, measure, box.value)
     st = box.value
     # keep the forward's quantised X / W when the backward would quantise them identically
     a = _saved(a) if _axis_free(st.activation) else None
     b = _saved(b) if _axis_free(st.weight) else None
-    return out, (x, w, state, key_data, smooth_K, box, a, b)
+    return out, (x, w, state, key_data, smooth_K, measure, box, a, b)
 
 
 def _qdot_bwd(res, cts):
-    x, w, state, key_data, smooth_K, box, a_saved, b_saved = res
+    x, w, state, key_data, smooth_K, measure, box, a_saved, b_saved = res
     st: RecipeStructure = box.value
     dy = cts[0]
     zero_state = jax.tree.map(jnp.zeros_like, state)
     if st.forward_only:
-        return _dot(dy, 1, w, 1), _dot(x, 0, dy, 0), zero_state, None, None, None
+        return _dot(dy, 1, w, 1), _dot(x, 0, dy, 0), zero_state, None, None, None, None
     k_g1, k_w, k_a, k_g2 = _keys(key_data, 1, 4)
     sg, sw, sa = st.grad, st.weight, st.activation
     sink = jnp.zeros_like(state.grad_sink)
@@ -299,7 +303,7 @@ def _qdot_bwd(res, cts):
     # dgrad: dX (M×K) = Q(dY; along N) · Q(W; along N)ᵀ
     g_n = None
     if sg is not None:
-        g_n = quantise_operand(dy, sg, state.fmt["grad"], 1, key=k_g1, history=hist_g, with_telemetry=True)
+        g_n = quantise_operand(dy, sg, state.fmt["grad"], 1, key=k_g1, history=hist_g, measure=measure)
         sink = sink.at[:TELEMETRY_SIZE].set(g_n.telemetry)
         if g_n.q.history is not None:
             sink = sink.at[TELEMETRY_SIZE:].set(g_n.q.history)
@@ -310,12 +314,12 @@ def _qdot_bwd(res, cts):
     # wgrad: dW (K×N) = Q(X; along M)ᵀ · Q(dY; along M)
     x_m = None if sa is None else _restored(a_saved, sa, state.fmt["activation"], 0)
     if sa is not None and x_m is None:
-        x_m = _quantise_x(x, smooth_K, st, state, k_a, 0, False)
+        x_m = _quantise_x(x, smooth_K, st, state, k_a, 0, None)
     g_m = _restored(_saved(g_n), sg, state.fmt["grad"], 0) if _axis_free(sg) else None
     if sg is not None and g_m is None:
         g_m = quantise_operand(dy, sg, state.fmt["grad"], 0, key=k_g2, history=hist_g)
     dw = _gemm(x if x_m is None else x_m, 0, dy if g_m is None else g_m, 0, _fast_ok(st, sa, sg))
-    return dx, dw, zero_state._replace(grad_sink=sink), None, None, None
+    return dx, dw, zero_state._replace(grad_sink=sink), None, None, None, None
 
 
 _qdot.defvjp(_qdot_fwd, _qdot_bwd)
@@ -333,9 +337,11 @@ def qdot_state(recipe: Recipe, structure: RecipeStructure | None = None) -> Qdot
 
 
 def qdot_apply(x_MxK: jax.Array, w_KxN: jax.Array, structure: RecipeStructure, state: QdotState,
-               key: jax.Array | None = None, smooth_K: jax.Array | None = None) -> tuple[jax.Array, dict, dict]:
+               key: jax.Array | None = None, smooth_K: jax.Array | None = None,
+               measure: jax.Array | bool = True) -> tuple[jax.Array, dict, dict]:
     """The quantised matmul with explicit state. Returns (y, forward telemetry by role
-    (quant.TELEMETRY_FIELDS vectors), new forward-role histories).
+    (quant.TELEMETRY_FIELDS vectors; NaN where the bool `measure`, which may be traced, is false),
+    new forward-role histories).
     Leading batch axes of x are flattened: (B, L, K) -> (B·L, K). `smooth_K`: optional
     power-of-two per-input-channel scale applied before quantising X and undone on its grid
     values (Smooth-SwiGLU); exact at full precision."""
@@ -346,7 +352,7 @@ def qdot_apply(x_MxK: jax.Array, w_KxN: jax.Array, structure: RecipeStructure, s
         return _dot(x2, 1, w, 0).reshape(*lead, w.shape[-1]), {}, {}
     key_data = None if key is None else jax.random.key_data(key)
     smooth = None if smooth_K is None else jax.lax.stop_gradient(smooth_K).astype(jnp.float32)
-    y, telem, new_hist = _qdot(x2, w, state, key_data, smooth, _Static(structure))
+    y, telem, new_hist = _qdot(x2, w, state, key_data, smooth, jnp.asarray(measure, bool), _Static(structure))
     return y.reshape(*lead, w.shape[-1]), telem, new_hist
 
 

@@ -12,7 +12,7 @@ F d_ff, V vocab.
 Train-step API (stable; `scaling.train` calls exactly these, all under the caller's nnx.jit):
 
     loss_fn(model, tokens_BxL, key=None) -> (loss, aux)
-    grad_step(model, tokens_BxL, key) -> (loss, grads: nnx.State of nnx.Param, telemetry)
+    grad_step(model, tokens_BxL, key, measure=True) -> (loss, grads: nnx.State of nnx.Param, telemetry)
     eval_loss(model, tokens_BxL) -> loss            (no quantisation-state update)
 
 `tokens_BxL` holds L = seq_len + 1 tokens per row: the model reads tokens[:, :-1] and predicts
@@ -102,7 +102,7 @@ class QDense(nnx.Module):
         hist = {r: getattr(self, f"hist_{r}")[...] for r in ("weight", "activation") if hasattr(self, f"hist_{r}")}
         sink = self.grad_sink[...] if hasattr(self, "grad_sink") else jnp.zeros((gemm.TELEMETRY_SIZE,), jnp.float32)
         state = QdotState(fmt=ctx.fmt, hist=hist, grad_sink=sink)
-        y, telem, new_hist = gemm.qdot_apply(x, w, st, state, ctx.next_key(), smooth_K)
+        y, telem, new_hist = gemm.qdot_apply(x, w, st, state, ctx.next_key(), smooth_K, ctx.measure)
         if ctx.update_state:
             for r, h in new_hist.items():
                 getattr(self, f"hist_{r}")[...] = h
@@ -111,10 +111,12 @@ class QDense(nnx.Module):
 
 
 class _Ctx:
-    """Per-call context threaded through the layers: formats, structure, PRNG, telemetry sink."""
+    """Per-call context threaded through the layers: formats, structure, PRNG, telemetry sink and
+    whether to measure telemetry (a bool, may be traced)."""
 
-    def __init__(self, structure: RecipeStructure, fmt: dict, key: jax.Array | None, update_state: bool):
-        self.structure, self.fmt, self.update_state = structure, fmt, update_state
+    def __init__(self, structure: RecipeStructure, fmt: dict, key: jax.Array | None, update_state: bool,
+                 measure: jax.Array | bool = True):
+        self.structure, self.fmt, self.update_state, self.measure = structure, fmt, update_state, measure
         self._key, self._count = key, 0
         self.telemetry: dict[str, list[jax.Array]] = {}
 
@@ -337,12 +339,14 @@ class Transformer(nnx.Module):
     def formats(self) -> dict[str, jax.Array]:
         return {r: getattr(self, f"format_{r}")[...] for r in precision.ROLES if hasattr(self, f"format_{r}")}
 
-    def __call__(self, tokens_BxL: jax.Array, *, key: jax.Array | None = None, update_state: bool = True) -> tuple[jax.Array, dict]:
-        """Logits for every position (fp32) and aux = {'telemetry': forward roles' per-layer stats,
-        'act_max': (n_layers,) max |residual| after each block, 'swiglu_max': (n_layers,)}."""
+    def __call__(self, tokens_BxL: jax.Array, *, key: jax.Array | None = None, update_state: bool = True,
+                 measure: jax.Array | bool = True) -> tuple[jax.Array, dict]:
+        """Logits for every position (fp32) and aux = {'telemetry': forward roles' per-layer stats
+        (NaN where `measure` is false), 'act_max': (n_layers,) max |residual| after each block,
+        'swiglu_max': (n_layers,)}."""
         st = self.structure
         blocks_key, head_key = (None, None) if key is None else jax.random.split(key)
-        ctx = _Ctx(st, self.formats(), head_key, update_state)
+        ctx = _Ctx(st, self.formats(), head_key, update_state, measure)
         emb = self.embed[...]
         if not st.high_precision_embed and st.weight is not None:
             emb = gemm.fake_quant_along(emb, st.weight, ctx.fmt["weight"], 1)
@@ -365,7 +369,7 @@ class Transformer(nnx.Module):
         def layer(x_BxLxD, per_layer):
             p, h, r, k = per_layer
             block = nnx.merge(graphdef, p, h, r)
-            layer_ctx = _Ctx(ctx.structure, ctx.fmt, k, ctx.update_state)
+            layer_ctx = _Ctx(ctx.structure, ctx.fmt, k, ctx.update_state, ctx.measure)
             x_BxLxD, h_max = block(x_BxLxD, layer_ctx)
             telemetry = {role: jnp.stack(rows) for role, rows in layer_ctx.telemetry.items()}
             return x_BxLxD, (nnx.state(block, AmaxHistory), telemetry, _abs_max(x_BxLxD), h_max)
@@ -399,26 +403,30 @@ def _aggregate(per_layer: list[jax.Array]) -> dict[str, Any]:
             "block_amax": {"min": jnp.min(t[:, 4]), "p50": jnp.median(t[:, 5]), "max": jnp.max(t[:, 6])}}
 
 
-def loss_fn(model: Transformer, tokens_BxL: jax.Array, key: jax.Array | None = None, *, update_state: bool = True) -> tuple[jax.Array, dict]:
+def loss_fn(model: Transformer, tokens_BxL: jax.Array, key: jax.Array | None = None, *, update_state: bool = True,
+            measure: jax.Array | bool = True) -> tuple[jax.Array, dict]:
     """Next-token cross-entropy (fp32, mean over B·(L-1) positions) and aux: telemetry of the
-    forward roles aggregated over layers, act_max and swiglu_max per layer."""
+    forward roles aggregated over layers (where `measure`), act_max and swiglu_max per layer."""
     inputs_BxL, targets_BxL = tokens_BxL[:, :-1], tokens_BxL[:, 1:]
-    logits_BxLxV, aux = model(inputs_BxL, key=key, update_state=update_state)
+    logits_BxLxV, aux = model(inputs_BxL, key=key, update_state=update_state, measure=measure)
     loss = _cross_entropy(_sensitive(logits_BxLxV, model.structure), targets_BxL)
     telemetry = {role: _aggregate(v) for role, v in aux["telemetry"].items()}
     return loss, {"telemetry": telemetry, "act_max": aux["act_max"], "swiglu_max": aux["swiglu_max"]}
 
 
-def grad_step(model: Transformer, tokens_BxL: jax.Array, key: jax.Array) -> tuple[jax.Array, nnx.State, dict]:
+def grad_step(model: Transformer, tokens_BxL: jax.Array, key: jax.Array,
+              measure: jax.Array | bool = True) -> tuple[jax.Array, nnx.State, dict]:
     """Loss, gradients of the nnx.Param leaves, telemetry. Delayed-scaling histories (forward
     roles: updated during the forward pass; grad role: returned by the backward pass through
-    GradSink) are written back into `model` in place.
+    GradSink) are written back into `model` in place. `measure` (a bool, may be traced): whether
+    to compute the quantisation telemetry (NaN where not; loss, gradients and histories are the
+    same either way).
 
     telemetry = {role: {amax, frac_saturated, frac_underflow, snr_db, block_amax: {min, p50, max}}} for the quantised roles
     (grad stats from the dgrad quantisation of dY), plus 'act_max' and 'swiglu_max' per layer.
     """
     def f(m: Transformer):
-        return loss_fn(m, tokens_BxL, key)
+        return loss_fn(m, tokens_BxL, key, measure=measure)
 
     wrt = nnx.DiffState(0, nnx.Any(nnx.Param, GradSink))
     (loss, aux), grads_and_sinks = nnx.value_and_grad(f, argnums=wrt, has_aux=True)(model)
@@ -435,4 +443,4 @@ def grad_step(model: Transformer, tokens_BxL: jax.Array, key: jax.Array) -> tupl
 
 def eval_loss(model: Transformer, tokens_BxL: jax.Array) -> jax.Array:
     """Validation loss: nearest rounding, no quantisation-state update."""
-    return loss_fn(model, tokens_BxL, None, update_state=False)[0]
+    return loss_fn(model, tokens_BxL, None, update_state=False, measure=False)[0]

@@ -330,14 +330,15 @@ class _Trainer:
     def _step(self, state, step: int, budget: Budget, phase: str):
         plan = self.plan
         lr = learning_rate(plan, step, budget)
+        done = step + 1
+        logged = done % self.cfg.train.log_every == 0 or done == budget.end or step == 0
         state, loss, grad_norm, telemetry = self.train_step(self.model_def, self.opt_def, state, self._batch(step),
-                                                            self.cfg.seed, step, np.float32(lr))
+                                                            self.cfg.seed, step, np.float32(lr), np.bool_(logged))
         self.pending.append((step, phase, loss))  # dispatched, not waited for
         if step + 1 < budget.end:
             self._prefetch(step + 1)  # batch t+1 goes to the device while step t runs
         self.progress.tokens_trained += plan.tokens_per_step
-        done = step + 1
-        if not (done % self.cfg.train.log_every == 0 or done == budget.end or step == 0):
+        if not logged:
             if not self.compiled:
                 self._drain()  # the attempt's first step: its time is the compile's
             return state

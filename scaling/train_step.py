@@ -1,13 +1,15 @@
 """The compiled training step: the model's grad step (scaling.model) + AdamW (optax), jitted once
 per model shape and recipe structure and shared by every run in the process.
 
-    train_step(model_def, opt_def, state, tokens_BxL1, seed, step, lr) -> (state, loss, grad_norm, telemetry)
+    train_step(model_def, opt_def, state, tokens_BxL1, seed, step, lr, measure) -> (state, loss, grad_norm, telemetry)
     eval_loss(model_def, model_state, tokens_BxL1) -> loss
     init(model_cfg, recipe, tx, seed) -> state = {"model": ..., "optimizer": ...}
 
 The learning rate is an argument of each update, so one compiled step serves every schedule
-and WSD branch; the step key is fold_in(key(seed), step), so a step's randomness (stochastic
-rounding) depends on (seed, step) alone. scaling.train drives it; benchmarks time it.
+and WSD branch; so is `measure` (compute the quantisation telemetry: the trainer asks for it on
+its logged steps only; it is NaN on the others). The step key is fold_in(key(seed), step), so a
+step's randomness (stochastic rounding) depends on (seed, step) alone. scaling.train drives it;
+benchmarks time it.
 """
 
 from __future__ import annotations
@@ -65,11 +67,11 @@ def compiled():
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
 
     @functools.partial(jax.jit, static_argnums=(0, 1))
-    def train_step(model_def, opt_def, state, tokens_BxL1, seed, step, lr):
+    def train_step(model_def, opt_def, state, tokens_BxL1, seed, step, lr, measure):
         model = nnx.merge(model_def, state["model"])
         optimizer = nnx.merge(opt_def, state["optimizer"])
         key = jax.random.fold_in(jax.random.key(seed), step)
-        loss, grads, telemetry = model_lib.grad_step(model, tokens_BxL1, key)
+        loss, grads, telemetry = model_lib.grad_step(model, tokens_BxL1, key, measure)
         grad_norm = optax.tree.norm(grads)
         optimizer.update(model, grads, learning_rate=lr)
         return {"model": nnx.state(model), "optimizer": nnx.state(optimizer)}, loss, grad_norm, telemetry

@@ -181,7 +181,7 @@ def test_operands_and_their_telemetry_are_quants(spec, axis):
     key = jax.random.key(4)
     @jax.jit
     def operand(x, key):
-        op = gemm.quantise_operand(x, s, fmt, axis, key=key, with_telemetry=True)
+        op = gemm.quantise_operand(x, s, fmt, axis, key=key, measure=True)
         return op.q.values, op.q.scale, op.telemetry
 
     values, scale, telemetry = operand(x, key)
@@ -204,7 +204,7 @@ def test_training_telemetry_samples_the_rows_of_long_operands():
     x, _, _ = _operands(m=1024, k=64)
     spec = quant.QuantSpec("fp8_e4m3", "block", block=32, axis=1)
     s, fmt = precision.role_structure(spec), precision.format_vector("fp8_e4m3")
-    got = np.asarray(gemm.quantise_operand(x, s, fmt, 1, with_telemetry=True).telemetry)
+    got = np.asarray(gemm.quantise_operand(x, s, fmt, 1, measure=True).telemetry)
     q = quant.quantize(x, spec)
     scale = quant.expand_scale(q.scale, spec, x.shape)
     want = quant.telemetry_vector(x[::4], q.values[::4] * scale[::4], scale[::4], q.amax, 448.0, 1)
@@ -212,7 +212,7 @@ def test_training_telemetry_samples_the_rows_of_long_operands():
     assert got[0] == float(jnp.abs(x).max())
     w = x.T  # K x M along axis 0: every row
     spec0 = dataclasses.replace(spec, axis=0)
-    got_w = np.asarray(gemm.quantise_operand(w, s, fmt, 0, with_telemetry=True).telemetry)
+    got_w = np.asarray(gemm.quantise_operand(w, s, fmt, 0, measure=True).telemetry)
     want_w = quant.telemetry(w, quant.quantize(w, spec0), spec0)
     np.testing.assert_allclose(got_w, [want_w[f] for f in quant.TELEMETRY_FIELDS], rtol=1e-6)
 
@@ -275,6 +275,36 @@ def test_grad_step_reports_block_amax_per_role():
         b = {k: float(v) for k, v in tel[role]["block_amax"].items()}
         assert 0.0 <= b["min"] <= b["p50"] <= b["max"] <= float(tel[role]["amax"]) * (1 + 1e-6), (role, b)
         assert b["min"] < b["max"]
+
+@pytest.mark.parametrize("name", ["fp8-delayed", "mxfp4"])
+def test_telemetry_is_skipped_at_run_time_without_changing_the_step(name):
+    """`measure` is a runtime bool of one compiled step: false gives NaN telemetry and the very
+    same loss, gradients and amax histories (delayed scaling, stochastic rounding) as true."""
+    tokens = jax.random.randint(jax.random.key(0), (2, TINY.seq_len + 1), 0, TINY.vocab)
+    traces = []
+
+    @nnx.jit
+    def step(m, tokens, key, measure):
+        traces.append(1)
+        return model.grad_step(m, tokens, key, measure)
+
+    out = {}
+    for measure in (True, False):
+        m = model.Transformer(TINY, name, rngs=nnx.Rngs(0))
+        loss, grads, tel = step(m, tokens, jax.random.key(1), jnp.asarray(measure))
+        sink_history = jax.tree.map(lambda v: v[..., gemm.TELEMETRY_SIZE:], nnx.state(m, model.GradSink))
+        out[measure] = (loss, grads, nnx.state(m, model.AmaxHistory), sink_history, tel)
+    assert len(traces) == 1
+    on, off = out[True], out[False]
+    np.testing.assert_array_equal(on[0], off[0])
+    for a, b in zip(on[1:4], off[1:4]):
+        jax.tree.map(np.testing.assert_array_equal, a, b)
+    if name == "fp8-delayed":
+        assert float(jnp.max(jax.tree.leaves(on[2])[0])) > 0 and float(jnp.max(jax.tree.leaves(on[3])[0])) > 0
+    for role in ("weight", "activation", "grad"):
+        assert np.isfinite(float(on[4][role]["amax"])) and np.isfinite(float(on[4][role]["snr_db"]))
+        assert all(np.isnan(float(v)) for v in jax.tree.leaves(off[4][role])), role
+
 
 
 def test_the_gemm_path_follows_the_hardware_unless_the_recipe_says(monkeypatch):
