@@ -97,7 +97,7 @@ def precision_columns(law: laws.Law, P: float, context: Mapping[str, float], dat
 
 def _loss(law: laws.Law, params: Mapping[str, float], N, D, cols: Mapping[str, float]) -> np.ndarray:
     N, D = np.broadcast_arrays(np.asarray(N, float), np.asarray(D, float))
-    x = {"N": N, "D": D, **{c: np.full(N.shape, v, float) for c, v in cols.items()}}
+    x = {"N": N, "D": D, **{c: np.broadcast_to(np.asarray(v, float), N.shape) for c, v in cols.items()}}
     with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
         return np.asarray(law.predict(params, x, np))
 
@@ -125,6 +125,22 @@ def _best_n(law, params, compute, P, cols, cost: Cost, n_range, refine: bool = T
     log_n, loss = (res.x, float(res.fun)) if res.fun <= losses[i] else (grid[i], float(losses[i]))
     N = float(np.exp(log_n))
     return {"P": float(P), "N": N, "D": float(cost.tokens(N, compute, P)), "loss": loss}
+
+
+def _grid_profile(law, params, compute, p_grid, cost: Cost, context, data, n_range) -> np.ndarray:
+    """`_best_n(..., refine=False)["loss"]` at every P of p_grid in one array evaluation (laws with one
+    column set per P): the same log-N grids (numpy.linspace's arithmetic), the same numbers."""
+    P = np.asarray(p_grid, float)[:, None]
+    n_max = compute / (cost.flops_per_param_token * np.asarray(cost.model.factor(P, cost.overhead), float))
+    lo, hi = np.log(n_range[0]), np.log(np.minimum(n_range[1], n_max))
+    if np.any(hi <= lo):
+        bad = float(P[np.argmax(hi <= lo), 0])
+        raise ConfigError("compute", compute, f"enough for N >= {n_range[0]:.3g} and D >= 1 at P = {bad}")
+    grid = np.arange(_N_GRID, dtype=float)[None, :] * ((hi - lo) / (_N_GRID - 1)) + lo
+    grid[:, -1] = hi[:, 0]
+    (cols,) = precision_columns(law, P, context, data)
+    losses = _loss(law, params, np.exp(grid), cost.tokens(np.exp(grid), compute, P), cols)
+    return np.min(np.where(np.isfinite(losses), losses, np.inf), axis=1)
 
 
 def _best_at_precision(law, params, compute, P, cost, context, data, n_range, refine: bool = True) -> dict[str, float]:
@@ -177,7 +193,7 @@ def optimal_precision(fit: FitResult | Mapping[str, Any], compute: float, precis
         # bracket P* on a profile of each P's N-grid minimum (the 400-point log-N grid is fine enough to
         # rank neighbouring P), then the exact search (Brent in N inside Brent in P) only inside the bracket
         p_grid = np.linspace(p_range[0], p_range[1], int(4 * (p_range[1] - p_range[0])) + 1)
-        profile = [at(p, refine=False)["loss"] for p in p_grid]
+        profile = _grid_profile(law, params, compute, p_grid, cost, context, fit.data, n_range)
         i = int(np.argmin(profile))
         a, b = p_grid[max(i - 1, 0)], p_grid[min(i + 1, len(p_grid) - 1)]
         res = minimize_scalar(lambda p: at(p)["loss"], bounds=(a, b), method="bounded", options={"xatol": 1e-7})

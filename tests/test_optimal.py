@@ -78,6 +78,19 @@ def test_optimum_equals_brute_force_grid_search(cost):
         assert list(table["P"]) == precisions and table["loss"].min() == ours["loss"]
 
 
+@pytest.mark.parametrize("cost", [optimal.Cost(), optimal.Cost(shape=SHAPE, overhead=0.25), optimal.Cost(model="h100")])
+@pytest.mark.parametrize("law, params", [("kumar", KUMAR), ("chinchilla", CHINCHILLA)])
+def test_the_p_profile_in_one_array_equals_one_grid_search_per_p(cost, law, params):
+    """The continuous P* search brackets on `_grid_profile`; it must be the per-P N-grid minima exactly."""
+    L, p_grid = laws.get(law), np.linspace(1.0, 32.0, 125)
+    cols = lambda P: optimal.precision_columns(L, P, {}, {})[0]
+    per_p = [optimal._best_n(L, params, 1e20, float(P), cols(float(P)), cost, (1.0, np.inf), refine=False)["loss"]
+             for P in p_grid]
+    np.testing.assert_array_equal(optimal._grid_profile(L, params, 1e20, p_grid, cost, {}, {}, (1.0, np.inf)), per_p)
+    with pytest.raises(ConfigError, match="compute"):  # a budget below one parameter-token at 32 bits
+        optimal._grid_profile(L, params, 1.0, p_grid, cost, {}, {}, (1.0, np.inf))
+
+
 def test_half_the_bits_trains_a_larger_model_by_the_chinchilla_exponent():
     # Chinchilla's loss ignores P, so halving P doubles the effective compute; compute-optimal
     # N grows as C^(beta/(alpha+beta)): N(16)/N(32) = 2^(0.366/0.714) = 1.4265.
