@@ -65,11 +65,8 @@ def compiled():
         # tens of seconds for quantised recipes, and the next run of the same shapes can skip it
         jax.config.update("jax_compilation_cache_dir", str(data.cache_dir() / "jax"))
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
-    # XLA:CPU's LLVM at -O1, not -O2: 10-18% less compile time, the same step time and bit-identical
-    # parameters on an AVX2 EPYC (docs/performance.md); a sweep compiles one program per shape and recipe
-    options = {"xla_backend_optimization_level": 1} if jax.default_backend() == "cpu" else None
 
-    @functools.partial(jax.jit, static_argnums=(0, 1), compiler_options=options)
+    @functools.partial(jax.jit, static_argnums=(0, 1))
     def train_step(model_def, opt_def, state, tokens_BxL1, seed, step, lr, measure):
         model = nnx.merge(model_def, state["model"])
         optimizer = nnx.merge(opt_def, state["optimizer"])
@@ -79,11 +76,11 @@ def compiled():
         optimizer.update(model, grads, learning_rate=lr)
         return {"model": nnx.state(model), "optimizer": nnx.state(optimizer)}, loss, grad_norm, telemetry
 
-    @functools.partial(jax.jit, static_argnums=0, compiler_options=options)
+    @functools.partial(jax.jit, static_argnums=0)
     def eval_loss(model_def, model_state, tokens_BxL1):
         return model_lib.eval_loss(nnx.merge(model_def, model_state), tokens_BxL1)
 
-    @functools.partial(jax.jit, static_argnums=(0, 1, 2), compiler_options=options)
+    @functools.partial(jax.jit, static_argnums=(0, 1, 2))
     def init(model_cfg, recipe, tx, seed):
         # One compiled initialiser instead of one eager dispatch (and compile) per weight matrix.
         model = model_lib.Transformer(model_cfg, recipe, rngs=nnx.Rngs(jax.random.key(seed)))
