@@ -59,8 +59,9 @@ def reproduce(preset: str, out: str | Path, *, bootstrap: int = 100, workers: in
     todo = [s for s in specs if not runs.finished(s.out_dir(out / "runs"))]
     print(f"{preset}: {len(specs)} runs, {len(specs) - len(todo)} already landed")
     while todo:
-        todo, flights = sweep.take_off(todo, out / "runs", hang_timeout=hang_timeout, lanes=sweep.takeoff_lanes(workers))
-        print(f"take-off ok: {len(flights)} shapes; measured ETA {sweep.measured_seconds(todo, flights) / 60:.1f} min")
+        lanes = sweep.takeoff_lanes(workers)
+        todo, flights = sweep.take_off(todo, out / "runs", hang_timeout=hang_timeout, lanes=lanes)
+        print(f"take-off ok: {len(flights)} shapes; measured ETA {sweep.measured_seconds(todo, flights, lanes) / 60:.1f} min")
         sweep.run_sweep(todo, out / "runs", workers=workers, hang_timeout=hang_timeout, progress=progress)
         tried = {s.run_id for s in specs}
         specs = expand()

@@ -667,14 +667,16 @@ def _takeoff_spec(spec: RunSpec) -> RunSpec:
     return RunSpec(run_id=cfg.run_id, sweep=spec.sweep, config=cfg)
 
 
-def measured_seconds(specs: list[RunSpec], flights: dict[str, dict]) -> float:
-    """ETA from the take-off runs' measured step times (compilation is cached by then)."""
+def measured_seconds(specs: list[RunSpec], flights: dict[str, dict], lanes: int = 1) -> float:
+    """ETA from the take-off runs' measured step times (compilation is cached by then). Probes
+    flown `lanes` at a time shared the machine as that many concurrent runs will: the runs' times
+    add up `lanes` at once."""
     total = 0.0
     for spec in specs:
         flight = flights.get(shape_key(spec.config))
         if flight and flight.get("tokens_per_s"):
             total += 1.15 * _tokens(spec) / flight["tokens_per_s"]  # + WSD cooldown branches and evals
-    return total
+    return total / lanes
 
 
 # ---------------------------------------------------------------- estimates and the CLI
@@ -754,10 +756,11 @@ def main(args) -> int:
     counts: dict[str, int] = {}
     slow: list[dict] = []
     while todo:  # a design with replicates: the runs its landed minima call for come in the next round
+        lanes = takeoff_lanes(args.workers or 1) if args.executor == "local" else 1
         todo, flights = take_off(todo, out_root, keep_going=args.keep_going, hang_timeout=args.hang_timeout,
-                                 lanes=takeoff_lanes(args.workers or 1) if args.executor == "local" else 1)
+                                 lanes=lanes)
         print(f"take-off: {len(flights)} shapes compiled and trained {TAKEOFF_STEPS} steps; "
-              f"{len(todo)} runs cleared, measured ETA {measured_seconds(todo, flights) / 60:.1f} min")
+              f"{len(todo)} runs cleared, measured ETA {measured_seconds(todo, flights, lanes) / 60:.1f} min")
         report = run_sweep(todo, out_root, executor=args.executor, workers=1 if args.workers is None else args.workers,
                            hang_timeout=args.hang_timeout, ray_address=args.ray_address,
                            cpus_per_run=args.cpus_per_run, gpus_per_run=args.gpus_per_run, gpu_pins=pins,
