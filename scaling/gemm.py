@@ -95,8 +95,16 @@ def _telemetry(x: jax.Array, op: Operand, measure: jax.Array) -> jax.Array:
     stride = max(1, x.shape[0] // TELEMETRY_ROWS) if axis == 1 else 1
     scale = quant.expand_scale(op.q.scale, op.spec, x.shape)[::stride]  # fused: only sampled rows are formed
     xs, values = x[::stride], op.q.values[::stride]
-    return jax.lax.cond(measure, lambda: quant.telemetry_vector(xs, values * scale, scale, op.q.amax, op.fmax, axis),
-                        lambda: jnp.full((TELEMETRY_SIZE,), jnp.nan, jnp.float32))
+
+    def measured():
+        return quant.telemetry_vector(xs, values * scale, scale, op.q.amax, op.fmax, axis)
+
+    nan = jnp.full((TELEMETRY_SIZE,), jnp.nan, jnp.float32)
+    if jax.default_backend() == "cpu":  # XLA:CPU runs only the branch taken
+        return jax.lax.cond(measure, measured, lambda: nan)
+    # XLA:GPU reads a conditional's predicate on the host (a sync per operand per step), and the
+    # telemetry is cheap there: computed and masked (unmeasured on a GPU, like the rest of that path)
+    return jnp.where(measure, measured(), nan)
 
 
 def _axis_free(s: RoleStructure | None) -> bool:

@@ -276,10 +276,19 @@ def test_grad_step_reports_block_amax_per_role():
         assert 0.0 <= b["min"] <= b["p50"] <= b["max"] <= float(tel[role]["amax"]) * (1 + 1e-6), (role, b)
         assert b["min"] < b["max"]
 
+@pytest.mark.parametrize("backend", ["cpu", "gpu"])
 @pytest.mark.parametrize("name", ["fp8-delayed", "mxfp4"])
-def test_telemetry_is_skipped_at_run_time_without_changing_the_step(name):
+def test_telemetry_is_skipped_at_run_time_without_changing_the_step(name, backend, monkeypatch):
     """`measure` is a runtime bool of one compiled step: false gives NaN telemetry and the very
-    same loss, gradients and amax histories (delayed scaling, stochastic rounding) as true."""
+    same loss, gradients and amax histories (delayed scaling, stochastic rounding) as true. On a
+    CPU the telemetry is a skipped branch, on an accelerator a masked one (traced here as if)."""
+    real = jax.default_backend()
+    monkeypatch.setattr(gemm.jax, "default_backend", lambda: backend if backend != "cpu" else real)
+    recipe = precision.get(name)
+    x, w, _ = _operands()
+    jaxpr = str(jax.make_jaxpr(lambda m: gemm.qdot_apply(x, w, recipe.structure(), gemm.qdot_state(recipe), None,
+                                                         None, m)[1])(jnp.asarray(True)))
+    assert ("cond[" in jaxpr) == (backend == "cpu")
     tokens = jax.random.randint(jax.random.key(0), (2, TINY.seq_len + 1), 0, TINY.vocab)
     traces = []
 
