@@ -102,14 +102,24 @@ def _loss(law: laws.Law, params: Mapping[str, float], N, D, cols: Mapping[str, f
         return np.asarray(law.predict(params, x, np))
 
 
+def _log_n_grids(compute, P, cost: Cost, n_range) -> np.ndarray:
+    """The _N_GRID-point log-N grid of each P (rows; numpy.linspace's arithmetic) from n_range's low
+    end up to the largest N the budget affords: D >= 1 and per-token cost >= 6·N·c(P), so
+    N <= C / (6·c(P))."""
+    P = np.asarray(P, float).reshape(-1, 1)
+    n_max = compute / (cost.flops_per_param_token * np.asarray(cost.model.factor(P, cost.overhead), float))
+    lo, hi = np.log(n_range[0]), np.log(np.minimum(n_range[1], n_max))
+    if np.any(hi <= lo):
+        bad = float(P[np.argmax(hi <= lo), 0])
+        raise ConfigError("compute", compute, f"enough for N >= {n_range[0]:.3g} and D >= 1 at P = {bad}")
+    grid = np.arange(_N_GRID, dtype=float)[None, :] * ((hi - lo) / (_N_GRID - 1)) + lo
+    grid[:, -1] = hi[:, 0]
+    return grid
+
+
 def _best_n(law, params, compute, P, cols, cost: Cost, n_range, refine: bool = True) -> dict[str, float]:
     """min over N of L(N, D = C/(6·N·f(P)), P): log-N grid, then (refine) bounded Brent between the grid neighbours."""
-    # D >= 1: per-token cost >= 6·N·c(P), so N <= C / (6·c(P))
-    n_max = compute / (cost.flops_per_param_token * float(cost.model.factor(P, cost.overhead)))
-    lo, hi = np.log(n_range[0]), np.log(min(n_range[1], n_max))
-    if hi <= lo:
-        raise ConfigError("compute", compute, f"enough for N >= {n_range[0]:.3g} and D >= 1 at P = {P}")
-    grid = np.linspace(lo, hi, _N_GRID)
+    grid = _log_n_grids(compute, P, cost, n_range)[0]
     losses = _loss(law, params, np.exp(grid), cost.tokens(np.exp(grid), compute, P), cols)
     losses = np.where(np.isfinite(losses), losses, np.inf)
     i = int(np.argmin(losses))
@@ -129,24 +139,18 @@ def _best_n(law, params, compute, P, cols, cost: Cost, n_range, refine: bool = T
 
 def _grid_profile(law, params, compute, p_grid, cost: Cost, context, data, n_range) -> np.ndarray:
     """`_best_n(..., refine=False)["loss"]` at every P of p_grid in one array evaluation (laws with one
-    column set per P): the same log-N grids (numpy.linspace's arithmetic), the same numbers."""
+    column set per P): the same log-N grids, the same numbers."""
     P = np.asarray(p_grid, float)[:, None]
-    n_max = compute / (cost.flops_per_param_token * np.asarray(cost.model.factor(P, cost.overhead), float))
-    lo, hi = np.log(n_range[0]), np.log(np.minimum(n_range[1], n_max))
-    if np.any(hi <= lo):
-        bad = float(P[np.argmax(hi <= lo), 0])
-        raise ConfigError("compute", compute, f"enough for N >= {n_range[0]:.3g} and D >= 1 at P = {bad}")
-    grid = np.arange(_N_GRID, dtype=float)[None, :] * ((hi - lo) / (_N_GRID - 1)) + lo
-    grid[:, -1] = hi[:, 0]
+    grid = _log_n_grids(compute, P, cost, n_range)
     (cols,) = precision_columns(law, P, context, data)
     losses = _loss(law, params, np.exp(grid), cost.tokens(np.exp(grid), compute, P), cols)
     return np.min(np.where(np.isfinite(losses), losses, np.inf), axis=1)
 
 
-def _best_at_precision(law, params, compute, P, cost, context, data, n_range, refine: bool = True) -> dict[str, float]:
+def _best_at_precision(law, params, compute, P, cost, context, data, n_range) -> dict[str, float]:
     best = None
     for cols in precision_columns(law, P, context, data):
-        row = _best_n(law, params, compute, P, cols, cost, n_range, refine)
+        row = _best_n(law, params, compute, P, cols, cost, n_range)
         row.update({c: cols[c] for c in ("ebits", "mbits") if c in cols})
         if best is None or row["loss"] < best["loss"]:
             best = row
@@ -175,8 +179,8 @@ def optimal_precision(fit: FitResult | Mapping[str, Any], compute: float, precis
     if not 0 < p_range[0] < p_range[1]:
         raise ConfigError("p_range", p_range, "0 < low < high")
 
-    def at(P, refine=True):
-        return _best_at_precision(law, params, compute, P, cost, context, fit.data, n_range, refine)
+    def at(P):
+        return _best_at_precision(law, params, compute, P, cost, context, fit.data, n_range)
 
     if precisions is not None:
         if len(precisions) == 0 or any(not p > 0 for p in precisions):

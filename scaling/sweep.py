@@ -560,8 +560,6 @@ def take_off(specs: list[RunSpec], out_root: str | Path, *, keep_going: bool = F
     for source, tokenizer in sorted({(s.config.data.source, s.config.data.tokenizer) for s in specs}):
         data.load(source, tokenizer)  # raises ConfigError naming data.source; builds a BPE once, before any run
     _use_compilation_cache()
-    import jax
-
     groups = {}
     for spec in specs:
         groups.setdefault(shape_key(spec.config), []).append(spec)
@@ -571,8 +569,7 @@ def take_off(specs: list[RunSpec], out_root: str | Path, *, keep_going: bool = F
     children = [_fly_in_child({k: probes[k] for k in keys[i::lanes]}, out_root, hang_timeout) for i in range(1, lanes)]
     summaries = {}
     for key in keys[::lanes]:  # this process's lane: one JAX start-up for all its probes
-        summaries[key] = _fly(probes[key], out_root)
-        jax.clear_caches()  # see _takeoff_worker
+        summaries[key] = _fly(probes[key].config, probes[key].out_dir(out_root / ".takeoff"))
     for child in children:
         summaries.update(child())
     cleared, flights, failures = [], {}, []
@@ -595,15 +592,21 @@ def takeoff_lanes(workers: int) -> int:
     return 1 if visible_gpus() else max(1, workers)
 
 
-def _fly(probe: RunSpec, out_root: Path) -> dict:
+def _fly(config, out_dir: str | Path) -> dict:
     """One take-off probe in this process; a failure is its summary, not an exception. A probe
     another sweep is flying is waited for, and its landing reused."""
+    import jax
+
     from scaling import train
 
     try:
-        return train.run(probe.config, probe.out_dir(out_root / ".takeoff"), wait=True)
+        return train.run(config, out_dir, wait=True)
     except Exception as error:  # noqa: BLE001 - any failure to take off is reported, not raised
         return {"status": "failed", "reason": f"{type(error).__name__}: {error}"}
+    finally:
+        # Drop the probe's executables: the runs load them from the persistent cache, and holding them
+        # all crashed a 69-shape take-off (LLVM "Cannot allocate memory" after 42 probes, 2 cores 24 GiB).
+        jax.clear_caches()
 
 
 def _fly_in_child(probes: dict[str, RunSpec], out_root: Path, hang_timeout: float):
@@ -641,19 +644,7 @@ def _takeoff_worker(job: str, parent_pid: int) -> int:
     """Child entry point of a take-off lane: fly the probes listed in `job`, write their summaries."""
     _die_with_parent(parent_pid)
     _use_compilation_cache()
-    import jax
-
-    from scaling import train
-
-    done = {}
-    for key, (out_dir, cfg) in json.loads(Path(job).read_text()).items():
-        try:
-            done[key] = train.run(cfg, out_dir, wait=True)
-        except Exception as error:  # noqa: BLE001 - reported as the probe's failure
-            done[key] = {"status": "failed", "reason": f"{type(error).__name__}: {error}"}
-        # Drop the probe's executables: the runs load them from the persistent cache, and holding them
-        # all crashed a 69-shape take-off (LLVM "Cannot allocate memory" after 42 probes, 2 cores 24 GiB).
-        jax.clear_caches()
+    done = {key: _fly(cfg, out_dir) for key, (out_dir, cfg) in json.loads(Path(job).read_text()).items()}
     atomic_write_json(Path(job).with_suffix(".out"), done)
     return 0
 
