@@ -116,6 +116,9 @@ class GPU:
     gpus_per_node: int = 8
     block_scaled: tuple[str, ...] = ()  # micro-scaled GEMM formats the tensor cores run natively
     sms: int = 132  # streaming multiprocessors (what communication kernels that run beside compute take from)
+    # FP8 GEMMs take either operand transposed (Blackwell; Hopper's take only TN layouts, so a
+    # per-tensor FP8 operand needs a transposed copy for the backward: TE's nvte_is_non_tn_fp8_gemm_supported)
+    fp8_any_layout: bool = False
 
     @property
     def memory_bytes(self) -> float:
@@ -164,7 +167,7 @@ GPUS: dict[str, GPU] = {
                 hbm_tbps=4.8, nvlink_gbps=450, net_gbps=50, nvlink_latency_us=2.5, net_latency_us=6),
     "b200": GPU("B200 (HGX) 180GB", 180, {"fp32": 80, "tf32": 1100, "bf16": 2250, "fp8": 4500, "fp4": 9000},
                 hbm_tbps=8.0, nvlink_gbps=900, net_gbps=50, nvlink_latency_us=2.5, net_latency_us=6,
-                block_scaled=("mxfp8", "mxfp6", "mxfp4", "nvfp4"), sms=148),
+                block_scaled=("mxfp8", "mxfp6", "mxfp4", "nvfp4"), sms=148, fp8_any_layout=True),
 }
 
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8", "fp4")

@@ -410,13 +410,21 @@ class Recipe:
     """How a precision recipe runs the linear layers' GEMMs.
 
     rate: the tensor-core peak it runs at; bytes: bytes per quantised element including its
-    scales; native: a block-scaled format the GPU must run natively (Blackwell MX/NVFP4).
+    scales; native: a block-scaled format the GPU must run natively (Blackwell MX/NVFP4);
+    blocks: scales run in blocks along the reduction axis, so the backward GEMMs, which reduce
+    along the other axis, need a second copy quantised along it (TE's row- and column-wise data).
     Attention, norms and communication stay in BF16 in every recipe (Transformer Engine's default).
     """
 
     rate: str
     bytes: float
     native: str | None = None
+    blocks: bool = False
+
+    def copies(self, gpu: GPU) -> int:
+        """Quantised copies of each GEMM input: two where the backward needs its own (blocks, or
+        per-tensor FP8 on GPUs whose FP8 GEMMs take only TN layouts: a transposed copy), else one."""
+        return 2 if self.blocks or (self.rate == "fp8" and not gpu.fp8_any_layout) else 1
 
 
 # Scale overhead per element: MX formats carry one E8M0 byte per 32 elements (OCP MX spec v1.0);
@@ -424,11 +432,11 @@ class Recipe:
 RECIPES: dict[str, Recipe] = {
     "bf16": Recipe("bf16", 2.0),
     "fp8": Recipe("fp8", 1.0),  # per-tensor scaling (Transformer Engine delayed/current scaling)
-    "fp8-block": Recipe("fp8", 1.0 + 4 / 128),
-    "mxfp8": Recipe("fp8", 1.0 + 1 / 32, "mxfp8"),
-    "mxfp6": Recipe("fp8", 0.75 + 1 / 32, "mxfp6"),  # FP6 runs at the FP8 rate on Blackwell
-    "mxfp4": Recipe("fp4", 0.5 + 1 / 32, "mxfp4"),
-    "nvfp4": Recipe("fp4", 0.5 + 1 / 16, "nvfp4"),
+    "fp8-block": Recipe("fp8", 1.0 + 4 / 128, blocks=True),
+    "mxfp8": Recipe("fp8", 1.0 + 1 / 32, "mxfp8", blocks=True),
+    "mxfp6": Recipe("fp8", 0.75 + 1 / 32, "mxfp6", blocks=True),  # FP6 runs at the FP8 rate on Blackwell
+    "mxfp4": Recipe("fp4", 0.5 + 1 / 32, "mxfp4", blocks=True),
+    "nvfp4": Recipe("fp4", 0.5 + 1 / 16, "nvfp4", blocks=True),
     # FP32 GEMMs on TF32 tensor cores (what cuBLAS and XLA do by default): priced as BF16 inputs
     # cast to FP32 per GEMM; the activations, norms and collectives stay priced in BF16
     "tf32": Recipe("tf32", 4.0),
@@ -456,7 +464,12 @@ class Efficiency:
 
     gemm: best GEMM efficiency; a GEMM of F FLOPs reaches gemm * F / (F + gemm_half_flops)
       (small GEMMs are launch/tail bound: the knee is where half the best is lost).
-    attention: flash attention's fraction of the BF16 peak on its hardware FLOPs.
+    attention: flash attention's fraction of the BF16 peak on its hardware FLOPs (forward and
+      backward together); with attention_half_flops, its best fraction: a call of F forward FLOPs
+      (one micro-batch's causal attention on one GPU) reaches attention * F / (F + attention_half_flops)
+      (few heads or short sequences leave SMs idle); mla_attention is the best fraction of MLA's
+      kernels (d_qk != d_v; 0: attention). The three come from kernel measurements where a generation
+      has them (stepvalidate.kernel_attention), else attention is fitted and the others stay 0.
     bandwidth: fraction of HBM, NVLink and NIC bandwidth that memory-bound kernels and NCCL reach.
     moe_layer_seconds: time per MoE layer per micro-batch (forward + backward) that the listed
       ops do not account for: dropless routing synchronises host and device in every layer
@@ -475,6 +488,14 @@ class Efficiency:
     bandwidth: float
     moe_layer_seconds: float = 0.0
     gemm_rates: tuple[tuple[str, float], ...] = ()
+    attention_half_flops: float = 0.0
+    mla_attention: float = 0.0
+
+    def attention_at(self, flops: float, mla: bool = False) -> float:
+        """Flash attention's fraction of the BF16 peak for a call of `flops` forward FLOPs."""
+        best = self.mla_attention if mla and self.mla_attention else self.attention
+        h = self.attention_half_flops
+        return best * flops / (flops + h) if h else best
 
     def gemm_at(self, rate: str) -> float:
         """Best GEMM efficiency at a tensor-core rate ('bf16', 'fp8', ...): `gemm` unless `gemm_rates`
@@ -487,6 +508,11 @@ class Efficiency:
 # - b200: 8 of SimuMax's real Megatron-LM runs on 8x B200 (BF16, micro-batches = 8, no TP/DP overlap).
 #   Low next to B200 GEMM microbenchmarks (~65-70% of peak on large shapes) because they also absorb
 #   what the model does not list (kernel launch gaps, CPU-side overhead, TE's casts and copies).
+#   Flash attention's three constants are not fitted on those steps (attention is ~10% of each, so any
+#   fraction from 0.26 to 0.6 fits them alike; the fit had settled at 0.263, which priced 128K-token CP
+#   runs 17-29% slow) but on SimuMax's TE kernel timings from the same node (19 shapes, 4K-128K tokens,
+#   4-128 heads; each within 25% of the curve): 0.462 of the BF16 peak at best, half of it lost at
+#   3.2e10 FLOPs per call (few heads or short sequences leave SMs idle), 0.366 for MLA's kernels.
 # - h100: 5 of NeMo's published DGX-H100 runs (FP8 per-tensor; Llama 2 7B/13B, Llama 3 8B with CP,
 #   GPT-3 175B on 128 GPUs, Llama 3 70B on 64 GPUs), with the overlaps those recipes turn on. The
 #   GEMM fraction is of the FP8 peak; BF16 runs on H100 came out 11-32% slow with it, so BF16 GEMMs
@@ -507,8 +533,8 @@ class Efficiency:
 # on its own calibration cases. Hopper (H100/H200): NeMo's published Megatron-Core runs on DGX H100
 # (FP8, TP/DP/PP communication overlapped). A100 has no calibration runs yet and borrows Hopper's.
 EFFICIENCY: dict[str, Efficiency] = {
-    "b200": Efficiency(gemm=0.485, gemm_half_flops=1.26e11, attention=0.263, bandwidth=0.647,
-                       moe_layer_seconds=0.72e-3),
+    "b200": Efficiency(gemm=0.478, gemm_half_flops=9.25e10, attention=0.462, bandwidth=0.545,
+                       moe_layer_seconds=0.97e-3, attention_half_flops=3.18e10, mla_attention=0.366),
     "h100": Efficiency(gemm=0.493, gemm_half_flops=2.13e10, attention=0.558, bandwidth=0.806,
                        moe_layer_seconds=3.13e-3, gemm_rates=(("bf16", 0.595),)),
 }
@@ -706,7 +732,7 @@ def layer_ops(c: Ctx, moe: bool = False) -> list[Op]:
     # (S = QK^T is recomputed), so 2.5x the forward's hardware FLOPs for 2x its model FLOPs.
     # each of the t local queries sees s/2 keys on average (cp balances causal chunks)
     attn = 2.0 * t * (c.seq_len / 2) * m.heads * (m.qk_head + m.v_head_dim) / tp
-    attn_peak = c.gpu.peak_tflops["bf16"] * 1e12 * c.eff.attention
+    attn_peak = c.gpu.peak_tflops["bf16"] * 1e12 * c.eff.attention_at(attn, m.mla)
     ops.append(Op("flash-attention fwd", "attention", attn / attn_peak, attn))
     ops.append(Op("flash-attention bwd", "attention", 2.5 * attn / attn_peak, 2 * attn))
 
@@ -758,10 +784,10 @@ def layer_ops(c: Ctx, moe: bool = False) -> list[Op]:
         ops.append(Op(f"{name} fwd", "memory", c.hbm_seconds(nbytes)))
         ops.append(Op(f"{name} bwd", "memory", c.hbm_seconds(2 * nbytes)))
     if c.recipe.rate != "bf16":
-        # quantise each GEMM input: read BF16, write the low-precision copy and a transposed one
-        # for the backward (Hopper FP8 GEMMs take only TN layouts; MX scales run along one axis);
-        # the backward quantises each output gradient the same way. Weights: once per step, below.
-        per_elem = 2 + 2 * c.recipe.bytes
+        # quantise each GEMM input: read BF16, write the low-precision copy and, where the backward
+        # needs one (Recipe.copies), a second one; the backward quantises each output gradient the
+        # same way. Weights: once per step, below.
+        per_elem = 2 + c.recipe.copies(c.gpu) * c.recipe.bytes
         ops.append(Op("quantise fwd", "memory", c.hbm_seconds(per_elem * sum(f for f, _ in quantised))))
         ops.append(Op("quantise bwd", "memory", c.hbm_seconds(per_elem * sum(b for _, b in quantised))))
     _tp_ops(c, ops, gathered)
@@ -1243,7 +1269,7 @@ def step(model: Transformer, gpu: str | GPU, layout: StepLayout, precision: str 
     by_op["optimizer"] = c.hbm_seconds(34.0 * local)
     total += by_op["optimizer"]
     if recipe.rate != "bf16":  # weights cast (and transposed) once per step
-        by_op["quantise weights"] = c.hbm_seconds(params * (2 + 2 * recipe.bytes))
+        by_op["quantise weights"] = c.hbm_seconds(params * (2 + recipe.copies(c.gpu) * recipe.bytes))
         total += by_op["quantise weights"]
     by_op.update({k: v for k, v in by_collective.items() if k not in by_op})
 

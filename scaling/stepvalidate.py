@@ -25,6 +25,34 @@ def load_cases(path: Path = CASES_PATH) -> list[dict]:
     return json.loads(path.read_text())["cases"]
 
 
+def attention_kernels(path: Path = CASES_PATH) -> dict[str, list[dict]]:
+    """Measured flash-attention kernels per GPU generation (rows of batch, seq_len, heads, qk/v head dims
+    and SimuMax's forward and backward factors: non-causal FLOPs over the BF16 peak)."""
+    return {gen: k["rows"] for gen, k in json.loads(path.read_text()).get("attention_kernels", {}).items()}
+
+
+# where the kernel fit starts (round numbers)
+KERNEL_START = {"attention": 0.5, "mla_attention": 0.5, "attention_half_flops": 1e10}
+KERNEL_BOUNDS = {"attention": (0.05, 1.0), "mla_attention": (0.05, 1.0), "attention_half_flops": (1e8, 1e13)}
+
+
+def kernel_attention(rows: list[dict], rounds: int = 8) -> dict[str, float]:
+    """attention, mla_attention and attention_half_flops (stepmodel.Efficiency) by least squares of log
+    efficiency over measured kernels. A row's forward and backward factors count the FLOPs without the
+    causal mask, twice what the step model counts, and the model prices forward (1 part) and backward
+    (2.5 parts) at one efficiency, so a row's efficiency is 3.5 / (2 / fwd + 5 / bwd), at its causal
+    forward FLOPs 2 b s (s/2) h (d_qk + d_v) (the model's `attn`)."""
+    measured = [(r["batch"] * r["seq_len"] ** 2 * r["heads"] * (r["qk_head_dim"] + r["v_head_dim"]),
+                 r["qk_head_dim"] != r["v_head_dim"], 3.5 / (2 / r["fwd"] + 5 / r["bwd"])) for r in rows]
+
+    def loss(eff: Efficiency) -> float:
+        return sum(math.log(eff.attention_at(f, mla) / e) ** 2 for f, mla, e in measured)
+
+    start = replace(START, **KERNEL_START)
+    best = _descend(loss, start, KERNEL_BOUNDS, rounds)
+    return {key: getattr(best, key) for key in KERNEL_BOUNDS}
+
+
 @dataclass(frozen=True)
 class Check:
     case: dict
@@ -89,14 +117,22 @@ def calibrate(cases: list[dict], start: Efficiency = START, rounds: int = 6) -> 
     moe = [c for c in cases if family_of(c) == "MoE"]
     rates = [rate_of(c) for c in dense]
     gens = {generation(c) for c in cases}
-    main = MAIN_RATE[gens.pop()] if len(gens) == 1 and next(iter(gens)) in MAIN_RATE else (
-        max(sorted(set(rates)), key=rates.count) if rates else None)
-    best = _descend([c for c in dense if rate_of(c) == main], start, DENSE_BOUNDS, rounds) if dense else start
+    gen = gens.pop() if len(gens) == 1 else None
+    main = MAIN_RATE[gen] if gen in MAIN_RATE else (max(sorted(set(rates)), key=rates.count) if rates else None)
+    bounds = DENSE_BOUNDS
+    kernels = attention_kernels().get(gen)
+    if kernels:
+        # attention from measured kernels, held: where attention is ~10% of every calibration step, the
+        # step times leave its efficiency free (B200: 0.26 to 0.6 fit them equally well)
+        start = replace(start, **kernel_attention(kernels))
+        bounds = {k: v for k, v in DENSE_BOUNDS.items() if k != "attention"}
+    best = _descend(_step_loss([c for c in dense if rate_of(c) == main]), start, bounds, rounds) if dense else start
     for rate in sorted(set(rates) - {main}):
         best = replace(best, gemm_rates=best.gemm_rates + ((rate, best.gemm),))
-        best = _descend([c for c in dense if rate_of(c) == rate], best, {f"gemm_rates.{rate}": DENSE_BOUNDS["gemm"]}, rounds)
+        best = _descend(_step_loss([c for c in dense if rate_of(c) == rate]), best,
+                        {f"gemm_rates.{rate}": DENSE_BOUNDS["gemm"]}, rounds)
     if moe:
-        best = _descend(moe, replace(best, moe_layer_seconds=MOE_START), MOE_BOUNDS, rounds)
+        best = _descend(_step_loss(moe), replace(best, moe_layer_seconds=MOE_START), MOE_BOUNDS, rounds)
     return best
 
 
@@ -125,12 +161,15 @@ def _set(eff: Efficiency, key: str, value: float) -> Efficiency:
     return replace(eff, **{key: value})
 
 
-def _descend(cases: list[dict], start: Efficiency, bounds: dict[str, tuple[float, float]], rounds: int) -> Efficiency:
-    """Coordinate descent on the `bounds` constants with multiplicative steps, halved each round."""
-
+def _step_loss(cases: list[dict]):
+    """Sum of squared log(predicted / measured) step times over `cases`, as a function of the constants."""
     def loss(eff: Efficiency) -> float:
         return sum(math.log(x.predicted_ms / x.measured_ms) ** 2 for x in (check(c, eff) for c in cases))
+    return loss
 
+
+def _descend(loss, start: Efficiency, bounds: dict[str, tuple[float, float]], rounds: int) -> Efficiency:
+    """Coordinate descent of `loss` on the `bounds` constants with multiplicative steps, halved each round."""
     best, best_loss = start, loss(start)
     for r in range(rounds):
         step = 0.5 / 2**r  # multiplicative step in log space, halved each round
