@@ -192,6 +192,17 @@ def _delayed_amax(amax: jax.Array, history: jax.Array | None, spec: QuantSpec) -
 # ---------------------------------------------------------------------------------------------
 
 
+def _once_per_block(scale: jax.Array) -> jax.Array:
+    """A block scale that bfloat16 holds exactly (a power of two in E8M0's range 2^-127..2^127, or an
+    E4M3 value: bfloat16 has float32's exponent range, 7 mantissa bits and subnormals down to 2^-133)
+    through bfloat16 and back: the same numbers, but a float32 -> bfloat16 convert is a producer
+    XLA:CPU does not duplicate into the elementwise consumer that broadcasts it, so the scale's ~40-op
+    integer chain runs once per block. Without it XLA fused that chain into the consumer and ran it for
+    every element of the block (the MXFP4 step's quantiser fusions took ~2x as long);
+    optimization_barrier does not help (XLA:CPU removes it before fusion)."""
+    return scale.astype(jnp.bfloat16).astype(jnp.float32)
+
+
 def _amax_along(a: jax.Array, axis: int) -> jax.Array:
     """max |a| over `axis` (kept, length 1): halve the axis with elementwise maxima down to 32, then
     reduce. XLA's CPU reduction over a long minor axis is several times slower than these
@@ -312,12 +323,12 @@ def _quantize(x, spec: QuantSpec, key, history, fmt_params):
         vb = rnd(xb * (1.0 / scale), bb)
     elif g == "mx":
         e = _mx_exponent(amax_b, fmax, p.emax, spec)
-        scale = formats.pow2(e)
-        vb = rnd(xb * formats.pow2(-e), bb)  # exact, and 2^127 is normal where 2^-127 is not
+        scale = _once_per_block(formats.pow2(e))
+        vb = rnd(xb * _once_per_block(formats.pow2(-e)), bb)  # exact, and 2^127 is normal where 2^-127 is not
     elif g == "nvfp4":
         s_t = nvfp4_tensor_scale(amax, fmax)
         s_b = formats.round_to_format(amax_b * (1.0 / (fmax * s_t)), "fp8_e4m3")
-        s_b = jnp.where(amax_b > 0, s_b, 1.0)
+        s_b = _once_per_block(jnp.where(amax_b > 0, s_b, 1.0))
         scale = s_b * s_t
         live = scale > 0  # an E4M3 block scale that underflowed flushes its block
         vb = jnp.where(live, rnd(xb * (1.0 / jnp.where(live, scale, 1.0)), bb), 0.0)

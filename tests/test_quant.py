@@ -437,3 +437,15 @@ def test_precision_doc_snippet_runs():
     stats = eval(out.getvalue().strip())  # the snippet prints a dict of floats
     assert set(stats) == set(quant.TELEMETRY_FIELDS)
     assert 10 < stats["snr_db"] < 30 and 0 < stats["frac_saturated"] < 0.1
+
+
+def test_block_scales_pass_through_bfloat16_unchanged():
+    """quant._once_per_block (a fusion boundary for XLA:CPU) must not change a block scale: every E8M0
+    power of two 2^-127..2^127 (2^-127 a float32 subnormal) and every finite E4M3 value (NVFP4's block
+    scales, subnormals included) comes back bit for bit, jitted, on this backend."""
+    e8m0 = np.ldexp(np.float32(1), np.arange(-127, 128)).astype(np.float32)
+    e4m3 = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    e4m3 = e4m3[np.isfinite(e4m3)]
+    for scales in (e8m0, e4m3):
+        out = np.asarray(jax.jit(quant._once_per_block)(jnp.asarray(scales)))
+        assert np.array_equal(out.view(np.uint32), scales.view(np.uint32))
