@@ -109,8 +109,9 @@ def calibrate(cases: list[dict], start: Efficiency = START, rounds: int = 6) -> 
     """Least squares of log(predicted / measured) step time over the calibration cases, in stages:
     the four dense constants on the dense runs at the generation's main rate (MAIN_RATE, else the
     tensor-core rate most of its dense calibration runs use; three where the generation has kernel
-    timings in attention_kernels: flash attention's constants come from kernel_attention, held); then, with those held, one GEMM efficiency per other
-    rate on that rate's dense runs (`Efficiency.gemm_rates`); then moe_layer_seconds on the MoE
+    timings in attention_kernels: flash attention's constants come from kernel_attention, held);
+    then, with those held, one GEMM efficiency per other rate on that rate's dense runs
+    (`Efficiency.gemm_rates`); then moe_layer_seconds on the MoE
     runs with everything else held (MoE runs never move the dense constants). Held-out cases are
     dropped before anything is priced."""
     cases = [c for c in cases if c["role"] == "calibration"]
