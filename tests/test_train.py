@@ -79,6 +79,34 @@ def test_weight_decay_shrinks_matrices_not_norm_gains():
     assert any("blocks" in k and "scale" in k for k in decayed)  # the stacked gains were checked
 
 
+def test_initial_state_is_the_recipes_own_model_and_its_weights_compile_once_per_shape(caplog):
+    """The trainer's initialiser (weights drawn recipe-free, then the recipe's state around them)
+    gives exactly the state of the recipe's model built in one program with the run's seed, and the
+    weights' program compiles once for every recipe of a model shape."""
+    import logging
+
+    import jax
+    from flax import nnx
+
+    from scaling import model
+
+    cfg = ladder.config_for_size(1, seq_len=40)  # a shape no other test initialises
+    tx = step_lib.optimizer_tx(grad_clip=1.0, weight_decay=0.1)
+    _, _, init = step_lib.compiled()
+    with caplog.at_level(logging.WARNING), jax.log_compiles(True):
+        states = {r: init(cfg, r, tx, 3) for r in ("fp32", "fp8", "mxfp4")}
+    weight_compiles = [m for m in caplog.messages if m.startswith("Compiling jit(init_params)")]
+    assert len(weight_compiles) == 1, weight_compiles
+    for recipe, state in states.items():  # jitted as the trainer builds models (eager draws round differently)
+        direct = jax.jit(lambda: nnx.state(model.Transformer(cfg, recipe, rngs=nnx.Rngs(jax.random.key(3)))))()
+        got, want = jax.tree_util.tree_flatten_with_path(state["model"])[0], jax.tree_util.tree_flatten_with_path(direct)[0]
+        assert [p for p, _ in got] == [p for p, _ in want], recipe
+        for (path, a), (_, b) in zip(got, want):
+            assert np.array_equal(np.asarray(a), np.asarray(b)), (recipe, jax.tree_util.keystr(path))
+    assert not np.array_equal(np.asarray(init(cfg, "fp32", tx, 4)["model"]["embed"][...]),
+                              np.asarray(states["fp32"]["model"]["embed"][...]))  # the seed is used
+
+
 def test_learning_rate_schedules_by_hand():
     wsd = train.plan_for(tiny(100, train={"warmup": 0.1, "lr": 1.0, "budgets": [0.5, 1.0]}))
     half, full = wsd.budgets
