@@ -444,7 +444,11 @@ def _block_amax_stats(x: jax.Array, axis: int) -> jax.Array:
     k = min(TELEMETRY_BLOCK, n)
     nb = n // k
     blocks = jnp.max(a[:, : nb * k].reshape(a.shape[0], nb, k), axis=-1)
-    return jnp.stack([jnp.min(blocks), jnp.median(blocks), jnp.max(blocks)])
+    # jnp.median's value, without its NaN pass over the input (a reduction and a select, several
+    # kernels in each quantised GEMM's telemetry): amaxes are >= 0 or +NaN, which sorts last
+    s = jax.lax.sort(blocks.ravel())
+    mid = (s[(s.size - 1) // 2] + s[s.size // 2]) * 0.5
+    return jnp.stack([jnp.min(blocks), jnp.where(jnp.isnan(s[-1]), jnp.nan, mid), jnp.max(blocks)])
 
 
 def telemetry(x: jax.Array, q: Quantized | jax.Array, spec: QuantSpec, *, history: jax.Array | None = None,

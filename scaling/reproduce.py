@@ -60,14 +60,19 @@ def reproduce(preset: str, out: str | Path, *, bootstrap: int = 100, workers: in
     print(f"{preset}: {len(specs)} runs, {len(specs) - len(todo)} already landed")
     while todo:
         lanes = sweep.takeoff_lanes(workers)
+        phase = time.perf_counter()
         todo, flights = sweep.take_off(todo, out / "runs", hang_timeout=hang_timeout, lanes=lanes)
-        print(f"take-off ok: {len(flights)} shapes; measured ETA {sweep.measured_seconds(todo, flights, lanes) / 60:.1f} min")
+        print(f"take-off ok: {len(flights)} shapes in {time.perf_counter() - phase:.0f} s; "
+              f"measured ETA {sweep.measured_seconds(todo, flights, lanes) / 60:.1f} min")
+        phase = time.perf_counter()
         sweep.run_sweep(todo, out / "runs", workers=workers, hang_timeout=hang_timeout, progress=progress)
+        print(f"{len(todo)} runs in {time.perf_counter() - phase:.0f} s")
         tried = {s.run_id for s in specs}
         specs = expand()
         todo = [s for s in specs if s.run_id not in tried and not runs.finished(s.out_dir(out / "runs"))]
 
     studied = specs[0].sweep
+    phase = time.perf_counter()
     # the preset's own runs only: a run left in the same folder by an older grid is not part of the study
     df = _landed(out, specs)
     rows = study.ok_rows(df[df["sweep"] == studied])
@@ -89,7 +94,8 @@ def reproduce(preset: str, out: str | Path, *, bootstrap: int = 100, workers: in
     run_curves = run_curves[run_curves["run_id"].isin({s.run_id for s in specs})].reset_index(drop=True)
     curves.export_curves(run_curves, out / "results" / f"{studied}_curves.parquet", max_points=CURVE_POINTS)
     path = report.write_report(df, result, out / "paper_figures", curves=run_curves)
-    print(f"{preset}: {len(df)} rows, fit and report in {time.perf_counter() - started:.0f} s -> {path}")
+    end = time.perf_counter()
+    print(f"{preset}: {len(df)} rows, fit and report in {end - phase:.0f} s ({end - started:.0f} s in all) -> {path}")
     return path
 
 

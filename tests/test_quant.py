@@ -313,6 +313,20 @@ def test_block_amax_telemetry_sees_blocks_the_tensor_amax_hides():
     assert all(float(tel_t[f]) == tel[f] for f in ("block_amax_min", "block_amax_p50", "block_amax_max"))
 
 
+@pytest.mark.parametrize("shape", [(3, 96), (4, 96), (5, 64), (1, 32), (7, 20)])
+@pytest.mark.parametrize("nan", [False, True])
+def test_block_amax_median_is_numpys_also_with_nan(shape, nan):
+    """The median of the block amaxes (odd and even block counts, a block shorter than 32) is
+    numpy's, and NaN where an element is NaN, as numpy's median would be."""
+    x = np.random.default_rng(shape[0]).standard_normal(shape).astype(np.float32)
+    if nan:
+        x[-1, 0] = np.nan
+    k = min(quant.TELEMETRY_BLOCK, shape[1])
+    blocks = np.abs(x[:, : shape[1] // k * k]).reshape(shape[0], -1, k).max(axis=-1)
+    got = np.asarray(jax.jit(lambda v: quant._block_amax_stats(v, 1))(x))
+    np.testing.assert_array_equal(got, [np.min(blocks), np.median(blocks), np.max(blocks)])
+
+
 @pytest.mark.parametrize("spec", [QuantSpec("fp4_e2m1", "mx", rounding="stochastic"),
                                   QuantSpec("fp4_e2m1", "mx", axis=0, rounding="stochastic"),
                                   QuantSpec("fp4_e2m1", "nvfp4", rounding="stochastic"),
