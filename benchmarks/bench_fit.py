@@ -23,9 +23,10 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import minimize
 
-from scaling import fit, hardware, laws
+from scaling.study import fit, laws
+from scaling import host
 
-DATA = Path(__file__).resolve().parents[1] / "tests" / "data" / "chinchilla_svg_extracted.csv"
+DATA = Path(__file__).resolve().parents[1] / "tests" / "study" / "data" / "chinchilla_svg_extracted.csv"
 
 
 def chinchilla_data() -> pd.DataFrame:
@@ -101,8 +102,8 @@ def bench_bootstrap(subset: int = 20) -> None:
 
 
 def main() -> None:
-    hardware.restart_with_process_env()  # as the CLI runs: malloc with huge pages (GLIBC_TUNABLES=glibc.malloc.hugetlb=0: without)
-    print(hardware.describe(), flush=True)  # timings hold for this kind of machine only
+    host.restart_with_process_env()  # as the CLI runs: malloc with huge pages (GLIBC_TUNABLES=glibc.malloc.hugetlb=0: without)
+    print(host.describe(), flush=True)  # timings hold for this kind of machine only
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--subset", type=int, default=200, help="scipy-loop starts to time (extrapolated to 4,500)")
     parser.add_argument("--full", action="store_true", help="run the scipy loop on all 4,500 starts")

@@ -8,14 +8,14 @@
 
 Per ladder size (the one whose non-embedding N is nearest each --params target, ladder.param_counts),
 one process measures, the same way for each: our training step as `scaling train` runs it
-(scaling.train_step: the model's quantised GEMMs, AdamW, clipping; fast path where bf16 is native),
+(scaling.train.step: the model's quantised GEMMs, AdamW, clipping; fast path where bf16 is native),
 compiled and warmed up, then --steps steps dispatched back to back and waited for once; and the
 same model in PyTorch (benchmarks/bench_torch.TorchLM) under bf16 autocast with fused AdamW,
 torch.compile'd when it compiles. Printed per row: step time, tokens/s, and model FLOP/s
-utilisation = ladder.flops_per_token x tokens/s / the GPU's dense bf16 peak (scaling.hardware.GPUS;
+utilisation = ladder.flops_per_token x tokens/s / the GPU's dense bf16 peak (scaling.plan.hardware.GPUS;
 "-" on a device the table lacks, unless --gpu names one). Ratios: our bf16 tokens/s over PyTorch's
 (target >= 0.8), and each simulated recipe's step time over our bf16's (target <= 1.3).
-The first line is hardware.describe(): timings hold for that machine only.
+The first line is host.describe(): timings hold for that machine only.
 """
 
 from __future__ import annotations
@@ -28,8 +28,11 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from scaling import data, hardware, ladder, precision
-from scaling import train_step as step_lib
+from scaling.train import data, ladder
+from scaling import host
+from scaling.plan import hardware
+from scaling.numerics import precision
+from scaling.train import step as step_lib
 
 TORCH_VS_OURS_TARGET, RECIPE_VS_BF16_TARGET = 0.8, 1.3
 
@@ -120,8 +123,8 @@ def time_torch(cfg: ladder.ModelConfig, tokens: np.ndarray, steps: int, warmup: 
 
 
 def main() -> None:
-    hardware.restart_with_process_env()  # as the CLI runs: malloc with huge pages (GLIBC_TUNABLES=glibc.malloc.hugetlb=0: without)
-    print(hardware.describe(), flush=True)  # timings hold for this kind of machine only
+    host.restart_with_process_env()  # as the CLI runs: malloc with huge pages (GLIBC_TUNABLES=glibc.malloc.hugetlb=0: without)
+    print(host.describe(), flush=True)  # timings hold for this kind of machine only
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--params", default="20e6,100e6", help="non-embedding parameter targets; nearest ladder sizes")
     ap.add_argument("--sizes", default=None, help="ladder sizes instead of --params (e.g. 1 for a CPU smoke run)")
@@ -144,7 +147,7 @@ def main() -> None:
     if peak:
         print(f"MFU: model FLOP/s over the dense bf16 peak of {hardware.GPUS[gpu].name}, {peak / 1e12:.0f} TFLOP/s")
     else:
-        print(f"MFU: none, {device.device_kind!r} has no peak in scaling.hardware.GPUS (--gpu NAME to pick one)")
+        print(f"MFU: none, {device.device_kind!r} has no peak in scaling.plan.hardware.GPUS (--gpu NAME to pick one)")
     sizes = ([int(s) for s in args.sizes.split(",")] if args.sizes
              else [size_near(float(p)) for p in args.params.split(",")])
     for size in sizes:

@@ -17,7 +17,8 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 
-from scaling import hardware, quant
+from scaling import host
+from scaling.numerics import quant
 
 CASES = [
     ("tensor (fp8_e4m3)", quant.QuantSpec("fp8_e4m3", "tensor")),
@@ -36,8 +37,8 @@ def _time(fn, x) -> float:
 
 
 def main() -> None:
-    hardware.restart_with_process_env()  # as the CLI runs: malloc with huge pages (GLIBC_TUNABLES=glibc.malloc.hugetlb=0: without)
-    print(hardware.describe(), flush=True)  # timings hold for this kind of machine only
+    host.restart_with_process_env()  # as the CLI runs: malloc with huge pages (GLIBC_TUNABLES=glibc.malloc.hugetlb=0: without)
+    print(host.describe(), flush=True)  # timings hold for this kind of machine only
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=4096)
     ap.add_argument("--repeats", type=int, default=15)

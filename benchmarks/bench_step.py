@@ -4,7 +4,7 @@
         [--recipes fp32,bf16,fp8,fp8-blockwise,mxfp4,nvfp4] [--path auto|bf16|fp32]
 
 One process, one model shape (size 8 = width 256 by default), every recipe measured the same way:
-the trainer's own jitted step (scaling.train: model.grad_step + AdamW) as it runs between logged
+the trainer's own jitted step (scaling.train.loop: model.grad_step + AdamW) as it runs between logged
 steps (no quantisation telemetry: `measure` false), compiled ahead of time
 (compile time reported as wall and CPU seconds, the persistent compilation cache off so every
 recipe really compiles), then the median of --steps timed steps. Prints step time, ratio to fp32
@@ -25,10 +25,12 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from scaling import hardware, ladder, precision
-from scaling import train_step as step_lib
+from scaling import host
+from scaling.train import ladder
+from scaling.numerics import precision
+from scaling.train import step as step_lib
 
-TARGETS = {"fp8": 1.0 if not hardware.native_bf16() else 0.8, "fp8-blockwise": 1.2, "mxfp4": 1.1, "nvfp4": 1.1}
+TARGETS = {"fp8": 1.0 if not host.native_bf16() else 0.8, "fp8-blockwise": 1.2, "mxfp4": 1.1, "nvfp4": 1.1}
 
 
 def matmul_flops(m: int, k: int, n: int, reps: int = 20) -> float:
@@ -57,8 +59,8 @@ def make_step(cfg: ladder.ModelConfig, recipe: precision.Recipe, tokens_BxL1):
 
 
 def main() -> None:
-    hardware.restart_with_process_env()  # as the CLI runs: malloc with huge pages (GLIBC_TUNABLES=glibc.malloc.hugetlb=0: without)
-    print(hardware.describe(), flush=True)  # timings hold for this kind of machine only
+    host.restart_with_process_env()  # as the CLI runs: malloc with huge pages (GLIBC_TUNABLES=glibc.malloc.hugetlb=0: without)
+    print(host.describe(), flush=True)  # timings hold for this kind of machine only
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size", type=int, default=8)
     ap.add_argument("--batch", type=int, default=16)

@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from scaling import hardware
+from scaling import host
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "experiments" / "smoke_sweep.toml"
@@ -35,8 +35,8 @@ def run_mode(workers: int) -> float:
 
 
 def main() -> None:
-    hardware.restart_with_process_env()  # as the CLI runs: malloc with huge pages (GLIBC_TUNABLES=glibc.malloc.hugetlb=0: without)
-    print(hardware.describe(), flush=True)  # timings hold for this kind of machine only
+    host.restart_with_process_env()  # as the CLI runs: malloc with huge pages (GLIBC_TUNABLES=glibc.malloc.hugetlb=0: without)
+    print(host.describe(), flush=True)  # timings hold for this kind of machine only
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=1)
     args = parser.parse_args()

@@ -24,7 +24,8 @@ import torch
 import torch.nn.functional as F
 from flax import nnx
 
-from scaling import hardware, ladder, model
+from scaling import host
+from scaling.train import ladder, model
 
 
 class TorchLM(torch.nn.Module):
@@ -78,8 +79,8 @@ class TorchLM(torch.nn.Module):
 
 
 def main() -> None:
-    hardware.restart_with_process_env()  # as the CLI runs: malloc with huge pages (GLIBC_TUNABLES=glibc.malloc.hugetlb=0: without)
-    print(hardware.describe(), flush=True)  # timings hold for this kind of machine only
+    host.restart_with_process_env()  # as the CLI runs: malloc with huge pages (GLIBC_TUNABLES=glibc.malloc.hugetlb=0: without)
+    print(host.describe(), flush=True)  # timings hold for this kind of machine only
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size", type=int, default=8)
     ap.add_argument("--batch", type=int, default=16)

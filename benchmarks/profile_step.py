@@ -23,15 +23,17 @@ import time
 import jax
 
 from bench_step import make_step
-from scaling import hardware, ladder, precision
+from scaling import host
+from scaling.train import ladder
+from scaling.numerics import precision
 
 # host-side and runtime events, not XLA ops
 HOST = ("ThunkExecutor", "$", "SlinkyThreadPool", "while", "TfrtCpu", "PjRt")
 
 
 def main() -> None:
-    hardware.restart_with_process_env()  # as the CLI runs: malloc with huge pages
-    print(hardware.describe(), flush=True)
+    host.restart_with_process_env()  # as the CLI runs: malloc with huge pages
+    print(host.describe(), flush=True)
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--recipe", default="mxfp4")
     ap.add_argument("--size", type=int, default=8)

@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run from a fresh clone without installing the package
 
-from scaling import report  # noqa: E402
+from scaling.study import report  # noqa: E402
 from scaling.errors import ConfigError  # noqa: E402
 
 DEFAULTS = {

@@ -1,0 +1,69 @@
+"""`scaling` command line: one verb per module, imported only when used (so `scaling plan` never loads JAX).
+
+Each verb's module defines `add_arguments(parser)` and `main(args) -> int`, and may map
+subcommand names to modules that do the same (SUBCOMMANDS: `scaling plan step`).
+A `ConfigError` anywhere becomes one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from scaling import host
+from scaling.errors import ConfigError
+
+# verb -> (module defining add_arguments/main, one-line help)
+VERBS: dict[str, tuple[str, str]] = {
+    "train": ("scaling.train.loop", "train one run from a TOML config"),
+    "sweep": ("scaling.study.sweep", "run a grid of runs from an experiment TOML (an [isoflop] table makes it an IsoFLOP design)"),
+    "fit": ("scaling.study.fit", "fit a scaling law to results (--law auto: chosen by held-out precision gaps)"),
+    "optimal": ("scaling.study.optimal", "compute-optimal (N, D, P) from a fitted law, with CI and specification range"),
+    "figures": ("scaling.study.report", "regenerate figures, REPORT.md and findings.json from results/ and fits/"),
+    "reproduce": ("scaling.study.reproduce", "the main job: IsoFLOP sweep, law selection, findings, figures, report"),
+    "plan": ("scaling.plan.cluster", "training days and memory per GPU on a GPU cluster"),
+}
+
+
+def _top_level_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="scaling",
+        description="Precision-aware scaling-law toolkit.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="verbs:\n" + "\n".join(f"  {v:<10} {h}" for v, (_, h) in VERBS.items())
+        + "\n\nrun `scaling VERB --help` for a verb's options",
+    )
+    parser.add_argument("verb", choices=list(VERBS), metavar="VERB")
+    return parser
+
+
+TRAINING_VERBS = ("train", "sweep", "reproduce")  # verbs that may train in this process
+
+
+def main(argv: list[str] | None = None) -> int:
+    if argv is None and sys.argv[1:2] and sys.argv[1] in TRAINING_VERBS:
+        host.restart_with_process_env()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in VERBS:
+        _top_level_parser().parse_args(argv[:1] or ["--help"])  # prints help or a one-line error
+        return 2
+    verb, rest = argv[0], argv[1:]
+    module_name, help_line = VERBS[verb]
+    module = importlib.import_module(module_name)
+    # a verb may name subcommands (`scaling plan step`) served by their own module
+    subcommands = getattr(module, "SUBCOMMANDS", {})
+    if rest and rest[0] in subcommands:
+        verb, module_name, rest = f"{verb} {rest[0]}", subcommands[rest[0]], rest[1:]
+        module = importlib.import_module(module_name)
+    parser = argparse.ArgumentParser(prog=f"scaling {verb}", description=help_line)
+    module.add_arguments(parser)
+    args = parser.parse_args(rest)
+    try:
+        return int(module.main(args) or 0)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # `scaling plan ... | head`: the reader left; not an error of ours
+        sys.stderr.close()
+        return 0

@@ -1,0 +1,330 @@
+"""Precision recipes: which number format each tensor role of a training step gets.
+
+A `Recipe` names, per tensor role, a `quant.QuantSpec` (or None = full FP32):
+
+    weight      W as input of the fprop (Y = X·W) and dgrad (dX = dY·Wᵀ) GEMMs
+    activation  X as input of the fprop and wgrad (dW = Xᵀ·dY) GEMMs
+    grad        dY as input of the dgrad and wgrad GEMMs
+    attention   Q, K, V and the softmax probabilities as inputs of the two attention matmuls
+
+plus switches (forward-only, FP32-sensitive ops, high-precision embeddings, the fast path). `get`
+builds one from a preset name, a format name, a TOML table or file. The recipe is a value: the
+quantised GEMMs that run it are `scaling.numerics.gemm`.
+
+Formats are runtime values. The numbers that define a format (mantissa bits, exponent range,
+max) travel as a float32 vector (`format_vector`), so one compiled train step serves every format of
+the same granularity. `RecipeStructure` is the static, format-free part a model stores; its
+`RoleStructure.exact_in_bf16` says whether a role's grid is exact in bfloat16 (the fast path).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import jax
+import jax.numpy as jnp
+
+from scaling.numerics import formats, quant
+from scaling.errors import ConfigError
+
+ROLES = ("weight", "activation", "grad", "attention")
+GEMM_ROLES = ("weight", "activation", "grad")
+
+# ---------------------------------------------------------------------------------------------
+# Recipe
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Which QuantSpec each tensor role gets, plus the switches around it.
+
+    forward_only: dgrad/wgrad GEMMs run in FP32 (quantisation-aware forward only, Kumar et al.).
+    fp32_sensitive_ops: softmax, norms, residual adds and the loss in FP32; if False they are
+        computed through bfloat16 (rounded in and out).
+    high_precision_embed: embedding and output head unquantised (DeepSeek-V3); if False the head
+        is a qdot like every other projection and the embedding table is fake-quantised as a weight.
+    fast_path: run exact low-precision GEMMs as bf16×bf16→fp32 dots (see `scaling.numerics.gemm`); both paths
+        give the same bits. None (default): where bf16 dots are native (`scaling.host.native_bf16`:
+        GPUs, CPUs with AMX or AVX512-BF16), since elsewhere XLA emulates them and they are slower
+        than the FP32 path; true / false force it.
+    """
+
+    name: str = "fp32"
+    weight: Any = None
+    activation: Any = None
+    grad: Any = None
+    attention: Any = None
+    forward_only: bool = False
+    fp32_sensitive_ops: bool = True
+    high_precision_embed: bool = True
+    fast_path: bool | None = None
+
+    def role_bits(self, role: str) -> int:
+        """Bit width of one role's element format (32 when the role is unquantised)."""
+        spec = getattr(self, role)
+        return 32 if spec is None else int(formats.get(spec.format).bits)
+
+    @property
+    def bits_w(self) -> int:
+        return self.role_bits("weight")
+
+    @property
+    def bits_a(self) -> int:
+        return self.role_bits("activation")
+
+    @property
+    def bits_g(self) -> int:
+        return self.role_bits("grad")
+
+    @property
+    def bits(self) -> int:
+        """P the scaling laws see: the forward GEMM inputs' bit width, max(P_w, P_a).
+
+        Kumar et al. fit P on the forward (weights/activations); gradients are reported separately
+        as `bits_g`. The max is the conservative choice when weights and activations differ.
+        """
+        return max(self.bits_w, self.bits_a)
+
+    def structure(self) -> "RecipeStructure":
+        """The static, format-free part of the recipe (what a compiled program depends on)."""
+        return RecipeStructure(
+            **{r: None if getattr(self, r) is None else role_structure(getattr(self, r)) for r in ROLES},
+            forward_only=self.forward_only,
+            fp32_sensitive_ops=self.fp32_sensitive_ops,
+            high_precision_embed=self.high_precision_embed,
+            fast_path=self.fast_path,
+        )
+
+    def formats(self) -> dict[str, jax.Array]:
+        """Runtime format vectors of the quantised roles (see `format_vector`)."""
+        return {r: format_vector(getattr(self, r).format) for r in ROLES if getattr(self, r) is not None}
+
+    def describe(self) -> dict:
+        """JSON-friendly description (for config.json / summary.json)."""
+        out: dict[str, Any] = {"name": self.name, "bits": self.bits, "bits_w": self.bits_w,
+                               "bits_a": self.bits_a, "bits_g": self.bits_g}
+        for r in ROLES:
+            spec = getattr(self, r)
+            out[r] = None if spec is None else {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)}
+        for k in ("forward_only", "fp32_sensitive_ops", "high_precision_embed", "fast_path"):
+            out[k] = getattr(self, k)
+        return out
+
+
+@dataclass(frozen=True)
+class RoleStructure:
+    """The static part of a role: its QuantSpec with a canonical stand-in element format (the real
+    format is a runtime vector), and whether the real format's grid is exact in bfloat16."""
+
+    spec: Any  # quant.QuantSpec
+    exact_in_bf16: bool
+
+    @property
+    def granularity(self) -> str:
+        return self.spec.granularity
+
+    @property
+    def block(self) -> int:
+        return self.spec.block or 1
+
+    @property
+    def scaling(self) -> str:
+        return self.spec.scaling
+
+    @property
+    def amax_history(self) -> int:
+        return self.spec.amax_history
+
+    def along(self, axis: int) -> Any:
+        return dataclasses.replace(self.spec, axis=axis)
+
+
+@dataclass(frozen=True)
+class RecipeStructure:
+    weight: RoleStructure | None = None
+    activation: RoleStructure | None = None
+    grad: RoleStructure | None = None
+    attention: RoleStructure | None = None
+    forward_only: bool = False
+    fp32_sensitive_ops: bool = True
+    high_precision_embed: bool = True
+    fast_path: bool | None = None
+
+    @property
+    def quantises_gemms(self) -> bool:
+        return any(getattr(self, r) is not None for r in GEMM_ROLES)
+
+
+def role_structure(spec: Any) -> RoleStructure:
+    exact = _exact_in_bf16(formats.get(spec.format))
+    # the stand-in only has to pass QuantSpec's checks; nvfp4 requires E2M1 elements
+    canonical = "fp4_e2m1" if spec.granularity == "nvfp4" else ("fp8_e4m3" if exact else "fp16")
+    return RoleStructure(spec=dataclasses.replace(spec, format=canonical), exact_in_bf16=exact)
+
+
+def _exact_in_bf16(fmt: Any) -> bool:
+    """Every grid value of `fmt` is a bfloat16: <= 8 significant bits and exponents in range
+    (bf16 shares float32's exponent range, subnormals down to 2^-133)."""
+    if fmt.kind == "int":
+        return fmt.bits <= 9  # |v| <= 2^(k-1) - 1 <= 255: at most 8 significant bits
+    return fmt.mbits <= 7 and fmt.emax <= 127 and fmt.emin - fmt.mbits >= -133
+
+
+def format_vector(name_or_format: Any) -> jax.Array:
+    """The runtime description of an element format: float32 [mbits, emin, emax, max]
+    (`formats.FormatParams` stacked; see `formats.round_to_grid`)."""
+    return jnp.stack(formats.get(name_or_format).params()).astype(jnp.float32)
+
+
+# ---------------------------------------------------------------------------------------------
+# Presets and parsing
+# ---------------------------------------------------------------------------------------------
+
+
+def _spec(fmt: str, granularity: str = "tensor", **kw: Any) -> Any:
+    return quant.QuantSpec(format=fmt, granularity=granularity, **kw)
+
+
+def _uniform(name: str, fmt_fwd: str, fmt_grad: str, granularity: str, grad_rounding: str = "nearest", **kw: Any) -> Recipe:
+    return Recipe(
+        name=name,
+        weight=_spec(fmt_fwd, granularity, **kw),
+        activation=_spec(fmt_fwd, granularity, **kw),
+        grad=_spec(fmt_grad, granularity, rounding=grad_rounding, **kw),
+    )
+
+
+def _preset(name: str) -> Recipe | None:
+    """Named recipes. Element formats: FP8 = E4M3 forward / E5M2 gradients (Micikevicius et al.
+    2022); FP6 = E2M3 forward / E3M2 gradients (more range for gradients, as in the OCP MX spec);
+    FP4 = E2M1 everywhere. 4-bit recipes round gradients stochastically (NVIDIA's NVFP4 recipe,
+    Tseng et al. 2025 for MXFP4), since nearest rounding biases small gradient updates to zero."""
+    if name == "fp32":
+        return Recipe(name="fp32")
+    if name in ("bf16", "fp16"):
+        fmt = name
+        # fp16 gradients get a per-tensor scale: the ideal dynamic loss scale (fp16 has no range).
+        return Recipe(name=name, weight=_spec(fmt, "none"), activation=_spec(fmt, "none"),
+                      grad=_spec(fmt, "none" if name == "bf16" else "tensor"))
+    table = {
+        "fp8": ("fp8_e4m3", "fp8_e5m2", "tensor", "nearest", {}),
+        "fp8-delayed": ("fp8_e4m3", "fp8_e5m2", "tensor", "nearest", {"scaling": "delayed", "amax_history": 16}),
+        "mxfp8": ("fp8_e4m3", "fp8_e5m2", "mx", "nearest", {}),
+        "mxfp6": ("fp6_e2m3", "fp6_e3m2", "mx", "nearest", {}),
+        "mxfp4": ("fp4_e2m1", "fp4_e2m1", "mx", "stochastic", {}),
+        "nvfp4": ("fp4_e2m1", "fp4_e2m1", "nvfp4", "stochastic", {}),
+        "fp6": ("fp6_e2m3", "fp6_e3m2", "tensor", "nearest", {}),
+        "fp4": ("fp4_e2m1", "fp4_e2m1", "tensor", "stochastic", {}),
+    }
+    if name in table:
+        fwd, grad, gran, grad_rounding, kw = table[name]
+        return _uniform(name, fwd, grad, gran, grad_rounding, **kw)
+    if name == "fp8-blockwise":
+        # DeepSeek-V3: 1×128 tiles for activations and gradients, 128×128 blocks for weights.
+        return Recipe(name=name, weight=_spec("fp8_e4m3", "block2d", block=128),
+                      activation=_spec("fp8_e4m3", "block", block=128),
+                      grad=_spec("fp8_e4m3", "block", block=128))
+    return None
+
+
+PRESETS = ("fp32", "bf16", "fp16", "fp8", "fp8-delayed", "fp8-blockwise", "mxfp8", "mxfp6", "mxfp4",
+           "nvfp4", "fp6", "fp4")
+
+_RECIPE_KEYS = ("name", "base", "weight", "activation", "grad", "attention", "forward_only",
+                "fp32_sensitive_ops", "high_precision_embed", "fast_path")
+
+
+def get(value: str | Mapping[str, Any] | Recipe, *, key: str = "precision") -> Recipe:
+    """A Recipe from a preset name, any format name (all GEMM roles that format, per tensor,
+    current scaling), a TOML-style mapping, a path to a .toml recipe file (its [precision]
+    table), or a Recipe (returned as is).
+
+    Mapping form: {name=..., base="fp8" (optional preset to start from), weight={format=...,
+    granularity=..., ...} | "none", activation=..., grad=..., attention=..., forward_only=bool,
+    fp32_sensitive_ops=bool, high_precision_embed=bool, fast_path=bool}. Role tables take the
+    QuantSpec fields; a role given as a string is a format name (per tensor, current).
+    """
+    if isinstance(value, Recipe):
+        return value
+    if isinstance(value, str) and value.endswith(".toml"):
+        return _from_file(value, key)
+    if isinstance(value, str):
+        preset = _preset(value)
+        if preset is not None:
+            return preset
+        try:
+            formats.get(value)
+        except ConfigError:
+            raise ConfigError(key, value, "a preset (" + ", ".join(PRESETS) + "), a format name such as "
+                              "'fp8_e4m3', 'e3m4', 'int8', or a table") from None
+        return Recipe(name=value, weight=_spec(value), activation=_spec(value), grad=_spec(value))
+    if isinstance(value, Mapping):
+        return _from_mapping(value, key)
+    raise ConfigError(key, value, "a preset name, a format name or a table")
+
+
+def _from_file(path: str, key: str) -> Recipe:
+    """A recipe file: its [precision] table (or the whole file if it has none)."""
+    try:
+        with open(path, "rb") as f:
+            table = tomllib.load(f)
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise ConfigError(key, path, f"a readable TOML recipe file ({e})") from None
+    return _from_mapping(table.get("precision", table), key)
+
+
+def _from_mapping(m: Mapping[str, Any], key: str) -> Recipe:
+    for k in m:
+        if k not in _RECIPE_KEYS:
+            raise ConfigError(f"{key}.{k}", m[k], _RECIPE_KEYS)
+    base = get(m["base"], key=f"{key}.base") if "base" in m else Recipe(name="custom")
+    changes: dict[str, Any] = {}
+    if "name" in m:
+        if not isinstance(m["name"], str) or not m["name"]:
+            raise ConfigError(f"{key}.name", m["name"], "a non-empty string")
+        changes["name"] = m["name"]
+    for role in ROLES:
+        if role in m:
+            changes[role] = _role_spec(m[role], f"{key}.{role}")
+    for flag in ("forward_only", "fp32_sensitive_ops", "high_precision_embed", "fast_path"):
+        if flag in m:
+            if not isinstance(m[flag], bool):
+                raise ConfigError(f"{key}.{flag}", m[flag], "true or false")
+            changes[flag] = m[flag]
+    recipe = dataclasses.replace(base, **changes)
+    if "name" not in m and "base" in m and len(changes) > 0:
+        recipe = dataclasses.replace(recipe, name=f"{base.name}-custom")
+    _validate(recipe, key)
+    return recipe
+
+
+# QuantSpec fields a recipe may set; `axis` is not one: each GEMM sets its own reduction axis
+_SPEC_KEYS = tuple(f.name for f in dataclasses.fields(quant.QuantSpec) if f.name != "axis")
+
+
+def _role_spec(v: Any, key: str) -> Any:
+    if v is None or v == "none":
+        return None
+    if isinstance(v, str):
+        v = {"format": v}
+    if not isinstance(v, Mapping):
+        raise ConfigError(key, v, "a format name, 'none' or a table with format=, granularity=, ...")
+    for k in v:
+        if k not in _SPEC_KEYS:
+            raise ConfigError(f"{key}.{k}", v[k], _SPEC_KEYS)
+    if "format" not in v:
+        raise ConfigError(f"{key}.format", None, "a format name such as 'fp8_e4m3', 'e3m4', 'int8'")
+    try:
+        return quant.QuantSpec(**dict(v))
+    except ConfigError as e:  # QuantSpec names the field; prefix the recipe path
+        raise ConfigError(f"{key}.{e.key}", e.value, e.allowed) from None
+
+
+def _validate(recipe: Recipe, key: str) -> None:
+    spec = recipe.attention
+    if spec is not None and spec.scaling == "delayed":
+        raise ConfigError(f"{key}.attention.scaling", "delayed", "current (attention inputs have no history)")

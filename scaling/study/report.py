@@ -1,0 +1,660 @@
+"""REPORT.md: what was run, the fitted law, the measured sweet spot, how it compares, and its limits.
+
+Every sentence that states a finding is computed from the numbers passed in: the comparison with
+the published sweet spots (Kumar et al. 2024: compute-optimal precision 7-8 bits; Sun et al. 2025:
+4-8 bits) is `compare_with_range(P*, CI, range)`, and the limitations paragraph is written from
+the data's own spans (sizes, tokens, points per parameter, precisions measured). Figures are
+made by `scaling.study.plots.make_figures` into the same directory and embedded by relative path;
+figures whose inputs are absent are listed with the reason. The file is written atomically.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from scaling.study import curves as curves_lib
+from scaling.study import fit, plots, analysis as study
+from scaling.study import results as results_lib
+from scaling._io import atomic_write_json, atomic_write_text
+from scaling.errors import ConfigError
+
+# Chinchilla's compute-optimal ratio (Hoffmann et al. 2022), for the limitations paragraph.
+CHINCHILLA_TOKENS_PER_PARAM = 20.0
+
+
+# ---------------------------------------------------------------------------------------------
+# Sentences computed from numbers
+# ---------------------------------------------------------------------------------------------
+
+
+def position(value: float, lo: float, hi: float) -> str:
+    """'below', 'inside' or 'above' the closed interval [lo, hi]."""
+    return "below" if value < lo else "above" if value > hi else "inside"
+
+
+def _fmt(x: Any) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "–"
+    x = float(x)
+    if x != 0 and (abs(x) >= 1e4 or abs(x) < 1e-3):
+        return f"{x:.3g}".replace("e+", "e")
+    return f"{x:.4g}"
+
+
+def _span(values: pd.Series) -> str:
+    values = pd.to_numeric(values, errors="coerce").dropna()
+    if values.empty:
+        return "–"
+    lo, hi = values.min(), values.max()
+    return _fmt(lo) if lo == hi else f"{_fmt(lo)}–{_fmt(hi)}"
+
+
+def _markdown(table: pd.DataFrame) -> str:
+    header = "| " + " | ".join(map(str, table.columns)) + " |"
+    rule = "| " + " | ".join("---" for _ in table.columns) + " |"
+    rows = ["| " + " | ".join(v if isinstance(v, str) else _fmt(v) for v in row) + " |"
+            for row in table.itertuples(index=False)]
+    return "\n".join([header, rule, *rows])
+
+
+# ---------------------------------------------------------------------------------------------
+# Sections
+# ---------------------------------------------------------------------------------------------
+
+
+def what_was_run(all_rows: pd.DataFrame, ok: pd.DataFrame, corpus: str | None) -> str:
+    runs = all_rows.drop_duplicates("run_id")
+    statuses = runs["status"].fillna("ok").value_counts() if "status" in runs.columns else pd.Series({"ok": len(runs)})
+    labelled = plots.with_precision(ok.drop_duplicates("run_id")) if not ok.empty else ok.assign(precision=[])
+    by_precision = labelled["precision"].value_counts()
+    precisions = ", ".join(f"{p} ({by_precision[p]} runs)" for p in plots.precision_order(by_precision.index))
+    recipes = ", ".join(sorted(map(str, labelled["recipe"].dropna().unique()))) if "recipe" in labelled.columns else "–"
+    lines = [
+        f"- Runs: {len(runs)} ({', '.join(f'{n} {s}' for s, n in statuses.items())}); "
+        f"{len(ok)} (run, token budget) points with a finite validation loss.",
+        f"- Sweeps: {_sweeps(all_rows, ok)}.",
+        f"- Model sizes: {ok['N'].nunique()} distinct, N = {_span(ok['N'])} non-embedding parameters.",
+        f"- Token budgets: {ok['D'].nunique()} distinct, D = {_span(ok['D'])} tokens; "
+        f"tokens per parameter D/N = {_span(ok['D'] / ok['N'])}.",
+        f"- Precisions: {precisions or '–'}; recipes: {recipes}.",
+        f"- Seeds per (sweep, size, recipe, tokens) cell: {_range_text(study._seeds_per_cell(ok))}.",
+        f"- Corpus: {corpus or 'not recorded in the results table'}.",
+    ]
+    return "\n".join(lines)
+
+
+def _sweeps(all_rows: pd.DataFrame, ok: pd.DataFrame) -> str:
+    """Each sweep with its run count and what it feeds (study.study_part: the main study is fitted)."""
+    if "sweep" not in all_rows.columns:
+        return "–"
+    sweeps = all_rows.drop_duplicates("run_id")["sweep"].astype(str)
+    runs = sweeps.value_counts()
+    family = dict(zip(sweeps, study.sweep_family(sweeps)))
+    role = {name: f"figure {study.PURPOSE_SWEEPS[family[name]]}" for name in runs.index if family[name] in study.PURPOSE_SWEEPS}
+    role["isocompute"] = "figure 1 and the direct test: each precision at its cost-model size, same tokens"
+    role["isocompute_law"] = "figure 1 and the direct test: each precision at the law's optimal N, D"
+    main = sorted(name for name in runs.index if family[name] not in study.PURPOSE_SWEEPS)
+    return "; ".join(f"{name} ({runs[name]} runs, {role.get(name, 'fitted; figures 1-4, 6' if name in main else '')})"
+                     for name in main + sorted(set(runs.index) - set(main)))
+
+
+def fitted_law(fit: Any) -> str:
+    rows = []
+    fixed = getattr(fit, "fixed", None) or {}
+    for name, value in fit.params.items():
+        lo, hi = (getattr(fit, "ci", None) or {}).get(name, (math.nan, math.nan))
+        rows.append({"parameter": name + (" (fixed)" if name in fixed else ""), "value": value,
+                     "95% CI low": lo, "95% CI high": hi})
+    n_samples = len(plots.param_samples(fit))
+    text = [f"Law: `{fit.law}`, fitted by Huber loss on log-loss residuals (objective {_fmt(getattr(fit, 'objective', None))}); "
+            f"CIs from {n_samples} bootstrap resamples (unit: {(getattr(fit, 'bootstrap', None) or {}).get('unit', 'run')})." if n_samples else
+            f"Law: `{fit.law}` (objective {_fmt(getattr(fit, 'objective', None))}); no bootstrap samples stored with the fit.",
+            "", _markdown(pd.DataFrame(rows))]
+    selection = getattr(fit, "selection", None)
+    if selection and selection.get("chosen"):
+        text += ["", selection_text(selection)]
+    return "\n".join(text)
+
+
+def selection_text(selection: dict) -> str:
+    """How the law was chosen (fit.select_law): each candidate's held-out error on the precision gaps."""
+    rows = []
+    for c in selection["candidates"]:
+        gap = c.get("heldout_gap_mae") or {}
+        rows.append({"candidate": c["name"] + (" (chosen)" if c["name"] == selection["chosen"] else ""),
+                     "params": c.get("n_params"), "gap MAE, largest N out": gap.get("N"),
+                     "gap MAE, longest D out": gap.get("D"),
+                     **({"gap MAE, largest budget out": gap.get("budget")} if "budget" in gap else {}),
+                     "within noise": "yes" if c.get("within_noise") else ("not fitted" if not c.get("fittable", True) else "no")})
+    close = sum(bool(c.get("within_noise")) for c in selection["candidates"]) - 1
+    labels = {"N": "the largest size", "D": "the longest run", "budget": "the largest compute budget"}
+    measured = {k for c in selection["candidates"] for k, v in (c.get("heldout_gap_mae") or {}).items() if v is not None}
+    tried = {k for c in selection["candidates"] for k in (c.get("heldout_gap_mae") or {})}
+    used = [labels[k] for k in labels if k in measured]
+    unused = [labels[k] for k in ("N", "D") if k in tried and k not in measured]
+    return (f"Chosen by held-out error on the precision gaps (loss minus the same-size, same-tokens "
+            f"{', '.join(selection.get('reference', {}).get('recipes', []) or ['reference'])} run's, nats): the law is fitted "
+            f"without {', then without '.join(used) or 'nothing (no split was usable)'}, and predicts the gaps it did not "
+            "see" + (f" (without {' or '.join(unused)}, the held-out gaps come from fewer than two runs or have no "
+                     "matching reference run: not used)" if unused else "") + ". "
+            + (f"{close} other candidate{'s' if close != 1 else ''} {'are' if close != 1 else 'is'} within noise "
+               "(2 run-clustered standard errors) of the chosen one, so the choice among them is not decided by these "
+               "data; P* is reported across those whose precision axis is bits (the specification range above)."
+               if close > 0 else "No other candidate is within noise (2 run-clustered standard errors) of the chosen "
+               "one: on these held-out gaps the data prefer it.")
+            + (" Among them is `chinchilla`, which has no precision term: these data cannot show that a "
+               "precision-aware law predicts the held-out gaps better than none."
+               if any(c["law"] == "chinchilla" and c.get("within_noise") and c["name"] != selection["chosen"]
+                      for c in selection["candidates"]) else "")
+            + "\n\n" + _markdown(pd.DataFrame(rows)))
+
+
+def heldout_error(fit: Any, ok: pd.DataFrame) -> tuple[str, float | None]:
+    """In-sample error of the law and, when the fit ran one (`scaling fit --holdout`), its held-out
+    extrapolation error: fit on the smaller runs, mean absolute relative error on the largest."""
+    rel = np.abs(np.asarray(fit.predict(ok), float) / ok["val_loss"].to_numpy(float) - 1)
+    text = f"Mean absolute relative error of the fitted law on its {len(ok)} points: {rel.mean():.2%}."
+    heldout = getattr(fit, "heldout", None) or {}
+    if heldout.get("mare") is None:
+        if (getattr(fit, "selection", None) or {}).get("chosen"):
+            return text + (" This is in-sample; the law's held-out error on the precision gaps is in the selection "
+                           "table above (the loss itself is not held out: `scaling fit --holdout N`)."), None
+        return text + " The fit records no held-out test (`scaling fit --holdout N`), so this is in-sample only.", None
+    by = "N" if heldout.get("by", "N") == "N" else "compute 6·N·D"
+    text += (f" Held-out extrapolation: fitted on the {heldout.get('n_train', '?')} points with {by} below "
+             f"{_fmt(heldout.get('threshold'))}, the law predicts the other {heldout.get('n_test', '?')} "
+             f"with a mean absolute relative error of {float(heldout['mare']):.2%}.")
+    return text, float(heldout["mare"])
+
+
+def cost_of_precision(ok: pd.DataFrame, fit: Any) -> str:
+    """Each recipe's loss minus the high-precision reference run's at the same size, tokens and seed
+    (study.precision_gaps): its mean, and how it moves with D at a fixed size (least squares on log2 D
+    with size fixed effects), each with a 95% t interval over the matched points. Kumar et al.'s form,
+    where precision lowers only the effective N, predicts a gap that does not move with D."""
+    gaps = study.precision_gaps(ok)
+    if gaps.empty:
+        return ""
+    reference = study.high_precision_recipe(ok)
+    rows, grows = [], []
+    for recipe, g in gaps.groupby("recipe"):
+        n = len(g)
+        mean = float(g["gap"].mean())
+        half = float(stats.t.ppf(0.975, n - 1) * g["gap"].std(ddof=1) / math.sqrt(n)) if n >= 2 else math.nan
+        row = {"recipe": recipe, "points (sizes)": f"{n} ({g['N'].nunique()})", "mean gap": f"{mean:+.3f}",
+               "its 95% CI": f"{mean - half:+.3f} to {mean + half:+.3f}" if n >= 2 else "–",
+               "change per doubling of D": "–", "95% CI": "–", "with D": "cannot tell"}
+        centred = g.assign(log_d=np.log2(g["D"]))
+        centred[["log_d", "gap"]] -= centred.groupby("N")[["log_d", "gap"]].transform("mean")
+        sxx = float((centred["log_d"] ** 2).sum())
+        dof = n - g["N"].nunique() - 1
+        if sxx > 0 and dof >= 1:
+            slope = float((centred["log_d"] * centred["gap"]).sum() / sxx)
+            resid = centred["gap"] - slope * centred["log_d"]
+            h = float(stats.t.ppf(0.975, dof) * math.sqrt(float((resid ** 2).sum()) / dof / sxx))
+            verdict = "grows" if slope - h > 0 else "shrinks" if slope + h < 0 else "cannot tell"
+            row.update({"change per doubling of D": f"{slope:+.3f}", "95% CI": f"{slope - h:+.3f} to {slope + h:+.3f}",
+                        "with D": verdict})
+            if verdict == "grows":
+                grows.append(recipe)
+        rows.append(row)
+    unit = study.loss_unit(ok)
+    text = [f"Validation loss minus the {reference} run's at the same size, tokens and seed ({unit}; a point is one "
+            "matched evaluation), and how that gap moves with the tokens at a fixed model size (size fixed effects); "
+            f"each interval is 95% for its own recipe ({len(rows)} recipes):",
+            "", _markdown(pd.DataFrame(rows))]
+    if grows:
+        text += ["", f"At a fixed size the gap grows with D for {', '.join(grows)} (95% CI above zero); Kumar et al.'s "
+                 "form, where precision lowers only the effective N, predicts a gap that does not."]
+    return "\n".join(text)
+
+
+def findings_section(f: dict) -> str:
+    """Per budget: each recipe's IsoFLOP minimum with its CI, runs and P(best); the verdict sentence."""
+    unit = f["loss_unit"]
+    lines = [f"Compute in 16-bit FLOP units, cost model *{f['cost_model']}*. Loss in {unit}. "
+             f"{f['runs']} runs; seeds per (size, recipe, tokens) cell: {_range_text(f['seeds_per_cell'])}."]
+    if not f["budgets"]:
+        return "\n".join(lines + ["", "No budget is reached by three or more sizes of two recipes: "
+                                   "no IsoFLOP profile can be fitted, so the data cannot tell which precision is best."])
+    for b in f["budgets"]:
+        lines += ["", f"**C = {_fmt(b['budget'])}.** " + _verdict_sentence(b, unit), "",
+                  "| recipe | effective bits | runs (sizes) | IsoFLOP minimum | 95% CI | at N | P(best) |",
+                  "| --- | --- | --- | --- | --- | --- | --- |"]
+        for e in sorted(b["recipes"], key=lambda e: (e["loss"] is None, e["loss"] or 0)):
+            if e["loss"] is None:
+                lines.append(f"| {e['recipe']} | {e['bits_eff']:.3g} | {e['runs']} ({e['sizes']}) | too few sizes | – | – | – |")
+                continue
+            ci = f"{e['ci'][0]:.4g}–{e['ci'][1]:.4g}" if e["ci"] else "–"
+            at = _fmt(e["N_opt"]) + ("" if e["inside"] else " (edge)")
+            p_best = f"{e['p_best']:.2f}" if e["p_best"] is not None else "–"
+            lines.append(f"| {e['recipe']} | {e['bits_eff']:.3g} | {e['runs']} ({e['sizes']}) | {e['loss']:.4g} | {ci} | {at} | {p_best} |")
+    interp = sum(e["interpolated"] for b in f["budgets"] for e in b["recipes"])
+    if interp:
+        lines += ["", f"{interp} of the points were interpolated between a run's WSD cooldown evaluations (log loss "
+                  "linear in log D): these runs were not designed to land on the budgets."]
+    return "\n".join(lines)
+
+
+def integer_arm_section(f: dict) -> str:
+    """The forward-only integer arm (like for like with Kumar et al. 2024) per budget; '' without it."""
+    arm = f.get("integer_arm") or []
+    if not arm:
+        return ""
+    lo, hi = study.PUBLISHED["Kumar et al. 2024"]
+    lines = [f"Kumar et al. 2024 quantised integer weights and activations in the forward pass only and put the "
+             f"compute-optimal precision at {lo:g}-{hi:g} bits. The same comparison here: the forward-only integer "
+             "recipes (backward GEMMs unquantised, costed at 16 bits) against the high-precision reference alone."]
+    for b in arm:
+        head = f"**C = {_fmt(b['budget'])}.** " + _verdict_sentence(b, f["loss_unit"])
+        if b.get("P_interval"):
+            lo_p, hi_p = b["P_interval"]
+            span = f"{lo_p:g}" if lo_p == hi_p else f"{lo_p:g}-{hi_p:g}"
+            name = "Kumar et al. 2024"
+            v = b["published"][name]
+            head += (" Not ruled out as best (P(best) ≥ 0.025): " +
+                     ", ".join(f"{m['recipe']} ({m['P']:g} forward bits, P(best) {m['p_best']:.2f})" for m in b["measured"]) +
+                     f": forward precision {span} bits; against {name}'s {lo:g}-{hi:g} bits, "
+                     + ("cannot tell." if v == "cannot tell" else f"{v}."))
+        lines += ["", head, "",
+                  "| recipe | effective bits | runs (sizes) | IsoFLOP minimum | 95% CI | P(best) |", "| --- | --- | --- | --- | --- | --- |"]
+        for e in sorted(b["recipes"], key=lambda e: (e["loss"] is None, e["loss"] or 0)):
+            if e["loss"] is None:
+                lines.append(f"| {e['recipe']} | {e['bits_eff']:.3g} | {e['runs']} ({e['sizes']}) | too few sizes | – | – |")
+                continue
+            ci = f"{e['ci'][0]:.4g}–{e['ci'][1]:.4g}" if e["ci"] else "–"
+            p_best = f"{e['p_best']:.2f}" if e["p_best"] is not None else "–"
+            lines.append(f"| {e['recipe']} | {e['bits_eff']:.3g} | {e['runs']} ({e['sizes']}) | {e['loss']:.4g} | {ci} | {p_best} |")
+    return "\n".join(lines)
+
+
+def granularity_section(g: dict, unit: str) -> str:
+    """The granularity sweep (study.scheme_effects): each scheme against per-tensor current scaling."""
+    lines = [f"Each scaling scheme against per-tensor, current scaling in the same format, final validation loss "
+             f"paired by seed ({g['runs']} runs, {g['comparisons']} comparisons)."]
+    if g["sigma"] is None:
+        lines[0] += (" No scheme has two seeds, so there is no noise estimate and no difference can be told from "
+                     "seed noise: every verdict is *cannot tell*.")
+    else:
+        own = [r["recipe"] for r in g["rows"] if r.get("own_noise")]
+        apart = f" (apart from {', '.join(own)}, whose paired scatter is far above the rest's by an F test: each keeps its own)"
+        lines[0] += (f" Scatter of the paired differences, pooled over the comparisons: {g['sigma']:.3f} {unit} on "
+                     f"{g['dof']} dof{apart if own else ''}; intervals are simultaneous {g['level']:.0%} over all "
+                     f"{g['comparisons']} comparisons (Bonferroni).")
+        counts = {v: sum(r["verdict"] == v for r in g["rows"]) for v in ("lower", "higher", "cannot tell")}
+        lines[0] += f" Lower than per tensor: {counts['lower']}; higher: {counts['higher']}; cannot tell: {counts['cannot tell']}."
+    lines += ["", "| format | scheme | seeds | loss | per-tensor loss | difference | CI | verdict |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in sorted(g["rows"], key=lambda r: (r["format"], r["diff"])):
+        ci = f"{r['ci'][0]:+.3f} to {r['ci'][1]:+.3f}" if r["ci"] else "–"
+        lines.append(f"| {r['format']} | {r['recipe']} | {r['n']} | {r['loss']:.4g} | {r['loss_ref']:.4g} | "
+                     f"{r['diff']:+.3f} | {ci} | {r['verdict']} |")
+    lines += _not_ok_lines(g["not_ok"], "recipe")
+    return "\n".join(lines)
+
+
+def outliers_section(o: dict, unit: str) -> str:
+    """The outlier sweep (study.smooth_swiglu_effect): Smooth-SwiGLU on minus off."""
+    if not o["n"]:
+        text = f"{o['runs']} runs, but no pair with Smooth-SwiGLU on and off that both finished: nothing to compare."
+    elif o["ci"] is None:
+        text = (f"Smooth-SwiGLU on minus off, final validation loss: {o['diff']:+.3f} {unit} from one pair, "
+                "with no noise estimate: cannot tell.")
+    else:
+        say = {"lower": "lower with Smooth-SwiGLU", "higher": "higher with Smooth-SwiGLU", "cannot tell": "cannot tell"}
+        text = (f"Smooth-SwiGLU on minus off, final validation loss paired by recipe, learning rate and seed: "
+                f"{o['diff']:+.3f} {unit} ({o['level']:.0%} CI {o['ci'][0]:+.3f} to {o['ci'][1]:+.3f}, n = {o['n']} "
+                f"pairs): {say[o['verdict']]}.")
+    lines = [text, "", "| recipe | learning rate | seed | loss, off | loss, on | on − off |", "| --- | --- | --- | --- | --- | --- |"]
+    lines += [f"| {p['recipe']} | {p['lr']:g} | {p['seed']} | {p['off']:.4g} | {p['on']:.4g} | {p['on'] - p['off']:+.3f} |"
+              for p in o["pairs"]]
+    return "\n".join(lines + _not_ok_lines(o["not_ok"], "Smooth-SwiGLU"))
+
+
+def _not_ok_lines(not_ok: dict, what: str) -> list[str]:
+    if not not_ok:
+        return ["", "Every run finished ok."]
+    return ["", "Runs that did not finish ok (not compared): " + "; ".join(
+        f"{what} {k}: " + ", ".join(f"{n} {s}" for s, n in v.items()) for k, v in not_ok.items()) + "."]
+
+
+def _range_text(r: Sequence[int]) -> str:
+    return f"{r[0]}" if r[0] == r[1] else f"{r[0]}-{r[1]}"
+
+
+def _verdict_sentence(b: dict, unit: str) -> str:
+    if b["winner"]:
+        w = next(e for e in b["recipes"] if e["recipe"] == b["winner"])
+        return (f"{b['winner']} has the lowest IsoFLOP minimum, {b['diff']:.3f} {unit} below {b['runner_up']} "
+                f"(95% CI of the difference {b['diff_ci'][0]:.3f}–{b['diff_ci'][1]:.3f}; {w['runs']} runs; "
+                f"P(best) = {w['p_best']:.2f}).{_noise_text(b, unit)}")
+    reason = b["reason"][0].upper() + b["reason"][1:]
+    return f"No winner. {reason}.{_noise_text(b, unit)}"
+
+
+def _noise_text(b: dict, unit: str) -> str:
+    """The noise the bootstrap drew from, and how much of it seeds alone explain."""
+    if not b["sigma"]:
+        return ""
+    seeds = "; no seed replicates"
+    if b.get("seed_sigma"):
+        seeds = f"; seed replicates alone: {b['seed_sigma']:.3f} on {b['seed_dof']} dof"
+        if b["sigma"] > 1.2 * b["seed_sigma"]:
+            seeds += ", the excess is the parabolas' lack of fit"
+    return (f" Noise about the profiles {b['sigma']:.3f} {unit} on {b['dof']} dof (parabola residuals and seed "
+            f"replicates pooled{seeds}).")
+
+
+def pstar_section(f: dict) -> str:
+    """P* per budget: the chosen law's value, its bootstrap CI, the specification range, the verdicts."""
+    if not f["P_star"]:
+        return "No precision-aware law was fitted, so there is no P*."
+    law = f["law"]["name"]
+    lines = []
+    for e in f["P_star"]:
+        if "error" in e and e.get("no_bits_axis"):
+            lines.append(f"- C = {_fmt(e['compute'])}: no P*: {e['error']}.")
+            continue
+        if "error" in e:
+            lines.append(f"- C = {_fmt(e['compute'])}: no optimum ({e['error']}).")
+            continue
+        verdicts = "; ".join(f"{'inside' if v == 'inside' else 'outside'} {name}'s {a:g}–{b:g} bits" if v != "cannot tell"
+                             else f"whether it lies in {name}'s {a:g}–{b:g} bits, cannot tell"
+                             for name, (a, b), v in ((n, r, e["published"][n]) for n, r in _published().items()))
+        if e.get("no_bits_axis"):
+            text = (f"- C = {_fmt(e['compute'])}: the chosen `{law}` law prices precision by measured quantisation "
+                    "error, not bits, so it has no continuous P*")
+            ranked = e.get("recipes") or []
+            if ranked:
+                top = ranked[0]
+                share = f", best in {top['p_best']:.0%} of bootstrap resamples" if top.get("p_best") is not None else ""
+                ci = (f"; the best recipe's effective bits over the resamples span {top['bits_ci'][0]:.3g}–"
+                      f"{top['bits_ci'][1]:.3g}" if top.get("bits_ci") else "")
+                text += (f". Read at each measured recipe's own quantisation errors, it prefers {top['recipe']} "
+                         f"({top['bits']:.3g} effective bits{share}; N = {_fmt(top['N'])}, D = {_fmt(top['D'])}), then "
+                         + ", ".join(f"{r['recipe']} (+{r['loss'] - top['loss']:.3g} nats)" for r in ranked[1:4]) + ci)
+            rng = e.get("P_range")
+            if rng:
+                text += (f". Across its {len(e['specifications'])} specifications (cost model{' and the within-noise laws whose axis is bits' if any(r['spec'].split(' ')[0] != law for r in e['specifications']) else ''}) "
+                         f"the chosen bits span {rng[0]:.3g}–{rng[1]:.3g}")
+            text += _measured_text(e, ranked[0]["recipe"] if ranked else None)
+            lo, hi = e["interval"]
+            span = f"{lo:.3g} bits" if f"{lo:.3g}" == f"{hi:.3g}" else f"{lo:.3g}–{hi:.3g} bits"
+            lines.append(text + f". Taking these together ({span}; a choice among the measured recipes, not a "
+                         f"continuous optimum): {verdicts}.")
+            continue
+        ci = f"bootstrap 95% CI {e['P_ci'][0]:.3g}–{e['P_ci'][1]:.3g}" if e.get("P_ci") else "no bootstrap CI"
+        rng = e.get("P_range")
+        rng_text = f"{rng[0]:.3g}–{rng[1]:.3g} bits across {len(e['specifications'])} specifications" if rng else "–"
+        lines.append(f"- C = {_fmt(e['compute'])}: the `{law}` law gives P* = {e['P']:.3g} bits ({ci}); "
+                     f"the specification range is {rng_text}{_measured_text(e, None)}. Taking these together (P* in "
+                     f"{e['interval'][0]:.3g}–{e['interval'][1]:.3g} bits): {verdicts}.")
+    spec = f["P_star"][0].get("specifications") or []
+    if spec:
+        lines += ["", "Specifications at the first budget (law and exponents × cost model; for a law on measured "
+                  "quantisation errors, the bits of its best recipe):", "",
+                  "| specification | cost model | P* | N | D |", "| --- | --- | --- | --- | --- |"]
+        lines += [f"| {r['spec']} | {r['cost_model']} | " + (f"{r['P']:.3g} | {_fmt(r['N'])} | {_fmt(r['D'])} |"
+                  if "P" in r else f"{r.get('error', '–')} | – | – |") for r in spec]
+    return "\n".join(lines)
+
+
+def _measured_text(e: dict, law_choice: str | None) -> str:
+    """The recipes the IsoFLOP measurement at this budget cannot rule out (study.measured_choice), and
+    whether the law's choice is among them."""
+    measured = e.get("measured") or []
+    if not measured:
+        return ""
+    text = ("; the IsoFLOP measurement at this budget cannot rule out as best " +
+            ", ".join(f"{m['recipe']} ({m['bits']:.3g} bits, P(best) {m['p_best']:.2f})" for m in measured))
+    if law_choice and law_choice not in {m["recipe"] for m in measured}:
+        text += (f", so it disagrees with the law's {law_choice} (see the law's residuals by recipe, figure 9), and "
+                 "both enter the interval")
+    return text
+
+
+def _published() -> dict:
+    return study.PUBLISHED
+
+
+def limitations(ok: pd.DataFrame, fit: Any | None, found: list[dict], heldout: float | None,
+                budgets: Sequence[dict] = ()) -> str:
+    """A paragraph written from the data's spans: what the measurements can and cannot support.
+    budgets: the IsoFLOP analyses (study.findings' "budgets"), for how well a parabola in N fits them."""
+    sentences = []
+    n_sizes, n_max = ok["N"].nunique(), ok["N"].max()
+    sentences.append(f"Our {n_sizes} model size{'s' if n_sizes != 1 else ''} reach at most {_fmt(n_max)} non-embedding "
+                     f"parameters and {_fmt(ok['D'].max())} tokens, several orders of magnitude below the "
+                     "billion-parameter models the published laws describe; every statement beyond that is the law's "
+                     "extrapolation, not a measurement.")
+    ratio = (ok["D"] / ok["N"]).median()
+    if not math.isnan(ratio):
+        side = "below" if ratio < CHINCHILLA_TOKENS_PER_PARAM / 2 else "above" if ratio > 2 * CHINCHILLA_TOKENS_PER_PARAM else "near"
+        sentences.append(f"The median tokens-per-parameter ratio is {ratio:.3g}, {side} Chinchilla's compute-optimal "
+                         f"≈{CHINCHILLA_TOKENS_PER_PARAM:g}; Kumar et al. find the cost of low precision grows with D/N, so "
+                         "the sweet spot depends on where the runs sit on this axis.")
+    last = ok[ok["D"] == ok["D"].max()]
+    biggest = last[last["N"] == last["N"].max()].groupby("recipe")["val_loss"].mean()
+    best = last.groupby(["recipe", "N"])["val_loss"].mean().groupby("recipe").min()
+    worse = [p for p in biggest.index if ok["N"].nunique() > 1 and biggest[p] > best[p] + 1e-9]
+    if worse:
+        sentences.append(f"At the largest token budget the largest model ({_fmt(last['N'].max())}) is worse than a smaller "
+                         f"one at {len(worse)} of {len(biggest)} precisions: at these few tokens per parameter (and one "
+                         "learning rate for every width) more parameters do not buy lower loss, the regime where "
+                         "low precision's gain, a larger model for the same compute, is worth least.")
+    rough = [b for b in budgets if b.get("sigma") and b.get("seed_sigma") and b["sigma"] > 1.2 * b["seed_sigma"]]
+    if rough:
+        where = ", ".join(f"{_fmt(b['budget'])} ({b['sigma'] / b['seed_sigma']:.2g}x)" for b in rough)
+        sentences.append(f"At C = {where} the IsoFLOP profiles scatter about their parabolas more than seeds do: "
+                         "at fixed compute the loss depends on a model's shape (width against depth), not on N "
+                         "alone, and that lack of fit is part of every CI above.")
+    bits = sorted(ok["P"].dropna().unique())
+    sentences.append(f"{len(bits)} distinct precision{'s' if len(bits) != 1 else ''} were measured "
+                     f"({', '.join(f'{b:g}' for b in bits)} bits)" + (
+                         "; with fewer than three, the precision term of the law is barely constrained." if len(bits) < 3 else "."))
+    if fit is not None:
+        k = len([p for p in fit.params if p not in (getattr(fit, "fixed", None) or {})])
+        sentences.append(f"The law has {k} free parameters fitted to {len(ok)} points ({len(ok) / max(k, 1):.3g} points per parameter).")
+        outside = [f for f in found if not bits or f["P"] < min(bits) or f["P"] > max(bits)]
+        if outside:
+            sentences.append(f"At {len(outside)} of {len(found)} budgets the optimum lies outside the measured precisions, "
+                             "so it is an extrapolation in P.")
+        wide = [f for f in found if f["ci"] and f["ci"][1] - f["ci"][0] > 2.0]
+        if wide:
+            sentences.append(f"The bootstrap CI of P* is wider than 2 bits at {len(wide)} of {len(found)} budgets: "
+                             "the data do not pin the sweet spot down to one format.")
+        floor = float(fit.params.get("E", math.inf))
+        if floor < 1e-3:
+            sentences.append(f"The irreducible loss E went to ≈0 ({floor:.2g}): the runs are far from the loss plateau, "
+                             "so E, and with it the law's trade-off between size and tokens away from the data, is "
+                             "not identified.")
+        if heldout is not None:
+            sentences.append(f"The held-out (extrapolation) error is {heldout:.2%} of the loss; differences between "
+                             "precisions smaller than that are within the law's error.")
+    sentences.append("Low precision is simulated (fake quantisation with FP32 accumulation) on CPU, so the results say "
+                     "what the number formats do to learning, not how fast real low-precision hardware runs.")
+    return " ".join(sentences)
+
+
+# ---------------------------------------------------------------------------------------------
+# The report
+# ---------------------------------------------------------------------------------------------
+
+
+def _corpus(results: pd.DataFrame) -> str | None:
+    for column in ("corpus", "corpus_source", "data_source"):
+        if column in results.columns and results[column].notna().any():
+            return ", ".join(sorted(map(str, results[column].dropna().unique())))
+    return None
+
+
+def _allocation_note(fit_result) -> str:
+    """How the fitted exponents split compute between N and D (Chinchilla: N* ∝ C^(β/(α+β)))."""
+    params = {} if fit_result is None else fit_result.params
+    if not {"alpha", "beta"} <= set(params):
+        return ""
+    alpha, beta = params["alpha"], params["beta"]
+    a = beta / (alpha + beta)
+    return (f" With the fitted exponents (alpha = {alpha:.3g}, beta = {beta:.3g}) the optimal N grows as C^{a:.2f} and"
+            f" D as C^{1 - a:.2f}, so at this budget the law's allocation is far from any run's: read these rows as"
+            " what the fit implies, not as a training plan.")
+
+
+# N* ∝ C^(beta / (alpha + beta)): Hoffmann et al. 2022 find 0.46-0.50, Kaplan et al. 2020 0.73
+LITERATURE_SPLIT = (0.4, 0.75)
+
+
+def literature_exponents(fit: Any) -> bool:
+    """Whether a fit's exponents split compute between N and D as the published laws do."""
+    if fit is None or not {"alpha", "beta"} <= set(fit.params):
+        return False
+    a, b = fit.params["alpha"], fit.params["beta"]
+    return a > 0 and b > 0 and LITERATURE_SPLIT[0] <= b / (a + b) <= LITERATURE_SPLIT[1]
+
+
+def write_report(results_df: pd.DataFrame, fit_result: Any, out_dir: str | Path, *, curves: pd.DataFrame | None = None,
+                 plan_table: pd.DataFrame | None = None, compute: float | Sequence[float] | None = None) -> Path:
+    """Make every figure into `out_dir` and write out_dir/REPORT.md; returns the report's path."""
+    out_dir = Path(out_dir)
+    ok = plots.validate_results(results_df)
+    fitted = study.study_part(ok, "main")
+    budgets = ([compute] if isinstance(compute, (int, float)) else list(compute)) if compute is not None else None
+    # seed noise from the main study and the direct test, not from the purpose sweeps (a broken per-tensor
+    # FP4 recipe there is noisy in its own way)
+    facts = study.findings(fitted if not fitted.empty else ok, fit_result, budgets=budgets,
+                           noise_rows=study.study_part(ok, "law"))
+    facts["granularity"] = study.scheme_effects(study.purpose_rows(results_df, "granularity"))
+    facts["outliers"] = study.smooth_swiglu_effect(study.purpose_rows(results_df, "outliers"))
+    table = plan_table if plan_table is not None else plots.cluster_time_table(fit_result)
+    figures = plots.make_figures(results_df, fit_result, out_dir, curves=curves, facts=facts, plan_table=table)
+
+    sections = ["# Precision-aware scaling: report",
+                "",
+                "At a fixed training budget, which numeric precision gives the lowest loss? Generated by "
+                "`scaling figures` / `paper_figures/make_figures.py` from committed results and fits; every number "
+                "below is computed, none typed in.",
+                "",
+                "## What was run",
+                "",
+                what_was_run(results_df, ok, _corpus(results_df)),
+                ""]
+    found: list[dict] = []
+    heldout = None
+    atomic_write_json(out_dir / "findings.json", facts)
+    head = ["## Findings: the sweet spot, measured (IsoFLOP profiles)", "", findings_section(facts), "",
+            "## P*: the law's compute-optimal precision, with its uncertainty", "", pstar_section(facts), ""]
+    if facts.get("integer_arm"):
+        head += ["## Like for like with Kumar et al.: the forward-only integer arm", "", integer_arm_section(facts), ""]
+    if facts["granularity"]:
+        head += ["## Scaling granularity and scale timing", "", granularity_section(facts["granularity"], facts["loss_unit"]), ""]
+    if facts["outliers"]:
+        head += ["## Outliers: Smooth-SwiGLU", "", outliers_section(facts["outliers"], facts["loss_unit"]), ""]
+    sections[4:4] = head
+    if fit_result is not None and not ok.empty:
+        error_text, heldout = heldout_error(fit_result, fitted)
+        sections += ["## Fitted law", "", fitted_law(fit_result), "", error_text, ""]
+        gap_text = cost_of_precision(fitted, fit_result)
+        if gap_text:
+            sections += ["## The cost of low precision, by tokens", "", gap_text, ""]
+        if not plots.precision_term(fit_result):
+            sections += [plots.no_bits_reason(fit_result.law)[0].upper() + plots.no_bits_reason(fit_result.law)[1:]
+                         + ": it cannot locate a sweet spot over bits; the IsoFLOP minima above are the measured "
+                         "answer, and `scaling fit --law kumar` (or any law with a bits axis) gives a P*.", ""]
+    else:
+        sections += ["## Fitted law", "", "No fitted law was given (`--fit`), so there is no P* to report.", ""]
+    sections += ["## Figures", ""]
+    for fig in figures:
+        if isinstance(fig, plots.Figure):
+            rel = fig.png.relative_to(out_dir) if fig.png.is_relative_to(out_dir) else fig.png
+            sections += [f"### Figure {fig.number}. {fig.title}", "", f"![{fig.title}]({rel.as_posix()})", "",
+                         f"{fig.caption} ([PDF]({Path(rel).with_suffix('.pdf').as_posix()}))", ""]
+    skipped = [f for f in figures if isinstance(f, plots.Skipped)]
+    if skipped:
+        sections += ["Skipped figures (their inputs are absent):", ""]
+        sections += [f"- Figure {s.number} ({s.title}): skipped, {s.reason}." for s in skipped]
+        sections += [""]
+    if literature_exponents(fit_result):
+        sections += ["## Training time on GPU clusters (extrapolation)", "",
+                     f"From `scaling.plan.cluster` on {table.attrs.get('gpu', 'GPUs')} (FLOPs = 6·N·D; a P-bit recipe runs at "
+                     "the narrowest hardware format with ≥ P bits). Rows labelled *law optimum* give our fitted law's "
+                     f"compute-optimal (N, D) per precision at C = {_fmt(plots.CLUSTER_COMPUTE)} (DeepSeek-V3's budget): an "
+                     f"extrapolation far beyond the measured sizes.{_allocation_note(fit_result)}", "",
+                     plots.table_markdown(table), ""]
+    elif fit_result is not None and {"alpha", "beta"} <= set(fit_result.params):
+        a, b = fit_result.params["alpha"], fit_result.params["beta"]
+        sections += ["## Training time on GPU clusters", "",
+                     f"Not extrapolated: the fitted exponents (alpha {a:.3g}, beta {b:.3g}) split compute as "
+                     f"N* ∝ C^{b / (a + b):.2f}, outside the published {LITERATURE_SPLIT[0]:g}-{LITERATURE_SPLIT[1]:g} "
+                     "(Hoffmann et al. 2022; Kaplan et al. 2020), so a cluster-scale allocation from them would "
+                     "not be credible. `scaling plan --flops F --model M` still gives days for any budget.", ""]
+    if not ok.empty:
+        sections += ["## Limitations", "", limitations(fitted, fit_result, found, heldout, facts.get("budgets", ())), ""]
+    path = out_dir / "REPORT.md"
+    atomic_write_text(path, "\n".join(sections))
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI: scaling figures
+# ---------------------------------------------------------------------------------------------
+
+
+def load_fit(path: str | Path) -> Any:
+    """A fitted law from fits/NAME.json; an unreadable or malformed file is a ConfigError."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError("fit", str(path), "an existing fitted-law JSON file (fits/NAME.json)")
+    try:
+        return fit.FitResult.from_json(path)
+    except ConfigError:
+        raise
+    except (ValueError, KeyError, TypeError) as e:  # a JSON that parses but is not a fit
+        raise ConfigError("fit", str(path), f"a fitted-law JSON written by `scaling fit` ({type(e).__name__}: {e})") from e
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = ("Regenerate every figure and REPORT.md from results and a fitted law (no training). "
+                          "Example: scaling figures --results results/isoflop.csv --curves results/isoflop_curves.parquet "
+                          "--fit fits/isoflop.json --out paper_figures/")
+    parser.add_argument("--results", help="results directory, or a committed .csv / .parquet summary (required)")
+    parser.add_argument("--curves", help="per-step curves: a results directory with metrics.jsonl, or a .csv / .parquet "
+                        "(default: the --results directory's own metrics.jsonl files)")
+    parser.add_argument("--fit", help="fitted law JSON (fits/NAME.json); without it figures 1-3 are skipped")
+    parser.add_argument("--compute", nargs="+", help="compute budgets C in 16-bit FLOPs (default: from the results)")
+    parser.add_argument("--out", default="paper_figures", help="output directory for the figures and REPORT.md")
+
+
+def main(args: argparse.Namespace) -> int:
+    if not args.results:
+        raise ConfigError("results", args.results, "a results directory, .csv or .parquet (--results)")
+    results = results_lib.load(args.results)
+    curves = None
+    if args.curves:
+        if not Path(args.curves).exists():
+            raise ConfigError("curves", args.curves, "an existing results directory, .csv or .parquet")
+        curves = curves_lib.load_curves(args.curves)
+    elif Path(args.results).is_dir():  # run directories carry their own metrics.jsonl
+        curves = curves_lib.load_curves(args.results)
+        curves = curves if not curves.empty else None
+    fit = load_fit(args.fit) if args.fit else None
+    computes = None
+    if args.compute:
+        computes = []
+        for text in args.compute:
+            try:
+                value = float(text)
+            except ValueError:
+                value = float("nan")
+            if not (math.isfinite(value) and value > 0):
+                raise ConfigError("compute", text, "a positive number of FLOPs, e.g. 1e18")
+            computes.append(value)
+    path = write_report(results, fit, args.out, curves=curves, compute=computes)
+    print(f"wrote {path}")
+    return 0

@@ -1,0 +1,786 @@
+"""Experiments as TOML grids -> RunSpecs -> runs (local or Ray), crash-safe and resumable.
+
+An experiment file is a base config (the `scaling train` schema) plus:
+
+    [grid]                      # axes, expanded to their product
+    "model.size" = [1, 2, 3]    # dotted keys, or nested tables: [grid.model] size = [1, 2, 3]
+    precision = ["fp32", "fp8", "fp4"]
+    [[include]]                 # extra points, each applied to the base config
+    "model.size" = 4
+    precision = "fp8"
+    [[exclude]]                 # grid points matching every key here are dropped
+    "model.size" = 3
+    precision = "fp4"
+
+A grid key naming several comma-separated keys is one axis of tuples that vary together:
+    "model.size,precision" = [[2, "fp32"], [3, "bf16"], [5, "fp4"]]
+
+The run id is a stable hash of the resolved config, so running a sweep again skips what
+has finished. Layout: <out>/<sweep>/<run_id>/{config.json, metrics.jsonl, summary.json, failure.json}.
+
+GPUs (`--gpus-per-run G`): the Ray executor reserves G GPUs per run (a fraction packs runs onto one
+GPU, each child given that share of its memory); the local executor pins each run's child process
+to one GPU (CUDA_VISIBLE_DEVICES), at most one run per GPU, one concurrent run per visible GPU
+unless --workers says fewer. GPUs are found without JAX (CUDA_VISIBLE_DEVICES, else
+`nvidia-smi -L`); this process flies the take-off probes on the first one, allocating memory as
+needed and giving it back, so the runs find their GPUs free.
+
+Several sweeps may share an --out: each run is trained by the one process holding its lock
+(scaling.train.runs). A sweep that reaches a run another process owns moves on, and once its own runs
+have landed waits for those (training any whose owner died before landing them), so every sweep
+ends with every run of its grid landed, each trained once.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import copy
+import ctypes
+import itertools
+import json
+import os
+import queue
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from scaling.train import config, data, ladder, runs
+from scaling import host
+from scaling._io import atomic_write_json, atomic_write_text
+from scaling.train.config import set_dotted
+from scaling.errors import ConfigError
+
+# JAX (train, the machine probes) and Ray are imported where a run or a cluster starts: planning a
+# sweep (--dry-run, --help) never loads them.
+
+EXPERIMENT_KEYS = ("grid", "include", "exclude", "isoflop")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    run_id: str
+    sweep: str
+    config: Any  # scaling.train.config.RunConfig
+
+    def out_dir(self, root: str | Path) -> Path:
+        return Path(root) / self.sweep / self.run_id
+
+
+def flatten(table: dict, prefix: str = "") -> dict[str, Any]:
+    """{'model': {'size': [1, 2]}} -> {'model.size': [1, 2]}; lists and scalars are leaves."""
+    flat = {}
+    for key, value in table.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict) and not (dotted == "precision" or dotted.endswith(".precision")):
+            flat.update(flatten(value, dotted + "."))
+        else:
+            flat[dotted] = value
+    return flat
+
+
+def grid_points(experiment: dict) -> list[dict[str, Any]]:
+    """The experiment's points as {dotted key: value} overrides: grid product - excludes + includes."""
+    grid = flatten(experiment.get("grid", {}))
+    for key, values in grid.items():
+        if not isinstance(values, list) or not values:
+            raise ConfigError(f"grid.{key}", values, "a non-empty list of values")
+        width = len(key.split(","))
+        if width > 1 and not all(isinstance(v, list) and len(v) == width for v in values):
+            raise ConfigError(f"grid.{key}", values, f"a list of {width}-element lists (one value per key)")
+    excludes = [flatten(e) for e in _tables(experiment, "exclude")]
+    points = [_unzip(dict(zip(grid, combo))) for combo in itertools.product(*grid.values())]
+    points = [p for p in points if not any(_matches(p, ex) for ex in excludes)]
+    return points + [flatten(inc) for inc in _tables(experiment, "include")]
+
+
+def _unzip(point: dict[str, Any]) -> dict[str, Any]:
+    """{"a,b": [1, 2]} -> {"a": 1, "b": 2}: zipped axes become ordinary keys."""
+    out = {}
+    for key, value in point.items():
+        keys = [k.strip() for k in key.split(",")]
+        out.update(zip(keys, value) if len(keys) > 1 else [(key, value)])
+    return out
+
+
+def _tables(experiment: dict, key: str) -> list[dict]:
+    tables = experiment.get(key, [])
+    if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
+        raise ConfigError(key, tables, f"an array of tables ([[{key}]])")
+    return tables
+
+
+def _matches(point: dict, pattern: dict) -> bool:
+    return all(k in point and point[k] == v for k, v in pattern.items())
+
+
+def load_experiment(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError("experiment", str(path), "an existing TOML file")
+    try:
+        return tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError("experiment", str(path), f"valid TOML ({e})") from None
+
+
+def expand(path: str | Path, overrides: list[str] = (), landed: str | Path | None = None) -> list[RunSpec]:
+    """Expand an experiment file into validated RunSpecs (unique by run id, in grid order).
+
+    `overrides` are `key=value` strings applied to the base config (as `scaling train --set`).
+    Every point is validated before anything runs: a bad value anywhere is a ConfigError.
+    `landed`: the results root the sweep writes to; an IsoFLOP design with `extend_edges` or
+    `replicates` adds the edge and replicate runs its landed runs there call for
+    (scaling.study.analysis.extend_edges, scaling.study.analysis.replicates).
+    """
+    experiment = load_experiment(path)
+    base = {k: v for k, v in experiment.items() if k not in EXPERIMENT_KEYS}
+    base = config.apply_overrides(base, list(overrides))
+    sweep = str(base.get("name") or Path(path).stem)
+    design = None
+    if "isoflop" in experiment:  # an IsoFLOP design places the sizes and budgets of every grid point
+        from scaling.study import analysis as study
+
+        design = study.Design.from_table(experiment["isoflop"])
+    points = []
+    for point in grid_points(experiment):
+        cfg = copy.deepcopy(base)
+        for key, value in point.items():
+            set_dotted(cfg, key, value)
+        points.append((point, cfg))
+    try:
+        designed = study.design([c for _, c in points], design, _vocab(base)) if design else None
+    except ConfigError as e:
+        raise ConfigError(e.key, e.value, f"{e.allowed} (the [isoflop] design)") from None
+    specs: dict[str, RunSpec] = {}
+    for i, (point, cfg) in enumerate(points):
+        try:
+            cfgs = [config.validate(cfg)] if designed is None else designed[i]
+        except ConfigError as e:
+            where = ", ".join(f"{k}={v!r}" for k, v in point.items())
+            raise ConfigError(e.key, e.value, f"{e.allowed} (grid point {where})") from None
+        for cfg in cfgs:
+            specs.setdefault(cfg.run_id, RunSpec(run_id=cfg.run_id, sweep=sweep, config=cfg))
+    if design and (design.replicates or design.extend_edges) and landed is not None and (Path(landed) / sweep).is_dir():
+        from scaling.study import results
+
+        rows = results.load(Path(landed) / sweep)
+        designed = study.extend_edges([c for _, c in points], designed, design, rows, _vocab(base))
+        for cfg in [c for cfgs in designed for c in cfgs] + study.replicates(designed, design, rows):
+            specs.setdefault(cfg.run_id, RunSpec(run_id=cfg.run_id, sweep=sweep, config=cfg))
+    return list(specs.values())
+
+
+def _vocab(cfg: dict) -> int:
+    """The vocabulary a config's corpus gives (the head's FLOPs depend on it); byte corpora: 256, BPE: V."""
+    source, tokenizer = cfg.get("data", {}).get("source", "stdlib"), cfg.get("data", {}).get("tokenizer", "bytes")
+    bpe_vocab = data.tokenizer_vocab(tokenizer, source)  # known without training the tokenizer
+    if bpe_vocab is not None:
+        return bpe_vocab
+    return 256 if source in ("stdlib", "pysrc") else data.load(source).vocab
+
+
+# ---------------------------------------------------------------- running
+
+OWNED = "owned"  # not a status: another process holds the run's lock; the sweep comes back to it
+
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Linux: the kernel SIGKILLs this run when its sweep process dies, so a killed sweep leaves
+    no orphan writing into a run directory that the next sweep will resume."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent_pid:  # the sweep died before prctl took effect
+        os._exit(1)
+
+
+def _compilation_cache_settings() -> dict[str, str]:
+    cache = data.cache_dir() / "jax"  # where train.run puts it too
+    return {"JAX_COMPILATION_CACHE_DIR": str(cache), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+            "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+
+
+def worker_env(pin: Mapping[str, str] = {}) -> dict[str, str]:
+    """Runs share XLA's persistent compilation cache: a shape compiled once (at take-off) is loaded,
+    not recompiled, by every later run of that shape, in any process; their processes start with
+    host.PROCESS_ENV (malloc with huge pages). `pin`: a GPU slot's settings."""
+    return {**_compilation_cache_settings(), **host.process_env(os.environ), **os.environ, **pin}
+
+
+# ---------------------------------------------------------------- GPUs
+
+
+def visible_gpus(environ: Mapping[str, str] | None = None, listing: str | None = None) -> list[str]:
+    """The GPUs runs may use, found without JAX (a JAX backend here would claim them): the entries of
+    CUDA_VISIBLE_DEVICES if it is set (indices or UUIDs; CUDA ignores everything from an invalid
+    entry such as -1 on), else the GPUs `nvidia-smi -L` lists (`listing`: its output)."""
+    environ = os.environ if environ is None else environ
+    if "CUDA_VISIBLE_DEVICES" in environ:
+        entries = [e.strip() for e in environ["CUDA_VISIBLE_DEVICES"].split(",")]
+        return list(itertools.takewhile(lambda e: e and not e.startswith("-"), entries))
+    if listing is None:
+        try:
+            listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60).stdout
+        except (OSError, subprocess.SubprocessError):
+            listing = ""
+    return re.findall(r"^GPU (\d+):", listing, flags=re.MULTILINE)
+
+
+def gpu_slots(gpus: list[str], workers: int | None) -> list[dict[str, str]]:
+    """The local executor's concurrent runs with --gpus-per-run: one child process per slot, each
+    pinned to its own GPU; `workers` None = one slot per GPU, else at most that many."""
+    count = len(gpus) if workers is None else min(workers, len(gpus))
+    return [{"CUDA_VISIBLE_DEVICES": gpu} for gpu in gpus[:count]]
+
+
+def gpu_share(gpus_per_run: float, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """A Ray run reserving a fraction of a GPU gets that fraction of XLA's default 75% memory
+    preallocation (unless the user set a fraction), so the runs sharing the GPU fit on it."""
+    environ = os.environ if environ is None else environ
+    if not 0 < gpus_per_run < 1 or {"XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION"} & set(environ):
+        return {}
+    return {"XLA_PYTHON_CLIENT_MEM_FRACTION": f"{0.75 * gpus_per_run:.3f}"}
+
+
+def check_gpus_per_run(gpus_per_run: float, executor: str, gpus: list[str]) -> None:
+    """ConfigError unless --gpus-per-run fits the executor and, for the local one, this machine."""
+    if not 0 <= gpus_per_run <= 1:
+        raise ConfigError("--gpus-per-run", gpus_per_run, "a number in [0, 1]: a run trains on one device")
+    if executor == "local" and gpus_per_run not in (0, 1):
+        raise ConfigError("--gpus-per-run", gpus_per_run, "0 or 1 with the local executor (one GPU per run); "
+                          "fractions with --executor ray")
+    if executor == "local" and gpus_per_run and not gpus:
+        raise ConfigError("--gpus-per-run", gpus_per_run, "0 on a machine without GPUs (CUDA_VISIBLE_DEVICES "
+                          "names none and `nvidia-smi -L` lists none)")
+
+
+def _fly_probes_on_one_gpu() -> None:
+    """Start this process's JAX backend on its first GPU only, with memory allocated as needed and
+    given back (XLA would otherwise preallocate 75% of every visible GPU here, where the runs need
+    it); the environment is restored afterwards, for the runs and a Ray cluster started from here."""
+    import jax
+
+    jax.config.update("jax_cuda_visible_devices", "0")
+    saved = os.environ.get("XLA_PYTHON_CLIENT_ALLOCATOR")
+    os.environ["XLA_PYTHON_CLIENT_ALLOCATOR"] = "platform"
+    try:
+        jax.devices()
+    finally:
+        if saved is None:
+            del os.environ["XLA_PYTHON_CLIENT_ALLOCATOR"]
+        else:
+            os.environ["XLA_PYTHON_CLIENT_ALLOCATOR"] = saved
+
+
+def _use_compilation_cache() -> None:
+    import jax
+
+    for name, value in _compilation_cache_settings().items():
+        value = os.environ.get(name, value)
+        kind = str if name.endswith("DIR") else float if name.endswith("SECS") else int
+        jax.config.update(name.lower(), kind(value))
+
+
+def execute(spec: RunSpec, out_root: str | Path, hang_timeout: float, poll_s: float = 1.0,
+            wait: bool = False, pin: Mapping[str, str] = {}) -> str:
+    """Run one spec in a child process, watched: returns its status ('skipped' if it had landed).
+
+    This process holds the run's lock from the check that it has not landed until it has, and the
+    child inherits it; a run another process holds is OWNED (with `wait`: waited for, then
+    skipped if it landed for good, else trained here). The child resumes from its own checkpoint if
+    a previous attempt was interrupted. A run whose heartbeat (metrics.jsonl, or the start) is
+    older than `hang_timeout` seconds is killed and landed as `hung`; a child that dies without
+    a summary is landed as `failed`. `pin`: environment settings of the child (its GPU).
+    """
+    out_dir = spec.out_dir(out_root)
+    if runs.finished(out_dir):
+        return "skipped"
+    try:
+        lock = runs.acquire(out_dir, wait=wait, poll_s=poll_s)
+    except runs.RunOwned:
+        return OWNED
+    with lock:
+        if runs.finished(out_dir):  # landed by the process that held the lock before us
+            return "skipped"
+        runs.begin(out_dir, spec.config)
+        return _watch(spec, out_dir, lock, hang_timeout, poll_s, pin)
+
+
+def _watch(spec: RunSpec, out_dir: Path, lock: runs.Lock, hang_timeout: float, poll_s: float,
+           pin: Mapping[str, str]) -> str:
+    log_path = out_dir / "run.log"
+    started = time.time()
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "scaling.study.sweep", "--worker", str(out_dir), str(os.getpid()),
+                                 str(lock.fd)], pass_fds=(lock.fd,),
+                                stdout=log, stderr=subprocess.STDOUT, env=worker_env(pin))
+        while proc.poll() is None:
+            time.sleep(poll_s)
+            heartbeat = max(started, _mtime(out_dir / "metrics.jsonl"))
+            if time.time() - heartbeat > hang_timeout:
+                proc.kill()
+                proc.wait()
+                _land_dead(out_dir, spec.config, "hung", f"no progress for {hang_timeout:.0f} s", log_path)
+                return "hung"
+    landed = runs.summary(out_dir)
+    if landed is None:
+        _land_dead(out_dir, spec.config, "failed", f"run process exited with code {proc.returncode}", log_path)
+        return "failed"
+    return landed.get("status", "ok")
+
+
+def _land_dead(out_dir: Path, config, status: str, reason: str, log_path: Path) -> None:
+    """Land a run whose process died or hung: what it logged, and its log's tail as the traceback
+    (the child's own traceback is in its log, not in this process)."""
+    runs.land_failure(out_dir, config=config.to_dict(), status=status, reason=reason, **runs.last_logged(out_dir),
+                      log_tail=_tail(log_path))
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def _tail(path: Path, n_bytes: int = 8000) -> str:
+    with open(path, "rb") as f:
+        f.seek(max(0, path.stat().st_size - n_bytes))
+        return f.read().decode(errors="replace")
+
+
+def _worker(out_dir: str, parent_pid: int, lock_fd: int) -> int:
+    """Child entry point: train the run whose validated config.json is in out_dir, under the
+    lock its parent holds (passed down as an open file)."""
+    _die_with_parent(parent_pid)
+    from scaling.train import loop as train
+
+    out = Path(out_dir)
+    with runs.inherit(out, lock_fd) as lock:
+        summary = train.run(json.loads((out / "config.json").read_text()), out, lock=lock)
+    return 0 if summary.get("status") in runs.STATUSES else 1
+
+
+def _ray_task(spec: RunSpec, out_root: str, hang_timeout: float, wait: bool,
+              gpus_per_run: float) -> tuple[str, dict[str, str]]:
+    """One Ray task = one watched run; returns its files so the driver holds them even without shared
+    storage. Ray sets the task's CUDA_VISIBLE_DEVICES to the GPUs it reserved; the child inherits it."""
+    status = execute(spec, out_root, hang_timeout, wait=wait, pin=gpu_share(gpus_per_run))
+    out_dir = spec.out_dir(out_root)
+    files = {} if status == OWNED else {name: (out_dir / name).read_text() for name in RUN_FILES
+                                        if (out_dir / name).exists()}
+    return status, files
+
+
+RUN_FILES = ("config.json", "metrics.jsonl", "summary.json", "failure.json")
+
+
+def _run_local(specs, out_root, hang_timeout, workers, on_done, wait, slots=None) -> None:
+    """`slots`: one environment pin per concurrent child (its GPU); default `workers` unpinned ones."""
+    if workers == 0 and not slots:  # in-process, sequential: compiled steps are reused in memory; no hang watchdog
+        for spec in specs:
+            on_done(spec, _run_in_process(spec, out_root, wait))
+        return
+    free: queue.Queue = queue.Queue()
+    for pin in slots or [{}] * workers:
+        free.put(pin)
+
+    def in_a_slot(spec: RunSpec) -> str:
+        pin = free.get()  # a thread starts only when a slot is free: there are as many threads as slots
+        try:
+            return execute(spec, out_root, hang_timeout, wait=wait, pin=pin)
+        finally:
+            free.put(pin)
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=free.qsize()) as pool:
+        futures = {pool.submit(in_a_slot, s): s for s in specs}
+        for future in concurrent.futures.as_completed(futures):
+            on_done(futures[future], future.result())
+
+
+def _run_in_process(spec: RunSpec, out_root: Path, wait: bool) -> str:
+    """execute()'s ownership rules, without the child process."""
+    from scaling.train import loop as train
+
+    out_dir = spec.out_dir(out_root)
+    if runs.finished(out_dir):
+        return "skipped"
+    try:
+        lock = runs.acquire(out_dir, wait=wait)
+    except runs.RunOwned:
+        return OWNED
+    with lock:
+        if runs.finished(out_dir):
+            return "skipped"
+        return train.run(spec.config, out_dir, lock=lock).get("status", "failed")
+
+
+def _run_ray(specs, out_root, hang_timeout, address, cpus_per_run, gpus_per_run, on_done, wait) -> None:
+    import ray
+
+    ray.init(address=address, ignore_reinit_error=True, include_dashboard=False,
+             log_to_driver=False, configure_logging=False)
+    cluster_gpus = ray.cluster_resources().get("GPU", 0)
+    if gpus_per_run > cluster_gpus:
+        raise ConfigError("--gpus-per-run", gpus_per_run, f"at most the Ray cluster's {cluster_gpus:g} GPUs")
+    # max_retries: a run whose worker (or node) dies is started again elsewhere; it resumes from its
+    # checkpoint (the dead worker's lock died with it).
+    task = ray.remote(num_cpus=cpus_per_run, num_gpus=gpus_per_run, max_retries=3)(_ray_task)
+    pending = {task.remote(s, str(out_root), hang_timeout, wait, gpus_per_run): s for s in specs}
+    while pending:
+        done, _ = ray.wait(list(pending), num_returns=1)
+        spec = pending.pop(done[0])
+        status, files = ray.get(done[0])
+        out_dir = spec.out_dir(out_root)
+        for name, text in files.items():  # no-op on shared storage; copies results home otherwise
+            if not (out_dir / name).exists():
+                atomic_write_text(out_dir / name, text)
+        on_done(spec, status)
+
+
+def run_sweep(specs: list[RunSpec], out_root: str | Path, *, executor: str = "local", workers: int = 1,
+              hang_timeout: float = 600.0, ray_address: str | None = None, cpus_per_run: float = 1,
+              gpus_per_run: float = 0, gpu_pins: list[dict[str, str]] | None = None,
+              progress: bool = True) -> dict[str, Any]:
+    """Run every spec not yet landed; returns and writes <out>/<sweep>/sweep.json (counts, slow runs).
+    Local: `gpu_pins` (gpu_slots) runs one child per pin; Ray: each run reserves `gpus_per_run` GPUs."""
+    if executor not in ("local", "ray"):
+        raise ConfigError("executor", executor, ["local", "ray"])
+    out_root = Path(out_root)
+    counts = {s: 0 for s in (*runs.STATUSES, "skipped")}
+    owned: list[RunSpec] = []
+    total_tokens = sum(_tokens(s) for s in specs) or 1
+    with _progress(progress, total_tokens) as (bar, task_id):
+        def on_done(spec: RunSpec, status: str) -> None:
+            if status == OWNED:
+                owned.append(spec)
+                return
+            counts[status if status in counts else "failed"] += 1
+            bar.update(task_id, advance=_tokens(spec),
+                       description=" ".join(f"{k} {v}" for k, v in counts.items() if v))
+
+        def run(todo: list[RunSpec], wait: bool) -> None:
+            if executor == "local":
+                _run_local(todo, out_root, hang_timeout, workers, on_done, wait, gpu_pins)
+            else:
+                _run_ray(todo, out_root, hang_timeout, ray_address, cpus_per_run, gpus_per_run, on_done, wait)
+
+        run(specs, wait=False)
+        # Runs another process was training: wait for them, so this sweep's counts and exit status
+        # cover every run, each once (one whose owner died unlanded is trained here).
+        waited, owned = owned, []
+        if waited:
+            bar.console.print(f"{len(waited)} run{'s' if len(waited) > 1 else ''} owned by another process: "
+                              "waiting for them to land")
+            run(waited, wait=True)
+    report = {"counts": counts, "owned_elsewhere": len(waited), "slow_runs": slow_runs(specs, out_root)}
+    for sweep in sorted({s.sweep for s in specs}):
+        atomic_write_json(out_root / sweep / "sweep.json", report)
+    return report
+
+
+def _tokens(spec: RunSpec) -> int:
+    return spec.config.train.tokens
+
+
+@contextlib.contextmanager
+def _progress(enabled: bool, total: int):
+    columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}% of tokens"),
+               TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
+    with Progress(*columns, disable=not enabled, transient=False) as bar:
+        yield bar, bar.add_task("starting", total=total)
+
+
+def slow_runs(specs: list[RunSpec], out_root: Path, factor: float = 0.5) -> list[dict]:
+    """The sweep's "slow node": runs with under `factor` x the median tokens/s of their peers
+    (same model shape, recipe and batch), which points at a sick machine rather than the config."""
+    peers: dict[str, list[tuple[str, float]]] = {}
+    for spec in specs:
+        try:
+            summary = json.loads((spec.out_dir(out_root) / "summary.json").read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if summary.get("status") == "ok" and summary.get("tokens_per_s"):
+            key = shape_key(spec.config)
+            peers.setdefault(key, []).append((spec.run_id, float(summary["tokens_per_s"])))
+    flagged = []
+    for group in peers.values():
+        if len(group) >= 3:
+            median = statistics.median(t for _, t in group)
+            flagged += [{"run_id": r, "tokens_per_s": t, "peer_median": median}
+                        for r, t in group if t < factor * median]
+    return flagged
+
+
+# ---------------------------------------------------------------- take-off checks
+
+MIN_FREE_BYTES = 1 << 30
+TAKEOFF_STEPS = 2
+
+
+def shape_key(cfg) -> str:
+    """Runs sharing a model shape, recipe and batch compile the same step: one take-off run covers them
+    (the corpus and its tokenizer set the vocabulary, part of the shape)."""
+    d = cfg.to_dict()
+    return json.dumps([d["model"], d["precision"], cfg.train.batch_size, cfg.data.source, cfg.data.tokenizer],
+                      sort_keys=True)
+
+
+def take_off(specs: list[RunSpec], out_root: str | Path, *, keep_going: bool = False,
+             hang_timeout: float = 600.0, lanes: int = 1) -> tuple[list[RunSpec], dict[str, dict]]:
+    """Before anything runs: every corpus loads, the disk has room, and each distinct shape and
+    recipe compiles and trains TAKEOFF_STEPS steps end to end (one probe after another, which also
+    fills the compilation cache the real runs reuse). Returns the specs cleared to fly and, per shape
+    key, the take-off run's summary (its step time drives the ETA). Any failure refuses the whole
+    sweep with a one-line ConfigError, unless keep_going, which drops the affected runs instead.
+
+    lanes > 1 (CPU only: a GPU process would claim the device): the probes are dealt to that many
+    lanes, this process and lanes - 1 child processes flying theirs one after another. XLA keeps
+    ~1.5 cores busy compiling, so on 2 cores 2 lanes took the quick preset's 12 probes from 121 to
+    96 s (docs/performance.md).
+    """
+    out_root = Path(out_root)
+    out_root.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(out_root).free
+    if free < MIN_FREE_BYTES:
+        raise ConfigError("--out", str(out_root), f"a disk with at least 1 GiB free (has {free / 2**20:.0f} MiB)")
+    for source, tokenizer in sorted({(s.config.data.source, s.config.data.tokenizer) for s in specs}):
+        data.load(source, tokenizer)  # raises ConfigError naming data.source; builds a BPE once, before any run
+    _use_compilation_cache()
+    groups = {}
+    for spec in specs:
+        groups.setdefault(shape_key(spec.config), []).append(spec)
+    probes = {key: _takeoff_spec(group[0]) for key, group in groups.items()}
+    keys = list(probes)
+    lanes = max(1, min(lanes, len(keys)))
+    children = [_fly_in_child({k: probes[k] for k in keys[i::lanes]}, out_root, hang_timeout) for i in range(1, lanes)]
+    summaries = {}
+    for key in keys[::lanes]:  # this process's lane: one JAX start-up for all its probes
+        summaries[key] = _fly(probes[key].config, probes[key].out_dir(out_root / ".takeoff"))
+    for child in children:
+        summaries.update(child())
+    cleared, flights, failures = [], {}, []
+    for key, group in groups.items():
+        summary = summaries[key]
+        if summary.get("status") == "ok":
+            flights[key] = summary
+            cleared += group
+        else:
+            failures.append((group, f"{summary.get('reason', summary.get('status'))} ({_describe(group[0].config)})"))
+    for group, reason in failures:
+        if not keep_going:
+            raise ConfigError("take-off", group[0].run_id, f"runs that compile and train: {reason}")
+        print(f"skipping {len(group)} runs that failed take-off: {reason}")
+    return [s for s in specs if s in cleared], flights
+
+
+def takeoff_lanes(workers: int) -> int:
+    """Take-off lanes for a sweep of `workers` concurrent runs: as many, on a machine without GPUs."""
+    return 1 if visible_gpus() else max(1, workers)
+
+
+def _fly(config, out_dir: str | Path) -> dict:
+    """One take-off probe in this process; a failure is its summary, not an exception. A probe
+    another sweep is flying is waited for, and its landing reused."""
+    import jax
+
+    from scaling.train import loop as train
+
+    try:
+        return train.run(config, out_dir, wait=True)
+    except Exception as error:  # noqa: BLE001 - any failure to take off is reported, not raised
+        return {"status": "failed", "reason": f"{type(error).__name__}: {error}"}
+    finally:
+        # Drop the probe's executables: the runs load them from the persistent cache, and holding them
+        # all crashed a 69-shape take-off (LLVM "Cannot allocate memory" after 42 probes, 2 cores 24 GiB).
+        jax.clear_caches()
+
+
+def _fly_in_child(probes: dict[str, RunSpec], out_root: Path, hang_timeout: float):
+    """Start a child process flying these probes one after another; returns a function that waits
+    for it (at most hang_timeout per probe) and gives {shape key: summary}."""
+    (out_root / ".takeoff").mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(prefix="lane-", suffix=".json", dir=out_root / ".takeoff")
+    os.close(fd)
+    job = Path(name)
+    job.write_text(json.dumps({key: [str(p.out_dir(out_root / ".takeoff")), p.config.to_dict()]
+                               for key, p in probes.items()}))
+    log = open(job.with_suffix(".log"), "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "scaling.study.sweep", "--takeoff", str(job), str(os.getpid())],
+                            stdout=log, stderr=subprocess.STDOUT, env=worker_env())
+
+    def wait() -> dict[str, dict]:
+        try:
+            proc.wait(timeout=hang_timeout * len(probes))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+        done = json.loads(job.with_suffix(".out").read_text()) if job.with_suffix(".out").is_file() else {}
+        reason = f"take-off process exited with code {proc.returncode} (log: {job.with_suffix('.log')})"
+        out = {key: done.get(key, {"status": "failed", "reason": reason}) for key in probes}
+        if proc.returncode == 0:
+            for path in (job, job.with_suffix(".out"), job.with_suffix(".log")):
+                path.unlink(missing_ok=True)
+        return out
+
+    return wait
+
+
+def _takeoff_worker(job: str, parent_pid: int) -> int:
+    """Child entry point of a take-off lane: fly the probes listed in `job`, write their summaries."""
+    _die_with_parent(parent_pid)
+    _use_compilation_cache()
+    done = {key: _fly(cfg, out_dir) for key, (out_dir, cfg) in json.loads(Path(job).read_text()).items()}
+    atomic_write_json(Path(job).with_suffix(".out"), done)
+    return 0
+
+
+def _takeoff_spec(spec: RunSpec) -> RunSpec:
+    cfg = spec.config
+    probe = {"tokens": TAKEOFF_STEPS * cfg.tokens_per_step, "budgets": [1.0], "schedule": "wsd", "warmup": 0,
+             "checkpoint_every": 0, "log_every": 1, "tracker": []}  # a probe, not a curve
+    cfg = cfg.replace(**{f"train.{k}": v for k, v in probe.items()}, **{"study.budgets": [],
+                      "data.eval_tokens": min(cfg.data.eval_tokens, cfg.tokens_per_step)})
+    return RunSpec(run_id=cfg.run_id, sweep=spec.sweep, config=cfg)
+
+
+def measured_seconds(specs: list[RunSpec], flights: dict[str, dict], lanes: int = 1) -> float:
+    """ETA from the take-off runs' measured step times (compilation is cached by then). Probes
+    flown `lanes` at a time shared the machine as that many concurrent runs will: the runs' times
+    add up `lanes` at once."""
+    total = 0.0
+    for spec in specs:
+        flight = flights.get(shape_key(spec.config))
+        if flight and flight.get("tokens_per_s"):
+            total += 1.15 * _tokens(spec) / flight["tokens_per_s"]  # + WSD cooldown branches and evals
+    return total / lanes
+
+
+# ---------------------------------------------------------------- estimates and the CLI
+
+ASSUMED_MODEL_FLOPS_UTILISATION = 0.3  # of a plain fp32 matmul's FLOP/s; replaced by measured step times at take-off
+COMPILE_SECONDS_PER_SHAPE = 15.0
+
+
+def matmul_flops_per_s(n: int = 1024, repeats: int = 5) -> float:
+    """This machine's jitted fp32 matmul FLOP/s, the reference every estimate is scaled by."""
+    import jax
+    import jax.numpy as jnp
+
+    a = jnp.ones((n, n), jnp.float32)
+    f = jax.jit(jnp.dot)
+    f(a, a).block_until_ready()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        f(a, a).block_until_ready()
+    return 2 * n**3 * repeats / (time.perf_counter() - start)
+
+
+def estimate_seconds(specs: list[RunSpec], flops_per_s: float) -> float:
+    """Training FLOPs / (machine FLOP/s x assumed utilisation) + one compile per distinct model shape."""
+    total, shapes = 0.0, set()
+    for spec in specs:
+        m = spec.config.model
+        total += ladder.flops_per_token(m.shape()) * _tokens(spec)
+        shapes.add((m.size, m.n_layers, m.seq_len))
+    return total / (flops_per_s * ASSUMED_MODEL_FLOPS_UTILISATION) + COMPILE_SECONDS_PER_SHAPE * len(shapes)
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("experiment", help="experiment TOML: a base config plus [grid] axes")
+    parser.add_argument("--out", default="results", help="results root (default: results/)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a base config key for every run (repeatable)")
+    parser.add_argument("--executor", default="local", choices=["local", "ray"])
+    parser.add_argument("--workers", type=int, default=None,
+                        help="local: concurrent runs, each a watched child process; 0 = in-process, sequential "
+                             "(default 1, or one per visible GPU with --gpus-per-run)")
+    parser.add_argument("--ray-address", default=None, help="ray: cluster address (default: start a local Ray)")
+    parser.add_argument("--cpus-per-run", type=float, default=1, help="ray: CPUs reserved per run")
+    parser.add_argument("--gpus-per-run", type=float, default=0,
+                        help="GPUs per run: ray reserves this many (a fraction shares a GPU); local: 1 pins each "
+                             "run to its own GPU, one run per GPU (default 0: no GPU reserved)")
+    parser.add_argument("--hang-timeout", type=float, default=600,
+                        help="seconds without a metrics heartbeat before a run is stopped as hung")
+    parser.add_argument("--dry-run", action="store_true", help="print the expanded runs and an ETA, run nothing")
+    parser.add_argument("--keep-going", action="store_true",
+                        help="skip runs that fail the take-off checks instead of refusing to start")
+    parser.add_argument("--no-progress", action="store_true")
+
+
+def main(args) -> int:
+    if args.workers is not None and args.workers < 0:
+        raise ConfigError("--workers", args.workers, "an integer >= 0")
+    if args.hang_timeout <= 0:
+        raise ConfigError("--hang-timeout", args.hang_timeout, "seconds > 0")
+    gpus = visible_gpus() if args.gpus_per_run else []
+    check_gpus_per_run(args.gpus_per_run, args.executor, gpus)
+    pins = gpu_slots(gpus, args.workers) if args.executor == "local" and args.gpus_per_run else None
+    if pins == []:
+        raise ConfigError("--workers", args.workers, "at least 1 with --gpus-per-run (each run a child on its GPU)")
+    if gpus:
+        _fly_probes_on_one_gpu()
+    out_root = Path(args.out)
+    specs = expand(args.experiment, args.set, landed=out_root)
+    todo = [s for s in specs if not runs.finished(s.out_dir(out_root))]
+    eta = estimate_seconds(todo, matmul_flops_per_s())
+    print(f"{len(specs)} runs in {specs[0].sweep if specs else '-'}: {len(specs) - len(todo)} landed, "
+          f"{len(todo)} to run, estimated {eta / 60:.1f} min")
+    if args.dry_run:
+        for spec in specs:
+            print(f"  {spec.run_id}  {'done' if spec not in todo else 'todo'}  {_describe(spec.config)}")
+        return 0
+    counts: dict[str, int] = {}
+    slow: list[dict] = []
+    while todo:  # a design with replicates: the runs its landed minima call for come in the next round
+        lanes = takeoff_lanes(args.workers or 1) if args.executor == "local" else 1
+        todo, flights = take_off(todo, out_root, keep_going=args.keep_going, hang_timeout=args.hang_timeout,
+                                 lanes=lanes)
+        print(f"take-off: {len(flights)} shapes compiled and trained {TAKEOFF_STEPS} steps; "
+              f"{len(todo)} runs cleared, measured ETA {measured_seconds(todo, flights, lanes) / 60:.1f} min")
+        report = run_sweep(todo, out_root, executor=args.executor, workers=1 if args.workers is None else args.workers,
+                           hang_timeout=args.hang_timeout, ray_address=args.ray_address,
+                           cpus_per_run=args.cpus_per_run, gpus_per_run=args.gpus_per_run, gpu_pins=pins,
+                           progress=not args.no_progress)
+        for key, n in report["counts"].items():
+            counts[key] = counts.get(key, 0) + n
+        slow += report["slow_runs"]
+        tried = {s.run_id for s in specs}
+        specs = expand(args.experiment, args.set, landed=out_root)
+        todo = [s for s in specs if s.run_id not in tried and not runs.finished(s.out_dir(out_root))]
+        if todo:
+            print(f"replicates: {len(todo)} runs at the landed IsoFLOP minima and their neighbours")
+    print("landed: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+    for run in slow:
+        print(f"slow run {run['run_id']}: {run['tokens_per_s']:.0f} tokens/s vs peer median "
+              f"{run['peer_median']:.0f}")
+    return 0 if counts.get("failed", 0) == counts.get("hung", 0) == 0 else 1
+
+
+def _describe(cfg) -> str:
+    depth = "" if cfg.model.n_layers is None else f"x{cfg.model.n_layers}"
+    return (f"size={cfg.model.size}{depth} precision={cfg.recipe.name} tokens={cfg.train.tokens:,} "
+            f"lr={cfg.train.lr:g} seed={cfg.seed}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 5 and sys.argv[1] == "--worker":
+        sys.exit(_worker(sys.argv[2], int(sys.argv[3]), int(sys.argv[4])))
+    if len(sys.argv) == 4 and sys.argv[1] == "--takeoff":
+        sys.exit(_takeoff_worker(sys.argv[2], int(sys.argv[3])))
+    sys.exit("usage: python -m scaling.study.sweep --worker RUN_DIR PARENT_PID LOCK_FD (internal; use `scaling sweep`)")

@@ -1,0 +1,426 @@
+"""Training compute as it is spent: FLOPs by part, the bits each operand really carries, cost models.
+
+A training step of the transformer in `scaling.train.model` runs these GEMM parts (per token, training =
+forward + backward, Chinchilla's convention of 2 FLOPs per multiply-add):
+
+    fprop   X·W      of every dense projection (qkv, out, up/gate, down)   2·N_matmul
+    dgrad   dY·Wᵀ    of the same projections                               2·N_matmul
+    wgrad   Xᵀ·dY    of the same projections                               2·N_matmul
+    head_fprop / head_dgrad / head_wgrad   the output head                 2·d·V each
+    attn_fwd   Q·Kᵀ and P·V, full T×T (no causal discount)                 4·n_layers·T·d
+    attn_bwd   their four backward matmuls                                 8·n_layers·T·d
+
+Each part has two operands, and each operand a tensor role of the recipe (fprop: activation,
+weight; dgrad: grad, weight; wgrad: activation, grad; attention: the `attention` role; the head
+only when the recipe does not keep it in high precision; none of the backward parts of a
+forward-only recipe). An operand's *effective bits* are its element bits plus its scale's bits
+per element: MX +8/32 (E8M0 per 32), NVFP4 +8/16 (E4M3 per 16; the FP32 tensor scale is
+negligible), `block` k +32/k, `block2d` k×k +32/k², `channel` +32/K (one FP32 scale per row of
+the reduction length K), `tensor` +0 (one scale per tensor). An unquantised operand is 32 bits in
+the simulation. `parts(cfg, recipe, tokens_per_step)` gives these exactly for one run; results
+tables carry them as columns (`columns`), so any cost model can be applied after the fact.
+
+A cost model turns parts into 16-bit FLOP units (one BF16 FLOP = 1):
+
+    bits     each FLOP costs the mean effective bits of its two operands / 16
+    h100, b200, ...  each GEMM runs at the rate of the format the GPU executes it in (the wider
+             operand's element width, `hardware.precision_for_bits`): cost = BF16 peak / that peak
+             (H100: FP8 and FP6/FP4 at 2x BF16; B200: FP4 at 4x, FP8/FP6 at 2x; FP32 = TF32 at 0.5x)
+    nominal  Kumar et al.'s convention, 6·N·D·P/16: every FLOP at the recipe's label P, attention
+             and head not counted (what the toolkit used before; kept to compare against)
+
+In `bits` and the GPU models an operand the recipe leaves unquantised (attention, head, a
+forward-only backward) costs `high_bits` (default 16: real low-precision training keeps these in
+BF16), except in a run that quantises nothing: the FP32 reference costs 32 bits throughout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from scaling.plan import hardware
+from scaling.train import ladder
+from scaling.errors import ConfigError
+
+# The JAX-side modules (formats, precision, quant) are imported inside the functions that quantise
+# or parse recipes: results, fit and `scaling plan --fit` read this module without loading JAX.
+
+PARTS = ("fprop", "dgrad", "wgrad", "head_fprop", "head_dgrad", "head_wgrad", "attn_fwd", "attn_bwd")
+ROLE_SHORT = {"weight": "w", "activation": "a", "grad": "g"}
+UNQUANTISED_BITS = 32.0
+# bits of one scale value per granularity (a scale shared by a block of elements)
+SCALE_BITS = {"mx": 8.0, "nvfp4": 8.0, "block": 32.0, "block2d": 32.0, "channel": 32.0}
+
+
+@dataclass(frozen=True)
+class Part:
+    """One GEMM part of a training step: FLOPs per token and its two operands' effective bits."""
+
+    name: str
+    flops: float
+    bits: tuple[float, float]
+    width: float  # the wider operand's element bits: the format a GPU runs this GEMM in
+
+
+# ----------------------------------------------------------------------------- bits per operand
+
+def effective_bits(spec: Any, K: float) -> float:
+    """Element bits + scale bits per element of an operand quantised by `spec` (a QuantSpec) along a
+    reduction axis of length K; UNQUANTISED_BITS for None."""
+    from scaling.numerics import formats
+
+    if spec is None:
+        return UNQUANTISED_BITS
+    bits = float(formats.get(spec.format).bits)
+    g = spec.granularity
+    if g in ("none", "tensor"):
+        return bits
+    if g == "channel":
+        return bits + SCALE_BITS[g] / K
+    k = min(spec.block, K) if g != "block2d" else spec.block ** 2
+    return bits + SCALE_BITS[g] / k
+
+
+def _projections(cfg) -> list[tuple[int, int]]:
+    """(d_in, d_out) of each dense projection in one layer: qkv, out, up+gate (fused), down."""
+    d, f = cfg.d_model, cfg.d_ff
+    return [(d, 3 * d), (d, d), (d, 2 * f), (f, d)]
+
+
+def element_bits(spec: Any) -> float:
+    from scaling.numerics import formats
+
+    return UNQUANTISED_BITS if spec is None else float(formats.get(spec.format).bits)
+
+
+def _mean_bits(spec: Any, shapes: Sequence[tuple[float, float]]) -> float:
+    """FLOP-weighted mean effective bits over GEMMs given as (flops weight, reduction length K)."""
+    total = sum(w for w, _ in shapes)
+    return sum(w * effective_bits(spec, K) for w, K in shapes) / total
+
+
+def parts(cfg: Any, recipe: Any, tokens_per_step: int) -> list[Part]:
+    """The GEMM parts of one training step of `scaling.train.model.Transformer(cfg, recipe)`, per token.
+
+    tokens_per_step (batch·seq_len) is wgrad's reduction length (only per-channel scales see it)."""
+    from scaling.numerics import precision
+
+    recipe = precision.get(recipe)
+    L, T, d, V = cfg.n_layers, cfg.seq_len, cfg.d_model, cfg.vocab
+    w, a, g = recipe.weight, recipe.activation, recipe.grad
+    bwd_g, bwd_w, bwd_a = (None, None, None) if recipe.forward_only else (g, w, a)
+    proj = _projections(cfg)
+    # (flops weight, K) per projection for each GEMM: fprop reduces over d_in, dgrad over d_out, wgrad over tokens
+    fprop_k = [(i * o, i) for i, o in proj]
+    dgrad_k = [(i * o, o) for i, o in proj]
+    wgrad_k = [(i * o, tokens_per_step) for i, o in proj]
+    n_matmul = L * sum(i * o for i, o in proj)
+    head = not recipe.high_precision_embed
+    t = recipe.attention
+    def part(name, flops, spec_0, spec_1, ks_0, ks_1=None):
+        bits = (_mean_bits(spec_0, ks_0), _mean_bits(spec_1, ks_1 or ks_0))
+        return Part(name, flops, bits, max(element_bits(spec_0), element_bits(spec_1)))
+
+    hd = (lambda s: s) if head else (lambda s: None)
+    attn_k = [(1, cfg.head_dim), (1, T)]  # Q·Kᵀ reduces over head_dim, P·V over T
+    return [
+        part("fprop", 2.0 * n_matmul, a, w, fprop_k),
+        part("dgrad", 2.0 * n_matmul, bwd_g, bwd_w, dgrad_k),
+        part("wgrad", 2.0 * n_matmul, bwd_a, bwd_g, wgrad_k),
+        part("head_fprop", 2.0 * d * V, hd(a), hd(w), [(1, d)]),
+        part("head_dgrad", 2.0 * d * V, hd(bwd_g), hd(bwd_w), [(1, V)]),
+        part("head_wgrad", 2.0 * d * V, hd(bwd_a), hd(bwd_g), [(1, tokens_per_step)]),
+        part("attn_fwd", 4.0 * L * T * d, t, t, attn_k),
+        # backward: the saved (quantised) Q, K, V, P meet unquantised gradients
+        part("attn_bwd", 8.0 * L * T * d, t, None, attn_k),
+    ]
+
+
+# ----------------------------------------------------------------------------- per-role columns
+
+@functools.lru_cache(maxsize=256)
+def quant_error(spec: Any) -> float:
+    """Relative quantisation error of a role on Gaussian data: E[(x̂ - x)²] / E[x²] for x ~ N(0, 1) of
+    shape 256×1024 quantised along its last axis (fixed seeds; current scaling even for a delayed
+    spec, since Gaussian data has no history). 0 for an unquantised role. The recipe's error, known
+    before training (Panferov et al. 2025 put precision into a law through such an error)."""
+    if spec is None:
+        return 0.0
+    import jax
+    import jax.numpy as jnp
+
+    from scaling.numerics import quant
+
+    spec = dataclasses.replace(spec, axis=-1, scaling="current")
+    x = jax.random.normal(jax.random.key(0), (256, 1024), jnp.float32)
+    xhat = quant.fake_quant(x, spec, key=jax.random.key(1))
+    return float(jnp.mean((xhat - x) ** 2) / jnp.mean(x ** 2))
+
+
+def role_columns(cfg: Any, recipe: Any) -> dict[str, float]:
+    """Per-role precision columns the laws read: element bits P_w/P_a/P_g (32 unquantised; a
+    forward-only recipe's gradients are 32), P_fwd = max(P_w, P_a), P_bwd = P_g; E/M bits per role;
+    qerr_<role> (quant_error); and `block`, the weight role's scale block in fprop, with coarse
+    scaling as a block as long as the scaled axis (channel: d_in; tensor: d_in·d_out; geometric
+    mean over the projections), so Sun et al.'s log2(block) ranks tensor > channel > 128 > 32 > 16."""
+    from scaling.numerics import formats, precision
+
+    recipe = precision.get(recipe)
+    out: dict[str, float] = {}
+    for role, short in ROLE_SHORT.items():
+        spec = getattr(recipe, role)
+        if role == "grad" and recipe.forward_only:
+            spec = None
+        fmt = None if spec is None else formats.get(spec.format)
+        out[f"P_{short}"] = UNQUANTISED_BITS if fmt is None else float(fmt.bits)
+        out[f"ebits_{short}"] = 8.0 if fmt is None else float(getattr(fmt, "ebits", 0) or 0)
+        out[f"mbits_{short}"] = 23.0 if fmt is None else float(getattr(fmt, "mbits", fmt.bits - 1) or 0)
+        out[f"qerr_{short}"] = quant_error(spec)
+    out["P_fwd"] = max(out["P_w"], out["P_a"])
+    out["P_bwd"] = out["P_g"]
+    out["block"] = scale_block(recipe.weight, _projections(cfg))
+    return out
+
+
+def scale_block(spec: Any, proj: Sequence[tuple[int, int]]) -> float:
+    """Elements sharing one scale (geometric mean over projections): a block's size, d_in for
+    channel, d_in·d_out for tensor (and for an unquantised role, which has no finer scale)."""
+    sizes = []
+    for i, o in proj:
+        g = None if spec is None else spec.granularity
+        if g in ("block", "mx", "nvfp4"):
+            sizes.append(min(spec.block, i))
+        elif g == "block2d":
+            sizes.append(min(spec.block, i) * min(spec.block, o))
+        elif g == "channel":
+            sizes.append(i)
+        else:
+            sizes.append(i * o)
+    return float(np.exp(np.mean(np.log(sizes))))
+
+
+def columns(cfg: Any, recipe: Any, tokens_per_step: int) -> dict[str, float]:
+    """Everything a results row needs to cost a run under any cost model, plus the role columns:
+    flops_<part> (per token), bits_<part>_0 / _1 (operand effective bits), bits_eff (mean effective
+    bits of the dense projections' GEMM operands, the recipe's number to quote), role_columns."""
+    ps = parts(cfg, recipe, tokens_per_step)
+    out: dict[str, float] = {}
+    for p in ps:
+        out[f"flops_{p.name}"] = p.flops
+        out[f"bits_{p.name}_0"], out[f"bits_{p.name}_1"] = p.bits
+        out[f"width_{p.name}"] = p.width
+    dense = [p for p in ps if p.name in ("fprop", "dgrad", "wgrad")]
+    out["bits_eff"] = sum(p.flops * sum(p.bits) / 2 for p in dense) / sum(p.flops for p in dense)
+    out.update(role_columns(cfg, recipe))
+    return out
+
+
+# ----------------------------------------------------------------------------- cost models
+
+@dataclass(frozen=True)
+class CostModel:
+    """How many 16-bit FLOP units a FLOP costs. kind: 'bits', 'nominal', or a GPU name of
+    `scaling.plan.hardware.GPUS` (e.g. 'h100', 'b200'). high_bits: what an operand left unquantised costs in
+    a run that quantises something (16: BF16)."""
+
+    kind: str = "bits"
+    high_bits: float = 16.0
+
+    def __post_init__(self):
+        if self.kind not in ("bits", "nominal") and self.kind not in hardware.GPUS:
+            raise ConfigError("cost_model", self.kind, ["bits", "nominal", *hardware.GPUS])
+        if not 0 < self.high_bits <= 32:
+            raise ConfigError("cost_model.high_bits", self.high_bits, "bits in (0, 32]")
+
+    @property
+    def name(self) -> str:
+        return self.kind if self.high_bits == 16 else f"{self.kind}(high={self.high_bits:g})"
+
+    def describe(self) -> str:
+        if self.kind == "bits":
+            return f"bits: each FLOP at its operands' mean effective bits / 16 (unquantised parts at {self.high_bits:g} bits)"
+        if self.kind == "nominal":
+            return "nominal: 6·N·D·P/16 (Kumar et al.; attention and head not counted)"
+        return f"{self.kind}: each GEMM at the {self.kind.upper()} peak of the format it runs in, relative to BF16"
+
+    def gemm_factor(self, bits_0, bits_1, width):
+        """Cost of one FLOP of a GEMM whose operands carry these effective bits (unquantised ones
+        already mapped to high_bits) and whose wider operand has `width` element bits."""
+        bits_0, bits_1, width = (np.asarray(v, float) for v in (bits_0, bits_1, width))
+        if self.kind == "bits":
+            return (bits_0 + bits_1) / 32.0
+        gpu = hardware.get_gpu(self.kind)
+        bf16 = gpu.peak("bf16")
+        rate = {w: bf16 / gpu.peak(hardware.precision_for_bits(w, self.kind)) for w in np.unique(width)}
+        return np.vectorize(lambda w: rate[w], otypes=[float])(width)
+
+    def _mapped(self, bits, quantised_run):
+        bits = np.asarray(bits, float)
+        return np.where((bits >= UNQUANTISED_BITS) & quantised_run, self.high_bits, bits)
+
+    def per_token(self, df: pd.DataFrame) -> np.ndarray:
+        """16-bit FLOP units per training token of each row (needs `columns`' columns; nominal: N, P)."""
+        if self.kind == "nominal":
+            return 6.0 * df["N"].to_numpy(float) * df["P"].to_numpy(float) / 16.0
+        missing = [f"flops_{p}" for p in PARTS if f"flops_{p}" not in df.columns]
+        if missing:
+            raise ConfigError("results columns", missing[0], "a table with FLOPs by part (scaling.train.compute.columns)")
+        bits = {p: (df[f"bits_{p}_0"].to_numpy(float), df[f"bits_{p}_1"].to_numpy(float)) for p in PARTS}
+        quantised_run = np.any([b < UNQUANTISED_BITS for p in PARTS for b in bits[p]], axis=0)
+        total = np.zeros(len(df))
+        for p in PARTS:
+            b0, b1, width = (self._mapped(b, quantised_run) for b in (*bits[p], df[f"width_{p}"].to_numpy(float)))
+            total += df[f"flops_{p}"].to_numpy(float) * self.gemm_factor(b0, b1, width)
+        return total
+
+    def effective_bits(self, df: pd.DataFrame) -> np.ndarray:
+        """Each row's effective bits as this model costs them: the FLOP-weighted mean over the dense
+        projections' GEMMs (fprop, dgrad, wgrad) of their operands' bits, an unquantised operand in a
+        run that quantises something at high_bits (the raw `bits_eff` column counts it at 32)."""
+        dense = ("fprop", "dgrad", "wgrad")
+        bits = {p: (df[f"bits_{p}_0"].to_numpy(float), df[f"bits_{p}_1"].to_numpy(float)) for p in PARTS}
+        quantised_run = np.any([b < UNQUANTISED_BITS for p in PARTS for b in bits[p]], axis=0)
+        flops = sum(df[f"flops_{p}"].to_numpy(float) for p in dense)
+        return sum(df[f"flops_{p}"].to_numpy(float) * sum(self._mapped(b, quantised_run) for b in bits[p]) / 2
+                   for p in dense) / flops
+
+    def compute(self, df: pd.DataFrame) -> np.ndarray:
+        """Training compute of each row (run at token budget D) in 16-bit FLOP units."""
+        return self.per_token(df) * df["D"].to_numpy(float)
+
+    # --- hypothetical models (the law optimiser): N params at P bits, no run to read parts from
+
+    def factor(self, P, overhead: float = 0.0):
+        """Cost per FLOP of a dense GEMM whose operands all carry P element bits (+ scale overhead)."""
+        P = np.asarray(P, float)
+        if self.kind == "nominal":
+            return P / 16.0
+        return self.gemm_factor(P + overhead, P + overhead, P)
+
+    def high_factor(self, P):
+        """Cost per FLOP of the parts a P-bit run leaves unquantised (a 32-bit run: 32 bits)."""
+        P = np.asarray(P, float)
+        hi = np.full(P.shape, self.high_bits)
+        return np.where(P >= UNQUANTISED_BITS, self.gemm_factor(P, P, P), self.gemm_factor(hi, hi, hi))
+
+
+COST_MODELS = ("bits", "nominal", "h100", "b200")
+
+
+def get(name: str | CostModel) -> CostModel:
+    """A CostModel by name ('bits', 'nominal', 'h100', 'b200', ...)."""
+    return name if isinstance(name, CostModel) else CostModel(kind=str(name))
+
+
+@dataclass(frozen=True)
+class Shape:
+    """FLOPs per token of a hypothetical model of N non-embedding params, for the law optimiser:
+    6·N in the dense GEMMs plus 6·N·ratio(N) left unquantised (attention, head), with ratio
+    interpolated in log N between the trained runs' own values (held at the ends outside them).
+    No knots: ratio 0 (every FLOP in a quantised GEMM, Kumar et al.'s assumption)."""
+
+    knots_N: tuple[float, ...] = ()
+    knots_ratio: tuple[float, ...] = ()
+
+    def ratio(self, N):
+        N = np.asarray(N, float)
+        if not self.knots_N:
+            return np.zeros_like(N)
+        return np.interp(np.log(N), np.log(self.knots_N), self.knots_ratio)
+
+    @classmethod
+    def from_results(cls, df: pd.DataFrame) -> "Shape":
+        """Knots from a results table: per N, (attention + head FLOPs) / dense projection FLOPs."""
+        if "flops_fprop" not in df.columns or df.empty:
+            return cls()
+        other = sum(df[f"flops_{p}"] for p in PARTS if p not in ("fprop", "dgrad", "wgrad"))
+        ratio = (other / (3 * df["flops_fprop"])).groupby(df["N"]).mean().sort_index()
+        return cls(tuple(float(n) for n in ratio.index), tuple(float(r) for r in ratio))
+
+    def to_dict(self) -> dict:
+        return {"N": list(self.knots_N), "ratio": list(self.knots_ratio)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any] | None) -> "Shape":
+        return cls() if not d else cls(tuple(d["N"]), tuple(d["ratio"]))
+
+
+def hypothetical_compute(cost: CostModel, shape: Shape, N, D, P, overhead: float = 0.0):
+    """16-bit FLOP units to train N params for D tokens at P bits under `cost` and `shape`."""
+    N = np.asarray(N, float)
+    if cost.kind == "nominal":
+        return 6.0 * N * np.asarray(D, float) * np.asarray(P, float) / 16.0
+    per_token = 6.0 * N * (cost.factor(P, overhead) + shape.ratio(N) * cost.high_factor(P))
+    return per_token * np.asarray(D, float)
+
+
+def hypothetical_tokens(cost: CostModel, shape: Shape, N, C, P, overhead: float = 0.0):
+    """D affordable at compute C (inverse of hypothetical_compute)."""
+    return C / hypothetical_compute(cost, shape, N, 1.0, P, overhead)
+
+
+def run_row(cfg, vocab: int = 256) -> dict[str, float]:
+    """What a results row of a run config (scaling.train.config.RunConfig) will carry for the cost
+    models, known before it runs: `columns`, N and P."""
+    m = cfg.model
+    model_cfg = m.shape(vocab)
+    return {**columns(model_cfg, cfg.recipe, cfg.tokens_per_step),
+            "N": float(ladder.param_counts(model_cfg)["non_embedding"]), "P": float(cfg.recipe.bits)}
+
+
+# ----------------------------------------------------------------------------- older tables
+
+def backfill(df: pd.DataFrame, *, batch_size: int = 16) -> pd.DataFrame:
+    """Add `columns` to a results table written before runs recorded them, from each row's `size`,
+    `recipe` (a preset or a recipe file in experiments/recipes) and `flops_per_token` (which fixes
+    seq_len); rows already carrying them are kept. batch_size only enters per-channel wgrad scales."""
+    from scaling.numerics import precision
+
+    if df.empty or ("flops_fprop" in df.columns and df["flops_fprop"].notna().all()):
+        return df
+    if not {"size", "recipe", "flops_per_token"} <= set(df.columns):
+        return df  # a table that cannot say what was trained: nothing to derive (cost models will say so)
+    rows = []
+    cache: dict[tuple, dict] = {}
+    for size, recipe, fpt in zip(df["size"], df["recipe"], df["flops_per_token"]):
+        if pd.isna(size) or pd.isna(fpt) or pd.isna(recipe):
+            rows.append({})
+            continue
+        key = (int(size), str(recipe), float(fpt))
+        if key not in cache:
+            base = ladder.config_for_size(int(size))
+            # flops_per_token = 6·(N_matmul + d·V) + 12·n_layers·T·d  =>  T
+            n_matmul = base.n_layers * sum(i * o for i, o in _projections(base))
+            T = round((float(fpt) - 6 * (n_matmul + base.d_model * base.vocab)) / (12 * base.n_layers * base.d_model))
+            cfg = ladder.config_for_size(int(size), seq_len=T)
+            rec = precision.get(_recipe_by_name(str(recipe)))
+            cache[key] = columns(cfg, rec, batch_size * T)
+        rows.append(cache[key])
+    extra = pd.DataFrame(rows, index=df.index)
+    if "flops_fprop" in df.columns:  # keep what runs recorded themselves
+        extra = df[[c for c in extra.columns if c in df.columns]].combine_first(extra)
+    keep = [c for c in df.columns if c not in extra.columns]
+    return pd.concat([df[keep], extra], axis=1)
+
+
+def _recipe_by_name(name: str) -> Any:
+    """A recipe named in an older table: a preset, a file in experiments/recipes, or a named
+    `precision` table in an experiment grid (the granularity sweep names its recipes that way)."""
+    experiments = Path(__file__).resolve().parents[1] / "experiments"
+    path = experiments / "recipes" / f"{name}.toml"
+    if path.is_file():
+        return str(path)
+    for grid_file in sorted(experiments.glob("*.toml")):
+        grid = tomllib.loads(grid_file.read_text()).get("grid", {})
+        for value in grid.get("precision", []):
+            if isinstance(value, dict) and value.get("name") == name:
+                return value
+    return name

@@ -1,0 +1,446 @@
+"""Decoder-only transformer (Flax NNX) whose every dense projection runs the recipe's quantised matmul.
+
+Pre-norm blocks: x += Attn(RMSNorm(x)); x += MLP(RMSNorm(x)); final RMSNorm; untied output head.
+The n_layers blocks are one Block whose variables are stacked on a leading layer axis, run as one
+`lax.scan` (XLA compiles one block, not n_layers copies); `layer(blocks, i)` gives layer i alone.
+Attention: causal multi-head with RoPE (on a CPU, unless its inputs are quantised, in cache-sized
+blocks with a flash-style backward: `_causal_attention`); MLP: SwiGLU, optionally Smooth-SwiGLU
+(Fishman et al. 2024).
+Tensor names carry their shapes (nanodo style): B batch, L length, D d_model, H heads, K head_dim,
+F d_ff, V vocab.
+
+Train-step API (stable; `scaling.train.loop` calls exactly these, all under the caller's nnx.jit):
+
+    loss_fn(model, tokens_BxL, key=None) -> (loss, aux)
+    grad_step(model, tokens_BxL, key, measure=True) -> (loss, grads: nnx.State of nnx.Param, telemetry)
+    eval_loss(model, tokens_BxL) -> loss            (no quantisation-state update)
+
+`tokens_BxL` holds L = seq_len + 1 tokens per row: the model reads tokens[:, :-1] and predicts
+tokens[:, 1:], so the loss is next-token cross-entropy (fp32) over B·seq_len positions.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from scaling.numerics import formats, gemm, precision
+from scaling.numerics.gemm import QdotState
+from scaling.train.ladder import ModelConfig
+from scaling.numerics.precision import Recipe, RecipeStructure
+
+# ---------------------------------------------------------------------------------------------
+# Variables for quantisation state
+# ---------------------------------------------------------------------------------------------
+
+
+class FormatVector(nnx.Variable):
+    """A role's element format as numbers [mbits, emin, emax, max]: a runtime value, so models
+    that differ only in format share one compiled step."""
+
+
+class AmaxHistory(nnx.Variable):
+    """Delayed scaling: amax of the last H steps of one forward role (newest first)."""
+
+
+class GradSink(nnx.Variable):
+    """Carrier for the grad role: [grad telemetry (gemm.TELEMETRY_SIZE), grad amax history (H)]. The forward pass
+    reads the history; the backward pass returns the new one as this variable's "gradient",
+    which grad_step writes back (overwrite-with-gradient)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Layers
+# ---------------------------------------------------------------------------------------------
+
+
+def _sensitive(x: jax.Array, structure: RecipeStructure) -> jax.Array:
+    """Precision-sensitive op output: fp32, or rounded through bf16 if the recipe says so."""
+    return x if structure.fp32_sensitive_ops else x.astype(jnp.bfloat16).astype(jnp.float32)
+
+
+class RMSNorm(nnx.Module):
+    def __init__(self, d: int, eps: float):
+        self.scale = nnx.Param(jnp.ones((d,), jnp.float32))
+        self.eps = eps
+
+    def __call__(self, x_BxLxD: jax.Array) -> jax.Array:
+        return _rms_norm(x_BxLxD, self.scale[...], self.eps)
+
+
+@functools.partial(jax.checkpoint, static_argnums=2)
+def _rms_norm(x_BxLxD: jax.Array, scale_D: jax.Array, eps: float) -> jax.Array:
+    """x / rms(x) · scale. Checkpointed, like `_swiglu`: the backward pass recomputes these few
+    elementwise ops from x instead of keeping their intermediates (every layer's, stacked by the
+    layer scan) in memory."""
+    ms = jnp.mean(jnp.square(x_BxLxD), axis=-1, keepdims=True)
+    return x_BxLxD * jax.lax.rsqrt(ms + eps) * scale_D
+
+
+class QDense(nnx.Module):
+    """y = x·W through `gemm.qdot_apply`, owning this layer's delayed-scaling state."""
+
+    def __init__(self, d_in: int, d_out: int, structure: RecipeStructure, *, std: float, rngs: nnx.Rngs):
+        self.kernel = nnx.Param(std * jax.random.normal(rngs.params(), (d_in, d_out), jnp.float32))
+        for role in ("weight", "activation"):
+            s = getattr(structure, role)
+            if s is not None and s.scaling == "delayed":
+                setattr(self, f"hist_{role}", AmaxHistory(jnp.zeros((s.amax_history,), jnp.float32)))
+        sg = structure.grad
+        if sg is not None and not structure.forward_only:
+            h = sg.amax_history if sg.scaling == "delayed" else 0
+            self.grad_sink = GradSink(jnp.zeros((gemm.TELEMETRY_SIZE + h,), jnp.float32))
+
+    def __call__(self, x: jax.Array, ctx: "_Ctx", *, smooth_K: jax.Array | None = None) -> jax.Array:
+        w = self.kernel[...]
+        st = ctx.structure
+        hist = {r: getattr(self, f"hist_{r}")[...] for r in ("weight", "activation") if hasattr(self, f"hist_{r}")}
+        sink = self.grad_sink[...] if hasattr(self, "grad_sink") else jnp.zeros((gemm.TELEMETRY_SIZE,), jnp.float32)
+        state = QdotState(fmt=ctx.fmt, hist=hist, grad_sink=sink)
+        y, telem, new_hist = gemm.qdot_apply(x, w, st, state, ctx.next_key(), smooth_K, ctx.measure)
+        if ctx.update_state:
+            for r, h in new_hist.items():
+                getattr(self, f"hist_{r}")[...] = h
+        ctx.record(telem)
+        return y
+
+
+class _Ctx:
+    """Per-call context threaded through the layers: formats, structure, PRNG, telemetry sink and
+    whether to measure telemetry (a bool, may be traced)."""
+
+    def __init__(self, structure: RecipeStructure, fmt: dict, key: jax.Array | None, update_state: bool,
+                 measure: jax.Array | bool = True):
+        self.structure, self.fmt, self.update_state, self.measure = structure, fmt, update_state, measure
+        self._key, self._count = key, 0
+        self.telemetry: dict[str, list[jax.Array]] = {}
+
+    def next_key(self) -> jax.Array | None:
+        if self._key is None:
+            return None
+        self._count += 1
+        return jax.random.fold_in(self._key, self._count)
+
+    def record(self, telem: dict) -> None:
+        for role, v in telem.items():
+            self.telemetry.setdefault(role, []).append(v)
+
+
+def _abs_max(x: jax.Array) -> jax.Array:
+    """max |x|, a statistic: no gradient flows through it, so autodiff keeps no residuals for it
+    (a |x| sign and an argmax mask per layer otherwise)."""
+    return jnp.max(jnp.abs(jax.lax.stop_gradient(x)))
+
+
+def _rope(x_BxLxHxK: jax.Array, base: float) -> jax.Array:
+    """Rotary position embedding (rotate-half form) over positions 0..L-1."""
+    L, K = x_BxLxHxK.shape[1], x_BxLxHxK.shape[3]
+    inv_freq = base ** (-jnp.arange(0, K // 2, dtype=jnp.float32) * 2.0 / K)
+    angle_LxK2 = jnp.arange(L, dtype=jnp.float32)[:, None] * inv_freq[None, :]
+    cos, sin = jnp.cos(angle_LxK2)[None, :, None, :], jnp.sin(angle_LxK2)[None, :, None, :]
+    x1, x2 = x_BxLxHxK[..., : K // 2], x_BxLxHxK[..., K // 2 :]
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+
+ATTENTION_CHUNK = 64  # query rows per block of the causal attention (`_causal_attention`)
+
+
+def _causal_attention(q_BxLxHxK: jax.Array, k_BxLxHxK: jax.Array, v_BxLxHxK: jax.Array) -> jax.Array:
+    """softmax(mask(Q·Kᵀ/√K))·V in fp32, the same function as the dense form in `Attention`,
+    computed the way a CPU's caches want it (flash-attention style):
+
+    - one batch row at a time (`lax.map`): its H×L×L scores (2 MB at size 8) stay in cache
+      instead of a B×H×L×L tensor streaming through memory;
+    - in blocks of ATTENTION_CHUNK query rows that see only the keys up to their last row: the
+      all-masked blocks above the diagonal are skipped (~40% fewer FLOPs at L = 256);
+    - a custom VJP keeps only O and the softmax row max and sum, and the backward pass recomputes
+      the probabilities from them: no layer's probabilities are stored, and P·V is not redone.
+
+    Masked scores contribute exact zeros, so only summation orders differ from the dense form."""
+    t = lambda x: x.transpose(0, 2, 1, 3)  # B×L×H×K <-> B×H×L×K
+    return t(_flash(t(q_BxLxHxK), t(k_BxLxHxK), t(v_BxLxHxK)))
+
+
+def _blocks(L: int) -> list[tuple[int, int]]:
+    return [(start, min(start + ATTENTION_CHUNK, L)) for start in range(0, L, ATTENTION_CHUNK)]
+
+
+def _row_scores(q_HxLxK: jax.Array, k_HxLxK: jax.Array, start: int, stop: int) -> jax.Array:
+    """Masked scores of query rows start:stop against keys 0:stop."""
+    K, L = q_HxLxK.shape[2], q_HxLxK.shape[1]
+    logits_HxCxS = jnp.einsum("hlk,hmk->hlm", q_HxLxK[:, start:stop], k_HxLxK[:, :stop]) / math.sqrt(K)
+    return jnp.where(jnp.tril(jnp.ones((L, L), bool))[start:stop, :stop], logits_HxCxS, -1e30)
+
+
+def _row_forward(q_HxLxK, k_HxLxK, v_HxLxK):
+    """One batch row: (O, row max, row sum of exp) with max and sum as H×L×1."""
+    out, maxes, sums = [], [], []
+    for start, stop in _blocks(q_HxLxK.shape[1]):
+        logits_HxCxS = _row_scores(q_HxLxK, k_HxLxK, start, stop)
+        m_HxCx1 = jnp.max(logits_HxCxS, axis=-1, keepdims=True)
+        e_HxCxS = jnp.exp(logits_HxCxS - m_HxCx1)
+        s_HxCx1 = jnp.sum(e_HxCxS, axis=-1, keepdims=True)
+        out.append(jnp.einsum("hlm,hmk->hlk", e_HxCxS / s_HxCx1, v_HxLxK[:, :stop]))
+        maxes.append(m_HxCx1)
+        sums.append(s_HxCx1)
+    return jnp.concatenate(out, axis=1), jnp.concatenate(maxes, axis=1), jnp.concatenate(sums, axis=1)
+
+
+def _row_backward(q_HxLxK, k_HxLxK, v_HxLxK, o_HxLxK, m_HxLx1, s_HxLx1, do_HxLxK):
+    """dQ, dK, dV of one batch row: dS = P ⊙ (dP − rowsum(dO ⊙ O)), dP = dO·Vᵀ."""
+    K = q_HxLxK.shape[2]
+    d_HxLx1 = jnp.sum(do_HxLxK * o_HxLxK, axis=-1, keepdims=True)
+    dq, dk_HxLxK, dv_HxLxK = [], jnp.zeros_like(k_HxLxK), jnp.zeros_like(v_HxLxK)
+    for start, stop in _blocks(q_HxLxK.shape[1]):
+        rows = slice(start, stop)
+        p_HxCxS = jnp.exp(_row_scores(q_HxLxK, k_HxLxK, start, stop) - m_HxLx1[:, rows]) / s_HxLx1[:, rows]
+        dp_HxCxS = jnp.einsum("hlk,hmk->hlm", do_HxLxK[:, rows], v_HxLxK[:, :stop])
+        ds_HxCxS = p_HxCxS * (dp_HxCxS - d_HxLx1[:, rows]) / math.sqrt(K)
+        dq.append(jnp.einsum("hlm,hmk->hlk", ds_HxCxS, k_HxLxK[:, :stop]))
+        dk_HxLxK = dk_HxLxK.at[:, :stop].add(jnp.einsum("hlm,hlk->hmk", ds_HxCxS, q_HxLxK[:, rows]))
+        dv_HxLxK = dv_HxLxK.at[:, :stop].add(jnp.einsum("hlm,hlk->hmk", p_HxCxS, do_HxLxK[:, rows]))
+    return jnp.concatenate(dq, axis=1), dk_HxLxK, dv_HxLxK
+
+
+@jax.custom_vjp
+def _flash(q_BxHxLxK, k_BxHxLxK, v_BxHxLxK):
+    return jax.lax.map(lambda qkv: _row_forward(*qkv)[0], (q_BxHxLxK, k_BxHxLxK, v_BxHxLxK))
+
+
+def _flash_fwd(q_BxHxLxK, k_BxHxLxK, v_BxHxLxK):
+    o, m, s = jax.lax.map(lambda qkv: _row_forward(*qkv), (q_BxHxLxK, k_BxHxLxK, v_BxHxLxK))
+    return o, (q_BxHxLxK, k_BxHxLxK, v_BxHxLxK, o, m, s)
+
+
+def _flash_bwd(res, do_BxHxLxK):
+    return jax.lax.map(lambda row: _row_backward(*row), (*res, do_BxHxLxK))
+
+
+_flash.defvjp(_flash_fwd, _flash_bwd)
+
+
+class Attention(nnx.Module):
+    def __init__(self, cfg: ModelConfig, structure: RecipeStructure, *, rngs: nnx.Rngs):
+        d = cfg.d_model
+        self.cfg = cfg
+        self.qkv = QDense(d, 3 * d, structure, std=cfg.init_std, rngs=rngs)
+        self.out = QDense(d, d, structure, std=cfg.init_std / math.sqrt(2 * cfg.n_layers), rngs=rngs)
+
+    def __call__(self, x_BxLxD: jax.Array, ctx: _Ctx) -> jax.Array:
+        B, L, D = x_BxLxD.shape
+        H, K = self.cfg.n_heads, self.cfg.head_dim
+        qkv_BxLx3D = self.qkv(x_BxLxD, ctx)
+        q_BxLxHxK, k_BxLxHxK, v_BxLxHxK = (t.reshape(B, L, H, K) for t in jnp.split(qkv_BxLx3D, 3, axis=-1))
+        q_BxLxHxK = _rope(q_BxLxHxK, self.cfg.rope_base)
+        k_BxLxHxK = _rope(k_BxLxHxK, self.cfg.rope_base)
+        sat = ctx.structure.attention
+        if sat is not None:  # attention matmul inputs, quantised along each matmul's reduction axis
+            fa = ctx.fmt["attention"]
+            q_BxLxHxK = gemm.fake_quant_along(q_BxLxHxK, sat, fa, 3, ctx.next_key())
+            k_BxLxHxK = gemm.fake_quant_along(k_BxLxHxK, sat, fa, 3, ctx.next_key())
+            v_BxLxHxK = gemm.fake_quant_along(v_BxLxHxK, sat, fa, 1, ctx.next_key())
+        if sat is None and ctx.structure.fp32_sensitive_ops and jax.default_backend() == "cpu":
+            o_BxLxHxK = _causal_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK)  # nothing to round or quantise in it
+            return self.out(o_BxLxHxK.reshape(B, L, D), ctx)
+        logits_BxHxLxL = jnp.einsum("blhk,bmhk->bhlm", q_BxLxHxK, k_BxLxHxK) / math.sqrt(K)
+        causal_LxL = jnp.tril(jnp.ones((L, L), bool))
+        logits_BxHxLxL = jnp.where(causal_LxL, logits_BxHxLxL, -1e30)
+        probs_BxHxLxL = _sensitive(jax.nn.softmax(logits_BxHxLxL, axis=-1), ctx.structure)
+        if sat is not None:
+            probs_BxHxLxL = gemm.fake_quant_along(probs_BxHxLxL, sat, ctx.fmt["attention"], 3, ctx.next_key())
+        o_BxLxHxK = jnp.einsum("bhlm,bmhk->blhk", probs_BxHxLxL, v_BxLxHxK)
+        return self.out(o_BxLxHxK.reshape(B, L, D), ctx)
+
+
+@jax.checkpoint
+def _swiglu(up_BxLxF: jax.Array, gate_BxLxF: jax.Array) -> jax.Array:
+    """up ⊙ silu(gate). Checkpointed: the backward pass keeps up and gate (two B×L×F arrays) and
+    recomputes the rest, instead of keeping five per layer."""
+    return up_BxLxF * jax.nn.silu(gate_BxLxF)
+
+
+class MLP(nnx.Module):
+    """SwiGLU: down( up(x) ⊙ silu(gate(x)) ).
+
+    Smooth-SwiGLU (Fishman et al. 2024): the product h_BxLxF gets a per-channel power-of-two scale
+    s_F = 2^-round(log2 amax_F(h)) before it is quantised as the down-projection input, and the
+    scale is undone on the quantised values: ĥ = Q(h·s)/s, y = ĥ·Q(W_down). Every channel of h·s
+    has amax ≈ 1, so one outlier channel no longer sets the scale of all others; at full
+    precision ĥ = h exactly (powers of two). s is a stop-gradient function of the current batch.
+    """
+
+    def __init__(self, cfg: ModelConfig, structure: RecipeStructure, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        self.up_gate = QDense(cfg.d_model, 2 * cfg.d_ff, structure, std=cfg.init_std, rngs=rngs)
+        self.down = QDense(cfg.d_ff, cfg.d_model, structure, std=cfg.init_std / math.sqrt(2 * cfg.n_layers), rngs=rngs)
+
+    def __call__(self, x_BxLxD: jax.Array, ctx: _Ctx) -> tuple[jax.Array, jax.Array]:
+        up_BxLxF, gate_BxLxF = jnp.split(self.up_gate(x_BxLxD, ctx), 2, axis=-1)
+        h_BxLxF = _swiglu(up_BxLxF, gate_BxLxF)
+        h_max = _abs_max(h_BxLxF)
+        if self.cfg.smooth_swiglu:
+            amax_F = jax.lax.stop_gradient(jnp.max(jnp.abs(h_BxLxF), axis=(0, 1)))
+            s_F = formats.pow2(-jnp.round(jnp.log2(jnp.where(amax_F > 0, amax_F, 1.0))).astype(jnp.int32))
+            return self.down(h_BxLxF, ctx, smooth_K=s_F), h_max
+        return self.down(h_BxLxF, ctx), h_max
+
+
+class Block(nnx.Module):
+    def __init__(self, cfg: ModelConfig, structure: RecipeStructure, *, rngs: nnx.Rngs):
+        self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.attn = Attention(cfg, structure, rngs=rngs)
+        self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.mlp = MLP(cfg, structure, rngs=rngs)
+
+    def __call__(self, x_BxLxD: jax.Array, ctx: _Ctx) -> tuple[jax.Array, jax.Array]:
+        st = ctx.structure
+        x_BxLxD = _sensitive(x_BxLxD + self.attn(_sensitive(self.attn_norm(x_BxLxD), st), ctx), st)
+        y_BxLxD, h_max = self.mlp(_sensitive(self.mlp_norm(x_BxLxD), st), ctx)
+        return _sensitive(x_BxLxD + y_BxLxD, st), h_max
+
+
+def _stack(blocks: list[Block]) -> Block:
+    """One Block whose every variable holds all layers' values stacked on a leading axis (the
+    layers are built one by one, so initialisation draws the same numbers as an unstacked list)."""
+    stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *(nnx.state(b) for b in blocks))
+    nnx.update(blocks[0], stacked)
+    return blocks[0]
+
+
+def layer(blocks: Block, i: int) -> Block:
+    """Layer i of a stacked block (`Transformer.blocks`) as a Block of its own: a copy, for
+    inspecting or calling one layer."""
+    graphdef, state = nnx.split(blocks)
+    return nnx.merge(graphdef, jax.tree.map(lambda x: x[i], state))
+
+
+class Transformer(nnx.Module):
+    """Decoder-only LM. Holds only the recipe's static structure plus its formats as Variables,
+    so the compiled program depends on shapes and granularity, not on the element formats."""
+
+    def __init__(self, cfg: ModelConfig, recipe: Recipe | str | dict, *, rngs: nnx.Rngs):
+        recipe = precision.get(recipe)
+        structure = recipe.structure()
+        self.cfg, self.structure = cfg, structure
+        d, V = cfg.d_model, cfg.vocab
+        self.embed = nnx.Param(jax.random.normal(rngs.params(), (V, d), jnp.float32))  # unit-variance rows
+        self.blocks = _stack([Block(cfg, structure, rngs=rngs) for _ in range(cfg.n_layers)])
+        self.final_norm = RMSNorm(d, cfg.norm_eps)
+        head_structure = structure if not structure.high_precision_embed else RecipeStructure()
+        self.head = QDense(d, V, head_structure, std=cfg.init_std, rngs=rngs)
+        for role, vec in recipe.formats().items():
+            setattr(self, f"format_{role}", FormatVector(vec))
+
+    def formats(self) -> dict[str, jax.Array]:
+        return {r: getattr(self, f"format_{r}")[...] for r in precision.ROLES if hasattr(self, f"format_{r}")}
+
+    def __call__(self, tokens_BxL: jax.Array, *, key: jax.Array | None = None, update_state: bool = True,
+                 measure: jax.Array | bool = True) -> tuple[jax.Array, dict]:
+        """Logits for every position (fp32) and aux = {'telemetry': forward roles' per-layer stats
+        (NaN where `measure` is false), 'act_max': (n_layers,) max |residual| after each block,
+        'swiglu_max': (n_layers,)}."""
+        st = self.structure
+        blocks_key, head_key = (None, None) if key is None else jax.random.split(key)
+        ctx = _Ctx(st, self.formats(), head_key, update_state, measure)
+        emb = self.embed[...]
+        if not st.high_precision_embed and st.weight is not None:
+            emb = gemm.fake_quant_along(emb, st.weight, ctx.fmt["weight"], 1)
+        x_BxLxD = jnp.take(emb, tokens_BxL, axis=0)
+        x_BxLxD, act_max, swiglu_max = self._scan_blocks(x_BxLxD, ctx, blocks_key)
+        x_BxLxD = _sensitive(self.final_norm(x_BxLxD), st)
+        head_ctx = ctx if not st.high_precision_embed else _Ctx(RecipeStructure(), {}, None, False)
+        logits_BxLxV = self.head(x_BxLxD, head_ctx)
+        aux = {"telemetry": ctx.telemetry, "act_max": act_max, "swiglu_max": swiglu_max}
+        return logits_BxLxV, aux
+
+    def _scan_blocks(self, x_BxLxD: jax.Array, ctx: _Ctx, key: jax.Array | None):
+        """The layer stack as one `lax.scan` over the stacked block parameters: XLA compiles one
+        block, not n_layers copies, so compile time no longer grows with depth. Each layer gets
+        its own PRNG key; its telemetry rows and amax histories come out stacked by layer."""
+        graphdef, params, hist, rest = nnx.split(self.blocks, nnx.Param, AmaxHistory, ...)
+        n_layers = self.cfg.n_layers
+        keys = None if key is None else jax.random.split(key, n_layers)
+
+        def layer(x_BxLxD, per_layer):
+            p, h, r, k = per_layer
+            block = nnx.merge(graphdef, p, h, r)
+            layer_ctx = _Ctx(ctx.structure, ctx.fmt, k, ctx.update_state, ctx.measure)
+            x_BxLxD, h_max = block(x_BxLxD, layer_ctx)
+            telemetry = {role: jnp.stack(rows) for role, rows in layer_ctx.telemetry.items()}
+            return x_BxLxD, (nnx.state(block, AmaxHistory), telemetry, _abs_max(x_BxLxD), h_max)
+
+        x_BxLxD, (new_hist, telemetry, act_max, swiglu_max) = jax.lax.scan(layer, x_BxLxD, (params, hist, rest, keys))
+        if ctx.update_state:
+            nnx.update(self.blocks, new_hist)
+        for role, rows in telemetry.items():
+            ctx.record({role: rows})
+        return x_BxLxD, act_max, swiglu_max
+
+
+# ---------------------------------------------------------------------------------------------
+# Loss, gradient step, evaluation
+# ---------------------------------------------------------------------------------------------
+
+
+def _cross_entropy(logits_BxLxV: jax.Array, targets_BxL: jax.Array) -> jax.Array:
+    logz_BxL = jax.nn.logsumexp(logits_BxLxV, axis=-1)
+    picked_BxL = jnp.take_along_axis(logits_BxLxV, targets_BxL[..., None], axis=-1)[..., 0]
+    return jnp.mean(logz_BxL - picked_BxL)
+
+
+def _aggregate(per_layer: list[jax.Array]) -> dict[str, Any]:
+    """Layers' quant.TELEMETRY_FIELDS vectors (each [..., TELEMETRY_SIZE]: one GEMM's, or stacked
+    by layer) -> the largest amax, mean fractions and SNR, and the block amax spread over all
+    layers' blocks (min of mins, median of medians, max of maxes)."""
+    t = jnp.concatenate([v.reshape(-1, gemm.TELEMETRY_SIZE) for v in per_layer])
+    return {"amax": jnp.max(t[:, 0]), "frac_saturated": jnp.mean(t[:, 1]),
+            "frac_underflow": jnp.mean(t[:, 2]), "snr_db": jnp.mean(t[:, 3]),
+            "block_amax": {"min": jnp.min(t[:, 4]), "p50": jnp.median(t[:, 5]), "max": jnp.max(t[:, 6])}}
+
+
+def loss_fn(model: Transformer, tokens_BxL: jax.Array, key: jax.Array | None = None, *, update_state: bool = True,
+            measure: jax.Array | bool = True) -> tuple[jax.Array, dict]:
+    """Next-token cross-entropy (fp32, mean over B·(L-1) positions) and aux: telemetry of the
+    forward roles aggregated over layers (where `measure`), act_max and swiglu_max per layer."""
+    inputs_BxL, targets_BxL = tokens_BxL[:, :-1], tokens_BxL[:, 1:]
+    logits_BxLxV, aux = model(inputs_BxL, key=key, update_state=update_state, measure=measure)
+    loss = _cross_entropy(_sensitive(logits_BxLxV, model.structure), targets_BxL)
+    telemetry = {role: _aggregate(v) for role, v in aux["telemetry"].items()}
+    return loss, {"telemetry": telemetry, "act_max": aux["act_max"], "swiglu_max": aux["swiglu_max"]}
+
+
+def grad_step(model: Transformer, tokens_BxL: jax.Array, key: jax.Array,
+              measure: jax.Array | bool = True) -> tuple[jax.Array, nnx.State, dict]:
+    """Loss, gradients of the nnx.Param leaves, telemetry. Delayed-scaling histories (forward
+    roles: updated during the forward pass; grad role: returned by the backward pass through
+    GradSink) are written back into `model` in place. `measure` (a bool, may be traced): whether
+    to compute the quantisation telemetry (NaN where not; loss, gradients and histories are the
+    same either way).
+
+    telemetry = {role: {amax, frac_saturated, frac_underflow, snr_db, block_amax: {min, p50, max}}} for the quantised roles
+    (grad stats from the dgrad quantisation of dY), plus 'act_max' and 'swiglu_max' per layer.
+    """
+    def f(m: Transformer):
+        return loss_fn(m, tokens_BxL, key, measure=measure)
+
+    wrt = nnx.DiffState(0, nnx.Any(nnx.Param, GradSink))
+    (loss, aux), grads_and_sinks = nnx.value_and_grad(f, argnums=wrt, has_aux=True)(model)
+    grads, sink_cts = nnx.split_state(grads_and_sinks, nnx.Param, GradSink)
+    nnx.update(model, sink_cts)
+    telemetry = dict(aux["telemetry"])
+    sink_leaves = jax.tree.leaves(sink_cts)
+    if sink_leaves:
+        telemetry["grad"] = _aggregate([leaf[..., :gemm.TELEMETRY_SIZE] for leaf in sink_leaves])
+    telemetry["act_max"] = aux["act_max"]
+    telemetry["swiglu_max"] = aux["swiglu_max"]
+    return loss, grads, telemetry
+
+
+def eval_loss(model: Transformer, tokens_BxL: jax.Array) -> jax.Array:
+    """Validation loss: nearest rounding, no quantisation-state update."""
+    return loss_fn(model, tokens_BxL, None, update_state=False, measure=False)[0]

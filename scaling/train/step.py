@@ -1,0 +1,108 @@
+"""The compiled training step: the model's grad step (scaling.train.model) + AdamW (optax), jitted once
+per model shape and recipe structure and shared by every run in the process.
+
+    train_step(model_def, opt_def, state, tokens_BxL1, seed, step, lr, measure) -> (state, loss, grad_norm, telemetry)
+    eval_loss(model_def, model_state, tokens_BxL1) -> loss
+    init(model_cfg, recipe, tx, seed) -> state = {"model": ..., "optimizer": ...}
+
+The learning rate is an argument of each update, so one compiled step serves every schedule
+and WSD branch; so is `measure` (compute the quantisation telemetry: the trainer asks for it on
+its logged steps only; it is NaN on the others). The step key is fold_in(key(seed), step), so a
+step's randomness (stochastic rounding) depends on (seed, step) alone. scaling.train.loop drives it;
+benchmarks time it.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import optax
+from flax import nnx
+
+from scaling.train import data
+from scaling.train import model as model_lib
+
+ADAM_B1, ADAM_B2, ADAM_EPS = 0.9, 0.95, 1e-8
+
+
+def decay_mask(params):
+    """Weight decay on matrices (embeddings, projections), not on norm gains (`scale`). By name,
+    not by rank: the layer stack's gains are stacked into [n_layers, d] arrays."""
+    def decays(path, _) -> bool:
+        return not any(getattr(k, "name", getattr(k, "key", None)) == "scale" for k in path)
+
+    return jax.tree_util.tree_map_with_path(decays, params)
+
+
+@functools.lru_cache(maxsize=None)
+def optimizer_tx(grad_clip: float, weight_decay: float):
+    """AdamW whose learning rate is an argument of each update (`learning_rate=`), not a schedule."""
+    # Cached: the transformation is part of the optimiser's static graph definition, so equal
+    # settings must give the identical object for runs in one process to share a compiled step.
+    def scale_by_learning_rate_arg() -> optax.GradientTransformationExtraArgs:
+        def update(updates, state, params=None, *, learning_rate, **extra):
+            return jax.tree.map(lambda u: -learning_rate * u, updates), state
+
+        return optax.GradientTransformationExtraArgs(lambda params: optax.EmptyState(), update)
+
+    return optax.chain(
+        optax.clip_by_global_norm(grad_clip) if grad_clip > 0 else optax.identity(),
+        optax.scale_by_adam(b1=ADAM_B1, b2=ADAM_B2, eps=ADAM_EPS),
+        optax.add_decayed_weights(weight_decay, mask=decay_mask),
+        scale_by_learning_rate_arg(),
+    )
+
+
+# ---------------------------------------------------------------- compiled steps (shared across runs)
+
+
+@functools.lru_cache(maxsize=None)
+def compiled():
+    """The jitted train and eval steps. Graph definitions are static arguments, so runs of the same
+    model shape and recipe structure in one process share one compilation."""
+    if jax.config.jax_compilation_cache_dir is None:  # unless the user chose one: a run's compile is
+        # tens of seconds for quantised recipes, and the next run of the same shapes can skip it
+        jax.config.update("jax_compilation_cache_dir", str(data.cache_dir() / "jax"))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+
+    @functools.partial(jax.jit, static_argnums=(0, 1))
+    def train_step(model_def, opt_def, state, tokens_BxL1, seed, step, lr, measure):
+        model = nnx.merge(model_def, state["model"])
+        optimizer = nnx.merge(opt_def, state["optimizer"])
+        key = jax.random.fold_in(jax.random.key(seed), step)
+        loss, grads, telemetry = model_lib.grad_step(model, tokens_BxL1, key, measure)
+        grad_norm = optax.tree.norm(grads)
+        optimizer.update(model, grads, learning_rate=lr)
+        return {"model": nnx.state(model), "optimizer": nnx.state(optimizer)}, loss, grad_norm, telemetry
+
+    @functools.partial(jax.jit, static_argnums=0)
+    def eval_loss(model_def, model_state, tokens_BxL1):
+        return model_lib.eval_loss(nnx.merge(model_def, model_state), tokens_BxL1)
+
+    # One compiled initialiser instead of one eager dispatch (and compile) per weight matrix, in two
+    # parts: the weights, which do not depend on the recipe (a recipe adds formats and scaling state,
+    # draws nothing), so one compile of their ~2 s serves every recipe of a model shape; and the
+    # recipe's state around them, which compiles in a fraction of that.
+    @functools.partial(jax.jit, static_argnums=0)
+    def init_params(model_cfg, seed):
+        return nnx.state(model_lib.Transformer(model_cfg, "fp32", rngs=nnx.Rngs(jax.random.key(seed))), nnx.Param)
+
+    @functools.partial(jax.jit, static_argnums=(0, 1, 2))
+    def init_around(model_cfg, recipe, tx, params):
+        model = model_lib.Transformer(model_cfg, recipe, rngs=nnx.Rngs(0))  # its own draws: dead code
+        nnx.update(model, params)
+        optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
+        return {"model": nnx.state(model), "optimizer": nnx.state(optimizer)}
+
+    def init(model_cfg, recipe, tx, seed):
+        return init_around(model_cfg, recipe, tx, init_params(model_cfg, seed))
+
+    return train_step, eval_loss, init
+
+
+def graph_defs(model_cfg, recipe, tx, seed):
+    """The static graph definitions of the model and its optimiser (traced, never computed)."""
+    model = model_lib.Transformer(model_cfg, recipe, rngs=nnx.Rngs(seed))
+    optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
+    return nnx.graphdef(model), nnx.graphdef(optimizer)

@@ -1,0 +1,184 @@
+"""REPORT.md on tiny fake results: the numbers it states are the ones the code computed."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from test_plots import fake_results
+
+from scaling.study import report, analysis as study
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_position_follows_the_numbers():
+    assert [report.position(p, 7, 8) for p in (5, 7, 7.5, 8, 12)] == ["below", "inside", "inside", "inside", "above"]
+
+
+def test_markdown_numbers():
+    assert report._fmt(3.4e24) == "3.4e24" and report._fmt(2.5) == "2.5" and report._fmt(None) == "–"
+    assert report._span(fake_results()["N"]) == "2e05–2e06"
+
+
+@pytest.mark.slow
+def test_report_states_the_computed_optimum_and_notes_skipped_figures(tmp_path):
+    from test_plots import HELDOUT, fake_fit
+
+    from scaling.study import optimal
+
+    results, law, compute = fake_results(p_star=5.0), fake_fit(5.0, heldout=HELDOUT), 1.5e13
+    path = report.write_report(results, law, tmp_path, compute=compute)
+    text = path.read_text()
+    best = optimal.optimal_precision(law, compute=compute, p_range=(2.0, 32.0))
+    lo, hi = optimal.optimal_precision_ci(law, compute, p_range=(2.0, 32.0), max_samples=100)["P"]
+    assert f"the `kumar` law gives P* = {best['P']:.3g} bits (bootstrap 95% CI {lo:.3g}–{hi:.3g})" in text
+    assert lo < best["P"] < hi
+    import json
+
+    facts = json.loads((tmp_path / "findings.json").read_text())
+    (entry,) = facts["P_star"]
+    a, b = entry["interval"]
+    assert a <= lo and hi <= b and entry["P_range"][0] <= best["P"] <= entry["P_range"][1]
+    for name, (x, y) in study.PUBLISHED.items():  # the verdict follows CI and specification range together
+        assert entry["published"][name] == study.verdict([a, b], x, y)
+    # the fake results record no FLOPs by part: no run is placed at a budget, and the report says why
+    assert facts["budgets"] == [] and "cannot tell which precision is best" in text
+    assert ("Held-out extrapolation: fitted on the 45 points with N below 2e06, the law predicts the other 15 "
+            "with a mean absolute relative error of 1.20%.") in text
+    assert "The held-out (extrapolation) error is 1.20% of the loss" in text
+    # what was run: 21 runs (one diverged, kept out of the fit), 4 sizes, 3 budgets
+    assert "- Runs: 21 (20 ok, 1 diverged)" in text and "60 (run, token budget) points" in text
+    assert "- Model sizes: 4 distinct, N = 2e05–2e06" in text
+    # figures embedded by relative path and present; absent inputs noted, not fatal
+    for stem in ("fig2_iso_loss", "fig3_fit_vs_observed", "fig8_cluster_time", "fig9_residuals"):
+        assert f"]({stem}.png)" in text and (tmp_path / f"{stem}.png").stat().st_size > 0
+    assert "Figure 1 (IsoFLOP profiles: loss vs model size per recipe at fixed compute): skipped, no budget" in text
+    assert "Figure 4 (Training curves per precision and size): skipped, no per-step curves (--curves)." in text
+    assert "fig4_training_curves" not in text
+    # limitations from the data: 6 free law parameters (kappa is fixed) on 60 points, 5 precisions
+    assert "reach at most 2e06 non-embedding parameters and 1.25e07 tokens" in text
+    assert "5 distinct precisions were measured (4, 6, 8, 16, 32 bits)." in text
+    assert "The law has 6 free parameters fitted to 60 points (10 points per parameter)." in text
+    assert "| kappa (fixed) | 3 | – | – |" in text
+    # the cluster table says how the fitted exponents split compute: N* ∝ C^(beta/(alpha+beta))
+    share = law.params["beta"] / (law.params["alpha"] + law.params["beta"])
+    if report.literature_exponents(law):
+        assert f"the optimal N grows as C^{share:.2f} and D as C^{1 - share:.2f}" in text
+    else:  # exponents outside the published split: no cluster-scale extrapolation
+        assert f"N* ∝ C^{share:.2f}, outside the published" in text
+
+
+@pytest.mark.slow
+def test_make_figures_script_regenerates_from_committed_files(tmp_path):
+    from test_plots import fake_fit
+
+    results = tmp_path / "ladder.csv"
+    fake_results().to_csv(results, index=False)
+    fit_path = fake_fit(5.0, n_samples=0).to_json(tmp_path / "ladder.json")
+    out = tmp_path / "figs"
+    proc = subprocess.run([sys.executable, str(ROOT / "paper_figures" / "make_figures.py"), "--results", str(results),
+                           "--fit", str(fit_path), "--out", str(out), "--compute", "1.5e13"],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    text = (out / "REPORT.md").read_text()
+    from scaling.study import optimal
+
+    assert f"P* = {optimal.optimal_precision(fake_fit(5.0, n_samples=0), 1.5e13, p_range=(2.0, 32.0))['P']:.3g} bits" in text
+    assert (out / "fig2_iso_loss.pdf").read_bytes().startswith(b"%PDF")
+
+
+def test_limitations_name_a_size_axis_without_gain_and_an_unidentified_floor():
+    from test_plots import fake_fit
+
+    from scaling.study import plots
+
+    ok = plots.validate_results(fake_results(p_star=5.0))
+    law = fake_fit(5.0, n_samples=0)
+    text = report.limitations(ok, law, [], None)
+    assert "is worse than a smaller one" not in text and "went to ≈0" not in text
+    # the largest model at the largest budget loses to a smaller one at one precision; E at its floor
+    last = (ok["D"] == ok["D"].max()) & (ok["N"] == ok["N"].max()) & (ok["recipe"] == ok["recipe"].iloc[0])
+    ok.loc[last, "val_loss"] += 10.0
+    law.params["E"] = 1e-8
+    n_recipes = ok.loc[ok["D"] == ok["D"].max()].query("N == N.max()")["recipe"].nunique()
+    text = report.limitations(ok, law, [], None)
+    assert f"is worse than a smaller one at 1 of {n_recipes} precisions" in text
+    assert "The irreducible loss E went to ≈0 (1e-08)" in text
+
+
+def test_cost_of_precision_pairs_runs_with_the_reference_and_measures_the_trend_in_tokens():
+    from scaling.study import fit
+
+    rng = np.random.default_rng(0)
+    rows = []
+    for N in (1e5, 4e5):
+        for i, D in enumerate((1e6, 2e6, 4e6)):
+            base = 3.0 - 0.1 * i - (0.2 if N > 1e5 else 0.0)
+            for P, recipe, gap in ((16, "bf16", 0.0), (8, "fp8", 0.004), (4, "mxfp4", 0.03 + 0.05 * i)):
+                rows.append(dict(run_id=f"{recipe}-{N:g}", N=N, D=D, P=P, recipe=recipe, format=recipe, seed=0,
+                                 val_loss=base + gap + 0.002 * rng.standard_normal() * (recipe != "bf16")))
+    ok = pd.DataFrame(rows)
+    law = fit.FitResult.from_dict({"law": "kumar", "params": {}, "fixed": {}, "objective": 0.0})
+    text = report.cost_of_precision(ok, law)
+    assert "minus the bf16 run's" in text
+    line = {r.split("|")[1].strip(): [c.strip() for c in r.split("|")[1:-1]] for r in text.splitlines() if r.startswith("| ")}
+    assert line["mxfp4"][1] == "6 (2)" and float(line["mxfp4"][2]) == pytest.approx(0.08, abs=0.005)
+    # +0.05 per doubling of D at either size: grows, with a CI above zero; fp8's constant gap does not move
+    assert float(line["mxfp4"][4]) == pytest.approx(0.05, abs=0.005) and line["mxfp4"][6] == "grows"
+    assert line["fp8"][6] == "cannot tell" and float(line["fp8"][2]) == pytest.approx(0.004, abs=0.003)
+    assert "grows with D for mxfp4" in text and "Kumar et al.'s form" in text
+    flat = ok.assign(val_loss=ok["val_loss"] - (ok["recipe"] == "mxfp4") * 0.05 * ok["D"].map({1e6: 0, 2e6: 1, 4e6: 2}))
+    assert "grows with D" not in report.cost_of_precision(flat, law)
+    # only the reference: no section
+    assert report.cost_of_precision(ok[ok["recipe"] == "bf16"], law) == ""
+
+
+def test_the_report_says_how_the_law_was_chosen_and_when_no_precision_term_does_as_well():
+    def selection(chinchilla_close: bool) -> dict:
+        return {"chosen": "kumar", "reference": {"recipes": ["fp32"]}, "candidates": [
+            {"name": "kumar", "law": "kumar", "n_params": 6, "heldout_gap_mae": {"N": 0.01, "D": 0.02}, "within_noise": True},
+            {"name": "chinchilla", "law": "chinchilla", "n_params": 5, "heldout_gap_mae": {"N": 0.012, "D": 0.03},
+             "within_noise": chinchilla_close},
+            {"name": "sun", "law": "sun", "fittable": False, "within_noise": False}]}
+
+    close = report.selection_text(selection(True))
+    assert "1 other candidate is within noise" in close and "cannot show that a precision-aware law" in close
+    assert "| kumar (chosen) | 6 | 0.01 | 0.02 | yes |" in close and "| sun | – | – | – | not fitted |" in close
+    far = report.selection_text(selection(False))
+    assert "No other candidate is within noise" in far and "the data prefer it" in far and "cannot show" not in far
+    assert "fitted without the largest size, then without the longest run, and predicts" in far
+    # a split nobody could use is named as unused, not as fitted without
+    unusable = selection(False)
+    for c in unusable["candidates"][:2]:
+        c["heldout_gap_mae"] = {"N": None, "D": 0.02, "budget": 0.03}
+    text = report.selection_text(unusable)
+    assert "without the longest run, then without the largest compute budget, and predicts" in text
+    assert "(without the largest size, the held-out gaps come from fewer than two runs" in text
+
+
+@pytest.mark.slow
+def test_make_figures_regenerates_every_committed_figure_and_the_findings_from_committed_files(tmp_path):
+    """The reference study's paper_figures/ is what make_figures.py makes from results/, fits/ alone:
+    the same figure files (none stale, none missing) and the same findings."""
+    import json
+
+    proc = subprocess.run([sys.executable, str(ROOT / "paper_figures" / "make_figures.py"), "--out", str(tmp_path)],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    figures = lambda d: {p.name for p in d.iterdir() if p.suffix in (".png", ".pdf")}  # noqa: E731
+    assert figures(tmp_path) == figures(ROOT / "paper_figures")
+    made = json.loads((tmp_path / "findings.json").read_text())
+    committed = json.loads((ROOT / "paper_figures" / "findings.json").read_text())
+    assert [b["winner"] for b in made["budgets"]] == [b["winner"] for b in committed["budgets"]]
+    for new, old in zip(made["budgets"] + made["integer_arm"], committed["budgets"] + committed["integer_arm"]):
+        assert {e["recipe"]: e["loss"] for e in new["recipes"]} == pytest.approx({e["recipe"]: e["loss"] for e in old["recipes"]}, abs=1e-6)
+        assert new["diff_ci"] == pytest.approx(old["diff_ci"], abs=1e-6)
+    for new, old in zip(made["P_star"], committed["P_star"], strict=True):
+        assert new["interval"] == pytest.approx(old["interval"])
+    assert made["granularity"]["rows"] == committed["granularity"]["rows"]
+    assert made["outliers"] == committed["outliers"]

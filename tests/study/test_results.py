@@ -1,0 +1,88 @@
+import pandas as pd
+import pytest
+
+from scaling.study import results
+from scaling._io import atomic_write_json
+
+
+def _summary(run_id, evals, **extra):
+    return {
+        "run_id": run_id, "status": "ok", "N": 1000, "N_total": 2000, "P": 8, "recipe": "fp8",
+        "format": "fp8_e4m3", "granularity": "tensor", "scaling": "current", "smooth_swiglu": False,
+        "seed": 0, "wall_s": 1.5, "tokens_per_s": 100.0, "D": evals[-1]["D"],
+        "val_loss": evals[-1]["val_loss"], "train_loss": evals[-1]["train_loss"],
+        "telemetry": {"activation": {"amax": 3.0, "frac_saturated": 0.01, "frac_underflow": 0.0, "snr_db": 30.0}},
+        "evals": evals, **extra,
+    }
+
+
+def test_one_row_per_run_and_budget(tmp_path):
+    evals = [{"D": 100, "step": 1, "val_loss": 3.0, "train_loss": 3.1},
+             {"D": 200, "step": 2, "val_loss": 2.5, "train_loss": 2.6}]
+    atomic_write_json(tmp_path / "sw" / "aaa" / "summary.json", _summary("aaa", evals))
+    atomic_write_json(tmp_path / "sw" / "bbb" / "summary.json", _summary(
+        "bbb", evals[:1], P=4, corpus={"source": "stdlib", "fingerprint": "b27681494f2ffe6815ee", "bytes": 10}))
+    (tmp_path / "sw" / "ccc").mkdir()  # crashed before landing: no summary, no row
+    (tmp_path / "sw" / "ccc" / "config.json").write_text("{}")
+    df = results.load(tmp_path / "sw")
+    assert len(df) == 3
+    assert list(df.columns[: len(results.COLUMNS)]) == results.COLUMNS
+    assert set(df["sweep"]) == {"sw"}
+    aaa = df[df.run_id == "aaa"].sort_values("D")
+    assert aaa["val_loss"].tolist() == [3.0, 2.5] and aaa["D"].tolist() == [100, 200]
+    assert df.loc[df.run_id == "bbb", "P"].item() == 4
+    assert (df["activation_amax"] == 3.0).all()
+    assert df.loc[df.run_id == "bbb", "corpus"].item() == "stdlib b27681494f2f"  # which data, for the report
+    assert df.loc[df.run_id == "aaa", "corpus"].isna().all()
+
+
+def test_bits_per_byte_and_tokenizer_are_carried(tmp_path):
+    evals = [{"D": 100, "step": 1, "val_loss": 3.0, "train_loss": 3.1, "val_bpb": 1.2, "train_bpb": 1.25},
+             {"D": 200, "step": 2, "val_loss": 2.5, "train_loss": 2.6, "val_bpb": 1.0, "train_bpb": 1.05}]
+    corpus = {"source": "pysrc", "fingerprint": "ab" * 32, "bytes": 10, "vocab": 4096, "tokenizer": "bpe:4096"}
+    atomic_write_json(tmp_path / "sw" / "bpe" / "summary.json", _summary("bpe", evals, corpus=corpus))
+    old = {"source": "stdlib", "fingerprint": "cd" * 32, "bytes": 10, "vocab": 256}  # before data.tokenizer
+    atomic_write_json(tmp_path / "sw" / "old" / "summary.json", _summary("old", evals[:1], corpus=old))
+    df = results.load(tmp_path / "sw").set_index(["run_id", "D"])
+    assert df.loc[("bpe", 100), "val_bpb"] == 1.2 and df.loc[("bpe", 200), "train_bpb"] == 1.05
+    assert df.loc[("bpe", 200), "tokenizer"] == "bpe:4096" and df.loc[("bpe", 200), "corpus"].endswith(" bpe:4096")
+    assert df.loc[("old", 100), "tokenizer"] == "bytes" and df.loc[("old", 100), "corpus"] == "stdlib " + "cd" * 6
+
+
+def test_no_duplicate_rows_and_unreadable_summary_is_skipped(tmp_path):
+    evals = [{"D": 100, "step": 1, "val_loss": 3.0, "train_loss": 3.1}] * 2
+    atomic_write_json(tmp_path / "sw" / "aaa" / "summary.json", _summary("aaa", evals))
+    (tmp_path / "sw" / "bad").mkdir()
+    (tmp_path / "sw" / "bad" / "summary.json").write_text('{"truncated": ')
+    with pytest.warns(UserWarning, match="unreadable"):
+        df = results.load(tmp_path)
+    assert len(df) == 1
+
+
+def test_export_round_trip(tmp_path):
+    evals = [{"D": 100, "step": 1, "val_loss": 3.0, "train_loss": 3.1}]
+    atomic_write_json(tmp_path / "sw" / "aaa" / "summary.json", _summary("aaa", evals))
+    df = results.load(tmp_path / "sw")
+    for name in ("s.csv", "s.parquet"):
+        back = results.load(results.export(df, tmp_path / name))
+        pd.testing.assert_frame_equal(back, df, check_dtype=False)
+
+
+def test_missing_or_malformed_path_is_a_one_line_error(tmp_path):
+    from scaling.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^results: got '.*nope'; allowed: an existing results directory"):
+        results.load(tmp_path / "nope")
+    (tmp_path / "x.txt").write_text("a")
+    with pytest.raises(ConfigError, match=r"^results: got '.*x.txt'"):
+        results.load(tmp_path / "x.txt")
+    (tmp_path / "bad.parquet").write_text("not parquet")
+    with pytest.raises(ConfigError, match=r"^results: got '.*bad.parquet'.*ArrowInvalid|^results: got '.*bad.parquet'"):
+        results.load(tmp_path / "bad.parquet")
+
+
+def test_takeoff_probes_are_not_results(tmp_path):
+    evals = [{"D": 100, "step": 1, "val_loss": 3.0, "train_loss": 3.1}]
+    atomic_write_json(tmp_path / "sw" / "aaa" / "summary.json", _summary("aaa", evals))
+    atomic_write_json(tmp_path / ".takeoff" / "sw" / "probe" / "summary.json", _summary("probe", evals))
+    assert results.load(tmp_path).run_id.tolist() == ["aaa"]

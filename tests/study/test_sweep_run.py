@@ -1,0 +1,257 @@
+"""The sweep end to end on the smoke grid: both executors, re-runs, crash safety, bad input."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from scaling.study import results, sweep
+
+ROOT = Path(__file__).resolve().parents[2]
+SMOKE = ROOT / "experiments" / "smoke_sweep.toml"
+pytestmark = pytest.mark.slow
+
+
+def scaling_cli(*args, env=None, **kw):
+    return subprocess.run([sys.executable, "-m", "scaling.cli", *map(str, args)], capture_output=True,
+                          text=True, cwd=ROOT, env=env, **kw)
+
+
+@pytest.fixture(scope="module")
+def smoke_results(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sweep")
+    proc = scaling_cli("sweep", SMOKE, "--out", out, "--no-progress")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return out, proc
+
+
+def test_local_sweep_lands_every_run_and_budget(smoke_results):
+    out, proc = smoke_results
+    df = results.load(out / "smoke_sweep")
+    specs = sweep.expand(SMOKE)
+    assert len(specs) == 3 and set(df.run_id) == {s.run_id for s in specs}
+    assert len(df) == 3 * 2  # two WSD budgets per run
+    assert (df.status == "ok").all() and df.val_loss.notna().all()
+    assert sorted(df.P.unique()) == [4, 8, 32]
+    assert "take-off: 3 shapes" in proc.stdout and "ok 3" in proc.stdout
+    report = json.loads((out / "smoke_sweep" / "sweep.json").read_text())
+    assert report["counts"]["ok"] == 3
+
+
+def test_take_off_in_two_lanes_flies_every_shape_and_a_lane_that_dies_fails_its_probes(tmp_path):
+    specs = sweep.expand(SMOKE)
+    cleared, flights = sweep.take_off(specs, tmp_path, lanes=2)  # this process flies 2 shapes, a child 1
+    assert cleared == specs and len(flights) == 3
+    assert {f["recipe"] for f in flights.values()} == {"fp32", "fp8", "fp4"}
+    assert not list((tmp_path / ".takeoff").glob("lane-*"))  # a lane that landed leaves no files
+    # a lane killed at its time limit: each of its probes is a failure naming the exit and the log
+    probe = sweep._takeoff_spec(specs[0])
+    (out,) = sweep._fly_in_child({"key": probe}, tmp_path / "killed", hang_timeout=0.01)().values()
+    assert out["status"] == "failed" and "exited with code -9" in out["reason"]
+    assert Path(re.search(r"log: (\S+)\)", out["reason"]).group(1)).is_file()
+
+
+def test_second_run_skips_finished_runs(smoke_results):
+    out, _ = smoke_results
+    before = {p: p.stat().st_mtime_ns for p in (out / "smoke_sweep").glob("*/summary.json")}
+    proc = scaling_cli("sweep", SMOKE, "--out", out, "--no-progress")
+    assert proc.returncode == 0, proc.stderr
+    assert "3 landed, 0 to run" in proc.stdout
+    assert {p: p.stat().st_mtime_ns for p in (out / "smoke_sweep").glob("*/summary.json")} == before
+
+
+def test_ray_executor_on_a_local_ray_instance(tmp_path, smoke_results):
+    experiment = tmp_path / "one.toml"  # one point of the smoke grid: the same run id as there
+    experiment.write_text(SMOKE.read_text().replace('precision = ["fp32", "fp8", "fp4"]', 'precision = ["fp8"]'))
+    proc = scaling_cli("sweep", experiment, "--out", tmp_path, "--executor", "ray", "--no-progress")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    df = results.load(tmp_path / "smoke_sweep")
+    assert len(df) == 2 and (df.status == "ok").all()
+    local = results.load(smoke_results[0] / "smoke_sweep").set_index(["run_id", "D"]).sort_index().loc[df.run_id.iloc[0]]
+    ray_df = df.set_index(["run_id", "D"]).sort_index().loc[df.run_id.iloc[0]]
+    # same configs, same seeds: the executor must not change a single loss
+    assert (ray_df.val_loss == local.val_loss).all()
+
+
+def test_sigkill_mid_sweep_then_rerun_resumes(tmp_path):
+    experiment = tmp_path / "long.toml"
+    experiment.write_text(SMOKE.read_text().replace("tokens = 10_240", "tokens = 40_960")
+                          .replace("checkpoint_every = 10", "checkpoint_every = 20")
+                          .replace('precision = ["fp32", "fp8", "fp4"]', 'precision = ["fp32", "fp8"]'))
+    cmd = [sys.executable, "-m", "scaling.cli", "sweep", experiment, "--out", tmp_path / "out", "--no-progress"]
+    proc = subprocess.Popen(list(map(str, cmd)), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    sweep_dir = tmp_path / "out" / "smoke_sweep"
+    deadline = time.time() + 240
+    # wait until one run has landed and another holds a checkpoint, then kill -9 the sweep
+    while time.time() < deadline:
+        landed = [p for p in sweep_dir.glob("*/summary.json")]
+        checkpointed = [p for p in sweep_dir.glob("*/checkpoints/*")  # finalised: orbax renames "20.orbax-...-tmp" to "20"
+                        if p.name.isdigit() and not (p.parents[1] / "summary.json").exists()]
+        if landed and checkpointed:
+            break
+        time.sleep(0.2)
+    else:
+        proc.kill()
+        pytest.fail("sweep never reached a landed run plus a checkpointed one")
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    interrupted = checkpointed[0].parents[1]
+    landed_before = {p.parent: p.read_text() for p in landed}
+    time.sleep(1.0)  # the orphaned child (if any) would keep writing: it must be dead
+    size = (interrupted / "metrics.jsonl").stat().st_size
+    time.sleep(1.0)
+    assert (interrupted / "metrics.jsonl").stat().st_size == size, "run kept going after its sweep died"
+
+    rerun = scaling_cli("sweep", experiment, "--out", tmp_path / "out", "--no-progress")
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    for run_dir, text in landed_before.items():
+        assert (run_dir / "summary.json").read_text() == text  # finished runs are not re-run
+    events = [json.loads(line).get("event") for line in (interrupted / "metrics.jsonl").read_text().splitlines()]
+    assert "resumed" in events
+    df = results.load(sweep_dir)
+    assert len(df) == 4 and not df.duplicated(["run_id", "D"]).any() and (df.status == "ok").all()
+
+
+def test_two_sweeps_at_once_train_each_run_once(tmp_path):
+    """Two researchers start the same sweep into the same --out: each run (and take-off probe) is
+    trained by one of them, once; both wait for the other's runs, so both exit 0 with all landed."""
+    quick = ["--set", "train.tokens=2560", "--set", "train.checkpoint_every=5", "--set", "data.eval_tokens=512"]
+    cmd = [sys.executable, "-m", "scaling.cli", "sweep", SMOKE, "--out", tmp_path, "--no-progress", *quick]
+    procs = [subprocess.Popen(list(map(str, cmd)), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True) for _ in range(2)]
+    outputs = [p.communicate(timeout=400)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], "\n---\n".join(outputs)
+    df = results.load(tmp_path / "smoke_sweep")
+    assert len(df) == 3 * 2 and not df.duplicated(["run_id", "D"]).any() and (df.status == "ok").all()
+    for run_dir in [*(tmp_path / "smoke_sweep").iterdir(), *(tmp_path / ".takeoff" / "smoke_sweep").iterdir()]:
+        if not run_dir.is_dir():
+            continue
+        records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        first_steps = [r for r in records if r.get("phase") == "trunk" and r["step"] == 1]
+        assert len(first_steps) == 1 and not any(r.get("event") == "resumed" for r in records), run_dir
+        assert json.loads((run_dir / "summary.json").read_text())["attempts"] == 1
+    # each run counted `ok` by the sweep that trained it, and by that one only
+    trained = [int(re.search(r"landed: ok (\d+)", out).group(1)) for out in outputs]
+    assert sum(trained) == 3, outputs
+
+
+def test_hung_and_crashed_runs_land_with_failure_records(tmp_path):
+    spec = sweep.expand(SMOKE)[0]
+    assert sweep.execute(spec, tmp_path, hang_timeout=0.5, poll_s=0.1) == "hung"
+    failure = json.loads((spec.out_dir(tmp_path) / "failure.json").read_text())
+    assert failure["status"] == "hung" and "no progress" in failure["reason"]
+    assert results.load(tmp_path).status.tolist() == ["hung"]
+
+    corpus = tmp_path / "corpus.txt"  # valid when the sweep expands, gone when the run starts
+    corpus.write_text("def f(x):\n    return x\n" * 2000)
+    broken = spec.config.replace(**{"data.source": str(corpus)})
+    broken = sweep.RunSpec(run_id=broken.run_id, sweep="s", config=broken)
+    corpus.unlink()
+    assert sweep.execute(broken, tmp_path, hang_timeout=120) == "failed"
+    failure = json.loads((broken.out_dir(tmp_path) / "failure.json").read_text())
+    assert "data.source" in failure["traceback"] and failure["status"] == "failed"
+
+
+@pytest.mark.parametrize("args, key", [
+    (["--set", "train.lr=-1"], "train.lr"),
+    (["--set", "seed=-1"], "seed"),
+    (["--set", "data.source=/no/such/corpus"], "data.source"),
+    (["--set", "model.size=0"], "model.size"),
+    (["--workers", "-1"], "--workers"),
+    (["--gpus-per-run", "1"], "--gpus-per-run"),  # no GPU visible (CUDA_VISIBLE_DEVICES="" below)
+    (["--gpus-per-run", "0.5"], "--gpus-per-run"),  # local: whole GPUs only
+    (["--gpus-per-run", "2", "--executor", "ray"], "--gpus-per-run"),
+])
+def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, args, key):
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    proc = scaling_cli("sweep", SMOKE, "--out", tmp_path / "out", *args, env=env)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {key}") and "allowed" in lines[0]
+    assert not (tmp_path / "out").exists()
+
+
+def test_bad_grid_value_names_the_grid_point(tmp_path):
+    experiment = tmp_path / "bad.toml"
+    experiment.write_text(SMOKE.read_text().replace('precision = ["fp32", "fp8", "fp4"]',
+                                                    'precision = ["fp32", "fp8"]\n"train.lr" = [0.01, -2]'))
+    proc = scaling_cli("sweep", experiment, "--out", tmp_path / "out", "--dry-run")
+    assert proc.returncode == 2
+    assert "train.lr: got -2" in proc.stderr and "grid point" in proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+REPRO = """
+name = "repro"
+precision = "fp32"
+[model]
+seq_len = 32
+[data]
+source = "synthetic"
+eval_tokens = 1024
+[train]
+batch_size = 8
+lr = 1e-2
+warmup = 2
+log_every = 5
+checkpoint_every = 0
+[grid]
+precision = ["fp32", "fp8"]
+[isoflop]
+budgets = [1.5e10, 3e10]
+sizes = [1, 2, 3]
+sizes_per_budget = 3
+min_steps = 6
+reference = "fp32"
+"""
+
+
+def test_reproduce_runs_an_isoflop_study_reuses_landed_runs_and_reports_only_the_presets_own(tmp_path, monkeypatch, capsys):
+    import shutil
+
+    import pandas as pd
+
+    from scaling.study import reproduce
+
+    # a tiny IsoFLOP design: 2 recipes x 3 sizes x 2 budgets, FP32 also at FP8's steps
+    experiments = tmp_path / "experiments"
+    experiments.mkdir()
+    (experiments / "repro.toml").write_text(REPRO)
+    monkeypatch.setattr(reproduce, "EXPERIMENTS", experiments)
+    monkeypatch.setitem(reproduce.PRESETS, "repro", ["repro.toml"])
+    monkeypatch.setitem(reproduce.CANDIDATES, "repro", ("chinchilla", "kumar"))  # two laws keep the test quick
+    out = tmp_path / "study"
+    reproduce.reproduce("repro", out, bootstrap=4, progress=False)
+    assert "repro: 6 runs, 0 already landed" in capsys.readouterr().out
+
+    # a run an older grid left in the same sweep folder: not part of the preset, so not of the study
+    first = next(p for p in (out / "runs" / "repro").iterdir() if (p / "summary.json").is_file())
+    stale = out / "runs" / "repro" / "0123456789ab"
+    shutil.copytree(first, stale)
+    summary = json.loads((stale / "summary.json").read_text())
+    (stale / "summary.json").write_text(json.dumps({**summary, "run_id": stale.name}))
+    landed = {p: p.stat().st_mtime_ns for p in (out / "runs" / "repro").glob("*/summary.json") if p.parent != stale}
+
+    report = reproduce.reproduce("repro", out, bootstrap=4, progress=False)
+    assert "repro: 6 runs, 6 already landed" in capsys.readouterr().out  # nothing retrained
+    assert {p: p.stat().st_mtime_ns for p in landed} == landed
+    table = pd.read_csv(out / "results" / "repro.csv")
+    assert set(table["run_id"]) == {s.run_id for s in sweep.expand(experiments / "repro.toml")}
+    assert set(pd.read_parquet(out / "results" / "repro_curves.parquet")["run_id"]) == set(table["run_id"])
+    # every recipe at both budgets, 3 sizes each; FP32's extra evaluations carry no budget
+    labelled = table[table["budget"].notna()]
+    assert labelled.groupby(["budget", "recipe"])["N"].nunique().tolist() == [3] * 4
+    fitted = json.loads((out / "fits" / "repro.json").read_text())
+    assert fitted["selection"]["chosen"] == fitted["law"] and fitted["data"]["n_points"] == len(table)
+    assert {c["name"] for c in fitted["selection"]["candidates"]} == {"chinchilla", "kumar"}
+    assert fitted["data"]["shape"]["N"] == sorted(set(table["N"]))  # what optimal costs hypothetical models by
+    findings = json.loads((out / "paper_figures" / "findings.json").read_text())
+    assert [b["budget"] for b in findings["budgets"]] == [1.5e10, 3e10]
+    assert all(len(b["recipes"]) == 2 for b in findings["budgets"])
+    assert report == out / "paper_figures" / "REPORT.md" and "Findings" in report.read_text()

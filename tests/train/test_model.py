@@ -1,0 +1,166 @@
+"""The transformer: size ladder, parameter and FLOP counts, Smooth-SwiGLU, the train-step API."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from scaling.train import ladder, model
+from scaling.numerics import precision
+
+TINY = ladder.ModelConfig(d_model=32, n_layers=1, n_heads=2, d_ff=64, vocab=64, seq_len=16)
+
+
+def _tokens(cfg=TINY, batch=2, seed=0):
+    return jax.random.randint(jax.random.key(seed), (batch, cfg.seq_len + 1), 0, cfg.vocab)
+
+
+def test_size_ladder_formula():
+    c1, c8 = ladder.config_for_size(1), ladder.config_for_size(8)
+    assert (c1.d_model, c1.n_layers, c1.n_heads, c1.d_ff) == (32, 2, 2, 96)
+    assert (c8.d_model, c8.n_layers, c8.n_heads, c8.d_ff) == (256, 6, 8, 704)
+    ns = [ladder.param_counts(ladder.config_for_size(s))["non_embedding"] for s in range(1, 9)]
+    assert all(a < b for a, b in zip(ns, ns[1:]))
+    assert 20_000 <= ns[0] <= 30_000 and 4_000_000 <= ns[-1] <= 5_500_000
+    # hand count, size 1: 2 layers · (4·32² + 3·32·96 + 2·32) + 32
+    assert ns[0] == 2 * (4 * 1024 + 3 * 32 * 96 + 64) + 32 == 26_784
+
+
+@pytest.mark.parametrize("cfg", [TINY, ladder.config_for_size(3, vocab=256, seq_len=32)])
+def test_param_counts_match_the_param_leaves(cfg):
+    abstract = nnx.eval_shape(lambda: model.Transformer(cfg, "fp8", rngs=nnx.Rngs(0)))
+    params = nnx.state(abstract, nnx.Param)
+    sizes = {jax.tree_util.keystr(path): math.prod(v.shape) for path, v in jax.tree_util.tree_leaves_with_path(params)}
+    total = sum(sizes.values())
+    embedding = sum(n for k, n in sizes.items() if "embed" in k or "head" in k)
+    assert embedding == 2 * cfg.vocab * cfg.d_model
+    counts = ladder.param_counts(cfg)
+    assert counts == {"non_embedding": total - embedding, "total": total}
+    # quantisation state is not a parameter
+    assert len(nnx.state(abstract, model.FormatVector)) > 0
+
+
+def test_flops_per_token_hand_computed():
+    cfg = ladder.ModelConfig(d_model=64, n_layers=2, n_heads=4, d_ff=192, vocab=256, seq_len=128)
+    n_matmul = 2 * (4 * 64 * 64 + 3 * 64 * 192)  # 106,496
+    head = 64 * 256  # 16,384
+    attention = 12 * 2 * 128 * 64  # 196,608
+    assert ladder.flops_per_token(cfg) == 6 * (n_matmul + head) + attention == 933_888
+
+
+@nnx.jit
+def _loss_and_grads(m, tokens):
+    return nnx.value_and_grad(lambda mm: model.loss_fn(mm, tokens)[0])(m)
+
+
+def test_smooth_swiglu_is_exact_at_full_precision():
+    cfg_s = dataclasses.replace(TINY, smooth_swiglu=True)
+    plain = model.Transformer(TINY, "fp32", rngs=nnx.Rngs(0))
+    smooth = model.Transformer(cfg_s, "fp32", rngs=nnx.Rngs(0))
+    tokens = _tokens()
+    l0, g0 = _loss_and_grads(plain, tokens)
+    l1, g1 = _loss_and_grads(smooth, tokens)
+    # powers of two: (h·s)·(W/s) = h·W product by product
+    assert float(l0) == float(l1)
+    for a, b in zip(jax.tree.leaves(g0), jax.tree.leaves(g1)):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-9)
+
+
+def _plant_outlier_channel(m: model.Transformer, factor: float) -> None:
+    """Scale one SwiGLU channel's up-projection column by `factor`: the down-projection input
+    gets an outlier channel (as observed in long FP8 runs, Fishman et al. 2024)."""
+    kernel = m.blocks.mlp.up_gate.kernel  # stacked: [layer, d_model, 2·d_ff]
+    kernel[...] = kernel[...].at[:, :, 3].multiply(factor)
+
+
+@nnx.jit
+def _mlp_out(m, x_BxLxD):
+    ctx = model._Ctx(m.structure, m.formats(), None, False)
+    return model.layer(m.blocks, 0).mlp(x_BxLxD, ctx)[0]
+
+
+# per-tensor INT8 activations; per-channel weights so the planted column keeps its own scale
+INT8_ACTIVATIONS = {"name": "int8-act", "activation": "int8", "weight": {"format": "int8", "granularity": "channel"}}
+
+
+def test_smooth_swiglu_tames_an_outlier_channel():
+    # integers with max 127: the up-projection input is exact in per-tensor INT8, so the only
+    # activation error left is the down-projection input's
+    x_BxLxD = jax.random.randint(jax.random.key(2), (4, 16, TINY.d_model), -127, 128).astype(jnp.float32)
+    x_BxLxD = x_BxLxD.at[0, 0, 0].set(127.0) / 64.0
+    ref = model.Transformer(TINY, "fp32", rngs=nnx.Rngs(1))
+    _plant_outlier_channel(ref, 300.0)
+    want = _mlp_out(ref, x_BxLxD)
+    errors = {}
+    for smooth in (False, True):
+        m = model.Transformer(dataclasses.replace(TINY, smooth_swiglu=smooth), INT8_ACTIVATIONS, rngs=nnx.Rngs(1))
+        _plant_outlier_channel(m, 300.0)
+        errors[smooth] = float(jnp.sqrt(jnp.mean(jnp.square(_mlp_out(m, x_BxLxD) - want))))
+    # per-tensor INT8: the outlier channel's amax sets everyone's scale unless smoothed
+    assert errors[True] < 0.5 * errors[False]
+
+
+def test_grad_step_api():
+    m = model.Transformer(TINY, "fp8", rngs=nnx.Rngs(0))
+    tokens = _tokens()
+    loss, grads, tel = nnx.jit(model.grad_step)(m, tokens, jax.random.key(0))
+    # grads: exactly the nnx.Param leaves, ready for nnx.Optimizer(model, tx, wrt=nnx.Param)
+    params = nnx.state(m, nnx.Param)
+    assert jax.tree.structure(grads) == jax.tree.structure(params)
+    assert float(loss) == pytest.approx(math.log(TINY.vocab), abs=0.1)
+    for role in ("weight", "activation", "grad"):
+        assert set(tel[role]) == {"amax", "frac_saturated", "frac_underflow", "snr_db", "block_amax"}
+        blocks = tel[role]["block_amax"]
+        # per-block amaxes bracket within the per-tensor amax
+        assert 0 <= float(blocks["min"]) <= float(blocks["p50"]) <= float(blocks["max"]) <= float(tel[role]["amax"]) * (1 + 1e-6)
+        assert 15 < float(tel[role]["snr_db"]) < 40  # E4M3/E5M2: ~31 / ~25 dB
+    assert tel["act_max"].shape == tel["swiglu_max"].shape == (TINY.n_layers,)
+    # the fp32 recipe's grad_step is plain autodiff of loss_fn
+    m32 = model.Transformer(TINY, "fp32", rngs=nnx.Rngs(0))
+    loss32, grads32, tel32 = nnx.jit(model.grad_step)(m32, tokens, jax.random.key(0))
+    l_ref, g_ref = _loss_and_grads(m32, tokens)
+    assert float(loss32) == float(l_ref)
+    for a, b in zip(jax.tree.leaves(grads32), jax.tree.leaves(nnx.state(g_ref, nnx.Param))):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-9)
+    assert set(tel32) == {"act_max", "swiglu_max"}
+
+
+def test_recipe_switches_change_the_model():
+    tokens = _tokens()
+    base = float(nnx.jit(model.eval_loss)(model.Transformer(TINY, "fp8", rngs=nnx.Rngs(0)), tokens))
+    variants = {
+        "attention": {"base": "fp8", "attention": {"format": "fp4_e2m1"}},
+        "embed": {"base": "fp8", "high_precision_embed": False},
+        "sensitive": {"base": "fp8", "fp32_sensitive_ops": False},
+    }
+    for what, recipe in variants.items():
+        m = model.Transformer(TINY, precision.get(recipe), rngs=nnx.Rngs(0))
+        loss = float(nnx.jit(model.eval_loss)(m, tokens))
+        assert loss != base and abs(loss - base) < 0.2, what
+    head = model.Transformer(TINY, precision.get(variants["embed"]), rngs=nnx.Rngs(0)).head
+    assert hasattr(head, "grad_sink")  # the output head runs the quantised matmul
+
+
+@pytest.mark.parametrize("L", [16, model.ATTENTION_CHUNK, 2 * model.ATTENTION_CHUNK + 5])
+def test_cpu_causal_attention_matches_the_dense_form(L):
+    """The blocked flash-style attention (skipped masked blocks, custom VJP that recomputes the
+    probabilities) is the same function as XLA's dense causal attention: output and all three
+    gradients, including a ragged last block."""
+    kq, kk, kv, kg = jax.random.split(jax.random.key(0), 4)
+    shape = (2, L, 4, 16)  # B×L×H×K
+    q, k, v, g = (jax.random.normal(key, shape, jnp.float32) for key in (kq, kk, kv, kg))
+
+    def dense(q, k, v):
+        return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="xla")
+
+    out, vjp = jax.vjp(model._causal_attention, q, k, v)
+    ref, ref_vjp = jax.vjp(dense, q, k, v)
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)
+    for got, want in zip(vjp(g), ref_vjp(g)):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
