@@ -1,0 +1,97 @@
+"""The package tree shows the architecture: imports flow one way, function-level imports included.
+
+numerics <- train <- study; plan is pure Python (never JAX) and imports only itself and the base
+modules; cli sits on top and may import anything. No module imports another that imports it back.
+"""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "scaling"
+BASE = {"scaling", "scaling._io", "scaling._lazy", "scaling.errors", "scaling.host"}
+# package -> the packages its modules may import (besides its own and BASE)
+ALLOWED = {
+    "numerics": set(),
+    "plan": set(),
+    "train": {"numerics", "plan"},
+    "study": {"numerics", "train", "plan"},
+    "cli": {"numerics", "train", "study", "plan"},
+}
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
+    """Every scaling module `path` imports anywhere in its body (function-level imports included)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        else:
+            continue
+        out.update(n for n in names if n.startswith("scaling") and n in modules)
+    return out
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    graph = {m: _imports(p, modules) - {m} for m, p in modules.items()}
+    # importing a submodule runs its package's __init__, which only holds lazy names
+    return graph
+
+
+def test_every_import_follows_the_layers():
+    bad = []
+    for module, targets in _graph().items():
+        if module in BASE:
+            bad += [f"{module} -> {t}" for t in targets if t not in BASE]
+            continue
+        package = module.split(".")[1]
+        for t in targets:
+            if t in BASE:
+                continue
+            if t.split(".")[1] not in ALLOWED[package] | {package}:
+                bad.append(f"{module} -> {t}")
+    assert not bad, "imports against the layers: " + "; ".join(sorted(bad))
+
+
+def test_no_import_cycle():
+    graph = _graph()
+    state: dict[str, int] = {}
+    cycles = []
+
+    def visit(m, stack):
+        state[m] = 1
+        for t in sorted(graph.get(m, ())):
+            if state.get(t) == 1:
+                cycles.append(" -> ".join(stack[stack.index(t):] + [t]))
+            elif t not in state:
+                visit(t, stack + [t])
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [m])
+    assert not cycles, "import cycles: " + "; ".join(cycles)
+
+
+@pytest.mark.parametrize("package", ["scaling.plan"])
+def test_planner_never_imports_jax(package):
+    modules = sorted(m for m in _modules() if m == package or m.startswith(package + "."))
+    code = "import importlib, sys\n" + "".join(f"importlib.import_module({m!r})\n" for m in modules) + \
+        "print(sorted(m for m in ('jax', 'numpy', 'scipy', 'pandas') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip().splitlines()[-1] == "[]"
