@@ -166,9 +166,14 @@ def _mx_exponent(amax: jax.Array, fmax: jax.Array, emax: jax.Array, spec: QuantS
     if spec.scale_rounding == "floor":
         e = formats.floor_log2(a) - jnp.asarray(emax).astype(jnp.int32)
     else:
-        e = formats.ceil_log2(a * (1.0 / fmax))
+        # ceil(log2(amax / max)) from the two mantissas in [0.5, 1) and their exponents, taken
+        # exactly first: amax / max itself may be a float32 subnormal, which XLA:CPU flushes to 0
+        m_a, e_a = jnp.frexp(a)
+        m_f, e_f = jnp.frexp(jnp.asarray(fmax, jnp.float32))
+        c = formats.ceil_log2(m_a * (1.0 / m_f))  # m_a / m_f in (0.5, 2): c in {-1, 0, 1}
         # the rounded ratio may sit on the wrong side of a power of two: settle it exactly
-        e = e + (a > fmax * formats.pow2(e)).astype(jnp.int32) - (a <= fmax * formats.pow2(e - 1)).astype(jnp.int32)
+        c = c + (m_a > m_f * formats.pow2(c)).astype(jnp.int32) - (m_a <= m_f * formats.pow2(c - 1)).astype(jnp.int32)
+        e = e_a.astype(jnp.int32) - e_f.astype(jnp.int32) + c
     return jnp.where(ok, jnp.clip(e, *E8M0_EXP), 0)
 
 
@@ -330,8 +335,8 @@ def _quantize(x, spec: QuantSpec, key, history, fmt_params):
         s_b = formats.round_to_format(amax_b * (1.0 / (fmax * s_t)), "fp8_e4m3")
         s_b = _once_per_block(jnp.where(amax_b > 0, s_b, 1.0))
         scale = s_b * s_t
-        live = scale > 0  # an E4M3 block scale that underflowed flushes its block
-        vb = jnp.where(live, rnd(xb * (1.0 / jnp.where(live, scale, 1.0)), bb), 0.0)
+        live = scale > 0  # an E4M3 block scale that underflowed flushes its block, keeping signs (-0)
+        vb = jnp.where(live, rnd(xb * (1.0 / jnp.where(live, scale, 1.0)), bb), jnp.copysign(0.0, xb))
     else:  # unreachable: QuantSpec validated the granularity
         raise ConfigError("granularity", g, GRANULARITIES)
     return (_from_blocks(vb, ax, n), jnp.squeeze(scale, ax + 1), amax, None,

@@ -89,6 +89,49 @@ def test_mx_e8m0_clamp():
     np.testing.assert_array_equal(np.asarray(q.scale), [[1.0, 1.0]])
 
 
+ML_DTYPES = {"fp4_e2m1": ml_dtypes.float4_e2m1fn, "fp6_e2m3": ml_dtypes.float6_e2m3fn,
+             "fp6_e3m2": ml_dtypes.float6_e3m2fn, "fp8_e4m3": ml_dtypes.float8_e4m3fn,
+             "fp8_e5m2": ml_dtypes.float8_e5m2}
+
+
+@pytest.mark.parametrize("fmt", ["fp4_e2m1", "fp6_e2m3", "fp6_e3m2", "fp8_e4m3"])
+def test_mx_ceil_scale_of_blocks_below_2_pow_minus_126_times_max(fmt):
+    # amax / max is a float32 subnormal here (XLA:CPU flushes it to 0): the scale must still be
+    # 2^ceil(log2(amax / max)) (clamped to E8M0), computed in float64 by the reference, and the
+    # block's values the ml_dtypes rounding of x · 2^-e (no block zeroed)
+    fmax = formats.get(fmt).max
+    rng = np.random.default_rng(3)
+    rows = []
+    for k in np.arange(-127.0, -112.0, 0.5):  # amax from 2^-127 · max up: elements stay float32-normal
+        amax = max(2.0**k * fmax, 2.0**-125)
+        rows.append(np.concatenate([[amax], amax * rng.uniform(0.02, 1.0, 7) * rng.choice([-1, 1], 7)]))
+    x = np.maximum(np.abs(np.array(rows)), 2.0**-126) * np.sign(rows)
+    x = x.astype(np.float32)
+    spec = QuantSpec(fmt, "mx", block=8, scale_rounding="ceil")
+    q = quant.quantize(x, spec)
+    amax = np.max(np.abs(x.astype(np.float64)), axis=1, keepdims=True)
+    e = np.clip(np.ceil(np.log2(amax / fmax)), -127, 127)
+    np.testing.assert_array_equal(np.log2(np.asarray(q.scale, np.float64)), e)
+    ref = np.clip(x * np.exp2(-e), -fmax, fmax).astype(ML_DTYPES[fmt]).astype(np.float32)
+    np.testing.assert_array_equal(np.asarray(q.values).view(np.int32), ref.view(np.int32))
+    assert np.all(np.abs(np.asarray(q.values))[:, 0] > 0)  # the block max never vanishes
+
+
+def test_nvfp4_block_flushed_by_its_scale_keeps_the_sign_of_zero():
+    # tensor amax 1e30 makes block 1's E4M3 scale (1e-10 / 6 / s_t) round to 0: its elements flush
+    # to ±0 with the sign of the input, as TransformerEngine's cast gives (-0 for negative inputs)
+    x = np.zeros((2, 32), np.float32)
+    x[0, 0] = 1e30
+    x[:, 16:] = np.linspace(-1e-10, 1e-10, 32, dtype=np.float32).reshape(2, 16)
+    x[1, 20] = -0.0
+    spec = QuantSpec("fp4_e2m1", "nvfp4")
+    q = quant.quantize(x, spec)
+    assert np.all(np.asarray(q.scale)[:, 1] == 0)
+    for out in (np.asarray(q.values), np.asarray(quant.fake_quant(x, spec))):
+        np.testing.assert_array_equal(out[:, 16:], 0.0)
+        np.testing.assert_array_equal(np.signbit(out[:, 16:]), np.signbit(x[:, 16:]))
+
+
 def test_nvfp4_two_level_scale_hand_case():
     # tensor amax 2688 = 448 · 6 -> s_t = 2688 · fl(1/2688) = 1. Blocks of 16:
     #   block 0: amax 2688 -> s_b = E4M3(448) = 448, element 2688/448 = 6
