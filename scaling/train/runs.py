@@ -126,10 +126,8 @@ def summary(run_dir: str | Path) -> dict | None:
 
 def _resolved(stored: dict) -> config_lib.RunConfig | None:
     """A config.json as today's schema resolves it (a key added since compares equal); None if invalid."""
-    if stored.get("train", {}).get("eval_every") == 0:  # a removed knob, at the value every run had
-        stored = {**stored, "train": {k: v for k, v in stored["train"].items() if k != "eval_every"}}
     try:
-        return config_lib.validate(stored)
+        return config_lib.validate(config_lib.upgrade(stored))
     except ConfigError:
         return None
 

@@ -13,17 +13,17 @@ def test_defaults_are_filled_into_a_frozen_typed_config():
 
     cfg = config.validate({"name": "x", "train": {"lr": 1e-3}})
     assert cfg.train.lr == 1e-3 and cfg.train.batch_size == 32 and cfg.tokens_per_step == 32 * 128
-    assert cfg.train.budgets == (0.25, 0.5, 1.0) and cfg.precision == "fp32" and cfg.recipe.name == "fp32"
+    assert cfg.train.eval_at == (0.25, 0.5, 1.0) and cfg.precision == "fp32" and cfg.recipe.name == "fp32"
     assert cfg.model == config.Model(size=1, seq_len=128, smooth_swiglu=False, n_layers=None)
     assert config.validate(cfg) is cfg  # validated once: a RunConfig is not checked again
-    assert config.validate(cfg.to_dict()) == cfg and cfg.to_dict()["train"]["budgets"] == [0.25, 0.5, 1.0]
+    assert config.validate(cfg.to_dict()) == cfg and cfg.to_dict()["train"]["eval_at"] == [0.25, 0.5, 1.0]
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.train.lr = 1.0
     assert cfg.replace(**{"train.lr": 2e-3}).train.lr == 2e-3 and cfg.train.lr == 1e-3
     with pytest.raises(ConfigError, match="train.lr"):
         cfg.replace(**{"train.lr": -1})
-    # cosine runs cannot branch: their default budget is the end only
-    assert config.validate({"train": {"schedule": "cosine"}}).train.budgets == (1.0,)
+    # cosine runs cannot branch: their default evaluation is the end only
+    assert config.validate({"train": {"schedule": "cosine"}}).train.eval_at == (1.0,)
 
 
 def test_run_id_hashes_the_resolved_config():
@@ -35,8 +35,8 @@ def test_run_id_hashes_the_resolved_config():
     # integral floats from the command line (2e6) resolve to the same config as integers
     assert config.run_id({"train": {"tokens": 2e6}}) == config.run_id({"train": {"tokens": 2_000_000}})
     # [study] labels came later: a run outside a design keeps the id it had before them
-    assert config.run_id(short) == config.run_id({**short, "study": {"budgets": []}})
-    labelled = {**short, "study": {"budgets": [1e12, 2e12, 4e12]}}
+    assert config.run_id(short) == config.run_id({**short, "study": {"flop_budgets": []}})
+    labelled = {**short, "study": {"flop_budgets": [1e12, 2e12, 4e12]}}
     assert config.run_id(labelled) != config.run_id(short)
 
 
@@ -72,13 +72,13 @@ def test_auto_learning_rate_is_the_ladder_rate_resolved_into_the_config():
     ("model.size=1.5", "model.size", "an integer >= 1"),
     ("model.smooth_swiglu=1", "model.smooth_swiglu", "true or false"),
     ("train.schedule=linear", "train.schedule", "one of wsd, cosine"),
-    ("train.budgets=[0.5, 0.25, 1.0]", "train.budgets", "ascending"),
-    ("train.budgets=[0.25, 0.5]", "train.budgets", "ending with 1.0"),
+    ("train.eval_at=[0.5, 0.25, 1.0]", "train.eval_at", "ascending"),
+    ("train.eval_at=[0.25, 0.5]", "train.eval_at", "ending with 1.0"),
     ("train.warmup=1.5", "train.warmup", "a whole number of steps"),
     ("train.warmup=-0.1", "train.warmup", "a fraction of the steps in [0, 1)"),
     ("train.warmup=1000", "train.warmup", "fewer steps than the run's 488"),
-    ("study.budgets=[1e12]", "study.budgets", "one budget per train.budgets entry (3)"),
-    ("study.budgets=[3e12, 1e12, 2e12]", "study.budgets", "ascending"),
+    ("study.flop_budgets=[1e12]", "study.flop_budgets", "one budget per train.eval_at entry (3)"),
+    ("study.flop_budgets=[3e12, 1e12, 2e12]", "study.flop_budgets", "ascending"),
     ("study.cost=tpu", "study.cost", "one of bits, nominal"),
     ("train.tokens=100", "train.tokens", "at least batch_size x seq_len = 4096"),
     ("seed=-1", "seed", "an integer >= 0"),
@@ -101,15 +101,15 @@ def test_bad_values_name_key_value_and_what_is_allowed(override, key, allowed):
     assert allowed in err.value.allowed
 
 
-def test_cosine_with_branch_budgets_is_refused():
-    with pytest.raises(ConfigError, match="train.budgets.*cosine"):
-        config.validate({"train": {"schedule": "cosine", "budgets": [0.5, 1.0]}})
+def test_cosine_with_branch_evaluations_is_refused():
+    with pytest.raises(ConfigError, match="train.eval_at.*cosine"):
+        config.validate({"train": {"schedule": "cosine", "eval_at": [0.5, 1.0]}})
 
 
-def test_budgets_must_give_distinct_steps():
+def test_evaluations_must_fall_on_distinct_steps():
     # 4096 tokens per step, 10 steps: 0.01 and 0.02 both round to 0 steps
     with pytest.raises(ConfigError, match="distinct step counts"):
-        config.validate({"train": {"tokens": 40960, "budgets": [0.01, 0.02, 1.0]}})
+        config.validate({"train": {"tokens": 40960, "eval_at": [0.01, 0.02, 1.0]}})
 
 
 def test_override_values_use_toml_syntax_with_string_fallback():
@@ -216,3 +216,30 @@ def test_wandb_tracker_needs_the_package(monkeypatch):
     with pytest.raises(ConfigError, match=r"train.tracker: got \['wandb'\]; allowed: .*wandb is not \(pip install wandb\)"):
         config.validate({"train": {"tracker": ["wandb"]}})
     assert config.validate({"train": {"tracker": ["tensorboard"]}}).train.tracker == ("tensorboard",)
+
+
+def test_docs_hold_the_reference_table_of_every_key():
+    """docs/training.md's key table is the schema's (regenerate: scaling.train.config.reference_table())."""
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "training.md").read_text()
+    start = doc.index("<!-- config-reference")
+    start = doc.index("\n", start) + 1
+    assert doc[start:doc.index("<!-- end config-reference -->")] == config.reference_table()
+    table = config.reference_table().splitlines()[2:]
+    assert [row.split(" | ")[0].strip("| `") for row in table] == list(config.settings())
+    for row, setting in zip(table, config.settings().values()):
+        assert all(cell.strip() for cell in row.strip("|").split(" | ")) and setting.meaning and setting.allowed
+
+
+def test_each_key_is_declared_once_with_its_default_and_check():
+    """The schema is read from the dataclasses: a default there is the default validate fills."""
+    import dataclasses
+
+    resolved = config.validate({}).to_dict()
+    for key, setting in config.settings().items():
+        section, _, name = key.rpartition(".")
+        cls = config.SECTIONS[section] if section else config.RunConfig
+        declared = {f.name: f for f in dataclasses.fields(cls)}[name]
+        assert declared.default == setting.default
+        if key != "train.eval_at":  # unset resolves per schedule
+            value = resolved[section][name] if section else resolved[name]
+            assert value == (list(setting.default) if isinstance(setting.default, tuple) else setting.default), key
