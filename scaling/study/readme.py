@@ -1,0 +1,198 @@
+"""README.md's findings block: what the committed study finds, written from its findings.json.
+
+`findings_markdown(findings)` turns the dict that `scaling figures` writes to findings.json into a short
+markdown summary (the verdict per budget, the chosen law, P* against the published ranges, the integer
+arm, scaling granularity, outliers); `with_findings(readme, block)` puts it between README's markers.
+Both are pure: `paper_figures/make_figures.py` does the reading and writing, and a test checks that
+README.md holds exactly the block the committed findings.json gives, so no finding in README is typed.
+REPORT.md (scaling.study.report) has the tables and figures behind each line.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from scaling.errors import ConfigError
+from scaling.study.analysis import PUBLISHED
+
+BEGIN = "<!-- findings:begin -->"
+END = "<!-- findings:end -->"
+GENERATED_NOTE = ("<!-- written by `python paper_figures/make_figures.py` from paper_figures/findings.json; "
+                  "edits here are overwritten -->")
+
+
+def with_findings(readme: str, block: str) -> str:
+    """`readme` with the text between its BEGIN and END markers replaced by `block`."""
+    start, end = readme.find(BEGIN), readme.find(END)
+    if start < 0 or end < start or readme.count(BEGIN) != 1 or readme.count(END) != 1:
+        raise ConfigError("README.md", f"{readme.count(BEGIN)} {BEGIN!r} and {readme.count(END)} {END!r} markers",
+                          f"one {BEGIN} line followed by one {END} line")
+    return readme[:start] + BEGIN + "\n" + block.rstrip("\n") + "\n" + readme[end:]
+
+
+def findings_markdown(f: dict) -> str:
+    """The findings block (without the markers) for a findings.json dict."""
+    unit = f["loss_unit"]
+    cost = f["cost_model"].split(":")[0]
+    lines = [GENERATED_NOTE,
+             f"{f['runs']} IsoFLOP runs ({_span(f['seeds_per_cell'])} seeds per size, recipe and token count). "
+             f"Loss in {unit}; compute in 16-bit FLOP units under the `{cost}` cost model: {_after_colon(f['cost_model'])}.",
+             ""]
+    lines += _budgets(f, unit)
+    lines += _law(f.get("law") or {})
+    lines += _pstar(f)
+    lines += _integer_arm(f, unit)
+    if f.get("granularity"):
+        lines += _granularity(f["granularity"], unit)
+    if f.get("outliers"):
+        lines += _outliers(f["outliers"], unit)
+    return "\n".join(lines) + "\n"
+
+
+def _budgets(f: dict, unit: str) -> list[str]:
+    if not f["budgets"]:
+        return ["- **Which precision is best at a fixed budget.** No budget has IsoFLOP profiles: cannot tell."]
+    lines = ["- **Which precision is best at a fixed budget** (each recipe's IsoFLOP minimum, bootstrap P(best)):"]
+    for b in f["budgets"]:
+        lines.append(f"  - C = {_num(b['budget'])}: {_verdict(b, unit)}")
+    never = sorted(set.intersection(*({e["recipe"] for e in b["recipes"] if e.get("p_best") == 0} for b in f["budgets"])))
+    if never:
+        lines.append(f"  - Never best in any bootstrap resample at any budget: {', '.join(never)}.")
+    return lines
+
+
+def _verdict(b: dict, unit: str) -> str:
+    contenders = sorted((e for e in b["recipes"] if (e.get("p_best") or 0) >= 0.025), key=lambda e: -e["p_best"])
+    p_best = ", ".join(f"{e['recipe']} {e['p_best']:.2f}" for e in contenders)
+    if b["winner"]:
+        w = next(e for e in b["recipes"] if e["recipe"] == b["winner"])
+        return (f"**{b['winner']}**, {w['loss']:.3f} {unit} (95% CI {w['ci'][0]:.3f}–{w['ci'][1]:.3f}), "
+                f"{b['diff']:.3f} below {b['runner_up']} (95% CI of the difference {b['diff_ci'][0]:.3f}–"
+                f"{b['diff_ci'][1]:.3f}); P(best) {p_best}.")
+    return f"**cannot tell**: {b['reason'].removeprefix('cannot tell: ')} (P(best) {p_best})."
+
+
+def _law(law: dict) -> list[str]:
+    selection = law.get("selection")
+    if not law.get("name"):
+        return []
+    params = law.get("params") or {}
+    text = f"- **Which law.** `{law['name']}`"
+    if selection:
+        scores = {c["name"]: c for c in selection["candidates"] if c.get("score") is not None}
+        chosen = scores.get(selection["chosen"])
+        others = sorted((c for n, c in scores.items() if n != selection["chosen"]), key=lambda c: c["score"])
+        if chosen is not None:
+            text += f", chosen by held-out precision gaps (mean absolute error {chosen['score']:.3f} nats)"
+        close = [c["name"] for c in others if c.get("within_noise")]
+        far = [f"`{c['name']}` {c['score']:.3f}" for c in others if not c.get("within_noise")]
+        if close:
+            text += f"; within noise of it: {', '.join(f'`{n}`' for n in close)}"
+        if far:
+            text += (f"; worse by more than {selection['noise_se']:g} run-clustered standard errors: "
+                     + ", ".join(far))
+    if {"alpha", "beta"} <= set(params):
+        a, b = params["alpha"], params["beta"]
+        text += f". Exponents alpha {a:.2f}, beta {b:.2f}: N\\* ∝ C^{b / (a + b):.2f}"
+    heldout = law.get("heldout")
+    if heldout and heldout.get("mare") is not None:
+        text += (f"; error on the largest {heldout['by']} held out {heldout['mare']:.1%} "
+                 f"({heldout['n_test']} points)")
+    return [text + "."]
+
+
+def _pstar(f: dict) -> list[str]:
+    if not f.get("P_star"):
+        return ["- **P\\***: no precision-aware law was fitted, so there is no P\\*."]
+    lines = ["- **P\\*, the compute-optimal precision** (the law's choice, its spread over specifications and "
+             "what the measurement cannot rule out, together):"]
+    for e in f["P_star"]:
+        head = f"  - C = {_num(e['compute'])}: "
+        if "error" in e:
+            lines.append(head + f"no P\\* ({e['error']}).")
+            continue
+        if e.get("no_bits_axis"):
+            ranked = e.get("recipes") or []
+            law_choice = f"; the law prefers {ranked[0]['recipe']}, {ranked[0]['bits']:.3g} effective bits" if ranked else ""
+            text = f"**{_bits(e['interval'])}** (`{e['no_bits_axis']}` has no bits axis{law_choice}"
+        else:
+            ci = f", bootstrap 95% CI {e['P_ci'][0]:.3g}–{e['P_ci'][1]:.3g}" if e.get("P_ci") else ""
+            text = f"**{_bits(e['interval'])}** (the law's P\\* {e['P']:.3g} bits{ci}"
+        measured = e.get("measured") or []
+        if measured:
+            text += "; the measurement cannot rule out " + ", ".join(f"{m['recipe']} ({m['bits']:.3g} bits)" for m in measured)
+        lines.append(head + text + "); " + _published(e["published"]) + ".")
+    return lines
+
+
+def _integer_arm(f: dict, unit: str) -> list[str]:
+    arm = f.get("integer_arm") or []
+    if not arm:
+        return []
+    lines = ["- **Like for like with Kumar et al.** (integer weights and activations in the forward pass only):"]
+    for b in arm:
+        text = f"  - C = {_num(b['budget'])}: {_verdict(b, unit)}"
+        if b.get("P_interval"):
+            name = "Kumar et al. 2024"
+            text += (f" Forward precision {_bits(b['P_interval'])}; against {name}'s "
+                     f"{_bits(PUBLISHED[name])}: {b['published'][name]}.")
+        lines.append(text)
+    return lines
+
+
+def _granularity(g: dict, unit: str) -> list[str]:
+    head = (f"- **Scaling granularity** ({g['runs']} runs; each scheme against per-tensor current scaling in its "
+            f"format, paired by seed")
+    if g.get("sigma") is None:
+        return [head + "): no scheme has two seeds, so every comparison is *cannot tell*."]
+    head += f"; {g['level']:.0%} intervals simultaneous over {g['comparisons']} comparisons):"
+    lines = [head]
+    for fmt in sorted({r["format"] for r in g["rows"]}, reverse=True):
+        rows = [r for r in g["rows"] if r["format"] == fmt]
+        parts = []
+        for verdict in ("lower", "higher", "cannot tell"):
+            hit = [r for r in rows if r["verdict"] == verdict]
+            if not hit:
+                continue
+            schemes = ", ".join(_scheme(r) for r in hit)
+            if verdict == "cannot tell":
+                parts.append(f"cannot tell for {schemes}")
+            else:
+                diffs = [r["diff"] for r in hit]
+                parts.append(f"{verdict} loss with {schemes} (by {_span(sorted(abs(d) for d in diffs), '.2f')} {unit})")
+        lines.append(f"  - {fmt}: " + "; ".join(parts) + ".")
+    return lines
+
+
+def _outliers(o: dict, unit: str) -> list[str]:
+    if not o.get("n") or o.get("ci") is None:
+        return [f"- **Outliers** (Smooth-SwiGLU on and off, {o['runs']} runs): no pair with a noise estimate: cannot tell."]
+    return [f"- **Outliers** ({o['runs']} runs): Smooth-SwiGLU on minus off, {o['diff']:+.3f} {unit} "
+            f"({o['level']:.0%} CI {o['ci'][0]:+.3f} to {o['ci'][1]:+.3f}, {o['n']} pairs): {o['verdict']}."]
+
+
+def _scheme(row: dict) -> str:
+    name = "per tensor" if row["granularity"] == "tensor" else row["granularity"]
+    return f"{name} ({row['scaling']})" if row["scaling"] != "current" else name
+
+
+def _published(verdicts: dict) -> str:
+    return "; ".join(f"{name} ({_bits(PUBLISHED[name])}): {v}" for name, v in verdicts.items())
+
+
+def _bits(interval: Sequence[float]) -> str:
+    lo, hi = interval
+    return f"{lo:.3g} bits" if f"{lo:.3g}" == f"{hi:.3g}" else f"{lo:.3g}–{hi:.3g} bits"
+
+
+def _span(values: Sequence[Any], spec: str = "g") -> str:
+    lo, hi = min(values), max(values)
+    return format(lo, spec) if format(lo, spec) == format(hi, spec) else f"{format(lo, spec)}–{format(hi, spec)}"
+
+
+def _num(x: float) -> str:
+    return f"{x:.3g}".replace("e+", "e")
+
+
+def _after_colon(text: str) -> str:
+    return text.split(":", 1)[1].strip() if ":" in text else text

@@ -1,0 +1,131 @@
+"""README.md is a front door that stays true: its findings block is what the committed findings.json
+gives, its Python API snippet runs as written, its test command is the one CI runs; and the docs name
+every key and law the code accepts, without run labels or diary entries."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from scaling.errors import ConfigError
+from scaling.numerics import precision
+from scaling.study import laws, readme
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+DOCS = sorted((ROOT / "docs").glob("*.md"))
+
+
+def _readme() -> str:
+    return README.read_text(encoding="utf-8")
+
+
+def _section(text: str, heading: str) -> str:
+    start = text.index(f"\n## {heading}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end >= 0 else None]
+
+
+def test_readme_is_a_front_door_of_at_most_200_lines():
+    assert len(_readme().splitlines()) <= 200
+
+
+def test_readme_findings_block_is_generated_from_the_committed_findings():
+    findings = json.loads((ROOT / "paper_figures" / "findings.json").read_text(encoding="utf-8"))
+    text = _readme()
+    assert readme.with_findings(text, readme.findings_markdown(findings)) == text
+    block = text[text.index(readme.BEGIN):text.index(readme.END)]
+    assert f"{findings['runs']} IsoFLOP runs" in block
+    assert f"`{findings['law']['name']}`" in block
+
+
+def test_findings_block_states_a_winner_and_a_continuous_pstar():
+    findings = json.loads((ROOT / "paper_figures" / "findings.json").read_text(encoding="utf-8"))
+    budget = findings["budgets"][0]
+    assert budget["winner"], "the committed study has a winner at its first budget"
+    text = readme.findings_markdown(findings)
+    assert f"C = 1e12: **{budget['winner']}**" in text
+    assert "C = 3e12: **cannot tell**" in text
+    # a law with a bits axis: P* with its bootstrap CI
+    entry = {**findings["P_star"][0], "no_bits_axis": None, "P": 5.5, "P_ci": [4.8, 6.6], "interval": [4.8, 6.6]}
+    text = readme.findings_markdown({**findings, "P_star": [entry]})
+    assert "**4.8–6.6 bits** (the law's P\\* 5.5 bits, bootstrap 95% CI 4.8–6.6" in text
+
+
+def test_with_findings_replaces_only_between_the_markers_and_needs_both():
+    text = f"head\n{readme.BEGIN}\nold\n{readme.END}\ntail\n"
+    assert readme.with_findings(text, "new") == f"head\n{readme.BEGIN}\nnew\n{readme.END}\ntail\n"
+    with pytest.raises(ConfigError, match="findings:end"):
+        readme.with_findings(f"head\n{readme.BEGIN}\nold\n", "new")
+
+
+def test_readme_python_api_snippet_runs_as_written(monkeypatch):
+    snippet = re.search(r"```python\n(.*?)```", _section(_readme(), "Python API"), re.S).group(1)
+    assert "from scaling import formats, quant, precision, fit, optimal, plan, results" in snippet
+    monkeypatch.chdir(ROOT)  # its paths are relative to the repository, as a user runs it
+    namespace: dict = {}
+    exec(compile(snippet, "README.md", "exec"), namespace)
+    # a number a line's comment promises is what the line gives
+    checked = 0
+    for line in snippet.splitlines():
+        m = re.match(r"(?P<expr>[^#]+?)\s+#\s*(?P<value>-?\d+\.\d+)\b", line)
+        if m:
+            decimals = len(m["value"].split(".")[1])
+            assert round(eval(m["expr"], namespace), decimals) == float(m["value"]), line
+            checked += 1
+    assert checked >= 1
+
+
+def test_readme_test_command_is_the_one_ci_runs():
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").strip().splitlines()[-1]
+    assert f"```bash\n{ci}\n```" in _readme()
+
+
+def test_precision_doc_names_every_recipe_and_quantspec_key():
+    doc = (ROOT / "docs" / "precision.md").read_text(encoding="utf-8")
+    keys = set(precision._RECIPE_KEYS) | set(precision._SPEC_KEYS)
+    missing = sorted(k for k in keys if f"`{k}`" not in doc)
+    assert not missing, f"docs/precision.md does not document {missing}"
+
+
+def test_precision_doc_preset_table_has_every_preset():
+    doc = (ROOT / "docs" / "precision.md").read_text(encoding="utf-8")
+    rows = set(re.findall(r"^\| `([a-z0-9-]+)`(?: / `([a-z0-9-]+)`)? \|", doc, re.M))
+    named = {name for row in rows for name in row if name}
+    missing = sorted(set(precision.PRESETS) - named)
+    assert not missing, f"missing from docs/precision.md's preset table: {missing}"
+
+
+def test_fitting_doc_law_table_has_every_registered_law():
+    doc = (ROOT / "docs" / "fitting.md").read_text(encoding="utf-8")
+    rows = set(re.findall(r"^\| `([a-z_]+)` \|", doc, re.M))
+    assert set(laws.names()) <= rows, f"missing from docs/fitting.md's law table: {sorted(set(laws.names()) - rows)}"
+
+
+def test_figures_options_are_documented():
+    from scaling import cli
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+        cli.main(["figures", "--help"])
+    options = set(re.findall(r"(--[a-z][a-z-]*)", out.getvalue())) - {"--help"}
+    assert options >= {"--results", "--fit", "--out"}
+    docs = "".join(p.read_text(encoding="utf-8") for p in (ROOT / "docs" / "experiments.md", ROOT / "docs" / "fitting.md"))
+    missing = sorted(o for o in options if f"`{o}" not in docs)
+    assert not missing, f"`scaling figures` options not in docs/experiments.md or docs/fitting.md: {missing}"
+
+
+# dated run labels such as "2026-11-24 (k)", "(n):", "session (l)": history belongs in git
+RUN_LABEL = re.compile(r"20[0-9]{2}-[0-9]{2}-[0-9]{2} \([a-z]\)|\(([j-q])\)[,:;]|[Ss]essions? \(?[a-z]\)?[ ,:;)]")
+
+
+@pytest.mark.parametrize("path", [README, *DOCS], ids=lambda p: p.name)
+def test_docs_carry_no_run_labels(path):
+    hits = [f"{path.name}:{i}: {line}" for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+            if RUN_LABEL.search(line)]
+    assert not hits, "\n".join(hits)
