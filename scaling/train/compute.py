@@ -414,7 +414,7 @@ def backfill(df: pd.DataFrame, *, batch_size: int = 16) -> pd.DataFrame:
 def _recipe_by_name(name: str) -> Any:
     """A recipe named in an older table: a preset, a file in experiments/recipes, or a named
     `precision` table in an experiment grid (the granularity sweep names its recipes that way)."""
-    experiments = Path(__file__).resolve().parents[1] / "experiments"
+    experiments = Path(__file__).resolve().parents[2] / "experiments"
     path = experiments / "recipes" / f"{name}.toml"
     if path.is_file():
         return str(path)
