@@ -22,7 +22,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "optimal": ("scaling.study.optimal", "compute-optimal (N, D, P) from a fitted law, with CI and specification range"),
     "figures": ("scaling.study.report", "regenerate figures, REPORT.md and findings.json from results/ and fits/"),
     "reproduce": ("scaling.study.reproduce", "the main job: IsoFLOP sweep, law selection, findings, figures, report"),
-    "plan": ("scaling.plan.cluster", "training days and memory per GPU on a GPU cluster"),
+    "plan": ("scaling.cli.plan", "training days and memory per GPU on a GPU cluster"),
 }
 
 

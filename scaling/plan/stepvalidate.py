@@ -1,22 +1,27 @@
 """The step model against published measurements: per-case errors and the calibration of its constants.
 
-`python -m scaling.plan.stepvalidate` prints the validation table (case, layout, measured, predicted,
-error, role); `--calibrate` refits stepmodel.EFFICIENCY, one set per GPU generation, each on
-that generation's calibration cases only (the held-out cases never enter the fit), and prints the
-constants to paste into stepmodel.py.
+`scaling plan validate` prints the validation table (case, layout, measured, predicted, error, role)
+and the errors by generation, role and family; `--calibrate` refits efficiency.EFFICIENCY, one set per
+GPU generation, each on that generation's calibration cases only (the held-out cases never enter the
+fit), and prints the constants to paste into scaling/plan/efficiency.py.
 Cases: scaling/plan/step_cases.json, each with its source.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from scaling.plan import stepmodel
-from scaling.plan.stepmodel import Efficiency
+from scaling.plan.efficiency import GENERATION, Efficiency, get_recipe
+from scaling.plan.hardware import get_gpu
+from scaling.plan.layerops import attention_flops_per_token
+from scaling.plan.layout import parse_step_layout
+from scaling.plan.memory import GIB
+from scaling.plan.shapes import load_model
+from scaling.plan.stepmodel import step
 
 CASES_PATH = Path(__file__).parent / "step_cases.json"
 
@@ -37,7 +42,7 @@ KERNEL_BOUNDS = {"attention": (0.05, 1.0), "mla_attention": (0.05, 1.0), "attent
 
 
 def kernel_attention(rows: list[dict], rounds: int = 8) -> dict[str, float]:
-    """attention, mla_attention and attention_half_flops (stepmodel.Efficiency) by least squares of log
+    """attention, mla_attention and attention_half_flops (Efficiency) by least squares of log
     efficiency over measured kernels. A row's forward and backward factors count the FLOPs without the
     causal mask, twice what the step model counts, and the model prices forward (1 part) and backward
     (2.5 parts) at one efficiency, so a row's efficiency is 3.5 / (2 / fwd + 5 / bwd), at its causal
@@ -72,22 +77,22 @@ class Check:
 
 def check(case: dict, eff: Efficiency | None = None) -> Check:
     # a case may cut the model as it was run: fewer layers, its dense-layer count, MTP modules on or off
-    model = stepmodel.load_model(case["model"], layers=case.get("layers"), dense_layers=case.get("dense_layers"),
+    model = load_model(case["model"], layers=case.get("layers"), dense_layers=case.get("dense_layers"),
                                  mtp=case.get("mtp"))
     lay = dict(case["layout"])
     text = ",".join(f"{k}={v}" for k, v in lay.items())
-    layout = stepmodel.parse_step_layout(text, micro_batch=case["micro_batch"], micro_batches=case["micro_batches"],
+    layout = parse_step_layout(text, micro_batch=case["micro_batch"], micro_batches=case["micro_batches"],
                                          recompute=case.get("recompute"))
-    r = stepmodel.step(model, case["gpu"], layout, case["precision"], case["seq_len"], case["gpus"], eff)
+    r = step(model, case["gpu"], layout, case["precision"], case["seq_len"], case["gpus"], eff)
     if "measured_step_ms" in case:
         measured = case["measured_step_ms"]
     elif "measured_tokens_per_s_per_gpu" in case:  # tokens of one step / (tokens/s/GPU x GPUs)
         measured = r.tokens / (case["measured_tokens_per_s_per_gpu"] * layout.gpus) * 1e3
     else:  # published model TFLOP/s per GPU -> step time, with the FLOPs of the real layer count
         real = replace(model, layers=case.get("flops_layers", model.layers))
-        flops = (6 * real.matmul_params + stepmodel.attention_flops_per_token(real, case["seq_len"])) * r.tokens
+        flops = (6 * real.matmul_params + attention_flops_per_token(real, case["seq_len"])) * r.tokens
         measured = flops / (case["measured_tflops_per_gpu"] * 1e12 * layout.gpus) * 1e3
-    return Check(case, measured, r.step_seconds * 1e3, case.get("measured_memory_gib"), r.memory.total / stepmodel.GIB)
+    return Check(case, measured, r.step_seconds * 1e3, case.get("measured_memory_gib"), r.memory.total / GIB)
 
 
 # Where the fit starts (round numbers, not measurements): a fixed start keeps the refit
@@ -96,7 +101,7 @@ START = Efficiency(gemm=0.8, gemm_half_flops=2e10, attention=0.5, bandwidth=0.7)
 
 
 def generation(case: dict) -> str:
-    return stepmodel.GENERATION[case["gpu"]]
+    return GENERATION[case["gpu"]]
 
 
 def calibrate_all(cases: list[dict]) -> dict[str, Efficiency]:
@@ -148,7 +153,7 @@ MAIN_RATE = {"h100": "fp8", "b200": "bf16"}
 
 def rate_of(case: dict) -> str:
     """The tensor-core rate a case's GEMMs run at ('bf16', 'fp8', ...)."""
-    return stepmodel.get_recipe(case["precision"], stepmodel.get_gpu(case["gpu"])).rate
+    return get_recipe(case["precision"], get_gpu(case["gpu"])).rate
 
 
 def _get(eff: Efficiency, key: str) -> float:
@@ -163,23 +168,23 @@ def _set(eff: Efficiency, key: str, value: float) -> Efficiency:
     return replace(eff, **{key: value})
 
 
-def _step_loss(cases: list[dict]):
+def _step_loss(cases: list[dict]) -> Callable[[Efficiency], float]:
     """Sum of squared log(predicted / measured) step times over `cases`, as a function of the constants."""
     def loss(eff: Efficiency) -> float:
         return sum(math.log(x.predicted_ms / x.measured_ms) ** 2 for x in (check(c, eff) for c in cases))
     return loss
 
 
-def _descend(loss, start: Efficiency, bounds: dict[str, tuple[float, float]], rounds: int) -> Efficiency:
+def _descend(loss: Callable[[Efficiency], float], start: Efficiency, bounds: dict[str, tuple[float, float]], rounds: int) -> Efficiency:
     """Coordinate descent of `loss` on the `bounds` constants with multiplicative steps, halved each round."""
     best, best_loss = start, loss(start)
     for r in range(rounds):
-        step = 0.5 / 2**r  # multiplicative step in log space, halved each round
+        log_step = 0.5 / 2**r  # multiplicative step in log space, halved each round
         for key, (lo, hi) in bounds.items():
             improved = True
             while improved:
                 improved = False
-                for factor in (math.exp(step), math.exp(-step)):
+                for factor in (math.exp(log_step), math.exp(-log_step)):
                     value = min(hi, max(lo, _get(best, key) * factor))
                     trial = _set(best, key, value)
                     trial_loss = loss(trial)
@@ -190,7 +195,7 @@ def _descend(loss, start: Efficiency, bounds: dict[str, tuple[float, float]], ro
 
 
 def family_of(case: dict) -> str:
-    return "MoE" if stepmodel.load_model(case["model"]).moe else "dense"
+    return "MoE" if load_model(case["model"]).moe else "dense"
 
 
 def layout_text(case: dict) -> str:
@@ -212,19 +217,11 @@ def table(checks: list[Check]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m scaling.plan.stepvalidate", description=__doc__.splitlines()[0])
-    parser.add_argument("--calibrate", action="store_true", help="refit EFFICIENCY on the calibration cases")
-    args = parser.parse_args(argv)
-    cases = load_cases()
-    effs = dict(stepmodel.EFFICIENCY)
-    if args.calibrate:
-        effs.update(calibrate_all(cases))
-        for g, e in effs.items():
-            print(f'    "{g}": {e},')
-    checks = [check(c, effs[generation(c)]) for c in cases]
-    print(table(checks))
-    for gen in sorted({generation(c) for c in cases}):
+def summary(checks: list[Check]) -> list[str]:
+    """One line per GPU generation, role and family: mean and worst |error|, and how many are within 10%
+    (all of them, and those without a note explaining a miss)."""
+    lines = []
+    for gen in sorted({generation(c.case) for c in checks}):
         for role in ("calibration", "held-out"):
             for family in ("dense", "MoE"):
                 group = [c for c in checks
@@ -232,11 +229,7 @@ def main(argv: list[str] | None = None) -> int:
                 errs = [abs(c.error) for c in group]
                 plain = [abs(c.error) for c in group if not c.case.get("note")]  # no explanation recorded
                 if errs:
-                    print(f"{gen} {role} {family}: {len(errs)} cases, mean |error| {sum(errs) / len(errs):.1%}, "
-                          f"worst {max(errs):.1%}, within 10%: {sum(e <= 0.10 for e in errs)}; "
-                          f"without a note: {sum(e <= 0.10 for e in plain)} of {len(plain)} within 10%")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+                    lines.append(f"{gen} {role} {family}: {len(errs)} cases, mean |error| {sum(errs) / len(errs):.1%}, "
+                                 f"worst {max(errs):.1%}, within 10%: {sum(e <= 0.10 for e in errs)}; "
+                                 f"without a note: {sum(e <= 0.10 for e in plain)} of {len(plain)} within 10%")
+    return lines

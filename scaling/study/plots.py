@@ -44,7 +44,7 @@ import seaborn as sns  # noqa: E402
 
 from scaling.study import laws, optimal, analysis as study
 from scaling.train import compute
-from scaling.plan import cluster as plan
+from scaling import plan
 from scaling.study import curves as curves_lib  # noqa: E402
 from scaling.errors import ConfigError  # noqa: E402
 from scaling.study.analysis import final_rows, study_part  # noqa: E402  (each figure reads its own study part)
@@ -664,11 +664,9 @@ def cluster_time_table(fit: Any = None, compute: float = CLUSTER_COMPUTE, gpus: 
     BF16 and FP8 under their written-down layouts (plan.CLUSTER_RECIPES), and, given a fit, its
     compute-optimal (N, D) per precision at `compute` as dense shapes (plan.DENSE_RECIPE) at the
     hardware format for P bits."""
-    from scaling.plan import stepmodel
-
     rows = []
     for name, (model_name, flops) in REFERENCE_RUNS.items():
-        model, recipe = stepmodel.load_model(model_name), plan.CLUSTER_RECIPES[model_name]
+        model, recipe = plan.load_model(model_name), plan.CLUSTER_RECIPES[model_name]
         for precision in ("bf16", "fp8"):
             days = {k: plan.plan_run(flops, k, gpu, step=plan.cluster_step(model, gpu, k, precision, recipe)).days for k in gpus}
             rows.append({"run": name, "P (bits)": None, "hardware": precision, "N": None, "D": None, "FLOPs": flops,

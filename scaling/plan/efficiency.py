@@ -1,0 +1,156 @@
+"""How fast a step's kernels run: the precision recipe's GEMM rate and bytes (StepRecipe, RECIPES) and
+the calibrated fractions of the spec sheet that real kernels reach, per GPU generation (Efficiency,
+EFFICIENCY; fitted by scaling.plan.stepvalidate on scaling/plan/step_cases.json)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from scaling.errors import ConfigError
+from scaling.plan.hardware import GPU, GPUS
+
+@dataclass(frozen=True)
+class StepRecipe:
+    """How a precision recipe runs the linear layers' GEMMs.
+
+    rate: the tensor-core peak it runs at; bytes: bytes per quantised element including its
+    scales; native: a block-scaled format the GPU must run natively (Blackwell MX/NVFP4);
+    blocks: scales run in blocks along the reduction axis, so the backward GEMMs, which reduce
+    along the other axis, need a second copy quantised along it (TE's row- and column-wise data).
+    Attention, norms and communication stay in BF16 in every recipe (Transformer Engine's default).
+    """
+
+    rate: str
+    bytes: float
+    native: str | None = None
+    blocks: bool = False
+
+    def copies(self, gpu: GPU) -> int:
+        """Quantised copies of each GEMM input: two where the backward needs its own (blocks, or
+        per-tensor FP8 on GPUs whose FP8 GEMMs take only TN layouts: a transposed copy), else one."""
+        return 2 if self.blocks or (self.rate == "fp8" and not gpu.fp8_any_layout) else 1
+
+
+# Scale overhead per element: MX formats carry one E8M0 byte per 32 elements (OCP MX spec v1.0);
+# NVFP4 one E4M3 byte per 16 (NVIDIA); DeepSeek-V3's blockwise FP8 one FP32 per 128 (1x128 tiles).
+RECIPES: dict[str, StepRecipe] = {
+    "bf16": StepRecipe("bf16", 2.0),
+    "fp8": StepRecipe("fp8", 1.0),  # per-tensor scaling (Transformer Engine delayed/current scaling)
+    "fp8-block": StepRecipe("fp8", 1.0 + 4 / 128, blocks=True),
+    "mxfp8": StepRecipe("fp8", 1.0 + 1 / 32, "mxfp8", blocks=True),
+    "mxfp6": StepRecipe("fp8", 0.75 + 1 / 32, "mxfp6", blocks=True),  # FP6 runs at the FP8 rate on Blackwell
+    "mxfp4": StepRecipe("fp4", 0.5 + 1 / 32, "mxfp4", blocks=True),
+    "nvfp4": StepRecipe("fp4", 0.5 + 1 / 16, "nvfp4", blocks=True),
+    # FP32 GEMMs on TF32 tensor cores (what cuBLAS and XLA do by default): priced as BF16 inputs
+    # cast to FP32 per GEMM; the activations, norms and collectives stay priced in BF16
+    "tf32": StepRecipe("tf32", 4.0),
+}
+
+
+def get_recipe(precision: str, gpu: GPU) -> StepRecipe:
+    recipe = RECIPES.get(precision.lower())
+    if recipe is None:
+        raise ConfigError("precision", precision, RECIPES)
+    if recipe.rate not in gpu.peak_tflops or (recipe.native and recipe.native not in gpu.block_scaled):
+        runs = [p for p, r in RECIPES.items() if r.rate in gpu.peak_tflops and (not r.native or r.native in gpu.block_scaled)]
+        raise ConfigError("precision", precision, f"one of {', '.join(runs)} on {gpu.name}")
+    return recipe
+
+
+# hardware format (scaling.plan.hardware.precision_for_bits) -> the recipe that runs it
+RECIPE_FOR_FORMAT = {"bf16": "bf16", "fp8": "fp8", "fp4": "nvfp4", "tf32": "tf32"}
+
+
+# --------------------------------------------------------------------------------------------
+# Efficiency constants (calibrated: `scaling plan validate --calibrate`)
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """Fractions of the spec sheet a real kernel reaches.
+
+    gemm: best GEMM efficiency; a GEMM of F FLOPs reaches gemm * F / (F + gemm_half_flops)
+      (small GEMMs are launch/tail bound: the knee is where half the best is lost).
+    attention: flash attention's fraction of the BF16 peak on its hardware FLOPs (forward and
+      backward together); with attention_half_flops, its best fraction: a call of F forward FLOPs
+      (one micro-batch's causal attention on one GPU) reaches attention * F / (F + attention_half_flops)
+      (few heads or short sequences leave SMs idle); mla_attention is the best fraction of MLA's
+      kernels (d_qk != d_v; 0: attention). The three come from kernel measurements where a generation
+      has them (stepvalidate.kernel_attention), else attention is fitted and the others stay 0.
+    bandwidth: fraction of HBM, NVLink and NIC bandwidth that memory-bound kernels and NCCL reach.
+    moe_layer_seconds: time per MoE layer per micro-batch (forward + backward) that the listed
+      ops do not account for: dropless routing synchronises host and device in every layer
+      (the dispatcher needs the token counts per expert on the host), after which the GPU waits
+      on the host to launch the layer's many small router, permute and per-expert kernels; such
+      layers cannot be captured in CUDA graphs (Megatron-LM's MoE README). Fitted on MoE runs
+      only, after the other four (0: none).
+    gemm_rates: (rate, gemm) pairs for the tensor-core rates whose GEMMs reach another share of
+      their peak than the rate the four constants were fitted on (FP8 kernels reach a smaller share
+      of their 2x peak than BF16's); fitted on that rate's runs with the rest held.
+    """
+
+    gemm: float
+    gemm_half_flops: float
+    attention: float
+    bandwidth: float
+    moe_layer_seconds: float = 0.0
+    gemm_rates: tuple[tuple[str, float], ...] = ()
+    attention_half_flops: float = 0.0
+    mla_attention: float = 0.0
+
+    def attention_at(self, flops: float, mla: bool = False) -> float:
+        """Flash attention's fraction of the BF16 peak for a call of `flops` forward FLOPs."""
+        best = self.mla_attention if mla and self.mla_attention else self.attention
+        h = self.attention_half_flops
+        return best * flops / (flops + h) if h else best
+
+    def gemm_at(self, rate: str) -> float:
+        """Best GEMM efficiency at a tensor-core rate ('bf16', 'fp8', ...): `gemm` unless `gemm_rates`
+        has its own, fitted on runs at that rate (a format's kernels reach another share of its peak)."""
+        return dict(self.gemm_rates).get(rate, self.gemm)
+
+
+# Least squares of log step time over the calibration runs of scaling/plan/step_cases.json, one fit per
+# GPU generation (`scaling plan validate --calibrate`):
+# - b200: 8 of SimuMax's real Megatron-LM runs on 8x B200 (BF16, micro-batches = 8, no TP/DP overlap).
+#   Low next to B200 GEMM microbenchmarks (~65-70% of peak on large shapes) because they also absorb
+#   what the model does not list (kernel launch gaps, CPU-side overhead, TE's casts and copies).
+#   Flash attention's three constants are not fitted on those steps (attention is ~10% of each, so any
+#   fraction from 0.26 to 0.6 fits them alike; the fit had settled at 0.263, which priced 128K-token CP
+#   runs 17-29% slow) but on SimuMax's TE kernel timings from the same node (19 shapes, 4K-128K tokens,
+#   4-128 heads; each within 25% of the curve): 0.462 of the BF16 peak at best, half of it lost at
+#   3.2e10 FLOPs per call (few heads or short sequences leave SMs idle), 0.366 for MLA's kernels.
+# - h100: 5 of NeMo's published DGX-H100 runs (FP8 per-tensor; Llama 2 7B/13B, Llama 3 8B with CP,
+#   GPT-3 175B on 128 GPUs, Llama 3 70B on 64 GPUs), with the overlaps those recipes turn on. The
+#   GEMM fraction is of the FP8 peak; BF16 runs on H100 came out 11-32% slow with it, so BF16 GEMMs
+#   get their own (gemm_rates), fitted with the four held on 4 BF16 runs of NVIDIA's DGX Cloud
+#   Benchmarking recipes (NeMo 24.12: Llama 3.1 8B/70B/405B, GPT-3 175B), whose tables also ran
+#   every model in FP8: BF16/FP8 step ratios 1.31-1.60 measured, 1.35-1.52 priced.
+#   moe_layer_seconds, fitted afterwards with those held: 5 of Megatron-Bridge's DGX-H100 MoE
+#   runs from its newest containers (Qwen3-235B-A22B on 256 GPUs, Qwen3-30B-A3B on 16; FP8, dropless).
+#   Without it the model is 17-36% fast on them; fitted on each model alone it comes to 2.3 ms
+#   (Qwen3-235B) and 3.4 ms (Qwen3-30B) per MoE layer per micro-batch, although their expert GEMMs
+#   and all-to-alls differ 1.2-2.5x: mostly a fixed host-side cost, not a GEMM or all-to-all efficiency. Older Bridge containers, DeepSeek-V3 (H100, H800) are held out.
+# - b200 moe_layer_seconds: the same rule, Megatron-Bridge's DGX-B200 MXFP8 Qwen3 runs of 26.04 and
+#   later (3). One constant leaves Qwen3-235B 16% fast and Qwen3-30B (CUDA-graphed router and
+#   attention) 15% slow; SimuMax's BF16 DeepSeek-V2/V3 runs, held out, come within 10%.
+# B200's constants priced the H100 runs 20-37% (FP8) and 47-71% (Llama 3 BF16) too slow: the
+# constants are per generation and software stack, not portable.
+# One set per GPU generation: `scaling plan validate --calibrate` fits each generation
+# on its own calibration cases. Hopper (H100/H200): NeMo's published Megatron-Core runs on DGX H100
+# (FP8, TP/DP/PP communication overlapped). A100 has no calibration runs yet and borrows Hopper's.
+EFFICIENCY: dict[str, Efficiency] = {
+    "b200": Efficiency(gemm=0.478, gemm_half_flops=9.25e10, attention=0.462, bandwidth=0.545,
+                       moe_layer_seconds=0.97e-3, attention_half_flops=3.18e10, mla_attention=0.366),
+    "h100": Efficiency(gemm=0.493, gemm_half_flops=2.13e10, attention=0.558, bandwidth=0.806,
+                       moe_layer_seconds=3.13e-3, gemm_rates=(("bf16", 0.595),)),
+}
+GENERATION = {"a100": "h100", "h100": "h100", "h800": "h100", "h200": "h100", "b200": "b200"}
+
+
+def efficiency_for(gpu: str | GPU) -> Efficiency:
+    """The calibrated constants of this GPU's generation (`gpu` a GPUS key or a GPUS value)."""
+    key = gpu if isinstance(gpu, str) else next((k for k, v in GPUS.items() if v == gpu), "h100")
+    return EFFICIENCY[GENERATION.get(key.lower(), "h100")]
+
