@@ -16,12 +16,12 @@ from scaling.errors import ConfigError
 
 # verb -> (module defining add_arguments/main, one-line help)
 VERBS: dict[str, tuple[str, str]] = {
-    "train": ("scaling.train.loop", "train one run from a TOML config"),
-    "sweep": ("scaling.study.sweep", "run a grid of runs from an experiment TOML (an [isoflop] table makes it an IsoFLOP design)"),
-    "fit": ("scaling.study.fit", "fit a scaling law to results (--law auto: chosen by held-out precision gaps)"),
-    "optimal": ("scaling.study.optimal", "compute-optimal (N, D, P) from a fitted law, with CI and specification range"),
-    "figures": ("scaling.study.report", "regenerate figures, REPORT.md and findings.json from results/ and fits/"),
-    "reproduce": ("scaling.study.reproduce", "the main job: IsoFLOP sweep, law selection, findings, figures, report"),
+    "train": ("scaling.cli.train", "train one run from a TOML config"),
+    "sweep": ("scaling.cli.sweep", "run a grid of runs from an experiment TOML (an [isoflop] table makes it an IsoFLOP design)"),
+    "fit": ("scaling.cli.fit", "fit a scaling law to results (--law auto: chosen by held-out precision gaps)"),
+    "optimal": ("scaling.cli.optimal", "compute-optimal (N, D, P) from a fitted law, with CI and specification range"),
+    "figures": ("scaling.cli.figures", "regenerate figures, REPORT.md and findings.json from results/ and fits/"),
+    "reproduce": ("scaling.cli.reproduce", "the main job: IsoFLOP sweep, law selection, findings, figures, report"),
     "plan": ("scaling.cli.plan", "training days and memory per GPU on a GPU cluster"),
 }
 

@@ -131,7 +131,7 @@ class Design:
             raise ConfigError(f"isoflop.{unknown[0]}", table[unknown[0]], f"one of {', '.join(cls.__dataclass_fields__)}")
         if "budgets" not in table:
             raise ConfigError("isoflop.budgets", None, "a list of compute budgets (16-bit FLOPs under isoflop.cost)")
-        budgets = config.SCHEMA["study"]["budgets"].check("isoflop.budgets", table["budgets"])
+        budgets = config.SCHEMA["study"]["flop_budgets"].check("isoflop.budgets", table["budgets"])
         if not budgets:
             raise ConfigError("isoflop.budgets", table["budgets"], "at least one compute budget")
         sizes = table.get("sizes", [s for s, _ in cls.sizes])
@@ -182,7 +182,7 @@ def _shape(entry: Any) -> tuple[int, int | None]:
 def design(points: Sequence[dict], plan: Design, vocab: int = 256) -> list[list[config.RunConfig]]:
     """The resolved run configs of each grid point (an unvalidated config: recipe, seed, ...) under an
     IsoFLOP design: one per shape it uses, each with model.size (and model.n_layers), train.tokens,
-    train.budgets (the step of each budget served, as fractions of the longest) and study.budgets /
+    train.eval_at (the step of each budget served, as fractions of the longest) and study.flop_budgets /
     study.cost (the labels
     each evaluation's results row carries as `budget`; 0 = not an IsoFLOP point).
 
@@ -220,7 +220,7 @@ def _run_config(point: dict, base: config.RunConfig, shape: tuple[int, int | Non
     if shape[1] is not None:
         config.set_dotted(cfg, "model.n_layers", shape[1])
     for key, value in {"model.size": shape[0], "train.tokens": last * base.tokens_per_step,
-                       "train.budgets": [s / last for s in at], "study.budgets": list(at.values()),
+                       "train.eval_at": [s / last for s in at], "study.flop_budgets": list(at.values()),
                        "study.cost": cost}.items():
         config.set_dotted(cfg, key, value)
     return config.validate(cfg)
@@ -577,9 +577,11 @@ def analyse(df: pd.DataFrame, budgets: Sequence[float] | None = None, cost: comp
 
 # ----------------------------------------------------------------------------- precision gaps
 
-def precision_gaps(df: pd.DataFrame) -> pd.DataFrame:
-    """Each run's loss minus the high-precision reference run's at the same size, tokens and seed
-    (where one exists): columns recipe, N, D, seed, gap. The quantity a precision law must predict."""
+def gaps_to_reference_recipe(df: pd.DataFrame) -> pd.DataFrame:
+    """Each ok run's val_loss minus the mean of the reference recipe's (high_precision_recipe) at the
+    same size, tokens and seed (where one exists): columns recipe, N, D, seed, gap. The quantity a
+    precision law must predict. (Law selection's per-row gaps, with its own reference rule, are
+    scaling.study.selection.gaps_to_reference_rows.)"""
     df = ok_rows(df)
     ref = high_precision_recipe(df)
     if ref is None:

@@ -21,15 +21,11 @@ scipy loop it must agree with (tests and benchmarks/bench_fit.py compare them).
 Bootstrap: resampling units (runs, by `run_id`, or rows) with replacement is a multinomial weight
 per row, so all resamples are one batched weighted float64 fit, started from the full-data optimum.
 
-Law selection (`select_law`, `scaling fit --law auto`): every candidate law is scored by how well it
-predicts held-out *precision gaps* (loss minus the matching high-precision run's loss) after leaving
-out the largest size or the longest budget; what matters for choosing a precision is the gap, not the
-loss level every law fits about equally well.
+Choosing among laws by held-out precision gaps is scaling.study.selection.
 """
 
 from __future__ import annotations
 
-import argparse
 import functools
 import itertools
 import json
@@ -41,7 +37,7 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import minimize
 
-from scaling.study import laws, results
+from scaling.study import laws
 from scaling.train import compute
 from scaling._io import atomic_write_json
 from scaling.errors import ConfigError
@@ -81,7 +77,8 @@ class _Problem:
         return np.array([np.log(params[n]) if n in self.law.positive else params[n] for n in self.free])
 
 
-def _resolve_fixed(law: laws.Law, fixed: Mapping[str, float] | None) -> dict[str, float]:
+def resolve_fixed(law: laws.Law, fixed: Mapping[str, float] | None) -> dict[str, float]:
+    """The params held fixed (None: the law's defaults), checked against the law, as floats."""
     fixed = dict(law.fixed if fixed is None else fixed)
     for name, value in fixed.items():
         if name not in law.params:
@@ -119,7 +116,7 @@ def _prepare(df: pd.DataFrame, law: str | laws.Law, fixed: Mapping[str, float] |
     law = laws.get(law) if isinstance(law, str) else law
     if not isinstance(df, pd.DataFrame):
         raise ConfigError("df", type(df).__name__, "a pandas DataFrame")
-    fixed = _resolve_fixed(law, fixed)
+    fixed = resolve_fixed(law, fixed)
     x = _columns(law, df)
     if loss_column not in df.columns:
         raise ConfigError("columns", sorted(map(str, df.columns)), f"a loss column {loss_column!r}")
@@ -616,61 +613,6 @@ def compare_laws(df: pd.DataFrame, laws_to_compare: Sequence[str] = ("chinchilla
     return pd.DataFrame(rows)
 
 
-# ----------------------------------------------------------------------------- law selection
-
-# Splits for held-out errors: leave out the largest size (N), the longest run (D), or, in an IsoFLOP
-# design, the largest compute budget (`budget`, with the reference rows at the same (N, D)).
-SELECTION_SPLITS = ("N", "D", "budget")
-# Precision columns, larger = more precise; the reference recipe maximises them in this order, so a
-# recipe that quantises only the weights or only the backward pass (P = 32 as well) is not the reference.
-_REFERENCE_ORDER = ("P", "P_fwd", "P_w", "P_a", "P_g", "P_bwd")
-# within_noise: a law whose held-out gap error exceeds the best one's by at most this many standard errors.
-NOISE_SE = 2.0
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """A law with the params it holds fixed; `name` is how selection reports it, e.g. 'kumar[kappa free]'."""
-
-    name: str
-    law: str
-    fixed: dict[str, float]
-
-
-def parse_candidate(spec: str) -> Candidate:
-    """'kumar' (the law's default fixed params), 'kumar[kappa free]', 'kumar[kappa=2]', 'x[a free, b=1]'."""
-    head, bracket, rest = spec.strip().partition("[")
-    law = laws.get(head.strip())
-    fixed = dict(law.fixed)
-    if bracket:
-        if not rest.endswith("]"):
-            raise ConfigError("candidate", spec, "NAME or NAME[PARAM free, PARAM=VALUE, ...]")
-        for item in filter(None, (t.strip() for t in rest[:-1].split(","))):
-            param, eq, value = item.partition("=")
-            if not eq and item.endswith(" free"):
-                param = item[:-len(" free")].strip()
-                if param not in law.params:
-                    raise ConfigError("candidate", spec, f"params of law {law.name}: {', '.join(law.params)}")
-                fixed.pop(param, None)
-                continue
-            try:
-                fixed[param.strip()] = float(value)
-            except ValueError:
-                raise ConfigError("candidate", spec, "NAME or NAME[PARAM free, PARAM=VALUE, ...]") from None
-    return Candidate(spec.strip(), law.name, _resolve_fixed(law, fixed))
-
-
-def default_candidates() -> list[str]:
-    """Every registered law, plus each law that holds params fixed by default with them freed
-    (kumar -> also 'kumar[kappa free]')."""
-    out = []
-    for name in laws.names():
-        out.append(name)
-        if laws.get(name).fixed:
-            out.append(f"{name}[{', '.join(f'{k} free' for k in laws.get(name).fixed)}]")
-    return out
-
-
 def unfittable_reason(df: pd.DataFrame, law: str, fixed: Mapping[str, float] | None = None,
                       loss_column: str = "loss") -> str | None:
     """Why `law` cannot be fitted on df (missing/bad columns, too few rows, a column group the law needs
@@ -686,381 +628,8 @@ def unfittable_reason(df: pd.DataFrame, law: str, fixed: Mapping[str, float] | N
     return None
 
 
-def reference_mask(df: pd.DataFrame, reference: str | None = None) -> np.ndarray:
-    """Rows of the high-precision reference recipe: those whose `recipe` is `reference`, or by default
-    the rows with the largest P (ties broken by the other precision columns, larger wins)."""
-    if reference is not None:
-        if "recipe" not in df.columns:
-            raise ConfigError("reference", reference, "a value of column recipe (the data has no recipe column)")
-        mask = (df["recipe"].astype(str) == str(reference)).to_numpy()
-        if not mask.any():
-            raise ConfigError("reference", reference, sorted(df["recipe"].astype(str).unique()))
-        return mask
-    cols = [c for c in _REFERENCE_ORDER if c in df.columns]
-    if not cols:
-        raise ConfigError("reference", None, "a recipe name (the data has no precision column P to find the highest-precision recipe)")
-    mask = np.ones(len(df), dtype=bool)
-    for c in cols:
-        v = pd.to_numeric(df[c], errors="coerce").to_numpy(float)
-        if np.isfinite(v[mask]).any():
-            mask &= v == np.nanmax(v[mask])
-    return mask
-
-
-def _match_ids(df: pd.DataFrame) -> np.ndarray:
-    """Rows sharing (N, D, seed if present) share an id: a row's gap is taken to the reference rows with its id."""
-    keys = [c for c in ("N", "D", "seed") if c in df.columns]
-    return df.groupby(keys, sort=False, dropna=False).ngroup().to_numpy()
-
-
-def _gaps(values: np.ndarray, ids: np.ndarray, ref: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(positions, gaps): values - mean of values over the matching reference rows, for the rows of the
-    boolean mask `rows` that are not reference rows themselves and have a matching reference row."""
-    n = int(ids.max()) + 1 if len(ids) else 0
-    counts = np.bincount(ids[ref], minlength=n)
-    means = np.bincount(ids[ref], weights=values[ref], minlength=n) / np.maximum(counts, 1)
-    pos = np.flatnonzero(rows & ~ref & (counts[ids] > 0))
-    return pos, values[pos] - means[ids[pos]]
-
-
-def precision_gaps(df: pd.DataFrame, loss_column: str = "val_loss", reference: str | None = None) -> pd.Series:
-    """Each row's loss minus the mean loss of the reference rows with the same (N, D, seed if present);
-    NaN for the reference rows themselves and for rows with no matching reference run."""
-    index, df = df.index, df.reset_index(drop=True)
-    ref = reference_mask(df, reference)
-    pos, gaps = _gaps(pd.to_numeric(df[loss_column]).to_numpy(float), _match_ids(df), ref, np.ones(len(df), bool))
-    out = np.full(len(df), np.nan)
-    out[pos] = gaps
-    return pd.Series(out, index=index, name="gap")
-
-
-def _heldout_gap_errors(df: pd.DataFrame, cand: Candidate, by: str, loss_column: str, ref: np.ndarray,
-                        ids: np.ndarray, fit_kwargs: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray] | str:
-    """Fit on the rows below the largest `by`, predict the precision gaps of the held-out rows:
-    (positions, predicted - measured gap), or the reason it could not be done. For `budget` the
-    held-out rows are the largest budget's and every row with the same (N, D, seed) as one of them
-    (the reference evaluated there), so the fit sees nothing at the held-out points. A split whose
-    held-out gaps come from one run only is not used: one run's error has no standard error."""
-    if by not in df.columns:
-        return f"no {by} column"
-    key = pd.to_numeric(df[by], errors="coerce").to_numpy(float)
-    if not np.isfinite(key).any():
-        return f"no {by} values"
-    test = key == np.nanmax(key)
-    if by == "budget":
-        if len(np.unique(key[np.isfinite(key)])) < 2:
-            return "one budget: nothing left to fit on"
-        test = np.isin(ids, ids[test])
-    if test.all():
-        return f"one value of {by}: nothing left to fit on"
-    reason = unfittable_reason(df[~test], cand.law, cand.fixed, loss_column)
-    if reason:
-        return f"without the largest {by}: {reason}"
-    pos, measured = _gaps(pd.to_numeric(df[loss_column]).to_numpy(float), ids, ref, test)
-    if len(pos) == 0:
-        return f"no held-out row at the largest {by} has a matching reference run"
-    runs = df["run_id"].to_numpy()[pos] if "run_id" in df.columns else pos
-    if len(np.unique(runs)) < 2:
-        return f"the held-out gaps at the largest {by} come from one run: no standard error, not used"
-    try:
-        fitted = fit_law(df[~test], cand.law, fixed=cand.fixed, loss_column=loss_column, **fit_kwargs)
-    except ConfigError as e:
-        return f"without the largest {by}: {e}"
-    _, predicted = _gaps(fitted.predict(df), ids, ref, test)
-    return pos, predicted - measured
-
-
-def _clustered_mean_and_var(d: np.ndarray, clusters: np.ndarray) -> tuple[float, float]:
-    """Mean of d and the variance of that mean with rows of one cluster (run) correlated (sandwich form):
-    G/(G-1) · sum_c (sum_{i in c} (d_i - mean))^2 / n^2; 0 with a single cluster."""
-    mean = float(np.mean(d))
-    _, c = np.unique(clusters, return_inverse=True)
-    sums = np.bincount(c, weights=d - mean)
-    g = len(sums)
-    return mean, float(g / (g - 1) * np.sum(sums ** 2) / len(d) ** 2) if g > 1 else 0.0
-
-
-def _finite(v: Any) -> Any:
-    """JSON-safe: NaN / inf -> None."""
-    return float(v) if v is not None and np.isfinite(v) else None
-
-
-def _evaluate(df: pd.DataFrame, cand: Candidate, loss_column: str, ref: np.ndarray, ids: np.ndarray,
-              fit_kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], FitResult | None, dict]:
-    """One candidate: (its summary entry, its full-data fit or None, {split: (positions, gap errors)})."""
-    law = laws.get(cand.law)
-    entry: dict[str, Any] = {"name": cand.name, "law": cand.law, "fixed": cand.fixed}
-    reason = unfittable_reason(df, cand.law, cand.fixed, loss_column)
-    if reason is None:
-        try:
-            fitted = fit_law(df, cand.law, fixed=cand.fixed, loss_column=loss_column, **fit_kwargs)
-        except ConfigError as e:  # e.g. every start gave a non-finite objective
-            reason = str(e)
-    if reason is not None:
-        entry.update(fittable=False, reason=reason)
-        return entry, None, {}
-    loss = pd.to_numeric(df[loss_column]).to_numpy(float)
-    entry.update(fittable=True, reason=None, n_params=len(law.free_params(cand.fixed)),
-                 aic=aic(fitted, n=fitted.data["n_units"]), mare=mean_abs_rel_error(fitted.predict(df), loss),
-                 objective=fitted.objective, heldout_gap_mae={}, n_heldout={}, heldout_notes={})
-    errors = {}
-    for by in SELECTION_SPLITS:
-        got = _heldout_gap_errors(df, cand, by, loss_column, ref, ids, fit_kwargs)
-        if isinstance(got, str):
-            entry["heldout_gap_mae"][by], entry["n_heldout"][by], entry["heldout_notes"][by] = None, 0, got
-        else:
-            errors[by] = got
-            entry["heldout_gap_mae"][by], entry["n_heldout"][by] = float(np.mean(np.abs(got[1]))), int(len(got[0]))
-    entry["params"] = fitted.params
-    return entry, fitted, errors
-
-
-def select(df: pd.DataFrame, candidates: Sequence[str] | None, loss_column: str = "val_loss",
-           reference: str | None = None, fit_kwargs: Mapping[str, Any] | None = None
-           ) -> tuple[dict[str, Any], dict[str, FitResult]]:
-    """select_law's summary plus the full-data FitResult of every fitted candidate (by name)."""
-    fit_kwargs = fit_kwargs or {}
-    for key in ("fixed", "bootstrap"):
-        if key in fit_kwargs:
-            raise ConfigError(key, fit_kwargs[key], "not with select_law (name variants as candidates, e.g. 'kumar[kappa=2]'; bootstrap the chosen fit)")
-    if not isinstance(df, pd.DataFrame):
-        raise ConfigError("df", type(df).__name__, "a pandas DataFrame")
-    df = df.reset_index(drop=True)
-    parsed = [parse_candidate(c) for c in dict.fromkeys(candidates or default_candidates())]
-    ref, ids = reference_mask(df, reference), _match_ids(df)
-    clusters = pd.factorize(df["run_id"])[0] if "run_id" in df.columns else np.arange(len(df))
-    init = dict(fit_kwargs.get("init") or {})
-    entries, fits, errors = [], {}, {}
-    for cand in parsed:
-        # An init grid applies to every law that has those params.
-        kwargs = {**fit_kwargs, "init": {k: v for k, v in init.items() if k in laws.get(cand.law).params}}
-        entry, fitted, errs = _evaluate(df, cand, loss_column, ref, ids, kwargs)
-        entries.append(entry)
-        if fitted is not None:
-            fits[cand.name] = fitted
-        errors.update({(cand.name, by): e for by, e in errs.items()})
-    chosen, criterion = _choose(entries, errors, clusters)
-    summary = {"chosen": chosen, "criterion": criterion, "loss_column": loss_column,
-               "reference": _describe_reference(df, ref), "splits": list(SELECTION_SPLITS),
-               "noise_se": NOISE_SE, "candidates": entries}
-    return _json_safe(summary), fits
-
-
-def _choose(entries: list[dict[str, Any]], errors: Mapping[tuple[str, str], tuple[np.ndarray, np.ndarray]],
-            clusters: np.ndarray) -> tuple[str | None, str]:
-    """Pick the law with the lowest mean over splits of the held-out gap MAE, and mark within_noise.
-
-    Only splits where some law has errors count; a law needs errors on all of them to be ranked. For each
-    ranked law k against the best b, per split s: d_i = |e_k,i| - |e_b,i| on the same held-out rows,
-    Delta_s = mean d, Var_s its run-clustered variance; Delta = mean_s Delta_s, SE = sqrt(sum_s Var_s) / S
-    (splits treated as independent). within_noise: Delta <= NOISE_SE · SE (the best law: Delta = 0).
-    """
-    fitted = [e for e in entries if e["fittable"]]
-    splits = [s for s in SELECTION_SPLITS if any((e["name"], s) in errors for e in fitted)]
-    ranked = [e for e in fitted if splits and all((e["name"], s) in errors for s in splits)]
-    for e in entries:
-        e["within_noise"], e["score"], e["gap_mae_diff"] = False, None, None
-    if not ranked:
-        if not fitted:
-            return None, "none: no candidate could be fitted"
-        best = min(fitted, key=lambda e: (e["aic"], e["n_params"]))
-        best["within_noise"] = True
-        return best["name"], "aic (no held-out precision gap could be measured)"
-    for e in ranked:
-        e["score"] = float(np.mean([e["heldout_gap_mae"][s] for s in splits]))
-    best = min(ranked, key=lambda e: (e["score"], e["n_params"]))
-    for e in ranked:
-        deltas, variances = [], []
-        for s in splits:
-            pos, err = errors[(e["name"], s)]
-            pos_b, err_b = errors[(best["name"], s)]
-            assert np.array_equal(pos, pos_b)  # held-out rows depend on the data only, not the law
-            mean, var = _clustered_mean_and_var(np.abs(err) - np.abs(err_b), clusters[pos])
-            deltas.append(mean)
-            variances.append(var)
-        delta, se = float(np.mean(deltas)), float(np.sqrt(np.sum(variances)) / len(splits))
-        e["gap_mae_diff"] = {"value": delta, "se": se}
-        e["within_noise"] = bool(delta <= NOISE_SE * se)
-    return best["name"], f"heldout_gap_mae (mean over leaving out the largest {' and the largest '.join(splits)})"
-
-
-def _describe_reference(df: pd.DataFrame, ref: np.ndarray) -> dict[str, Any]:
-    out: dict[str, Any] = {"n_rows": int(ref.sum())}
-    if "recipe" in df.columns:
-        out["recipes"] = sorted(df.loc[ref, "recipe"].astype(str).unique())
-    for c in _REFERENCE_ORDER:
-        if c in df.columns:
-            out[c] = float(pd.to_numeric(df.loc[ref, c]).max())
-    return out
-
-
-def _json_safe(obj: Any) -> Any:
-    if isinstance(obj, dict):
-        return {k: _json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_json_safe(v) for v in obj]
-    if isinstance(obj, (float, np.floating)):
-        return _finite(obj)
-    if isinstance(obj, np.integer):
-        return int(obj)
-    return obj
-
-
-def select_law(df: pd.DataFrame, candidates: Sequence[str] | None = None, loss_column: str = "val_loss",
-               reference: str | None = None, **fit_kwargs: Any) -> dict[str, Any]:
-    """Fit every candidate law and pick the one that best predicts held-out *precision gaps*.
-
-    candidates: names or variants ('kumar', 'kumar[kappa free]', 'kumar[kappa=2]'); default: every
-        registered law plus each with its default-fixed params freed (default_candidates()).
-    reference: the high-precision recipe (a `recipe` value); default: the rows with the largest P.
-    fit_kwargs: passed to fit_law (init, iters, polish, ...); an `init` grid applies to every law that
-        has those params.
-
-    A gap is a row's loss minus the loss of the reference run with the same (N, D, seed if present);
-    the law's predicted gap is law(x) - law(x_ref). In turn the largest size (N), the longest run
-    (D) and, in an IsoFLOP design, the largest compute budget (`budget`) are left out, the law is
-    fitted on the rest and the held-out gaps are predicted (rows without a matching reference are
-    dropped; the count is n_heldout; a split with gaps from fewer than two runs is not used). The
-    chosen law has the lowest mean of the held-out gap MAEs (nats) over the usable splits; `within_noise` marks laws whose excess over it is within
-    NOISE_SE run-clustered standard errors (see _choose). Also per law: AIC with n = number of runs,
-    in-sample MARE of the loss, params. Laws that cannot be fitted are listed with the reason.
-
-    Returns {"chosen": name or None, "criterion", "loss_column", "reference", "splits", "noise_se",
-    "candidates": [{name, law, fixed, fittable, reason, n_params, aic, mare, objective,
-    heldout_gap_mae: {N, D, budget}, n_heldout: {N, D, budget}, heldout_notes, score, gap_mae_diff: {value, se},
-    within_noise, params}, ...]} (unfittable entries: name, law, fixed, fittable False, reason,
-    within_noise False, score None, gap_mae_diff None).
-    """
-    return select(df, candidates, loss_column, reference, fit_kwargs)[0]
-
-
-# ----------------------------------------------------------------------------- CLI: scaling fit
-
-def _runs_to_fit(df: pd.DataFrame, loss_column: str | None) -> tuple[pd.DataFrame, str]:
-    """Only runs that landed (`status` ok, if present); loss column: given, else `loss`, else `val_loss`."""
-    if "status" in df.columns:
-        df = df[df["status"] == "ok"]
-    if loss_column is None:
-        loss_column = next((c for c in ("loss", "val_loss") if c in df.columns), "loss")
-    return df.reset_index(drop=True), loss_column
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("results", metavar="RESULTS", help="results .csv / .parquet file or results directory")
-    parser.add_argument("--law", default="kumar",
-                        help=f"law to fit: {', '.join(laws.names())} (default kumar), or auto: fit every candidate and keep "
-                             "the one that best predicts held-out precision gaps (fit.select_law)")
-    parser.add_argument("--candidate", action="append", default=[], metavar="LAW[VARIANT]",
-                        help="with --law auto: a candidate (repeatable), e.g. kumar or 'kumar[kappa free]'; "
-                             "default: every law, plus each with its fixed params freed")
-    parser.add_argument("--reference", default=None, metavar="RECIPE",
-                        help="with --law auto: the high-precision reference recipe (default: the rows with the largest P)")
-    parser.add_argument("--sweep", default=None, help="fit only the rows of this sweep (a multi-sweep table's `sweep` column)")
-    parser.add_argument("-o", "--output", required=True, help="where to write the fit JSON, e.g. fits/NAME.json")
-    parser.add_argument("--bootstrap", type=int, default=0, metavar="N", help="bootstrap resamples for CIs (e.g. 1000)")
-    parser.add_argument("--seed", type=int, default=0, help="bootstrap seed")
-    parser.add_argument("--loss-column", default=None, help="loss column (default: loss, else val_loss)")
-    parser.add_argument("--fix", action="append", default=[], metavar="NAME=VALUE",
-                        help="hold a param fixed (repeatable); default: the law's (kumar: kappa=3); --fix none frees all")
-    parser.add_argument("--holdout", choices=["N", "compute"], default=None,
-                        help="also record the held-out error (fit on the smaller 80%% by N or compute)")
-
-
-def _parse_fixed(items: Sequence[str]) -> dict[str, float] | None:
-    if not items:
-        return None
-    if items == ["none"]:
-        return {}
-    fixed = {}
-    for item in items:
-        name, _, value = item.partition("=")
-        try:
-            fixed[name] = float(value)
-        except ValueError:
-            raise ConfigError("--fix", item, "NAME=VALUE with a number, or none") from None
-    return fixed
-
-
-def _print_fit(result: FitResult) -> None:
-    width = max(len(k) for k in result.params)
-    print(f"law {result.law}: {result.data.get('n_points')} points, objective {result.objective:.6g}")
-    header = f"  {'param':<{width}}  {'value':>12}"
-    if result.ci:
-        header += f"  {'ci lo':>12}  {'ci hi':>12}"
-    print(header)
-    for k, v in result.params.items():
-        line = f"  {k:<{width}}  {v:>12.5g}"
-        if k in result.ci:
-            line += f"  {result.ci[k][0]:>12.5g}  {result.ci[k][1]:>12.5g}"
-        elif k in result.fixed:
-            line += "  (fixed)"
-        print(line)
-    if result.heldout:
-        print(f"  held-out (by {result.heldout['by']}): mean abs rel error {result.heldout['mare']:.4%}")
-
-
-def _print_selection(selection: Mapping[str, Any]) -> None:
-    """One line per candidate law: the chosen one starred, unfittable ones with the reason."""
-    ref = selection["reference"]
-    print(f"law selection: held-out precision-gap MAE (nats) vs the reference ({', '.join(ref.get('recipes', [])) or ref}), "
-          f"leaving out the largest N / D / budget; within noise: excess over the best <= {selection['noise_se']:g} SE")
-    width = max(len(c["name"]) for c in selection["candidates"])
-    print(f"  {'law':<{width}}  {'k':>2}  {'AIC(runs)':>10}  {'MARE':>7}  {'gap|N':>8}  {'gap|D':>8}  {'gap|C':>8}"
-          f"  {'vs best':>18}")
-
-    def num(v, fmt):
-        return format(v, fmt) if v is not None else "-"
-
-    for c in selection["candidates"]:
-        mark = "*" if c["name"] == selection["chosen"] else " "
-        if not c["fittable"]:
-            print(f"{mark} {c['name']:<{width}}  not fitted: {c['reason']}")
-            continue
-        gap, diff = c["heldout_gap_mae"], c["gap_mae_diff"]
-        versus = "-" if diff is None else "best" if mark == "*" else f"{diff['value']:+.4f} ± {diff['se']:.4f}"
-        print(f"{mark} {c['name']:<{width}}  {c['n_params']:>2}  {num(c['aic'], '10.2f')}  {num(c['mare'], '7.3%')}"
-              f"  {num(gap.get('N'), '8.4f')}  {num(gap.get('D'), '8.4f')}  {num(gap.get('budget'), '8.4f')}  {versus:>18}"
-              f"{'  within noise' if c['within_noise'] and mark != '*' else ''}")
-
-
 def bootstrap_fit(df: pd.DataFrame, result: FitResult, n: int, seed: int, loss_column: str) -> None:
     """Add bootstrap CIs to an existing fit (resamples start from its optimum, as in fit_law)."""
     problem = _prepare(df, result.law, result.fixed, loss_column)
     _add_bootstrap(problem, result, problem.theta(result.params), n, seed, 0.95,
                    result.optimizer.get("huber_delta", HUBER_DELTA))
-
-
-def main(args: argparse.Namespace) -> int:
-    df = results.load(args.results)
-    if args.sweep is not None:
-        sweeps = sorted(df["sweep"].astype(str).unique()) if "sweep" in df.columns else []
-        if args.sweep not in sweeps:
-            raise ConfigError("--sweep", args.sweep, f"a sweep of the results ({', '.join(sweeps) or 'none recorded'})")
-        df = df[df["sweep"].astype(str) == args.sweep]
-    df, loss_column = _runs_to_fit(df, args.loss_column)
-    if args.bootstrap < 0:
-        raise ConfigError("--bootstrap", args.bootstrap, "a count >= 0")
-    fixed = _parse_fixed(args.fix)
-    if args.law == "auto":
-        if fixed is not None:
-            raise ConfigError("--fix", args.fix, "no --fix with --law auto (name a variant: --candidate 'kumar[kappa=2]')")
-        selection, fits = select(df, args.candidate or None, loss_column, args.reference, {})
-        _print_selection(selection)
-        if selection["chosen"] is None:
-            raise ConfigError("--law", "auto", "data on which at least one candidate law can be fitted (see the table)")
-        result = fits[selection["chosen"]]
-        result.selection = selection
-        law, fixed = result.law, result.fixed
-        if args.bootstrap:
-            bootstrap_fit(df, result, args.bootstrap, args.seed, loss_column)
-    else:
-        if args.candidate or args.reference:
-            raise ConfigError("--candidate/--reference", args.candidate or args.reference, "only with --law auto")
-        law = args.law
-        result = fit_law(df, law, fixed=fixed, loss_column=loss_column, bootstrap=args.bootstrap, seed=args.seed)
-    if args.holdout:
-        result.heldout = holdout_error(df, law, by=args.holdout, fixed=fixed, loss_column=loss_column)
-    result.to_json(args.output)
-    _print_fit(result)
-    print(f"wrote {args.output}")
-    return 0

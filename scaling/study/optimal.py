@@ -16,8 +16,6 @@ on the profile min_N L(N, C, P)).
 
 from __future__ import annotations
 
-import argparse
-import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -315,60 +313,3 @@ def specification_range(fits: Sequence[tuple[str, FitResult]], compute: float, c
                 rows.append({"spec": label, "cost_model": cost.name, "error": str(e)})
     ps = [r["P"] for r in rows if "P" in r]
     return {"P_range": [float(min(ps)), float(max(ps))] if ps else None, "table": rows}
-
-
-# ----------------------------------------------------------------------------- CLI: scaling optimal
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("fit", metavar="FIT", help="fit JSON written by `scaling fit`")
-    parser.add_argument("--compute", type=float, required=True, help="training compute in 16-bit FLOP units, e.g. 1e18")
-    parser.add_argument("--precisions", type=float, nargs="+", default=None,
-                        help="bit widths to choose from (default: continuous P in 2..32)")
-    parser.add_argument("--cost-model", default="bits", help=f"one of {', '.join(compute_lib.COST_MODELS)} "
-                        "(default bits: each FLOP at its operands' bits / 16; a GPU: at that GPU's rate for the format)")
-    parser.add_argument("--overhead", type=float, default=0.0, help="scale bits per element (MX: 0.25, NVFP4: 0.5)")
-    parser.add_argument("--ci-samples", type=int, default=200,
-                        help="bootstrap resamples used for the CI of the optimum when the fit has them (0: skip)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object (P, P_ci, P_range, N, D, law, cost_model, ...)")
-
-
-def _table(df: pd.DataFrame, columns: Sequence[str]) -> str:
-    fmt = {"P": "{:.3g}", "N": "{:.4g}", "D": "{:.4g}", "loss": "{:.5f}", "ebits": "{:.0f}", "mbits": "{:.0f}",
-           "N/N_best": "{:.3g}"}
-    cells = [[fmt.get(c, "{}").format(v) for c, v in zip(columns, row)] for row in df[list(columns)].itertuples(index=False)]
-    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
-    lines = ["  ".join(c.rjust(w) for c, w in zip(columns, widths))]
-    lines += ["  ".join(v.rjust(w) for v, w in zip(r, widths)) for r in cells]
-    return "\n".join(lines)
-
-
-def main(args: argparse.Namespace) -> int:
-    fit = FitResult.from_json(args.fit)
-    cost = Cost(model=args.cost_model, shape=shape_of(fit), overhead=args.overhead)
-    p_range = (2.0, 32.0)
-    best = optimal_precision(fit, args.compute, args.precisions, cost=cost, p_range=p_range)
-    ci = None
-    if fit.bootstrap and args.ci_samples > 0:
-        ci = optimal_precision_ci(fit, args.compute, args.precisions, cost=cost, p_range=p_range,
-                                  max_samples=args.ci_samples)
-    spec = specification_range([(fit.law, fit)], args.compute, cost_models(fit), p_range=p_range)
-    if args.json:
-        out = {"P": best["P"], "P_ci": list(ci["P"]) if ci else None, "P_range": spec["P_range"],
-               "N": best["N"], "D": best["D"], "loss": best["loss"], "compute": args.compute, "law": fit.law,
-               "cost_model": cost.name, "specifications": spec["table"],
-               "per_precision": best["per_precision"].to_dict("records")}
-        print(json.dumps(out, indent=2))
-        return 0
-    table = best["per_precision"].copy()
-    table["N/N_best"] = table["N"] / best["N"]
-    cols = [c for c in ("P", "ebits", "mbits", "N", "D", "loss", "N/N_best") if c in table.columns]
-    print(f"law {fit.law}, compute {args.compute:.3g} (16-bit FLOP units), cost model: {cost.name}")
-    print(_table(table, cols))
-    print(f"optimum: P = {best['P']:.3g} bits, N = {best['N']:.4g}, D = {best['D']:.4g}, loss = {best['loss']:.5f}")
-    if ci:
-        print(f"{ci['level']:.0%} bootstrap CI ({len(ci['samples'])} resamples, this law and cost model only): "
-              + ", ".join(f"{q} [{ci[q][0]:.4g}, {ci[q][1]:.4g}]" for q in ("P", "N", "D", "loss")))
-    if spec["P_range"]:
-        print(f"P* across cost models ({', '.join(c.name for c in cost_models(fit))}): "
-              f"{spec['P_range'][0]:.3g}-{spec['P_range'][1]:.3g} bits; across laws and exponents: see `scaling figures` findings.json")
-    return 0

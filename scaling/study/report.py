@@ -10,7 +10,6 @@ figures whose inputs are absent are listed with the reason. The file is written 
 
 from __future__ import annotations
 
-import argparse
 import math
 from pathlib import Path
 from typing import Any, Sequence
@@ -19,9 +18,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from scaling.study import curves as curves_lib
 from scaling.study import fit, plots, analysis as study
-from scaling.study import results as results_lib
 from scaling._io import atomic_write_json, atomic_write_text
 from scaling.errors import ConfigError
 
@@ -176,10 +173,10 @@ def heldout_error(fit: Any, ok: pd.DataFrame) -> tuple[str, float | None]:
 
 def cost_of_precision(ok: pd.DataFrame, fit: Any) -> str:
     """Each recipe's loss minus the high-precision reference run's at the same size, tokens and seed
-    (study.precision_gaps): its mean, and how it moves with D at a fixed size (least squares on log2 D
+    (study.gaps_to_reference_recipe): its mean, and how it moves with D at a fixed size (least squares on log2 D
     with size fixed effects), each with a 95% t interval over the matched points. Kumar et al.'s form,
     where precision lowers only the effective N, predicts a gap that does not move with D."""
-    gaps = study.precision_gaps(ok)
+    gaps = study.gaps_to_reference_recipe(ok)
     if gaps.empty:
         return ""
     reference = study.high_precision_recipe(ok)
@@ -601,11 +598,6 @@ def write_report(results_df: pd.DataFrame, fit_result: Any, out_dir: str | Path,
     return path
 
 
-# ---------------------------------------------------------------------------------------------
-# CLI: scaling figures
-# ---------------------------------------------------------------------------------------------
-
-
 def load_fit(path: str | Path) -> Any:
     """A fitted law from fits/NAME.json; an unreadable or malformed file is a ConfigError."""
     path = Path(path)
@@ -617,44 +609,3 @@ def load_fit(path: str | Path) -> Any:
         raise
     except (ValueError, KeyError, TypeError) as e:  # a JSON that parses but is not a fit
         raise ConfigError("fit", str(path), f"a fitted-law JSON written by `scaling fit` ({type(e).__name__}: {e})") from e
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.description = ("Regenerate every figure and REPORT.md from results and a fitted law (no training). "
-                          "Example: scaling figures --results results/isoflop.csv --curves results/isoflop_curves.parquet "
-                          "--fit fits/isoflop.json --out paper_figures/")
-    parser.add_argument("--results", help="results directory, or a committed .csv / .parquet summary (required)")
-    parser.add_argument("--curves", help="per-step curves: a results directory with metrics.jsonl, or a .csv / .parquet "
-                        "(default: the --results directory's own metrics.jsonl files)")
-    parser.add_argument("--fit", help="fitted law JSON (fits/NAME.json); without it figures 1-3 are skipped")
-    parser.add_argument("--compute", nargs="+", help="compute budgets C in 16-bit FLOPs (default: from the results)")
-    parser.add_argument("--out", default="paper_figures", help="output directory for the figures and REPORT.md")
-
-
-def main(args: argparse.Namespace) -> int:
-    if not args.results:
-        raise ConfigError("results", args.results, "a results directory, .csv or .parquet (--results)")
-    results = results_lib.load(args.results)
-    curves = None
-    if args.curves:
-        if not Path(args.curves).exists():
-            raise ConfigError("curves", args.curves, "an existing results directory, .csv or .parquet")
-        curves = curves_lib.load_curves(args.curves)
-    elif Path(args.results).is_dir():  # run directories carry their own metrics.jsonl
-        curves = curves_lib.load_curves(args.results)
-        curves = curves if not curves.empty else None
-    fit = load_fit(args.fit) if args.fit else None
-    computes = None
-    if args.compute:
-        computes = []
-        for text in args.compute:
-            try:
-                value = float(text)
-            except ValueError:
-                value = float("nan")
-            if not (math.isfinite(value) and value > 0):
-                raise ConfigError("compute", text, "a positive number of FLOPs, e.g. 1e18")
-            computes.append(value)
-    path = write_report(results, fit, args.out, curves=curves, compute=computes)
-    print(f"wrote {path}")
-    return 0

@@ -1,7 +1,7 @@
 """`scaling reproduce`: the main job, end to end, on the embedded corpus.
 
     IsoFLOP sweep (experiments/<preset>.toml's [isoflop] design) -> law chosen by held-out precision
-    gaps (fit.select_law over the preset's CANDIDATES) + bootstrap -> results.csv + curves.parquet ->
+    gaps (selection.select_law over the preset's CANDIDATES) + bootstrap -> results.csv + curves.parquet ->
     findings.json (IsoFLOP minima per recipe and budget, P(best), winner or none, P* with CI and
     specification range) + figures + REPORT.md
 
@@ -14,21 +14,21 @@ second run of the same command reuses every finished run and only refits and red
 
 from __future__ import annotations
 
-import argparse
 import os
 import time
 from pathlib import Path
+from typing import Callable
 
 import pandas as pd
 
-from scaling.study import curves, fit, report, results, analysis as study, sweep
+from scaling.study import curves, fit, report, results, analysis as study, selection, sweep, takeoff
 from scaling.train import runs
 from scaling.errors import ConfigError
 
-EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
+EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"
 # preset -> the sweeps it runs; the first one is the IsoFLOP study the law is fitted on, the others
 # feed their own figures.
-PRESETS = {
+STUDY_PRESETS = {
     "quick": ["quick.toml"],
     "full": ["isoflop.toml", "granularity.toml", "outliers.toml"],
 }
@@ -43,13 +43,15 @@ WORKERS = min(4, os.cpu_count() or 1)  # small models leave cores idle: 2 runs o
 
 
 def reproduce(preset: str, out: str | Path, *, bootstrap: int = 100, workers: int = WORKERS,
-              hang_timeout: float = 600.0, progress: bool = True) -> Path:
-    """Run the preset and write its report; returns the path of REPORT.md."""
-    if preset not in PRESETS:
-        raise ConfigError("--preset", preset, list(PRESETS))
+              hang_timeout: float = 600.0, progress: bool = True, echo: Callable[[str], None] | None = None) -> Path:
+    """Run the preset and write its report; returns the path of REPORT.md. `echo` gets a line per
+    phase (runs, take-off, training, the chosen law, the report) with its time."""
+    echo = echo or (lambda line: None)
+    if preset not in STUDY_PRESETS:
+        raise ConfigError("--preset", preset, list(STUDY_PRESETS))
     out = Path(out)
     started = time.perf_counter()
-    experiments = [EXPERIMENTS / name for name in PRESETS[preset]]
+    experiments = [EXPERIMENTS / name for name in STUDY_PRESETS[preset]]
     missing = [str(p) for p in experiments if not p.is_file()]
     if missing:
         raise ConfigError("--preset", preset, f"a preset whose experiment files exist (missing {missing[0]})")
@@ -58,16 +60,16 @@ def reproduce(preset: str, out: str | Path, *, bootstrap: int = 100, workers: in
 
     specs = expand()
     todo = [s for s in specs if not runs.finished(s.out_dir(out / "runs"))]
-    print(f"{preset}: {len(specs)} runs, {len(specs) - len(todo)} already landed")
+    echo(f"{preset}: {len(specs)} runs, {len(specs) - len(todo)} already landed")
     while todo:
-        lanes = sweep.takeoff_lanes(workers)
+        lanes = takeoff.takeoff_lanes(workers)
         phase = time.perf_counter()
-        todo, flights = sweep.take_off(todo, out / "runs", hang_timeout=hang_timeout, lanes=lanes)
-        print(f"take-off ok: {len(flights)} shapes in {time.perf_counter() - phase:.0f} s; "
-              f"measured ETA {sweep.measured_seconds(todo, flights, lanes) / 60:.1f} min")
+        todo, flights = takeoff.take_off(todo, out / "runs", hang_timeout=hang_timeout, lanes=lanes)
+        echo(f"take-off ok: {len(flights)} shapes in {time.perf_counter() - phase:.0f} s; "
+             f"measured ETA {takeoff.measured_seconds(todo, flights, lanes) / 60:.1f} min")
         phase = time.perf_counter()
         sweep.run_sweep(todo, out / "runs", workers=workers, hang_timeout=hang_timeout, progress=progress)
-        print(f"{len(todo)} runs in {time.perf_counter() - phase:.0f} s")
+        echo(f"{len(todo)} runs in {time.perf_counter() - phase:.0f} s")
         tried = {s.run_id for s in specs}
         specs = expand()
         todo = [s for s in specs if s.run_id not in tried and not runs.finished(s.out_dir(out / "runs"))]
@@ -77,26 +79,24 @@ def reproduce(preset: str, out: str | Path, *, bootstrap: int = 100, workers: in
     # the preset's own runs only: a run left in the same folder by an older grid is not part of the study
     df = _landed(out, specs)
     rows = study.ok_rows(df[df["sweep"] == studied])
-    selection, fits = fit.select(rows, CANDIDATES.get(preset), loss_column="val_loss")  # None: every law
-    if selection["chosen"] is None:
+    law_choice, fits = selection.select(rows, CANDIDATES.get(preset), loss_column="val_loss")  # None: every law
+    if law_choice["chosen"] is None:
         raise ConfigError("results", studied, "runs on which at least one candidate law can be fitted")
-    result = fits[selection["chosen"]]
-    result.selection = selection
-    print(f"{preset}: law {result.law} chosen by held-out precision gaps ({selection['criterion']})")
+    result = fits[law_choice["chosen"]]
+    result.selection = law_choice
+    echo(f"{preset}: law {result.law} chosen by held-out precision gaps ({law_choice['criterion']})")
     if bootstrap:
         fit.bootstrap_fit(rows, result, bootstrap, seed=0, loss_column="val_loss")
     if rows["N"].nunique() > 1:  # figure 3: what the law predicts for the largest size, fitted without it
         result.heldout = fit.holdout_error(rows, result.law, by="N", fixed=result.fixed, loss_column="val_loss")
     result.to_json(out / "fits" / f"{studied}.json")
-
-
     results.export(df, out / "results" / f"{studied}.csv")
     run_curves = curves.load_curves(out / "runs")
     run_curves = run_curves[run_curves["run_id"].isin({s.run_id for s in specs})].reset_index(drop=True)
     curves.export_curves(run_curves, out / "results" / f"{studied}_curves.parquet", max_points=CURVE_POINTS)
     path = report.write_report(df, result, out / "paper_figures", curves=run_curves)
     end = time.perf_counter()
-    print(f"{preset}: {len(df)} rows, fit and report in {end - phase:.0f} s ({end - started:.0f} s in all) -> {path}")
+    echo(f"{preset}: {len(df)} rows, fit and report in {end - phase:.0f} s ({end - started:.0f} s in all) -> {path}")
     return path
 
 
@@ -104,21 +104,3 @@ def _landed(out: Path, specs: list) -> pd.DataFrame:
     """The results table of these specs' landed runs (one row per run and evaluated budget)."""
     df = results.load(out / "runs")
     return df[df["run_id"].isin({s.run_id for s in specs})].reset_index(drop=True)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--preset", default="quick", help=f"one of {', '.join(PRESETS)} (default quick)")
-    parser.add_argument("--out", default=None, help="output directory (default runs/<preset>)")
-    parser.add_argument("--bootstrap", type=int, default=100, help="bootstrap resamples for the CIs (default 100)")
-    parser.add_argument("--workers", type=int, default=WORKERS, help=f"concurrent runs (default min(4, CPUs) = {WORKERS})")
-    parser.add_argument("--no-progress", action="store_true")
-
-
-def main(args: argparse.Namespace) -> int:
-    if args.bootstrap < 0:
-        raise ConfigError("--bootstrap", args.bootstrap, "a count >= 0")
-    if args.workers < 0:
-        raise ConfigError("--workers", args.workers, "an integer >= 0")
-    reproduce(args.preset, args.out or Path("runs") / args.preset, bootstrap=args.bootstrap,
-              workers=args.workers, progress=not args.no_progress)
-    return 0

@@ -22,8 +22,8 @@ GPUs (`--gpus-per-run G`): the Ray executor reserves G GPUs per run (a fraction 
 GPU, each child given that share of its memory); the local executor pins each run's child process
 to one GPU (CUDA_VISIBLE_DEVICES), at most one run per GPU, one concurrent run per visible GPU
 unless --workers says fewer. GPUs are found without JAX (CUDA_VISIBLE_DEVICES, else
-`nvidia-smi -L`); this process flies the take-off probes on the first one, allocating memory as
-needed and giving it back, so the runs find their GPUs free.
+`nvidia-smi -L`); the take-off probes (scaling.study.takeoff) fly on the first one, allocating
+memory as needed and giving it back, so the runs find their GPUs free.
 
 Several sweeps may share an --out: each run is trained by the one process holding its lock
 (scaling.train.runs). A sweep that reaches a run another process owns moves on, and once its own runs
@@ -42,12 +42,10 @@ import json
 import os
 import queue
 import re
-import shutil
 import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import tomllib
 from dataclasses import dataclass
@@ -56,7 +54,7 @@ from typing import Any, Mapping
 
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from scaling.train import config, data, ladder, runs
+from scaling.train import config, data, runs
 from scaling import host
 from scaling._io import atomic_write_json, atomic_write_text
 from scaling.train.config import set_dotted
@@ -197,7 +195,7 @@ OWNED = "owned"  # not a status: another process holds the run's lock; the sweep
 
 
 
-def _die_with_parent(parent_pid: int) -> None:
+def die_with_parent(parent_pid: int) -> None:
     """Linux: the kernel SIGKILLs this run when its sweep process dies, so a killed sweep leaves
     no orphan writing into a run directory that the next sweep will resume."""
     try:
@@ -268,25 +266,8 @@ def check_gpus_per_run(gpus_per_run: float, executor: str, gpus: list[str]) -> N
                           "names none and `nvidia-smi -L` lists none)")
 
 
-def _fly_probes_on_one_gpu() -> None:
-    """Start this process's JAX backend on its first GPU only, with memory allocated as needed and
-    given back (XLA would otherwise preallocate 75% of every visible GPU here, where the runs need
-    it); the environment is restored afterwards, for the runs and a Ray cluster started from here."""
-    import jax
-
-    jax.config.update("jax_cuda_visible_devices", "0")
-    saved = os.environ.get("XLA_PYTHON_CLIENT_ALLOCATOR")
-    os.environ["XLA_PYTHON_CLIENT_ALLOCATOR"] = "platform"
-    try:
-        jax.devices()
-    finally:
-        if saved is None:
-            del os.environ["XLA_PYTHON_CLIENT_ALLOCATOR"]
-        else:
-            os.environ["XLA_PYTHON_CLIENT_ALLOCATOR"] = saved
-
-
-def _use_compilation_cache() -> None:
+def use_compilation_cache() -> None:
+    """This process's JAX reads and writes the runs' shared persistent compilation cache."""
     import jax
 
     for name, value in _compilation_cache_settings().items():
@@ -366,7 +347,7 @@ def _tail(path: Path, n_bytes: int = 8000) -> str:
 def _worker(out_dir: str, parent_pid: int, lock_fd: int) -> int:
     """Child entry point: train the run whose validated config.json is in out_dir, under the
     lock its parent holds (passed down as an open file)."""
-    _die_with_parent(parent_pid)
+    die_with_parent(parent_pid)
     from scaling.train import loop as train
 
     out = Path(out_dir)
@@ -505,6 +486,14 @@ def _progress(enabled: bool, total: int):
         yield bar, bar.add_task("starting", total=total)
 
 
+def shape_key(cfg) -> str:
+    """Runs sharing a model shape, recipe and batch compile the same step and run at the same speed
+    (the corpus and its tokenizer set the vocabulary, part of the shape)."""
+    d = cfg.to_dict()
+    return json.dumps([d["model"], d["precision"], cfg.train.batch_size, cfg.data.source, cfg.data.tokenizer],
+                      sort_keys=True)
+
+
 def slow_runs(specs: list[RunSpec], out_root: Path, factor: float = 0.5) -> list[dict]:
     """The sweep's "slow node": runs with under `factor` x the median tokens/s of their peers
     (same model shape, recipe and batch), which points at a sick machine rather than the config."""
@@ -526,253 +515,8 @@ def slow_runs(specs: list[RunSpec], out_root: Path, factor: float = 0.5) -> list
     return flagged
 
 
-# ---------------------------------------------------------------- take-off checks
-
-MIN_FREE_BYTES = 1 << 30
-TAKEOFF_STEPS = 2
-
-
-def shape_key(cfg) -> str:
-    """Runs sharing a model shape, recipe and batch compile the same step: one take-off run covers them
-    (the corpus and its tokenizer set the vocabulary, part of the shape)."""
-    d = cfg.to_dict()
-    return json.dumps([d["model"], d["precision"], cfg.train.batch_size, cfg.data.source, cfg.data.tokenizer],
-                      sort_keys=True)
-
-
-def take_off(specs: list[RunSpec], out_root: str | Path, *, keep_going: bool = False,
-             hang_timeout: float = 600.0, lanes: int = 1) -> tuple[list[RunSpec], dict[str, dict]]:
-    """Before anything runs: every corpus loads, the disk has room, and each distinct shape and
-    recipe compiles and trains TAKEOFF_STEPS steps end to end (one probe after another, which also
-    fills the compilation cache the real runs reuse). Returns the specs cleared to fly and, per shape
-    key, the take-off run's summary (its step time drives the ETA). Any failure refuses the whole
-    sweep with a one-line ConfigError, unless keep_going, which drops the affected runs instead.
-
-    lanes > 1 (CPU only: a GPU process would claim the device): the probes are dealt to that many
-    lanes, this process and lanes - 1 child processes flying theirs one after another. XLA keeps
-    ~1.5 cores busy compiling, so on 2 cores 2 lanes took the quick preset's 12 probes from 121 to
-    96 s (docs/performance.md).
-    """
-    out_root = Path(out_root)
-    out_root.mkdir(parents=True, exist_ok=True)
-    free = shutil.disk_usage(out_root).free
-    if free < MIN_FREE_BYTES:
-        raise ConfigError("--out", str(out_root), f"a disk with at least 1 GiB free (has {free / 2**20:.0f} MiB)")
-    for source, tokenizer in sorted({(s.config.data.source, s.config.data.tokenizer) for s in specs}):
-        data.load(source, tokenizer)  # raises ConfigError naming data.source; builds a BPE once, before any run
-    _use_compilation_cache()
-    groups = {}
-    for spec in specs:
-        groups.setdefault(shape_key(spec.config), []).append(spec)
-    probes = {key: _takeoff_spec(group[0]) for key, group in groups.items()}
-    keys = list(probes)
-    lanes = max(1, min(lanes, len(keys)))
-    children = [_fly_in_child({k: probes[k] for k in keys[i::lanes]}, out_root, hang_timeout) for i in range(1, lanes)]
-    summaries = {}
-    for key in keys[::lanes]:  # this process's lane: one JAX start-up for all its probes
-        summaries[key] = _fly(probes[key].config, probes[key].out_dir(out_root / ".takeoff"))
-    for child in children:
-        summaries.update(child())
-    cleared, flights, failures = [], {}, []
-    for key, group in groups.items():
-        summary = summaries[key]
-        if summary.get("status") == "ok":
-            flights[key] = summary
-            cleared += group
-        else:
-            failures.append((group, f"{summary.get('reason', summary.get('status'))} ({_describe(group[0].config)})"))
-    for group, reason in failures:
-        if not keep_going:
-            raise ConfigError("take-off", group[0].run_id, f"runs that compile and train: {reason}")
-        print(f"skipping {len(group)} runs that failed take-off: {reason}")
-    return [s for s in specs if s in cleared], flights
-
-
-def takeoff_lanes(workers: int) -> int:
-    """Take-off lanes for a sweep of `workers` concurrent runs: as many, on a machine without GPUs."""
-    return 1 if visible_gpus() else max(1, workers)
-
-
-def _fly(config, out_dir: str | Path) -> dict:
-    """One take-off probe in this process; a failure is its summary, not an exception. A probe
-    another sweep is flying is waited for, and its landing reused."""
-    import jax
-
-    from scaling.train import loop as train
-
-    try:
-        return train.run(config, out_dir, wait=True)
-    except Exception as error:  # noqa: BLE001 - any failure to take off is reported, not raised
-        return {"status": "failed", "reason": f"{type(error).__name__}: {error}"}
-    finally:
-        # Drop the probe's executables: the runs load them from the persistent cache, and holding them
-        # all crashed a 69-shape take-off (LLVM "Cannot allocate memory" after 42 probes, 2 cores 24 GiB).
-        jax.clear_caches()
-
-
-def _fly_in_child(probes: dict[str, RunSpec], out_root: Path, hang_timeout: float):
-    """Start a child process flying these probes one after another; returns a function that waits
-    for it (at most hang_timeout per probe) and gives {shape key: summary}."""
-    (out_root / ".takeoff").mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(prefix="lane-", suffix=".json", dir=out_root / ".takeoff")
-    os.close(fd)
-    job = Path(name)
-    job.write_text(json.dumps({key: [str(p.out_dir(out_root / ".takeoff")), p.config.to_dict()]
-                               for key, p in probes.items()}))
-    log = open(job.with_suffix(".log"), "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "scaling.study.sweep", "--takeoff", str(job), str(os.getpid())],
-                            stdout=log, stderr=subprocess.STDOUT, env=worker_env())
-
-    def wait() -> dict[str, dict]:
-        try:
-            proc.wait(timeout=hang_timeout * len(probes))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
-        done = json.loads(job.with_suffix(".out").read_text()) if job.with_suffix(".out").is_file() else {}
-        reason = f"take-off process exited with code {proc.returncode} (log: {job.with_suffix('.log')})"
-        out = {key: done.get(key, {"status": "failed", "reason": reason}) for key in probes}
-        if proc.returncode == 0:
-            for path in (job, job.with_suffix(".out"), job.with_suffix(".log")):
-                path.unlink(missing_ok=True)
-        return out
-
-    return wait
-
-
-def _takeoff_worker(job: str, parent_pid: int) -> int:
-    """Child entry point of a take-off lane: fly the probes listed in `job`, write their summaries."""
-    _die_with_parent(parent_pid)
-    _use_compilation_cache()
-    done = {key: _fly(cfg, out_dir) for key, (out_dir, cfg) in json.loads(Path(job).read_text()).items()}
-    atomic_write_json(Path(job).with_suffix(".out"), done)
-    return 0
-
-
-def _takeoff_spec(spec: RunSpec) -> RunSpec:
-    cfg = spec.config
-    probe = {"tokens": TAKEOFF_STEPS * cfg.tokens_per_step, "budgets": [1.0], "schedule": "wsd", "warmup": 0,
-             "checkpoint_every": 0, "log_every": 1, "tracker": []}  # a probe, not a curve
-    cfg = cfg.replace(**{f"train.{k}": v for k, v in probe.items()}, **{"study.budgets": [],
-                      "data.eval_tokens": min(cfg.data.eval_tokens, cfg.tokens_per_step)})
-    return RunSpec(run_id=cfg.run_id, sweep=spec.sweep, config=cfg)
-
-
-def measured_seconds(specs: list[RunSpec], flights: dict[str, dict], lanes: int = 1) -> float:
-    """ETA from the take-off runs' measured step times (compilation is cached by then). Probes
-    flown `lanes` at a time shared the machine as that many concurrent runs will: the runs' times
-    add up `lanes` at once."""
-    total = 0.0
-    for spec in specs:
-        flight = flights.get(shape_key(spec.config))
-        if flight and flight.get("tokens_per_s"):
-            total += 1.15 * _tokens(spec) / flight["tokens_per_s"]  # + WSD cooldown branches and evals
-    return total / lanes
-
-
-# ---------------------------------------------------------------- estimates and the CLI
-
-ASSUMED_MODEL_FLOPS_UTILISATION = 0.3  # of a plain fp32 matmul's FLOP/s; replaced by measured step times at take-off
-COMPILE_SECONDS_PER_SHAPE = 15.0
-
-
-def matmul_flops_per_s(n: int = 1024, repeats: int = 5) -> float:
-    """This machine's jitted fp32 matmul FLOP/s, the reference every estimate is scaled by."""
-    import jax
-    import jax.numpy as jnp
-
-    a = jnp.ones((n, n), jnp.float32)
-    f = jax.jit(jnp.dot)
-    f(a, a).block_until_ready()
-    start = time.perf_counter()
-    for _ in range(repeats):
-        f(a, a).block_until_ready()
-    return 2 * n**3 * repeats / (time.perf_counter() - start)
-
-
-def estimate_seconds(specs: list[RunSpec], flops_per_s: float) -> float:
-    """Training FLOPs / (machine FLOP/s x assumed utilisation) + one compile per distinct model shape."""
-    total, shapes = 0.0, set()
-    for spec in specs:
-        m = spec.config.model
-        total += ladder.flops_per_token(m.shape()) * _tokens(spec)
-        shapes.add((m.size, m.n_layers, m.seq_len))
-    return total / (flops_per_s * ASSUMED_MODEL_FLOPS_UTILISATION) + COMPILE_SECONDS_PER_SHAPE * len(shapes)
-
-
-def add_arguments(parser) -> None:
-    parser.add_argument("experiment", help="experiment TOML: a base config plus [grid] axes")
-    parser.add_argument("--out", default="results", help="results root (default: results/)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a base config key for every run (repeatable)")
-    parser.add_argument("--executor", default="local", choices=["local", "ray"])
-    parser.add_argument("--workers", type=int, default=None,
-                        help="local: concurrent runs, each a watched child process; 0 = in-process, sequential "
-                             "(default 1, or one per visible GPU with --gpus-per-run)")
-    parser.add_argument("--ray-address", default=None, help="ray: cluster address (default: start a local Ray)")
-    parser.add_argument("--cpus-per-run", type=float, default=1, help="ray: CPUs reserved per run")
-    parser.add_argument("--gpus-per-run", type=float, default=0,
-                        help="GPUs per run: ray reserves this many (a fraction shares a GPU); local: 1 pins each "
-                             "run to its own GPU, one run per GPU (default 0: no GPU reserved)")
-    parser.add_argument("--hang-timeout", type=float, default=600,
-                        help="seconds without a metrics heartbeat before a run is stopped as hung")
-    parser.add_argument("--dry-run", action="store_true", help="print the expanded runs and an ETA, run nothing")
-    parser.add_argument("--keep-going", action="store_true",
-                        help="skip runs that fail the take-off checks instead of refusing to start")
-    parser.add_argument("--no-progress", action="store_true")
-
-
-def main(args) -> int:
-    if args.workers is not None and args.workers < 0:
-        raise ConfigError("--workers", args.workers, "an integer >= 0")
-    if args.hang_timeout <= 0:
-        raise ConfigError("--hang-timeout", args.hang_timeout, "seconds > 0")
-    gpus = visible_gpus() if args.gpus_per_run else []
-    check_gpus_per_run(args.gpus_per_run, args.executor, gpus)
-    pins = gpu_slots(gpus, args.workers) if args.executor == "local" and args.gpus_per_run else None
-    if pins == []:
-        raise ConfigError("--workers", args.workers, "at least 1 with --gpus-per-run (each run a child on its GPU)")
-    if gpus:
-        _fly_probes_on_one_gpu()
-    out_root = Path(args.out)
-    specs = expand(args.experiment, args.set, landed=out_root)
-    todo = [s for s in specs if not runs.finished(s.out_dir(out_root))]
-    eta = estimate_seconds(todo, matmul_flops_per_s())
-    print(f"{len(specs)} runs in {specs[0].sweep if specs else '-'}: {len(specs) - len(todo)} landed, "
-          f"{len(todo)} to run, estimated {eta / 60:.1f} min")
-    if args.dry_run:
-        for spec in specs:
-            print(f"  {spec.run_id}  {'done' if spec not in todo else 'todo'}  {_describe(spec.config)}")
-        return 0
-    counts: dict[str, int] = {}
-    slow: list[dict] = []
-    while todo:  # a design with replicates: the runs its landed minima call for come in the next round
-        lanes = takeoff_lanes(args.workers or 1) if args.executor == "local" else 1
-        todo, flights = take_off(todo, out_root, keep_going=args.keep_going, hang_timeout=args.hang_timeout,
-                                 lanes=lanes)
-        print(f"take-off: {len(flights)} shapes compiled and trained {TAKEOFF_STEPS} steps; "
-              f"{len(todo)} runs cleared, measured ETA {measured_seconds(todo, flights, lanes) / 60:.1f} min")
-        report = run_sweep(todo, out_root, executor=args.executor, workers=1 if args.workers is None else args.workers,
-                           hang_timeout=args.hang_timeout, ray_address=args.ray_address,
-                           cpus_per_run=args.cpus_per_run, gpus_per_run=args.gpus_per_run, gpu_pins=pins,
-                           progress=not args.no_progress)
-        for key, n in report["counts"].items():
-            counts[key] = counts.get(key, 0) + n
-        slow += report["slow_runs"]
-        tried = {s.run_id for s in specs}
-        specs = expand(args.experiment, args.set, landed=out_root)
-        todo = [s for s in specs if s.run_id not in tried and not runs.finished(s.out_dir(out_root))]
-        if todo:
-            print(f"replicates: {len(todo)} runs at the landed IsoFLOP minima and their neighbours")
-    print("landed: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
-    for run in slow:
-        print(f"slow run {run['run_id']}: {run['tokens_per_s']:.0f} tokens/s vs peer median "
-              f"{run['peer_median']:.0f}")
-    return 0 if counts.get("failed", 0) == counts.get("hung", 0) == 0 else 1
-
-
-def _describe(cfg) -> str:
+def describe(cfg) -> str:
+    """One line naming a run's size, precision, tokens, learning rate and seed."""
     depth = "" if cfg.model.n_layers is None else f"x{cfg.model.n_layers}"
     return (f"size={cfg.model.size}{depth} precision={cfg.recipe.name} tokens={cfg.train.tokens:,} "
             f"lr={cfg.train.lr:g} seed={cfg.seed}")
@@ -781,6 +525,4 @@ def _describe(cfg) -> str:
 if __name__ == "__main__":
     if len(sys.argv) == 5 and sys.argv[1] == "--worker":
         sys.exit(_worker(sys.argv[2], int(sys.argv[3]), int(sys.argv[4])))
-    if len(sys.argv) == 4 and sys.argv[1] == "--takeoff":
-        sys.exit(_takeoff_worker(sys.argv[2], int(sys.argv[3])))
     sys.exit("usage: python -m scaling.study.sweep --worker RUN_DIR PARENT_PID LOCK_FD (internal; use `scaling sweep`)")

@@ -45,7 +45,6 @@ most log_every steps late; throughput is tokens over the wall time between those
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import math
@@ -71,7 +70,7 @@ from scaling.errors import ConfigError
 KEEP_CHECKPOINTS = 2
 
 
-# ---------------------------------------------------------------- the plan: steps, budgets, schedule
+# ---------------------------------------------------------------- the schedule: steps, budgets, learning rate
 
 
 @dataclass(frozen=True)
@@ -82,11 +81,13 @@ class Budget:
 
 
 @dataclass(frozen=True)
-class Plan:
+class Schedule:
+    """A run's steps, its evaluation budgets and its learning-rate shape (`kind`: wsd or cosine)."""
+
     steps: int
     tokens_per_step: int
     warmup_steps: int
-    schedule: str
+    kind: str
     lr: float
     budgets: tuple[Budget, ...]
 
@@ -104,27 +105,27 @@ class Plan:
         return sum(b.end for b in self.budgets) * self.tokens_per_step
 
 
-def plan_for(cfg: config_lib.RunConfig) -> Plan:
+def schedule_for(cfg: config_lib.RunConfig) -> Schedule:
     train, steps = cfg.train, cfg.steps
     budgets = []
-    for fraction in train.budgets:
+    for fraction in train.eval_at:
         end = round(fraction * steps)
         cooldown = max(1, round(train.decay * end)) if train.schedule == "wsd" else 0
         budgets.append(Budget(fraction, end, end - cooldown))
     warmup = train.warmup if train.warmup >= 1 else round(train.warmup * steps)
-    return Plan(steps=steps, tokens_per_step=cfg.tokens_per_step, warmup_steps=warmup,
-                schedule=train.schedule, lr=train.lr, budgets=tuple(budgets))
+    return Schedule(steps=steps, tokens_per_step=cfg.tokens_per_step, warmup_steps=warmup,
+                    kind=train.schedule, lr=train.lr, budgets=tuple(budgets))
 
 
-def learning_rate(plan: Plan, step: int, budget: Budget) -> float:
+def learning_rate(schedule: Schedule, step: int, budget: Budget) -> float:
     """The learning rate of training step `step` (0-based) on the way to `budget` (formulas above)."""
-    warm = min(1.0, (step + 1) / plan.warmup_steps) if plan.warmup_steps else 1.0
-    if plan.schedule == "cosine":
-        span = max(1, budget.end - plan.warmup_steps)
-        progress = min(1.0, max(0.0, (step - plan.warmup_steps) / span))
-        return plan.lr * warm * 0.5 * (1.0 + math.cos(math.pi * progress))
+    warm = min(1.0, (step + 1) / schedule.warmup_steps) if schedule.warmup_steps else 1.0
+    if schedule.kind == "cosine":
+        span = max(1, budget.end - schedule.warmup_steps)
+        progress = min(1.0, max(0.0, (step - schedule.warmup_steps) / span))
+        return schedule.lr * warm * 0.5 * (1.0 + math.cos(math.pi * progress))
     cool = min(1.0, (budget.end - step) / (budget.end - budget.cooldown_start))
-    return plan.lr * warm * cool
+    return schedule.lr * warm * cool
 
 
 # ---------------------------------------------------------------- setup (everything that can be wrong)
@@ -133,7 +134,7 @@ def learning_rate(plan: Plan, step: int, budget: Budget) -> float:
 @dataclass
 class Setup:
     cfg: config_lib.RunConfig
-    plan: Plan
+    schedule: Schedule
     corpus: data.Corpus
     model_cfg: Any
     val_windows: np.ndarray
@@ -151,7 +152,7 @@ def prepare(cfg: config_lib.RunConfig) -> Setup:
     model_cfg = cfg.model.shape(corpus.vocab)
     val_windows = data.eval_windows(corpus.val, eval_tokens, seq_len)
     train_windows = data.train_sample(corpus.train, eval_tokens, seq_len)
-    return Setup(cfg=cfg, plan=plan_for(cfg), corpus=corpus, model_cfg=model_cfg, val_windows=val_windows, train_windows=train_windows,
+    return Setup(cfg=cfg, schedule=schedule_for(cfg), corpus=corpus, model_cfg=model_cfg, val_windows=val_windows, train_windows=train_windows,
                  val_bytes=data.target_bytes(val_windows, corpus.token_bytes),
                  train_bytes=data.target_bytes(train_windows, corpus.token_bytes))
 
@@ -227,14 +228,14 @@ def _train(setup: Setup, out_dir: Path, echo: Callable[[str], None]) -> dict:
 
 class _Trainer:
     def __init__(self, setup: Setup, out_dir: Path, echo: Callable[[str], None]):
-        self.setup, self.cfg, self.plan, self.out_dir, self.echo = setup, setup.cfg, setup.plan, out_dir, echo
+        self.setup, self.cfg, self.schedule, self.out_dir, self.echo = setup, setup.cfg, setup.schedule, out_dir, echo
         self.started = time.perf_counter()
         self.compiled = False  # per attempt: a resumed run compiles again
         self.progress = Progress()
         self.last_telemetry: dict = {}
         self.last_losses: list[float] = []
         h = self.cfg.health
-        self.monitor = health.LossMonitor(h.spike_factor, h.spike_window, self.plan.warmup_steps)
+        self.monitor = health.LossMonitor(h.spike_factor, h.spike_window, self.schedule.warmup_steps)
         self.train_step, self.eval_step, init = step_lib.compiled()
         tx = step_lib.optimizer_tx(self.cfg.train.grad_clip, self.cfg.train.weight_decay)
         recipe = self.cfg.recipe
@@ -271,7 +272,7 @@ class _Trainer:
         self.state = restored.state
         self.progress = Progress(**restored.progress)
         self.monitor.recent.extend(self.progress.recent_losses)
-        self._log({"event": "resumed", "step": step, "tokens": step * self.plan.tokens_per_step})
+        self._log({"event": "resumed", "step": step, "tokens": step * self.schedule.tokens_per_step})
         self.echo(f"resumed from the checkpoint at step {step}")
 
     def _elapsed(self) -> float:
@@ -288,22 +289,22 @@ class _Trainer:
         self._restore()
         self.clock = time.perf_counter()
         self.progress.attempts += 1
-        plan, every = self.plan, self.cfg.train.checkpoint_every
+        schedule, every = self.schedule, self.cfg.train.checkpoint_every
         done = {e["fraction"] for e in self.progress.evals}
-        branches = [b for b in plan.budgets[:-1] if b.fraction not in done]
-        while self.progress.step < plan.steps:
+        branches = [b for b in schedule.budgets[:-1] if b.fraction not in done]
+        while self.progress.step < schedule.steps:
             step = self.progress.step
             for budget in [b for b in branches if b.cooldown_start == step]:
                 self._branch(budget)
                 branches.remove(budget)
-            self.state = self._step(self.state, step, plan.final, phase="trunk")
+            self.state = self._step(self.state, step, schedule.final, phase="trunk")
             self.progress.step = step + 1
-            if every and self.progress.step % every == 0 and self.progress.step < plan.steps:
+            if every and self.progress.step % every == 0 and self.progress.step < schedule.steps:
                 self._drain()
                 self.progress.recent_losses = list(self.monitor.recent)
                 self._save()
                 self.clock = time.perf_counter()
-        self.progress.evals.append(self._evaluate(self.state, plan.steps, budget=plan.final))
+        self.progress.evals.append(self._evaluate(self.state, schedule.steps, budget=schedule.final))
         return runs.land(self.out_dir, self._summary("ok", reason=None))
 
     def _branch(self, budget: Budget) -> None:
@@ -330,8 +331,8 @@ class _Trainer:
             self.prefetched = (-1, None)
 
     def _step(self, state, step: int, budget: Budget, phase: str):
-        plan = self.plan
-        lr = learning_rate(plan, step, budget)
+        schedule = self.schedule
+        lr = learning_rate(schedule, step, budget)
         done = step + 1
         logged = done % self.cfg.train.log_every == 0 or done == budget.end or step == 0
         state, loss, grad_norm, telemetry = self.train_step(self.model_def, self.opt_def, state, self._batch(step),
@@ -339,7 +340,7 @@ class _Trainer:
         self.pending.append((step, phase, loss))  # dispatched, not waited for
         if step + 1 < budget.end:
             self._prefetch(step + 1)  # batch t+1 goes to the device while step t runs
-        self.progress.tokens_trained += plan.tokens_per_step
+        self.progress.tokens_trained += schedule.tokens_per_step
         if not logged:
             if not self.compiled:
                 self._drain()  # the attempt's first step: its time is the compile's
@@ -347,11 +348,11 @@ class _Trainer:
         loss = self._drain()[-1]
         telemetry = _to_python(jax.device_get(telemetry))
         self.last_telemetry = telemetry
-        record = {"step": done, "tokens": done * plan.tokens_per_step, "phase": phase, "loss": loss,
+        record = {"step": done, "tokens": done * schedule.tokens_per_step, "phase": phase, "loss": loss,
                   "lr": lr, "grad_norm": float(grad_norm), "tokens_per_s": self.progress.tokens_per_s(),
                   "telemetry": telemetry}
         if phase == "cooldown":
-            record["budget"] = budget.end * plan.tokens_per_step
+            record["budget"] = budget.end * schedule.tokens_per_step
         else:
             self.progress.telemetry_sum = _tree_add(self.progress.telemetry_sum, telemetry)
             self.progress.telemetry_count += 1
@@ -375,7 +376,7 @@ class _Trainer:
             self.progress.compile_s += seconds
         elif pending:
             self.progress.timed_s += seconds
-            self.progress.timed_tokens += len(pending) * self.plan.tokens_per_step
+            self.progress.timed_tokens += len(pending) * self.schedule.tokens_per_step
         for (step, phase, _), loss in zip(pending, losses):
             self.last_losses = (self.last_losses + [loss])[-20:]
             self.monitor.check(step, loss, trunk=phase == "trunk")
@@ -388,14 +389,14 @@ class _Trainer:
         val_loss = self._mean_loss(state, setup.val_windows)
         train_loss = self._mean_loss(state, setup.train_windows)
         self.progress.eval_s += time.perf_counter() - started
-        record = {"D": step * self.plan.tokens_per_step, "step": step, "val_loss": val_loss,
+        record = {"D": step * self.schedule.tokens_per_step, "step": step, "val_loss": val_loss,
                   "train_loss": train_loss,
                   "val_bpb": data.bits_per_byte(val_loss, setup.val_windows, setup.val_bytes),
                   "train_bpb": data.bits_per_byte(train_loss, setup.train_windows, setup.train_bytes)}
         if budget is not None:
             record["fraction"] = budget.fraction
-            labels = self.cfg.study.budgets  # the IsoFLOP budget this evaluation serves (0: none)
-            label = labels[self.plan.budgets.index(budget)] if labels else 0
+            labels = self.cfg.study.flop_budgets  # the IsoFLOP budget this evaluation serves (0: none)
+            label = labels[self.schedule.budgets.index(budget)] if labels else 0
             if label > 0:
                 record["budget"] = label
         self._log({"event": "eval", "tokens": record["D"], **record})
@@ -445,9 +446,9 @@ class _Trainer:
 def summarize(setup: Setup, progress: Progress, status: str, reason: str | None) -> dict:
     """summary.json of a run: what it is (config, recipe, sizes, compute), how it ended and what it
     measured (evaluations, mean telemetry, timings), from its setup and progress record alone."""
-    cfg, plan = setup.cfg, setup.plan
+    cfg, schedule = setup.cfg, setup.schedule
     evals = sorted(progress.evals, key=lambda e: e["D"])
-    final = evals[-1] if evals and evals[-1]["step"] == plan.steps else {}
+    final = evals[-1] if evals and evals[-1]["step"] == schedule.steps else {}
     telemetry = ({k: _tree_scale(v, 1.0 / progress.telemetry_count) for k, v in progress.telemetry_sum.items()}
                  if progress.telemetry_count else {})
     params = ladder.param_counts(setup.model_cfg)
@@ -462,9 +463,9 @@ def summarize(setup: Setup, progress: Progress, status: str, reason: str | None)
         "train_bpb": final.get("train_bpb"),
         "N": int(params["non_embedding"]),
         "N_total": int(params["total"]),
-        "D": final.get("D", progress.step * plan.tokens_per_step),
+        "D": final.get("D", progress.step * schedule.tokens_per_step),
         "step": final.get("step", progress.step),
-        "steps": plan.steps,
+        "steps": schedule.steps,
         "size": cfg.model.size,
         "n_layers": setup.model_cfg.n_layers,
         "d_model": setup.model_cfg.d_model,
@@ -476,7 +477,7 @@ def summarize(setup: Setup, progress: Progress, status: str, reason: str | None)
         "recipe_detail": cfg.recipe.describe(),
         "flops_per_token": float(ladder.flops_per_token(setup.model_cfg)),
         # FLOPs by GEMM part with each operand's effective bits, per-role precision columns
-        "compute": compute_lib.columns(setup.model_cfg, cfg.recipe, plan.tokens_per_step),
+        "compute": compute_lib.columns(setup.model_cfg, cfg.recipe, schedule.tokens_per_step),
         "tokens_per_s": progress.tokens_per_s(),
         "wall_s": progress.wall_s,
         "compile_s": progress.compile_s,
@@ -488,14 +489,14 @@ def summarize(setup: Setup, progress: Progress, status: str, reason: str | None)
         "entropy_rate": setup.corpus.entropy_rate,
         "telemetry": telemetry,
         "evals": evals,
-        **({"study": cfg.to_dict()["study"]} if cfg.study.budgets else {}),
+        **({"study": cfg.to_dict()["study"]} if cfg.study.flop_budgets else {}),
         "ladder": {
-            "schedule": plan.schedule,
-            "budgets": [b.fraction for b in plan.budgets],
+            "schedule": schedule.kind,
+            "budgets": [b.fraction for b in schedule.budgets],
             "tokens_trained": progress.tokens_trained,
-            "tokens_planned": plan.tokens_trained(),
-            "tokens_separate_runs": plan.tokens_separate_runs(),
-            "saved_fraction": 1.0 - plan.tokens_trained() / plan.tokens_separate_runs(),
+            "tokens_planned": schedule.tokens_trained(),
+            "tokens_separate_runs": schedule.tokens_separate_runs(),
+            "saved_fraction": 1.0 - schedule.tokens_trained() / schedule.tokens_separate_runs(),
         },
     }
 
@@ -538,24 +539,3 @@ def _tree_scale(tree: Any, factor: float) -> Any:
     if isinstance(tree, list):
         return (np.asarray(tree) * factor).tolist()
     return tree * factor
-
-
-# ---------------------------------------------------------------- CLI
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("config", help="run config (TOML); schema in scaling/train/config.py")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a dotted key, TOML value syntax (e.g. --set precision=fp4 --set train.lr=1e-3)")
-    parser.add_argument("--out", help="run directory (default: runs/<name>/<run_id>)")
-
-
-def main(args: argparse.Namespace) -> int:
-    cfg = config_lib.validate(config_lib.load(args.config, args.set))
-    out_dir = Path(args.out) if args.out else Path("runs") / cfg.name / cfg.run_id
-    summary = run(cfg, out_dir, echo=print)
-    for e in summary["evals"]:
-        print(f"D={e['D']:>10d}  val_loss={e['val_loss']:.4f}  train_loss={e['train_loss']:.4f}")
-    print(f"{summary['status']}: N={summary['N']} P={summary['P']} recipe={summary['recipe']} "
-          f"{summary['tokens_per_s']:.0f} tok/s, {summary['wall_s']:.1f} s -> {out_dir}")
-    return 0 if summary["status"] == "ok" else 1

@@ -281,8 +281,8 @@ def test_design_lands_each_size_on_every_budget_it_serves(recipe):
         per_token = _per_token(cfg)
         steps = cfg.train.tokens // tokens_per_step
         assert cfg.train.lr == ladder.ladder_lr(cfg.model.size)  # "auto" resolved at each size
-        assert cfg.study.cost == "bits" and len(cfg.study.budgets) == len(cfg.train.budgets)
-        for fraction, budget in zip(cfg.train.budgets, cfg.study.budgets):
+        assert cfg.study.cost == "bits" and len(cfg.study.flop_budgets) == len(cfg.train.eval_at)
+        for fraction, budget in zip(cfg.train.eval_at, cfg.study.flop_budgets):
             landed = round(fraction * steps) * tokens_per_step * per_token
             # the nearest whole step: within half a step's compute of the budget
             assert abs(landed - budget) <= 0.5 * tokens_per_step * per_token
@@ -332,15 +332,15 @@ def test_design_errors_are_one_line_and_name_the_key():
 def test_warmup_in_steps_gives_a_budget_the_same_schedule_in_any_run_length():
     from scaling.train import loop as train
 
-    short = config.validate({**DESIGN_POINT, "train": {**DESIGN_POINT["train"], "tokens": 100 * 256, "budgets": [0.6, 1.0]}})
-    long = config.validate({**DESIGN_POINT, "train": {**DESIGN_POINT["train"], "tokens": 300 * 256, "budgets": [0.2, 1.0]}})
-    a, b = train.plan_for(short), train.plan_for(long)
+    short = config.validate({**DESIGN_POINT, "train": {**DESIGN_POINT["train"], "tokens": 100 * 256, "eval_at": [0.6, 1.0]}})
+    long = config.validate({**DESIGN_POINT, "train": {**DESIGN_POINT["train"], "tokens": 300 * 256, "eval_at": [0.2, 1.0]}})
+    a, b = train.schedule_for(short), train.schedule_for(long)
     assert a.budgets[0].end == b.budgets[0].end == 60
     lrs = [[train.learning_rate(p, t, p.budgets[0]) for t in range(60)] for p in (a, b)]
     assert lrs[0] == lrs[1]
     # with warmup as a fraction the same 60-step budget would see a different schedule
     frac = [c.replace(**{"train.warmup": 0.1}) for c in (short, long)]
-    assert train.plan_for(frac[0]).warmup_steps != train.plan_for(frac[1]).warmup_steps
+    assert train.schedule_for(frac[0]).warmup_steps != train.schedule_for(frac[1]).warmup_steps
 
 
 def test_sweep_expands_an_isoflop_design_and_its_runs_carry_their_budgets(tmp_path):
@@ -375,13 +375,13 @@ reference = "fp32"
     by = {(s.config.precision, s.config.model.size): s.config for s in specs}
     for size in (1, 2, 3):  # the reference also lands on every step FP8 lands on, unlabelled
         fp8, ref = by["fp8", size], by["fp32", size]
-        steps = lambda c: {round(f * c.train.tokens / 256): b for f, b in zip(c.train.budgets, c.study.budgets)}
+        steps = lambda c: {round(f * c.train.tokens / 256): b for f, b in zip(c.train.eval_at, c.study.flop_budgets)}
         assert set(steps(fp8)) < set(steps(ref)) and all(steps(ref)[s] == 0 for s in steps(fp8))
         assert sorted(b for b in steps(ref).values() if b) == [2e10, 4e10]
     smallest = min((s for s in specs if s.config.precision == "fp8"), key=lambda s: s.config.train.tokens)
     train.run(smallest.config, smallest.out_dir(tmp_path / "runs"))
     df = results.load(tmp_path / "runs")
-    assert sorted(df["budget"]) == sorted(smallest.config.study.budgets) and (df["budget_cost"] == "bits").all()
+    assert sorted(df["budget"]) == sorted(smallest.config.study.flop_budgets) and (df["budget_cost"] == "bits").all()
     points = study.points_at(df, 4e10, compute.get("bits"))
     assert len(points) == 1 and not points["interpolated"].any()
     assert study.default_budgets(df, compute.get("bits")) == [2e10, 4e10]
@@ -428,7 +428,7 @@ def test_edge_runs_follow_a_minimum_off_the_end_of_its_profile_until_it_is_insid
     plan = study.Design.from_table({**table, "extend_edges": True})
     point = {**DESIGN_POINT, "precision": "fp32"}
     (designed,) = study.design([point], plan)
-    served = {b: sorted(c.model.size for c in designed if b in c.study.budgets) for b in plan.budgets}
+    served = {b: sorted(c.model.size for c in designed if b in c.study.flop_budgets) for b in plan.budgets}
     top = served[2e11][-1]
     assert top + 3 <= 10  # shapes above the small budget's profile (the third has too few steps)
     size_n = {c.model.size: compute.run_row(c)["N"] for c in designed}
@@ -440,7 +440,7 @@ def test_edge_runs_follow_a_minimum_off_the_end_of_its_profile_until_it_is_insid
     def landed(cfgs):
         return pd.DataFrame([{"run_id": c.run_id, "status": "ok", "N": compute.run_row(c)["N"], "budget": b,
                               "val_loss": (math.log(compute.run_row(c)["N"]) - math.log(bottom[b])) ** 2}
-                             for c in cfgs for b in c.study.budgets])
+                             for c in cfgs for b in c.study.flop_budgets])
 
     rounds = [designed]
     while True:  # as `scaling sweep` does: train what is called for, land it, ask again
@@ -453,7 +453,7 @@ def test_edge_runs_follow_a_minimum_off_the_end_of_its_profile_until_it_is_insid
     assert [c.model.size for c in edge] == [top + 1, top + 2]
     assert [len(r) - len(designed) for r in rounds] == [0, 1, 2]
     for c in edge:  # each serves the small budget alone, at its own size's rate and step count
-        assert tuple(c.study.budgets) == (2e11,) and tuple(c.train.budgets) == (1.0,)
+        assert tuple(c.study.flop_budgets) == (2e11,) and tuple(c.train.eval_at) == (1.0,)
         assert c.train.lr == config.validate({**point, "model": {**point["model"], "size": c.model.size}}).train.lr
         assert abs(c.train.tokens - 2e11 / _per_token(c)) <= 0.5 * c.tokens_per_step  # the nearest whole step
     # nothing while a run of the point is still to land; nothing without extend_edges
@@ -464,8 +464,8 @@ def test_edge_runs_follow_a_minimum_off_the_end_of_its_profile_until_it_is_insid
     # the replicates then sit at the minimum the edge runs found
     plan = study.Design.from_table({**table, "extend_edges": True, "replicates": [1]})
     twins = study.replicates([rounds[-1]], plan, landed(rounds[-1]))
-    assert {c.model.size for c in twins if 2e11 in c.study.budgets} >= {top, top + 1, top + 2}
-    assert {c.run_id for c in twins if tuple(c.study.budgets) == (2e11,)} == {c.replace(seed=1).run_id for c in edge}
+    assert {c.model.size for c in twins if 2e11 in c.study.flop_budgets} >= {top, top + 1, top + 2}
+    assert {c.run_id for c in twins if tuple(c.study.flop_budgets) == (2e11,)} == {c.replace(seed=1).run_id for c in edge}
     # the shapes run out where a budget gives a shape fewer than min_steps steps (size top + 3 here)
     bottom[2e11] = size_n[10]
     (cfgs,) = study.extend_edges([point], [rounds[-1]], plan, landed(rounds[-1]))
@@ -482,12 +482,12 @@ def test_replicates_retrain_each_budgets_landed_minimum_and_its_neighbours_at_ev
         rows = []
         for cfg in cfgs:
             n = compute.run_row(cfg)["N"]
-            for budget in cfg.study.budgets:
+            for budget in cfg.study.flop_budgets:
                 rows.append({"run_id": cfg.run_id, "status": "ok", "N": n, "budget": budget,
                              "val_loss": loss_by_n(n, budget)})
         return pd.DataFrame([r for r in rows if r["run_id"] not in drop])
 
-    by_budget = {b: sorted(compute.run_row(c)["N"] for c in cfgs if b in c.study.budgets) for b in plan.budgets}
+    by_budget = {b: sorted(compute.run_row(c)["N"] for c in cfgs if b in c.study.flop_budgets) for b in plan.budgets}
     # a U in log N with its bottom at each budget's 2nd-smallest size; at 6e11 the smallest is the minimum
     bottom = {2e11: by_budget[2e11][1], 6e11: by_budget[6e11][0]}
     loss = lambda n, b: (math.log(n) - math.log(bottom[b])) ** 2
@@ -511,14 +511,14 @@ def test_the_design_reads_each_minimum_from_the_mean_over_landed_seeds_and_never
                                     "min_steps": 20, "replicates": [1, 2], "extend_edges": True})
     point = {**DESIGN_POINT, "precision": "fp32"}
     (cfgs,) = study.design([point], plan)
-    small = sorted((c for c in cfgs if 2e11 in c.study.budgets), key=lambda c: c.model.size)
+    small = sorted((c for c in cfgs if 2e11 in c.study.flop_budgets), key=lambda c: c.model.size)
     top, second = small[-1].model.size, small[-2].model.size
     # 2e11: seed 0 is best one below the largest size (inside); seeds 1 and 2 favour the largest
     table = {(second, 0): 1.00, (top, 0): 1.02, (second, 1): 1.10, (top, 1): 0.90, (second, 2): 1.10, (top, 2): 0.90}
 
     def rows(runs, loss):
         return pd.DataFrame([{"run_id": c.run_id, "status": "ok", "N": compute.run_row(c)["N"], "budget": b,
-                              "val_loss": loss(c, b)} for c in runs for b in c.study.budgets])
+                              "val_loss": loss(c, b)} for c in runs for b in c.study.flop_budgets])
 
     def loss(c, b):
         return table.get((c.model.size, c.seed), 3.0) if b == 2e11 else (c.model.size - 4.0) ** 2
@@ -528,7 +528,7 @@ def test_the_design_reads_each_minimum_from_the_mean_over_landed_seeds_and_never
     twins = study.replicates([cfgs], plan, rows(cfgs, loss))
     (grown,) = study.extend_edges([point], [cfgs], plan, rows(cfgs + twins, loss))
     (edge,) = grown[len(cfgs):]  # mean 0.94 at the largest size against 1.07: the minimum is on the edge
-    assert tuple(edge.study.budgets) == (2e11,) and edge.model.size == top + 1
+    assert tuple(edge.study.flop_budgets) == (2e11,) and edge.model.size == top + 1
     # the edge run lands worse (the minimum is inside again), then seeds move it down to small[-4]
     table[(top + 1, 0)] = 5.0
     table |= {(small[-4].model.size, s): 0.5 for s in (0, 1, 2)}

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from scaling import cli
-from scaling.study import fit, laws
+from scaling.study import fit, laws, selection
 
 # Kumar et al.'s form plus a clear data-dependent penalty: at N = 1e8, P = 4 it is 0.07 nats at D = 1e9
 # and 0.5 nats at D = 5e10 (kumar's own precision effect does not grow with D).
@@ -41,7 +41,7 @@ def by_name(selection):
 
 @pytest.mark.slow
 def test_select_law_prefers_the_data_dependent_penalty():
-    sel = fit.select_law(kumar_data_runs(), ["kumar", "kumar[kappa free]", "kumar_data"], **QUICK)
+    sel = selection.select_law(kumar_data_runs(), ["kumar", "kumar[kappa free]", "kumar_data"], **QUICK)
     c = by_name(sel)
     assert sel["chosen"] == "kumar_data"
     kd, ku, free = c["kumar_data"], c["kumar"], c["kumar[kappa free]"]
@@ -63,7 +63,7 @@ def test_select_law_prefers_the_data_dependent_penalty():
 def test_law_auto_puts_p_star_within_a_bit_of_the_truth():
     from scaling.study import optimal
 
-    sel, fits = fit.select(kumar_data_runs(), ["kumar", "kumar_data"], fit_kwargs=QUICK)
+    sel, fits = selection.select(kumar_data_runs(), ["kumar", "kumar_data"], fit_kwargs=QUICK)
     chosen = fits[sel["chosen"]]
     truth = fit.FitResult(law="kumar_data", params=KUMAR_DATA, objective=0.0, residuals=np.array([]),
                           fixed={}, data={})
@@ -88,7 +88,7 @@ def test_isoflop_budget_split_holds_out_the_largest_budget_and_the_reference_at_
         return real_fit(data, *args, **kwargs)
 
     monkeypatch.setattr(fit, "fit_law", spy)
-    sel = fit.select_law(df, ["kumar"], **QUICK)
+    sel = selection.select_law(df, ["kumar"], **QUICK)
     c = by_name(sel)["kumar"]
     assert c["n_heldout"]["budget"] == 4 * 2 * 3  # 4 sizes x D in {2e10, 5e10} x 3 low precisions
     assert np.isfinite(c["heldout_gap_mae"]["budget"])
@@ -104,7 +104,7 @@ def test_a_split_whose_held_out_gaps_come_from_one_run_is_not_used():
     law is called worse than another on one run."""
     df = kumar_data_runs()
     df = df[(df["N"] < 3e8) | df["recipe"].isin(["fp32", "fp4"])]  # the largest size: fp32 and one fp4 run
-    sel = fit.select_law(df, ["kumar", "kumar[kappa free]"], **QUICK)
+    sel = selection.select_law(df, ["kumar", "kumar[kappa free]"], **QUICK)
     for c in sel["candidates"]:
         assert c["n_heldout"]["N"] == 0 and "from one run" in c["heldout_notes"]["N"], c
         assert c["n_heldout"]["D"] > 0
@@ -113,7 +113,7 @@ def test_a_split_whose_held_out_gaps_come_from_one_run_is_not_used():
 
 def test_unfittable_laws_are_listed_with_the_reason():
     df = kumar_data_runs()
-    sel = fit.select_law(df, ["sun", "quartet", "capacity"], **QUICK)
+    sel = selection.select_law(df, ["sun", "quartet", "capacity"], **QUICK)
     assert sel["chosen"] is None
     for c in sel["candidates"]:
         assert not c["fittable"] and not c["within_noise"] and "missing" in c["reason"], c
@@ -129,15 +129,15 @@ def test_unfittable_laws_are_listed_with_the_reason():
 
 
 def test_candidates_and_variants():
-    assert "kumar[kappa free]" in fit.default_candidates() and "kumar" in fit.default_candidates()
-    assert fit.parse_candidate("kumar[kappa free]") == fit.Candidate("kumar[kappa free]", "kumar", {})
-    assert fit.parse_candidate("kumar").fixed == {"kappa": 3.0}
-    assert fit.parse_candidate("kumar_data[kappa=2, gamma_D=0.5]").fixed == {"kappa": 2.0, "gamma_D": 0.5}
+    assert "kumar[kappa free]" in selection.default_candidates() and "kumar" in selection.default_candidates()
+    assert selection.parse_candidate("kumar[kappa free]") == selection.Candidate("kumar[kappa free]", "kumar", {})
+    assert selection.parse_candidate("kumar").fixed == {"kappa": 3.0}
+    assert selection.parse_candidate("kumar_data[kappa=2, gamma_D=0.5]").fixed == {"kappa": 2.0, "gamma_D": 0.5}
     for bad in ("kumar[kapa free]", "kumar[kappa=x]", "kumar[kappa free", "nope"):
-        with pytest.raises(fit.ConfigError):
-            fit.parse_candidate(bad)
-    with pytest.raises(fit.ConfigError, match="not with select_law"):
-        fit.select_law(kumar_data_runs(), ["kumar"], fixed={})
+        with pytest.raises(selection.ConfigError):
+            selection.parse_candidate(bad)
+    with pytest.raises(selection.ConfigError, match="not with select_law"):
+        selection.select_law(kumar_data_runs(), ["kumar"], fixed={})
 
 
 def test_reference_recipe_and_precision_gaps():
@@ -150,14 +150,14 @@ def test_reference_recipe_and_precision_gaps():
         "P": [32, 32, 32, 8, 8, 8, 8], "P_g": [32, 32, 8, 8, 8, 8, 8],
         "val_loss": [3.0, 3.2, 3.05, 3.1, 3.4, 3.5, 2.9],
     }, index=list("abcdefg"))
-    assert list(fit.reference_mask(df)) == [True, True, False, False, False, False, False]
-    gaps = fit.precision_gaps(df)
+    assert list(selection.reference_mask(df)) == [True, True, False, False, False, False, False]
+    gaps = selection.gaps_to_reference_rows(df)
     assert list(gaps.index) == list("abcdefg")
     # Matched on (N, D, seed): seed 2 and N = 1e8 have no fp32 run; reference rows have no gap.
     np.testing.assert_allclose(gaps.to_numpy(), [np.nan, np.nan, 0.05, 0.1, 0.2, np.nan, np.nan], atol=1e-12)
-    assert fit.reference_mask(df, "bwd8").tolist() == [False, False, True, False, False, False, False]
-    with pytest.raises(fit.ConfigError, match="reference: got 'bf16'"):
-        fit.reference_mask(df, "bf16")
+    assert selection.reference_mask(df, "bwd8").tolist() == [False, False, True, False, False, False, False]
+    with pytest.raises(selection.ConfigError, match="reference: got 'bf16'"):
+        selection.reference_mask(df, "bf16")
 
 
 def _entry(name, mae, k=5):
@@ -174,7 +174,7 @@ def test_within_noise_is_a_paired_run_clustered_comparison():
     errs = {"best": best, "twin": best + 0.005 * rng.standard_normal(60), "worse": np.abs(best) + 0.02}
     entries = [_entry(n, float(np.mean(np.abs(e)))) for n, e in errs.items()]
     errors = {(n, s): (pos, e) for n, e in errs.items() for s in ("N", "D")}
-    chosen, _ = fit._choose(entries, errors, clusters)
+    chosen, _ = selection._choose(entries, errors, clusters)
     c = {e["name"]: e for e in entries}
     assert chosen in ("best", "twin") and c["best"]["within_noise"] and c["twin"]["within_noise"]
     assert not c["worse"]["within_noise"]
@@ -186,8 +186,8 @@ def test_cli_law_auto_writes_the_chosen_fit_with_selection(tmp_path, capsys, mon
     csv = tmp_path / "results.csv"
     kumar_data_runs().to_csv(csv, index=False)
     out = tmp_path / "fits" / "auto.json"
-    select = fit.select  # the CLI fits with each law's default grid; small grids keep the test quick
-    monkeypatch.setattr(fit, "select", lambda df, c, loss, ref=None, kw=None: select(df, c, loss, ref, {**(kw or {}), **QUICK}))
+    select = selection.select  # the CLI fits with each law's default grid; small grids keep the test quick
+    monkeypatch.setattr(selection, "select", lambda df, c, loss, ref=None, kw=None: select(df, c, loss, ref, {**(kw or {}), **QUICK}))
     argv = ["fit", str(csv), "--law", "auto", "--candidate", "kumar", "--candidate", "kumar_data",
             "--candidate", "sun", "-o", str(out)]
     assert cli.main(argv) == 0

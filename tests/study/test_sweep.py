@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 
 from scaling.train import ladder
-from scaling.study import sweep
+from scaling.study import sweep, takeoff
 from scaling.errors import ConfigError
 
 
@@ -169,7 +169,7 @@ def test_every_shipped_experiment_expands_and_the_gpu_pilot_spans_its_design():
                                        for s in range(6, 12)]
     # tokens per parameter at the budget (the reference's extra evaluations excluded): about 10-80
     per_param = [s.config.train.tokens * f / n[s.run_id] for s in pilot
-                 for f, b in zip(s.config.train.budgets, s.config.study.budgets) if b > 0]
+                 for f, b in zip(s.config.train.eval_at, s.config.study.flop_budgets) if b > 0]
     assert min(per_param) <= 12 and max(per_param) >= 60
 
 
@@ -177,11 +177,11 @@ def test_take_off_lanes_and_the_eta_they_measure(monkeypatch):
     """Probes fly one lane per worker where no GPU is visible (a GPU process would claim the
     device); probes flown two at a time measured runs that will also run two at a time."""
     monkeypatch.setattr(sweep, "visible_gpus", lambda: [])
-    assert sweep.takeoff_lanes(2) == 2 and sweep.takeoff_lanes(0) == 1
+    assert takeoff.takeoff_lanes(2) == 2 and takeoff.takeoff_lanes(0) == 1
     monkeypatch.setattr(sweep, "visible_gpus", lambda: ["0"])
-    assert sweep.takeoff_lanes(2) == 1
+    assert takeoff.takeoff_lanes(2) == 1
     specs = sweep.expand(Path(__file__).resolve().parents[2] / "experiments" / "smoke_sweep.toml")
     flights = {sweep.shape_key(s.config): {"tokens_per_s": 1000.0} for s in specs}
-    serial = sweep.measured_seconds(specs, flights)
+    serial = takeoff.measured_seconds(specs, flights)
     assert serial == pytest.approx(1.15 * sum(s.config.train.tokens for s in specs) / 1000.0)
-    assert sweep.measured_seconds(specs, flights, lanes=2) == pytest.approx(serial / 2)
+    assert takeoff.measured_seconds(specs, flights, lanes=2) == pytest.approx(serial / 2)

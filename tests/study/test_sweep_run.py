@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from scaling.study import results, sweep
+from scaling.study import results, sweep, takeoff
 
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE = ROOT / "experiments" / "smoke_sweep.toml"
@@ -46,13 +46,13 @@ def test_local_sweep_lands_every_run_and_budget(smoke_results):
 
 def test_take_off_in_two_lanes_flies_every_shape_and_a_lane_that_dies_fails_its_probes(tmp_path):
     specs = sweep.expand(SMOKE)
-    cleared, flights = sweep.take_off(specs, tmp_path, lanes=2)  # this process flies 2 shapes, a child 1
+    cleared, flights = takeoff.take_off(specs, tmp_path, lanes=2)  # this process flies 2 shapes, a child 1
     assert cleared == specs and len(flights) == 3
     assert {f["recipe"] for f in flights.values()} == {"fp32", "fp8", "fp4"}
     assert not list((tmp_path / ".takeoff").glob("lane-*"))  # a lane that landed leaves no files
     # a lane killed at its time limit: each of its probes is a failure naming the exit and the log
-    probe = sweep._takeoff_spec(specs[0])
-    (out,) = sweep._fly_in_child({"key": probe}, tmp_path / "killed", hang_timeout=0.01)().values()
+    probe = takeoff._takeoff_spec(specs[0])
+    (out,) = takeoff._fly_in_child({"key": probe}, tmp_path / "killed", hang_timeout=0.01)().values()
     assert out["status"] == "failed" and "exited with code -9" in out["reason"]
     assert Path(re.search(r"log: (\S+)\)", out["reason"]).group(1)).is_file()
 

@@ -108,7 +108,7 @@ def test_initial_state_is_the_recipes_own_model_and_its_weights_compile_once_per
 
 
 def test_learning_rate_schedules_by_hand():
-    wsd = train.plan_for(tiny(100, train={"warmup": 0.1, "lr": 1.0, "budgets": [0.5, 1.0]}))
+    wsd = train.schedule_for(tiny(100, train={"warmup": 0.1, "lr": 1.0, "eval_at": [0.5, 1.0]}))
     half, full = wsd.budgets
     assert (half.end, half.cooldown_start, full.end, full.cooldown_start) == (50, 40, 100, 80)
     assert train.learning_rate(wsd, 0, full) == pytest.approx(0.1)  # warmup (t+1)/W, W = 10
@@ -116,18 +116,18 @@ def test_learning_rate_schedules_by_hand():
     assert train.learning_rate(wsd, 45, half) == pytest.approx(0.5)  # (E - t)/(E - C) = 5/10
     assert train.learning_rate(wsd, 45, full) == pytest.approx(1.0)  # the trunk is still stable
     assert train.learning_rate(wsd, 99, full) == pytest.approx(1 / 20)
-    cosine = train.plan_for(tiny(100, train={"warmup": 0.1, "lr": 1.0, "schedule": "cosine"}))
+    cosine = train.schedule_for(tiny(100, train={"warmup": 0.1, "lr": 1.0, "schedule": "cosine"}))
     assert train.learning_rate(cosine, 55, cosine.final) == pytest.approx(0.5)  # halfway from 10 to 100
     assert train.learning_rate(cosine, 10 + 90 // 3, cosine.final) == pytest.approx((1 + math.cos(math.pi / 3)) / 2)
 
 
 def test_ladder_saves_tokens_against_separate_runs():
-    plan = train.plan_for(tiny(100))  # budgets 0.25, 0.5, 1.0; decay 0.2
-    assert [(b.end, b.cooldown_start) for b in plan.budgets] == [(25, 20), (50, 40), (100, 80)]
-    assert plan.tokens_trained() == (100 + 5 + 10) * TOKENS_PER_STEP
-    assert plan.tokens_separate_runs() == (25 + 50 + 100) * TOKENS_PER_STEP
+    schedule = train.schedule_for(tiny(100))  # budgets 0.25, 0.5, 1.0; decay 0.2
+    assert [(b.end, b.cooldown_start) for b in schedule.budgets] == [(25, 20), (50, 40), (100, 80)]
+    assert schedule.tokens_trained() == (100 + 5 + 10) * TOKENS_PER_STEP
+    assert schedule.tokens_separate_runs() == (25 + 50 + 100) * TOKENS_PER_STEP
     # T·(1 - decay) + decay·sum(E_b) at another decay: 60 + 0.4·175 = 130 steps
-    longer = train.plan_for(tiny(100, train={"decay": 0.4}))
+    longer = train.schedule_for(tiny(100, train={"decay": 0.4}))
     assert longer.tokens_trained() == 130 * TOKENS_PER_STEP
 
 
@@ -221,8 +221,8 @@ def test_a_run_learns_lands_its_summary_and_is_not_rerun(tmp_path):
 def test_wsd_branch_equals_a_separate_run_of_that_budget(tmp_path):
     """The 0.25 branch must be exactly the run a user would get by training 50 steps with the same
     cooldown fraction: same batches, same keys, same learning rates (warmup 0 so both agree)."""
-    ladder = train.run(tiny(120, train={"warmup": 0.0, "budgets": [0.25, 1.0]}), tmp_path / "ladder")
-    single = train.run(tiny(30, train={"warmup": 0.0, "budgets": [1.0]}), tmp_path / "single")
+    ladder = train.run(tiny(120, train={"warmup": 0.0, "eval_at": [0.25, 1.0]}), tmp_path / "ladder")
+    single = train.run(tiny(30, train={"warmup": 0.0, "eval_at": [1.0]}), tmp_path / "single")
     branch = ladder["evals"][0]
     assert branch["step"] == 30 and branch["D"] == single["D"]
     assert branch["val_loss"] == single["val_loss"] and branch["train_loss"] == single["train_loss"]
@@ -230,7 +230,7 @@ def test_wsd_branch_equals_a_separate_run_of_that_budget(tmp_path):
 
 @pytest.mark.slow
 def test_same_config_and_seed_are_bit_identical(tmp_path):
-    cfg = tiny(30, precision=STATEFUL_NOISY, train={"budgets": [0.5, 1.0], "log_every": 1})
+    cfg = tiny(30, precision=STATEFUL_NOISY, train={"eval_at": [0.5, 1.0], "log_every": 1})
     a, b = train.run(cfg, tmp_path / "a"), train.run(cfg, tmp_path / "b")
     assert len(losses(tmp_path / "a")) == 30 + 3  # every trunk step and the 3-step cooldown branch
     assert losses(tmp_path / "a") == losses(tmp_path / "b")
@@ -331,7 +331,7 @@ def tensorboard_scalars(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
 @pytest.mark.slow
 def test_tensorboard_mirrors_every_step_and_evaluation_record(tmp_path):
     cfg = tiny(60, precision="fp8", train={"tracker": ["tensorboard"], "log_every": 5,
-                                           "budgets": [0.5, 1.0]})
+                                           "eval_at": [0.5, 1.0]})
     out = tmp_path / "run"
     assert train.run(cfg, out)["status"] == "ok"
     scalars = tensorboard_scalars(out / "tensorboard")
@@ -362,7 +362,7 @@ def _get(tree: dict, path: list[str]) -> float:
 def test_tensorboard_after_a_resume_holds_each_step_once(tmp_path, monkeypatch):
     """A run that fails after its checkpoint and is run again resumes there and logs the steps
     after the checkpoint again (metrics.jsonl has them twice); the event files have each once."""
-    cfg = tiny(40, train={"tracker": ["tensorboard"], "log_every": 1, "checkpoint_every": 10, "budgets": [1.0]})
+    cfg = tiny(40, train={"tracker": ["tensorboard"], "log_every": 1, "checkpoint_every": 10, "eval_at": [1.0]})
     out = tmp_path / "run"
     real_batch = fail_batch_at(monkeypatch, 25, "node lost")
     with pytest.raises(RuntimeError, match="node lost"):

@@ -1,0 +1,55 @@
+"""`scaling figures`: regenerate every figure, REPORT.md and findings.json from results and a fitted law
+(scaling.study.report; no training). paper_figures/make_figures.py is this verb with the committed files
+as defaults."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+from scaling.errors import ConfigError
+from scaling.study import curves as curves_lib
+from scaling.study import results as results_lib
+from scaling.study.report import load_fit, write_report
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = ("Regenerate every figure and REPORT.md from results and a fitted law (no training). "
+                          "Example: scaling figures --results results/isoflop.csv --curves results/isoflop_curves.parquet "
+                          "--fit fits/isoflop.json --out paper_figures/")
+    parser.add_argument("--results", help="results directory, or a committed .csv / .parquet summary (required)")
+    parser.add_argument("--curves", help="per-step curves: a results directory with metrics.jsonl, or a .csv / .parquet "
+                        "(default: the --results directory's own metrics.jsonl files)")
+    parser.add_argument("--fit", help="fitted law JSON (fits/NAME.json); without it figures 1-3 are skipped")
+    parser.add_argument("--compute", nargs="+", help="compute budgets C in 16-bit FLOPs (default: from the results)")
+    parser.add_argument("--out", default="paper_figures", help="output directory for the figures and REPORT.md")
+
+
+def main(args: argparse.Namespace) -> int:
+    if not args.results:
+        raise ConfigError("results", args.results, "a results directory, .csv or .parquet (--results)")
+    results = results_lib.load(args.results)
+    curves = None
+    if args.curves:
+        if not Path(args.curves).exists():
+            raise ConfigError("curves", args.curves, "an existing results directory, .csv or .parquet")
+        curves = curves_lib.load_curves(args.curves)
+    elif Path(args.results).is_dir():  # run directories carry their own metrics.jsonl
+        curves = curves_lib.load_curves(args.results)
+        curves = curves if not curves.empty else None
+    fit = load_fit(args.fit) if args.fit else None
+    computes = None
+    if args.compute:
+        computes = []
+        for text in args.compute:
+            try:
+                value = float(text)
+            except ValueError:
+                value = float("nan")
+            if not (math.isfinite(value) and value > 0):
+                raise ConfigError("compute", text, "a positive number of FLOPs, e.g. 1e18")
+            computes.append(value)
+    path = write_report(results, fit, args.out, curves=curves, compute=computes)
+    print(f"wrote {path}")
+    return 0

@@ -1,0 +1,137 @@
+"""`scaling fit RESULTS -o fits/NAME.json`: fit one law (scaling.study.fit), or with `--law auto`
+choose among candidate laws by held-out precision gaps (scaling.study.selection), and print the table."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any, Mapping, Sequence
+
+import pandas as pd
+
+from scaling.errors import ConfigError
+from scaling.study import laws, results
+from scaling.study import selection
+from scaling.study.fit import FitResult, bootstrap_fit, fit_law, holdout_error
+
+
+def _runs_to_fit(df: pd.DataFrame, loss_column: str | None) -> tuple[pd.DataFrame, str]:
+    """Only runs that landed (`status` ok, if present); loss column: given, else `loss`, else `val_loss`."""
+    if "status" in df.columns:
+        df = df[df["status"] == "ok"]
+    if loss_column is None:
+        loss_column = next((c for c in ("loss", "val_loss") if c in df.columns), "loss")
+    return df.reset_index(drop=True), loss_column
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("results", metavar="RESULTS", help="results .csv / .parquet file or results directory")
+    parser.add_argument("--law", default="kumar",
+                        help=f"law to fit: {', '.join(laws.names())} (default kumar), or auto: fit every candidate and keep "
+                             "the one that best predicts held-out precision gaps (scaling.study.selection.select_law)")
+    parser.add_argument("--candidate", action="append", default=[], metavar="LAW[VARIANT]",
+                        help="with --law auto: a candidate (repeatable), e.g. kumar or 'kumar[kappa free]'; "
+                             "default: every law, plus each with its fixed params freed")
+    parser.add_argument("--reference", default=None, metavar="RECIPE",
+                        help="with --law auto: the high-precision reference recipe (default: the rows with the largest P)")
+    parser.add_argument("--sweep", default=None, help="fit only the rows of this sweep (a multi-sweep table's `sweep` column)")
+    parser.add_argument("-o", "--output", required=True, help="where to write the fit JSON, e.g. fits/NAME.json")
+    parser.add_argument("--bootstrap", type=int, default=0, metavar="N", help="bootstrap resamples for CIs (e.g. 1000)")
+    parser.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+    parser.add_argument("--loss-column", default=None, help="loss column (default: loss, else val_loss)")
+    parser.add_argument("--fix", action="append", default=[], metavar="NAME=VALUE",
+                        help="hold a param fixed (repeatable); default: the law's (kumar: kappa=3); --fix none frees all")
+    parser.add_argument("--holdout", choices=["N", "compute"], default=None,
+                        help="also record the held-out error (fit on the smaller 80%% by N or compute)")
+
+
+def _parse_fixed(items: Sequence[str]) -> dict[str, float] | None:
+    if not items:
+        return None
+    if items == ["none"]:
+        return {}
+    fixed = {}
+    for item in items:
+        name, _, value = item.partition("=")
+        try:
+            fixed[name] = float(value)
+        except ValueError:
+            raise ConfigError("--fix", item, "NAME=VALUE with a number, or none") from None
+    return fixed
+
+
+def _print_fit(result: FitResult) -> None:
+    width = max(len(k) for k in result.params)
+    print(f"law {result.law}: {result.data.get('n_points')} points, objective {result.objective:.6g}")
+    header = f"  {'param':<{width}}  {'value':>12}"
+    if result.ci:
+        header += f"  {'ci lo':>12}  {'ci hi':>12}"
+    print(header)
+    for k, v in result.params.items():
+        line = f"  {k:<{width}}  {v:>12.5g}"
+        if k in result.ci:
+            line += f"  {result.ci[k][0]:>12.5g}  {result.ci[k][1]:>12.5g}"
+        elif k in result.fixed:
+            line += "  (fixed)"
+        print(line)
+    if result.heldout:
+        print(f"  held-out (by {result.heldout['by']}): mean abs rel error {result.heldout['mare']:.4%}")
+
+
+def _print_selection(law_choice: Mapping[str, Any]) -> None:
+    """One line per candidate law: the chosen one starred, unfittable ones with the reason."""
+    ref = law_choice["reference"]
+    print(f"law selection: held-out precision-gap MAE (nats) vs the reference ({', '.join(ref.get('recipes', [])) or ref}), "
+          f"leaving out the largest N / D / budget; within noise: excess over the best <= {law_choice['noise_se']:g} SE")
+    width = max(len(c["name"]) for c in law_choice["candidates"])
+    print(f"  {'law':<{width}}  {'k':>2}  {'AIC(runs)':>10}  {'MARE':>7}  {'gap|N':>8}  {'gap|D':>8}  {'gap|C':>8}"
+          f"  {'vs best':>18}")
+
+    def num(v, fmt):
+        return format(v, fmt) if v is not None else "-"
+
+    for c in law_choice["candidates"]:
+        mark = "*" if c["name"] == law_choice["chosen"] else " "
+        if not c["fittable"]:
+            print(f"{mark} {c['name']:<{width}}  not fitted: {c['reason']}")
+            continue
+        gap, diff = c["heldout_gap_mae"], c["gap_mae_diff"]
+        versus = "-" if diff is None else "best" if mark == "*" else f"{diff['value']:+.4f} ± {diff['se']:.4f}"
+        print(f"{mark} {c['name']:<{width}}  {c['n_params']:>2}  {num(c['aic'], '10.2f')}  {num(c['mare'], '7.3%')}"
+              f"  {num(gap.get('N'), '8.4f')}  {num(gap.get('D'), '8.4f')}  {num(gap.get('budget'), '8.4f')}  {versus:>18}"
+              f"{'  within noise' if c['within_noise'] and mark != '*' else ''}")
+
+
+def main(args: argparse.Namespace) -> int:
+    df = results.load(args.results)
+    if args.sweep is not None:
+        sweeps = sorted(df["sweep"].astype(str).unique()) if "sweep" in df.columns else []
+        if args.sweep not in sweeps:
+            raise ConfigError("--sweep", args.sweep, f"a sweep of the results ({', '.join(sweeps) or 'none recorded'})")
+        df = df[df["sweep"].astype(str) == args.sweep]
+    df, loss_column = _runs_to_fit(df, args.loss_column)
+    if args.bootstrap < 0:
+        raise ConfigError("--bootstrap", args.bootstrap, "a count >= 0")
+    fixed = _parse_fixed(args.fix)
+    if args.law == "auto":
+        if fixed is not None:
+            raise ConfigError("--fix", args.fix, "no --fix with --law auto (name a variant: --candidate 'kumar[kappa=2]')")
+        law_choice, fits = selection.select(df, args.candidate or None, loss_column, args.reference, {})
+        _print_selection(law_choice)
+        if law_choice["chosen"] is None:
+            raise ConfigError("--law", "auto", "data on which at least one candidate law can be fitted (see the table)")
+        result = fits[law_choice["chosen"]]
+        result.selection = law_choice
+        law, fixed = result.law, result.fixed
+        if args.bootstrap:
+            bootstrap_fit(df, result, args.bootstrap, args.seed, loss_column)
+    else:
+        if args.candidate or args.reference:
+            raise ConfigError("--candidate/--reference", args.candidate or args.reference, "only with --law auto")
+        law = args.law
+        result = fit_law(df, law, fixed=fixed, loss_column=loss_column, bootstrap=args.bootstrap, seed=args.seed)
+    if args.holdout:
+        result.heldout = holdout_error(df, law, by=args.holdout, fixed=fixed, loss_column=loss_column)
+    result.to_json(args.output)
+    _print_fit(result)
+    print(f"wrote {args.output}")
+    return 0

@@ -1,0 +1,93 @@
+"""`scaling sweep EXPERIMENT.toml`: expand a grid, check take-off, run it, print what landed.
+
+The grid and executors are scaling.study.sweep, the take-off checks and ETAs scaling.study.takeoff.
+`--help` never loads JAX; the ETA measures this machine's matmul speed with it.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from scaling.errors import ConfigError
+from scaling.study import sweep, takeoff
+from scaling.train import runs
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("experiment", help="experiment TOML: a base config plus [grid] axes")
+    parser.add_argument("--out", default="results", help="results root (default: results/)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a base config key for every run (repeatable)")
+    parser.add_argument("--executor", default="local", choices=["local", "ray"])
+    parser.add_argument("--workers", type=int, default=None,
+                        help="local: concurrent runs, each a watched child process; 0 = in-process, sequential "
+                             "(default 1, or one per visible GPU with --gpus-per-run)")
+    parser.add_argument("--ray-address", default=None, help="ray: cluster address (default: start a local Ray)")
+    parser.add_argument("--cpus-per-run", type=float, default=1, help="ray: CPUs reserved per run")
+    parser.add_argument("--gpus-per-run", type=float, default=0,
+                        help="GPUs per run: ray reserves this many (a fraction shares a GPU); local: 1 pins each "
+                             "run to its own GPU, one run per GPU (default 0: no GPU reserved)")
+    parser.add_argument("--hang-timeout", type=float, default=600,
+                        help="seconds without a metrics heartbeat before a run is stopped as hung")
+    parser.add_argument("--dry-run", action="store_true", help="print the expanded runs and an ETA, run nothing")
+    parser.add_argument("--keep-going", action="store_true",
+                        help="skip runs that fail the take-off checks instead of refusing to start")
+    parser.add_argument("--no-progress", action="store_true")
+
+
+def _gpu_pins(args: argparse.Namespace) -> list[dict[str, str]] | None:
+    """The local executor's GPU slots (None: no GPU asked for, or Ray); ConfigError if they cannot be had.
+    With GPUs, this process's JAX starts on the first one only (the take-off probes fly there)."""
+    gpus = sweep.visible_gpus() if args.gpus_per_run else []
+    sweep.check_gpus_per_run(args.gpus_per_run, args.executor, gpus)
+    pins = sweep.gpu_slots(gpus, args.workers) if args.executor == "local" and args.gpus_per_run else None
+    if pins == []:
+        raise ConfigError("--workers", args.workers, "at least 1 with --gpus-per-run (each run a child on its GPU)")
+    if gpus:
+        takeoff.fly_probes_on_one_gpu()
+    return pins
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.workers is not None and args.workers < 0:
+        raise ConfigError("--workers", args.workers, "an integer >= 0")
+    if args.hang_timeout <= 0:
+        raise ConfigError("--hang-timeout", args.hang_timeout, "seconds > 0")
+    pins = _gpu_pins(args)
+    out_root = Path(args.out)
+    specs = sweep.expand(args.experiment, args.set, landed=out_root)
+    todo = [s for s in specs if not runs.finished(s.out_dir(out_root))]
+    eta = takeoff.estimate_seconds(todo, takeoff.matmul_flops_per_s())
+    print(f"{len(specs)} runs in {specs[0].sweep if specs else '-'}: {len(specs) - len(todo)} landed, "
+          f"{len(todo)} to run, estimated {eta / 60:.1f} min")
+    if args.dry_run:
+        for spec in specs:
+            print(f"  {spec.run_id}  {'done' if spec not in todo else 'todo'}  {sweep.describe(spec.config)}")
+        return 0
+    counts: dict[str, int] = {}
+    slow: list[dict] = []
+    while todo:  # a design with replicates: the runs its landed minima call for come in the next round
+        lanes = takeoff.takeoff_lanes(args.workers or 1) if args.executor == "local" else 1
+        todo, flights = takeoff.take_off(todo, out_root, keep_going=args.keep_going, hang_timeout=args.hang_timeout,
+                                         lanes=lanes, echo=print)
+        print(f"take-off: {len(flights)} shapes compiled and trained {takeoff.TAKEOFF_STEPS} steps; "
+              f"{len(todo)} runs cleared, measured ETA {takeoff.measured_seconds(todo, flights, lanes) / 60:.1f} min")
+        report = sweep.run_sweep(todo, out_root, executor=args.executor,
+                                 workers=1 if args.workers is None else args.workers,
+                                 hang_timeout=args.hang_timeout, ray_address=args.ray_address,
+                                 cpus_per_run=args.cpus_per_run, gpus_per_run=args.gpus_per_run, gpu_pins=pins,
+                                 progress=not args.no_progress)
+        for key, n in report["counts"].items():
+            counts[key] = counts.get(key, 0) + n
+        slow += report["slow_runs"]
+        tried = {s.run_id for s in specs}
+        specs = sweep.expand(args.experiment, args.set, landed=out_root)
+        todo = [s for s in specs if s.run_id not in tried and not runs.finished(s.out_dir(out_root))]
+        if todo:
+            print(f"replicates: {len(todo)} runs at the landed IsoFLOP minima and their neighbours")
+    print("landed: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+    for run in slow:
+        print(f"slow run {run['run_id']}: {run['tokens_per_s']:.0f} tokens/s vs peer median "
+              f"{run['peer_median']:.0f}")
+    return 0 if counts.get("failed", 0) == counts.get("hung", 0) == 0 else 1

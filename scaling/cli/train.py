@@ -1,0 +1,26 @@
+"""`scaling train CONFIG.toml [--set key=value ...] [--out DIR]`: one run (scaling.train.loop.run)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("config", help="run config (TOML); schema in scaling/train/config.py")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a dotted key, TOML value syntax (e.g. --set precision=fp4 --set train.lr=1e-3)")
+    parser.add_argument("--out", help="run directory (default: runs/<name>/<run_id>)")
+
+
+def main(args: argparse.Namespace) -> int:
+    from scaling.train import config, loop  # JAX: only once a run is asked for, not for --help
+
+    cfg = config.validate(config.load(args.config, args.set))
+    out_dir = Path(args.out) if args.out else Path("runs") / cfg.name / cfg.run_id
+    summary = loop.run(cfg, out_dir, echo=print)
+    for e in summary["evals"]:
+        print(f"D={e['D']:>10d}  val_loss={e['val_loss']:.4f}  train_loss={e['train_loss']:.4f}")
+    print(f"{summary['status']}: N={summary['N']} P={summary['P']} recipe={summary['recipe']} "
+          f"{summary['tokens_per_s']:.0f} tok/s, {summary['wall_s']:.1f} s -> {out_dir}")
+    return 0 if summary["status"] == "ok" else 1

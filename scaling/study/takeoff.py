@@ -1,0 +1,221 @@
+"""Take-off checks before a sweep trains: every corpus loads, the disk has room, and each distinct
+model shape and recipe compiles and trains TAKEOFF_STEPS steps end to end (which also fills the
+compilation cache the real runs reuse); and the sweep's ETA, first from this machine's matmul
+speed, then from the probes' measured step times.
+
+Probes run in this process and, on a CPU machine, in child lanes (`python -m scaling.study.takeoff
+JOB PARENT_PID`, internal). The executors that train the cleared runs are scaling.study.sweep.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+from scaling.study import sweep
+from scaling.study.sweep import RunSpec
+from scaling.train import data, ladder
+from scaling._io import atomic_write_json
+from scaling.errors import ConfigError
+
+# JAX is imported where a probe flies or the machine is measured: planning a sweep never loads it.
+
+MIN_FREE_BYTES = 1 << 30
+TAKEOFF_STEPS = 2
+
+
+
+def fly_probes_on_one_gpu() -> None:
+    """Start this process's JAX backend on its first GPU only, with memory allocated as needed and
+    given back (XLA would otherwise preallocate 75% of every visible GPU here, where the runs need
+    it); the environment is restored afterwards, for the runs and a Ray cluster started from here."""
+    import jax
+
+    jax.config.update("jax_cuda_visible_devices", "0")
+    saved = os.environ.get("XLA_PYTHON_CLIENT_ALLOCATOR")
+    os.environ["XLA_PYTHON_CLIENT_ALLOCATOR"] = "platform"
+    try:
+        jax.devices()
+    finally:
+        if saved is None:
+            del os.environ["XLA_PYTHON_CLIENT_ALLOCATOR"]
+        else:
+            os.environ["XLA_PYTHON_CLIENT_ALLOCATOR"] = saved
+
+
+
+
+def take_off(specs: list[RunSpec], out_root: str | Path, *, keep_going: bool = False,
+             hang_timeout: float = 600.0, lanes: int = 1,
+             echo: Callable[[str], None] | None = None) -> tuple[list[RunSpec], dict[str, dict]]:
+    """Before anything runs: every corpus loads, the disk has room, and each distinct shape and
+    recipe compiles and trains TAKEOFF_STEPS steps end to end (one probe after another, which also
+    fills the compilation cache the real runs reuse). Returns the specs cleared to fly and, per shape
+    key, the take-off run's summary (its step time drives the ETA). Any failure refuses the whole
+    sweep with a one-line ConfigError, unless keep_going, which drops the affected runs instead (and
+    says so through `echo`).
+
+    lanes > 1 (CPU only: a GPU process would claim the device): the probes are dealt to that many
+    lanes, this process and lanes - 1 child processes flying theirs one after another. XLA keeps
+    ~1.5 cores busy compiling, so on 2 cores 2 lanes took the quick preset's 12 probes from 121 to
+    96 s (docs/performance.md).
+    """
+    out_root = Path(out_root)
+    out_root.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(out_root).free
+    if free < MIN_FREE_BYTES:
+        raise ConfigError("--out", str(out_root), f"a disk with at least 1 GiB free (has {free / 2**20:.0f} MiB)")
+    for source, tokenizer in sorted({(s.config.data.source, s.config.data.tokenizer) for s in specs}):
+        data.load(source, tokenizer)  # raises ConfigError naming data.source; builds a BPE once, before any run
+    sweep.use_compilation_cache()
+    groups = {}
+    for spec in specs:
+        groups.setdefault(sweep.shape_key(spec.config), []).append(spec)
+    probes = {key: _takeoff_spec(group[0]) for key, group in groups.items()}
+    keys = list(probes)
+    lanes = max(1, min(lanes, len(keys)))
+    children = [_fly_in_child({k: probes[k] for k in keys[i::lanes]}, out_root, hang_timeout) for i in range(1, lanes)]
+    summaries = {}
+    for key in keys[::lanes]:  # this process's lane: one JAX start-up for all its probes
+        summaries[key] = _fly(probes[key].config, probes[key].out_dir(out_root / ".takeoff"))
+    for child in children:
+        summaries.update(child())
+    cleared, flights, failures = [], {}, []
+    for key, group in groups.items():
+        summary = summaries[key]
+        if summary.get("status") == "ok":
+            flights[key] = summary
+            cleared += group
+        else:
+            failures.append((group, f"{summary.get('reason', summary.get('status'))} ({sweep.describe(group[0].config)})"))
+    for group, reason in failures:
+        if not keep_going:
+            raise ConfigError("take-off", group[0].run_id, f"runs that compile and train: {reason}")
+        (echo or (lambda line: None))(f"skipping {len(group)} runs that failed take-off: {reason}")
+    return [s for s in specs if s in cleared], flights
+
+
+def takeoff_lanes(workers: int) -> int:
+    """Take-off lanes for a sweep of `workers` concurrent runs: as many, on a machine without GPUs."""
+    return 1 if sweep.visible_gpus() else max(1, workers)
+
+
+def _fly(config, out_dir: str | Path) -> dict:
+    """One take-off probe in this process; a failure is its summary, not an exception. A probe
+    another sweep is flying is waited for, and its landing reused."""
+    import jax
+
+    from scaling.train import loop as train
+
+    try:
+        return train.run(config, out_dir, wait=True)
+    except Exception as error:  # noqa: BLE001 - any failure to take off is reported, not raised
+        return {"status": "failed", "reason": f"{type(error).__name__}: {error}"}
+    finally:
+        # Drop the probe's executables: the runs load them from the persistent cache, and holding them
+        # all crashed a 69-shape take-off (LLVM "Cannot allocate memory" after 42 probes, 2 cores 24 GiB).
+        jax.clear_caches()
+
+
+def _fly_in_child(probes: dict[str, RunSpec], out_root: Path, hang_timeout: float):
+    """Start a child process flying these probes one after another; returns a function that waits
+    for it (at most hang_timeout per probe) and gives {shape key: summary}."""
+    (out_root / ".takeoff").mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(prefix="lane-", suffix=".json", dir=out_root / ".takeoff")
+    os.close(fd)
+    job = Path(name)
+    job.write_text(json.dumps({key: [str(p.out_dir(out_root / ".takeoff")), p.config.to_dict()]
+                               for key, p in probes.items()}))
+    log = open(job.with_suffix(".log"), "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "scaling.study.takeoff", str(job), str(os.getpid())],
+                            stdout=log, stderr=subprocess.STDOUT, env=sweep.worker_env())
+
+    def wait() -> dict[str, dict]:
+        try:
+            proc.wait(timeout=hang_timeout * len(probes))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+        done = json.loads(job.with_suffix(".out").read_text()) if job.with_suffix(".out").is_file() else {}
+        reason = f"take-off process exited with code {proc.returncode} (log: {job.with_suffix('.log')})"
+        out = {key: done.get(key, {"status": "failed", "reason": reason}) for key in probes}
+        if proc.returncode == 0:
+            for path in (job, job.with_suffix(".out"), job.with_suffix(".log")):
+                path.unlink(missing_ok=True)
+        return out
+
+    return wait
+
+
+def _takeoff_worker(job: str, parent_pid: int) -> int:
+    """Child entry point of a take-off lane: fly the probes listed in `job`, write their summaries."""
+    sweep.die_with_parent(parent_pid)
+    sweep.use_compilation_cache()
+    done = {key: _fly(cfg, out_dir) for key, (out_dir, cfg) in json.loads(Path(job).read_text()).items()}
+    atomic_write_json(Path(job).with_suffix(".out"), done)
+    return 0
+
+
+def _takeoff_spec(spec: RunSpec) -> RunSpec:
+    cfg = spec.config
+    probe = {"tokens": TAKEOFF_STEPS * cfg.tokens_per_step, "eval_at": [1.0], "schedule": "wsd", "warmup": 0,
+             "checkpoint_every": 0, "log_every": 1, "tracker": []}  # a probe, not a curve
+    cfg = cfg.replace(**{f"train.{k}": v for k, v in probe.items()}, **{"study.flop_budgets": [],
+                      "data.eval_tokens": min(cfg.data.eval_tokens, cfg.tokens_per_step)})
+    return RunSpec(run_id=cfg.run_id, sweep=spec.sweep, config=cfg)
+
+
+def measured_seconds(specs: list[RunSpec], flights: dict[str, dict], lanes: int = 1) -> float:
+    """ETA from the take-off runs' measured step times (compilation is cached by then). Probes
+    flown `lanes` at a time shared the machine as that many concurrent runs will: the runs' times
+    add up `lanes` at once."""
+    total = 0.0
+    for spec in specs:
+        flight = flights.get(sweep.shape_key(spec.config))
+        if flight and flight.get("tokens_per_s"):
+            total += 1.15 * spec.config.train.tokens / flight["tokens_per_s"]  # + WSD cooldown branches and evals
+    return total / lanes
+
+
+# ---------------------------------------------------------------- estimates before take-off
+
+ASSUMED_MODEL_FLOPS_UTILISATION = 0.3  # of a plain fp32 matmul's FLOP/s; replaced by measured step times at take-off
+COMPILE_SECONDS_PER_SHAPE = 15.0
+
+
+def matmul_flops_per_s(n: int = 1024, repeats: int = 5) -> float:
+    """This machine's jitted fp32 matmul FLOP/s, the reference every estimate is scaled by."""
+    import jax
+    import jax.numpy as jnp
+
+    a = jnp.ones((n, n), jnp.float32)
+    f = jax.jit(jnp.dot)
+    f(a, a).block_until_ready()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        f(a, a).block_until_ready()
+    return 2 * n**3 * repeats / (time.perf_counter() - start)
+
+
+def estimate_seconds(specs: list[RunSpec], flops_per_s: float) -> float:
+    """Training FLOPs / (machine FLOP/s x assumed utilisation) + one compile per distinct model shape."""
+    total, shapes = 0.0, set()
+    for spec in specs:
+        m = spec.config.model
+        total += ladder.flops_per_token(m.shape()) * spec.config.train.tokens
+        shapes.add((m.size, m.n_layers, m.seq_len))
+    return total / (flops_per_s * ASSUMED_MODEL_FLOPS_UTILISATION) + COMPILE_SECONDS_PER_SHAPE * len(shapes)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3:
+        sys.exit(_takeoff_worker(sys.argv[1], int(sys.argv[2])))
+    sys.exit("usage: python -m scaling.study.takeoff JOB PARENT_PID (internal; use `scaling sweep`)")
