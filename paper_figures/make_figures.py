@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run from a fresh clone without installing the package
 
-from scaling.study import report  # noqa: E402
+from scaling.cli import figures  # noqa: E402
 from scaling.errors import ConfigError  # noqa: E402
 
 DEFAULTS = {
@@ -35,13 +35,13 @@ DEFAULTS = {
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="make_figures.py", description=__doc__.splitlines()[0])
-    report.add_arguments(parser)
+    figures.add_arguments(parser)
     parser.set_defaults(results=str(DEFAULTS["results"]), out=str(DEFAULTS["out"]),
                         curves=str(DEFAULTS["curves"]) if DEFAULTS["curves"].exists() else None,
                         fit=str(DEFAULTS["fit"]) if DEFAULTS["fit"].exists() else None)
     args = parser.parse_args(argv)
     try:
-        return report.main(args)
+        return figures.main(args)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
