@@ -102,8 +102,8 @@ def bench_bootstrap(subset: int = 20) -> None:
 
 
 def main() -> None:
-    host.restart_with_process_env()  # as the CLI runs: malloc with huge pages (GLIBC_TUNABLES=glibc.malloc.hugetlb=0: without)
-    print(host.describe(), flush=True)  # timings hold for this kind of machine only
+    # the header names the machine and the allocator setting: timings hold for those only
+    print(f"{host.describe()}; {host.process_env_status()}", flush=True)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--subset", type=int, default=200, help="scipy-loop starts to time (extrapolated to 4,500)")
     parser.add_argument("--full", action="store_true", help="run the scipy loop on all 4,500 starts")

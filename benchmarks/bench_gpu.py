@@ -15,7 +15,7 @@ torch.compile'd when it compiles. Printed per row: step time, tokens/s, and mode
 utilisation = ladder.flops_per_token x tokens/s / the GPU's dense bf16 peak (scaling.plan.hardware.GPUS;
 "-" on a device the table lacks, unless --gpu names one). Ratios: our bf16 tokens/s over PyTorch's
 (target >= 0.8), and each simulated recipe's step time over our bf16's (target <= 1.3).
-The first line is host.describe(): timings hold for that machine only.
+The first line is host.describe() and host.process_env_status(): timings hold for that machine only.
 """
 
 from __future__ import annotations
@@ -123,8 +123,8 @@ def time_torch(cfg: ladder.ModelConfig, tokens: np.ndarray, steps: int, warmup: 
 
 
 def main() -> None:
-    host.restart_with_process_env()  # as the CLI runs: malloc with huge pages (GLIBC_TUNABLES=glibc.malloc.hugetlb=0: without)
-    print(host.describe(), flush=True)  # timings hold for this kind of machine only
+    # the header names the machine and the allocator setting: timings hold for those only
+    print(f"{host.describe()}; {host.process_env_status()}", flush=True)
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--params", default="20e6,100e6", help="non-embedding parameter targets; nearest ladder sizes")
     ap.add_argument("--sizes", default=None, help="ladder sizes instead of --params (e.g. 1 for a CPU smoke run)")

@@ -37,8 +37,8 @@ def _time(fn, x) -> float:
 
 
 def main() -> None:
-    host.restart_with_process_env()  # as the CLI runs: malloc with huge pages (GLIBC_TUNABLES=glibc.malloc.hugetlb=0: without)
-    print(host.describe(), flush=True)  # timings hold for this kind of machine only
+    # the header names the machine and the allocator setting: timings hold for those only
+    print(f"{host.describe()}; {host.process_env_status()}", flush=True)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=4096)
     ap.add_argument("--repeats", type=int, default=15)

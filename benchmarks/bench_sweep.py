@@ -35,8 +35,8 @@ def run_mode(workers: int) -> float:
 
 
 def main() -> None:
-    host.restart_with_process_env()  # as the CLI runs: malloc with huge pages (GLIBC_TUNABLES=glibc.malloc.hugetlb=0: without)
-    print(host.describe(), flush=True)  # timings hold for this kind of machine only
+    # the header names the machine and the allocator setting: timings hold for those only
+    print(f"{host.describe()}; {host.process_env_status()}", flush=True)
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=1)
     args = parser.parse_args()

@@ -79,8 +79,8 @@ class TorchLM(torch.nn.Module):
 
 
 def main() -> None:
-    host.restart_with_process_env()  # as the CLI runs: malloc with huge pages (GLIBC_TUNABLES=glibc.malloc.hugetlb=0: without)
-    print(host.describe(), flush=True)  # timings hold for this kind of machine only
+    # the header names the machine and the allocator setting: timings hold for those only
+    print(f"{host.describe()}; {host.process_env_status()}", flush=True)
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size", type=int, default=8)
     ap.add_argument("--batch", type=int, default=16)

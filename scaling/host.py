@@ -3,6 +3,7 @@ summary.json): the device, and on a CPU the model name and the instruction-set f
 how fast a bf16 dot is. Without AMX or AVX512-BF16 (e.g. AMD EPYC Zen 3: AVX2 only) XLA emulates
 bf16 dots and they run slower than fp32 ones; with them, or on a GPU, bf16 is native.
 The GPU table the cost models and the planner price GEMMs with is scaling.plan.hardware.
+PROCESS_ENV is the environment a training process should start with (malloc with huge pages).
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ import collections
 import functools
 import os
 import platform
-import sys
 from pathlib import Path
 from typing import Mapping
 
@@ -74,7 +74,8 @@ def describe(platform_name: str | None = None, cpuinfo: str | None = None, devic
 # on free, so every step faults all its pages in again: 141k minor faults and 0.3 s of kernel time
 # per 2.5 s fp32 step on a 2-core EPYC. Asking malloc for transparent huge pages cuts the faults
 # ~10x and the step by 10-20%, bit for bit the same (docs/performance.md). The dynamic loader reads
-# it at process start: sweeps set it for their runs' processes, the CLI re-executes itself with it.
+# it at process start, so it is set from outside: sweeps start their runs' processes with it, and a
+# single `scaling train` or a benchmark has it where the user exports it (no process re-executes itself).
 PROCESS_ENV = {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
 
 
@@ -86,10 +87,15 @@ def process_env(environ: Mapping[str, str], system: str | None = None) -> dict[s
     return {k: v for k, v in PROCESS_ENV.items() if k not in environ}
 
 
-def restart_with_process_env() -> None:
-    """Re-execute this process's command once with PROCESS_ENV, which only takes effect at process
-    start (the CLI's training verbs and the benchmarks call it first); nothing if it is set already."""
-    missing = process_env(os.environ)
-    if missing:
-        os.environ.update(missing)
-        os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
+def process_env_status(environ: Mapping[str, str] | None = None, system: str | None = None) -> str:
+    """One phrase for a benchmark's header line: whether malloc serves this process (started with
+    `environ`, default os.environ) from huge pages, and the GLIBC_TUNABLES that decided it."""
+    if (system or platform.system()) != "Linux":
+        return "malloc: no glibc tunables"
+    environ = os.environ if environ is None else environ
+    value = environ.get("GLIBC_TUNABLES")
+    if value is None:
+        return f"malloc huge pages off (GLIBC_TUNABLES unset; GLIBC_TUNABLES={PROCESS_ENV['GLIBC_TUNABLES']} turns them on)"
+    tunables = dict(t.partition("=")[::2] for t in value.split(":"))
+    on = tunables.get("glibc.malloc.hugetlb", "0") not in ("", "0")  # 1: THP via madvise, 2: hugetlbfs
+    return f"malloc huge pages {'on' if on else 'off'} (GLIBC_TUNABLES={value})"

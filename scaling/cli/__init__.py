@@ -11,7 +11,6 @@ import argparse
 import importlib
 import sys
 
-from scaling import host
 from scaling.errors import ConfigError
 
 # verb -> (module defining add_arguments/main, one-line help)
@@ -38,12 +37,7 @@ def _top_level_parser() -> argparse.ArgumentParser:
     return parser
 
 
-TRAINING_VERBS = ("train", "sweep", "reproduce")  # verbs that may train in this process
-
-
 def main(argv: list[str] | None = None) -> int:
-    if argv is None and sys.argv[1:2] and sys.argv[1] in TRAINING_VERBS:
-        host.restart_with_process_env()
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] not in VERBS:
         _top_level_parser().parse_args(argv[:1] or ["--help"])  # prints help or a one-line error
