@@ -5,7 +5,7 @@ The direct measurement is Hoffmann et al.'s Approach 2, per recipe: at a budget 
 under a named `scaling.train.compute.CostModel`), every run of the recipe gives its loss at the tokens C
 affords it, and loss against log N is fitted with a parabola whose minimum is the recipe's best loss
 at C. A run contributes at C only if one of its evaluations lands on C (an IsoFLOP design's run
-(`design`) lands on each budget it serves at the nearest whole step and labels that evaluation
+(scaling.study.design) lands on each budget it serves at the nearest whole step and labels that evaluation
 `budget`; otherwise within one part in a thousand) or, for tables made without such a design, if two of its
 WSD cooldown evaluations bracket C: then log loss is interpolated linearly in log D between them
 (flagged `interpolated`). Nothing is extrapolated and no minimum is picked across sweeps.
@@ -24,9 +24,7 @@ sizes (a minimum at the edge could be lower beyond it); otherwise None, with the
 from __future__ import annotations
 
 import copy
-import json
 import math
-from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
@@ -34,14 +32,12 @@ import pandas as pd
 from scipy import stats
 
 from scaling.train import compute as compute_lib
-from scaling.train import config, ladder
 from scaling.study import laws, optimal
 from scaling.study import fit as fit_lib
 from scaling.errors import ConfigError
 
 MATCH_RTOL = 1e-3  # an evaluation "lands on" a budget within this relative compute difference
 MIN_SIZES = 3  # a parabola needs three distinct sizes; the design asks for five
-DESIGN_SIZES = 5
 LEVEL = 0.95
 # Sweeps that feed one figure each (experiments/<name>.toml; figure number); every other sweep is the
 # main study (the ladder, or quick), which the law is fitted on.
@@ -85,288 +81,6 @@ def high_precision_recipe(df: pd.DataFrame) -> str | None:
         return None
     by = df.drop_duplicates("recipe").sort_values(["P", "recipe"], ascending=[False, True])
     return str(by["recipe"].iloc[0])
-
-
-# ----------------------------------------------------------------------------- the design
-
-@dataclass(frozen=True)
-class Design:
-    """An IsoFLOP design (an experiment's [isoflop] table): for every budget and every grid point
-    (recipe, seed, ...), `sizes_per_budget` consecutive model shapes centred on the one whose tokens per
-    parameter at that budget are closest to `tokens_per_param` (the expected optimum), among `sizes`
-    that give at least `min_steps` steps. Each (point, size) is one run, trained to the longest budget
-    it serves, with a WSD cooldown branch ending on the step nearest each other budget. `reference`:
-    a recipe also evaluated at the other recipes' steps (see `design`).
-
-    A shape is a ladder size (`3`) or a size at another depth (`{size = 1, n_layers = 4}`: the
-    size's width, scaling.train.ladder.config_for_size); `sizes` holds (size, n_layers or None) pairs.
-
-    `replicates` (seeds, e.g. [1, 2]): once a grid point's runs have landed, its run at each budget's
-    observed IsoFLOP minimum and at the minimum's two neighbours is trained again at each of these
-    seeds, as it was (same length and budgets): the seed noise where the minimum is read (see
-    `replicates`).
-
-    `extend_edges`: once a grid point's runs have landed, a budget whose observed minimum is its
-    smallest (largest) size gets a run at the next smaller (larger) shape of `sizes`, serving that
-    budget alone, and so on while the minimum stays on the edge (see `extend_edges`): a profile
-    whose minimum is its last point does not locate it."""
-
-    budgets: tuple[float, ...]
-    cost: str = "bits"
-    sizes: tuple[tuple[int, int | None], ...] = tuple((s, None) for s in range(1, 13))
-    sizes_per_budget: int = DESIGN_SIZES
-    tokens_per_param: float = 20.0
-    min_steps: int = 50
-    reference: str | None = None
-    replicates: tuple[int, ...] = ()
-    extend_edges: bool = False
-
-    @classmethod
-    def from_table(cls, table: Any) -> "Design":
-        """Validated; a bad key or value is a one-line ConfigError naming `isoflop.<key>`."""
-        if not isinstance(table, dict):
-            raise ConfigError("isoflop", table, "an [isoflop] table")
-        unknown = sorted(set(table) - set(cls.__dataclass_fields__))
-        if unknown:
-            raise ConfigError(f"isoflop.{unknown[0]}", table[unknown[0]], f"one of {', '.join(cls.__dataclass_fields__)}")
-        if "budgets" not in table:
-            raise ConfigError("isoflop.budgets", None, "a list of compute budgets (16-bit FLOPs under isoflop.cost)")
-        budgets = config.SCHEMA["study"]["flop_budgets"].check("isoflop.budgets", table["budgets"])
-        if not budgets:
-            raise ConfigError("isoflop.budgets", table["budgets"], "at least one compute budget")
-        sizes = table.get("sizes", [s for s, _ in cls.sizes])
-        if not isinstance(sizes, list) or not sizes:
-            raise ConfigError("isoflop.sizes", sizes, "a list of ladder sizes (integers >= 1) or {size, n_layers} tables")
-        sizes = sorted({_shape(s) for s in sizes}, key=lambda s: (s[0], s[1] or 0))
-        per = config._integer(MIN_SIZES)("isoflop.sizes_per_budget", table.get("sizes_per_budget", cls.sizes_per_budget))
-        if per > len(sizes):
-            raise ConfigError("isoflop.sizes_per_budget", per, f"at most the {len(sizes)} sizes offered")
-        return cls(budgets=tuple(budgets),
-                   cost=config.SCHEMA["study"]["cost"].check("isoflop.cost", table.get("cost", cls.cost)),
-                   sizes=tuple(sizes), sizes_per_budget=per,
-                   tokens_per_param=config._real(0.0, lo_open=True)("isoflop.tokens_per_param",
-                                                                    table.get("tokens_per_param", cls.tokens_per_param)),
-                   min_steps=config._integer(1)("isoflop.min_steps", table.get("min_steps", cls.min_steps)),
-                   reference=config._name("isoflop.reference", table["reference"]) if "reference" in table else None,
-                   replicates=_seeds(table.get("replicates", [])),
-                   extend_edges=_flag("isoflop.extend_edges", table.get("extend_edges", cls.extend_edges)))
-
-
-def _flag(key: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise ConfigError(key, value, "true or false")
-    return value
-
-
-def _seeds(value: Any) -> tuple[int, ...]:
-    if not isinstance(value, list):
-        raise ConfigError("isoflop.replicates", value, "a list of seeds, e.g. [1, 2]")
-    return tuple(sorted({config.SCHEMA["seed"].check("isoflop.replicates", s) for s in value}))
-
-
-def _shape(entry: Any) -> tuple[int, int | None]:
-    """An [isoflop] sizes entry as (size, n_layers or None), checked like model.size / model.n_layers."""
-    model = config.SCHEMA["model"]
-    if isinstance(entry, dict):
-        unknown = sorted(set(entry) - {"size", "n_layers"})
-        if unknown or "size" not in entry:
-            raise ConfigError("isoflop.sizes", entry, "a ladder size or a {size, n_layers} table")
-        shape = (model["size"].check("isoflop.sizes.size", entry["size"]),
-                 model["n_layers"].check("isoflop.sizes.n_layers", entry.get("n_layers")))
-    else:
-        shape = (model["size"].check("isoflop.sizes", entry), None)
-    ladder.config_for_size(shape[0], n_layers=shape[1])  # the ladder rejects what it cannot build
-    return shape[0], ladder.depth_override(*shape)
-
-
-def design(points: Sequence[dict], plan: Design, vocab: int = 256) -> list[list[config.RunConfig]]:
-    """The resolved run configs of each grid point (an unvalidated config: recipe, seed, ...) under an
-    IsoFLOP design: one per shape it uses, each with model.size (and model.n_layers), train.tokens,
-    train.eval_at (the step of each budget served, as fractions of the longest) and study.flop_budgets /
-    study.cost (the labels
-    each evaluation's results row carries as `budget`; 0 = not an IsoFLOP point).
-
-    With `plan.reference` (a recipe name), that recipe's run of each size also trains to, and
-    evaluates at, every step another recipe's run of the same size lands on (same grid point
-    otherwise): the matched high-precision loss that a precision gap (scaling.study.fit.select_law) needs.
-    Raises ConfigError when a budget cannot get its sizes or two budgets fall on one step."""
-    bases = [config.validate(p) for p in points]
-    names = [b.recipe.name for b in bases]
-    if plan.reference and plan.reference not in names:
-        raise ConfigError("isoflop.reference", plan.reference, f"a recipe of the grid ({', '.join(dict.fromkeys(names))})")
-    served = [_served(base, plan, vocab) for base in bases]  # per point: size -> {steps: budget}
-    if plan.reference:
-        siblings = [json.dumps({k: v for k, v in p.items() if k != "precision"}, sort_keys=True, default=str) for p in points]
-        for i, name in enumerate(names):
-            if name != plan.reference:
-                continue
-            for j in (j for j, key in enumerate(siblings) if key == siblings[i] and j != i):
-                for size, at in served[j].items():
-                    if size in served[i]:  # sizes the reference runs anyway; their budgets stay its own
-                        for steps in at:
-                            served[i][size].setdefault(steps, 0.0)
-    return [[_run_config(point, base, shape, at_size[shape], plan.cost)
-             for shape in sorted(at_size, key=lambda s: (s[0], s[1] or 0))]
-            for point, base, at_size in zip(points, bases, served)]
-
-
-def _run_config(point: dict, base: config.RunConfig, shape: tuple[int, int | None], at: dict[int, float],
-                cost: str) -> config.RunConfig:
-    """A grid point's run at one shape, trained to the last of `at` ({steps: budget}) with a WSD
-    branch at each of the others."""
-    at = dict(sorted(at.items()))
-    last = max(at)
-    cfg = copy.deepcopy(point)  # as written: a size's `lr = "auto"` resolves at that size
-    if shape[1] is not None:
-        config.set_dotted(cfg, "model.n_layers", shape[1])
-    for key, value in {"model.size": shape[0], "train.tokens": last * base.tokens_per_step,
-                       "train.eval_at": [s / last for s in at], "study.flop_budgets": list(at.values()),
-                       "study.cost": cost}.items():
-        config.set_dotted(cfg, key, value)
-    return config.validate(cfg)
-
-
-def extend_edges(points: Sequence[dict], designed: Sequence[Sequence[config.RunConfig]], plan: Design,
-                 landed: pd.DataFrame, vocab: int = 256) -> list[list[config.RunConfig]]:
-    """Each grid point's runs plus the edge runs (Design.extend_edges) its landed results call for.
-
-    Once all of a point's runs have landed ok, each budget whose minimum (the mean val_loss over the
-    seeds landed at each N: the point's own runs and their replicates) is at its smallest (largest) N
-    gets one run at the next smaller (larger) shape of `plan.sizes` that is not yet there, serving
-    that budget alone (at least `min_steps` steps); when that run lands and is the new edge minimum,
-    the next shape follows, until the minimum is inside or the shapes run out. An edge run that has
-    landed stays, even once replicates move the minimum inside (landed results are never dropped).
-    Points with runs still to land are returned as designed."""
-    if not plan.extend_edges or landed.empty or "budget" not in landed.columns:
-        return [list(cfgs) for cfgs in designed]
-    ok = landed[landed["status"] == "ok"] if "status" in landed.columns else landed
-    out = []
-    for point, cfgs in zip(points, designed):
-        cfgs = list(cfgs)
-        base = config.validate(point)
-        shapes = _shapes(base, plan, vocab)
-        edge_runs = {}  # every edge run this point could have: those landed are kept
-        for shape, per_token in zip(shapes["shape"], shapes["per_token"]):
-            for budget in plan.budgets:
-                steps = int(np.round(budget / per_token / base.tokens_per_step))  # as _served rounds
-                if steps >= max(plan.min_steps, base.train.warmup + 1):
-                    cfg = _run_config(point, base, shape, {steps: budget}, plan.cost)
-                    edge_runs[(budget, shape)] = cfg
-        held, on_disk = {c.run_id for c in cfgs}, set(landed["run_id"])
-        cfgs += [c for c in edge_runs.values() if c.run_id in on_disk and c.run_id not in held]
-        while True:
-            ids = [c.run_id for c in cfgs]
-            if not set(ids) <= set(ok["run_id"]):
-                break
-            added = []
-            for budget in plan.budgets:
-                at = _profile(ok, cfgs, plan, budget)
-                if len(at) < 2:
-                    continue
-                i = int(np.argmin(at["val_loss"].to_numpy(float)))
-                if 0 < i < len(at) - 1:
-                    continue
-                n_edge = at["N"].iloc[i]
-                beyond = shapes[shapes["N"] < n_edge].iloc[::-1] if i == 0 else shapes[shapes["N"] > n_edge]
-                if not beyond.empty:  # the next shape only: the one after waits for this one's result
-                    run = edge_runs.get((budget, beyond["shape"].iloc[0]))
-                    if run is not None:
-                        added.append(run)
-            added = [c for c in added if c.run_id not in ids]
-            if not added:
-                break
-            cfgs += added
-        out.append(cfgs)
-    return out
-
-
-def _profile(ok: pd.DataFrame, cfgs: Sequence[config.RunConfig], plan: Design, budget: float) -> pd.DataFrame:
-    """A grid point's IsoFLOP profile at `budget` from its landed ok rows, by N: the mean val_loss over
-    the seeds landed there (its runs and their replicates at plan.replicates) and `run_id`, the
-    point's own run at that N. A minimum read from one seed moves with seed noise as large as the
-    differences between neighbouring sizes; the analysis averages seeds, so the design does too."""
-    own = {c.run_id for c in cfgs}
-    twin_of = {c.replace(seed=s).run_id: c.run_id for c in cfgs for s in plan.replicates} | {i: i for i in own}
-    at = ok[ok["run_id"].isin(twin_of.keys()) & np.isclose(ok["budget"].astype(float), budget, rtol=1e-9)]
-    at = at.assign(run_id=at["run_id"].map(twin_of))
-    at = at.groupby("run_id", as_index=False).agg(N=("N", "first"), val_loss=("val_loss", "mean"))
-    return at[at["run_id"].isin(own)].sort_values("N").reset_index(drop=True)
-
-
-def replicates(designed: Sequence[Sequence[config.RunConfig]], plan: Design,
-               landed: pd.DataFrame) -> list[config.RunConfig]:
-    """The replicate runs of an IsoFLOP design (Design.replicates) that its landed results call for.
-
-    designed: `design`'s configs per grid point; landed: the results rows (scaling.study.results.load) of
-    the runs landed so far. A grid point gets replicates once all its runs have landed ok: at each
-    budget, its run at the minimum (of the mean over the seeds landed so far, see `_profile`) and the
-    runs of the two neighbouring sizes (the two nearest where the minimum is the smallest or largest
-    size), each again at every replicate seed. Until then it gets none (a minimum is read from
-    finished runs only). A replicate that has landed stays, even once the minimum has moved."""
-    if not plan.replicates or landed.empty or "budget" not in landed.columns:
-        return []
-    ok = landed[landed["status"] == "ok"] if "status" in landed.columns else landed
-    out: dict[str, config.RunConfig] = {}
-    on_disk = set(landed["run_id"])
-    for cfgs in designed:
-        ids = [c.run_id for c in cfgs]
-        for cfg in cfgs:
-            for seed in plan.replicates:
-                twin = cfg.replace(seed=seed)
-                if twin.run_id in on_disk:
-                    out.setdefault(twin.run_id, twin)
-        if not set(ids) <= set(ok["run_id"]):
-            continue
-        for budget in plan.budgets:
-            at = _profile(ok, cfgs, plan, budget)
-            if at.empty:
-                continue
-            i = int(np.argmin(at["val_loss"].to_numpy(float)))
-            start = min(max(0, i - 1), max(0, len(at) - 3))
-            for run_id in at["run_id"].iloc[start:start + 3]:
-                cfg = cfgs[ids.index(run_id)]
-                for seed in plan.replicates:
-                    twin = cfg.replace(seed=seed)
-                    out.setdefault(twin.run_id, twin)
-    return list(out.values())
-
-
-def _shapes(base: config.RunConfig, plan: Design, vocab: int) -> pd.DataFrame:
-    """plan.sizes at a grid point, by N: columns shape, N, per_token (cost under plan.cost)."""
-    cost = compute_lib.get(plan.cost)
-    rows = []
-    for shape in plan.sizes:
-        row = compute_lib.run_row(base.replace(**{"model.size": shape[0], "model.n_layers": shape[1]}), vocab)
-        rows.append({"shape": shape, "N": row["N"], "per_token": float(cost.per_token(pd.DataFrame([row]))[0])})
-    return pd.DataFrame(rows).sort_values("N").reset_index(drop=True)
-
-
-def _served(base: config.RunConfig, plan: Design, vocab: int) -> dict[tuple, dict[int, float]]:
-    """shape -> {steps: budget}: where one grid point's runs land on each budget (see Design)."""
-    if base.train.warmup < 1:  # a fraction would give one size different warmups at different lengths
-        raise ConfigError("train.warmup", base.train.warmup,
-                          "a whole number of steps in an IsoFLOP design (the same warmup at every budget)")
-    tokens_per_step = base.tokens_per_step
-    sizes = _shapes(base, plan, vocab)
-    served: dict[tuple, dict[int, float]] = {}
-    for budget in plan.budgets:
-        steps = np.round(budget / sizes["per_token"] / tokens_per_step).astype(int)
-        ok = sizes[(steps >= max(plan.min_steps, base.train.warmup + 1))].index
-        if len(ok) < plan.sizes_per_budget:
-            raise ConfigError("isoflop.budgets", budget,
-                              f"budgets giving {plan.sizes_per_budget} of the sizes {list(plan.sizes)} at least "
-                              f"{plan.min_steps} steps (this one gives {len(ok)})")
-        ratio = steps[ok] * tokens_per_step / sizes.loc[ok, "N"]
-        centre = int(np.argmin(np.abs(np.log(ratio / plan.tokens_per_param))))
-        start = min(max(0, centre - plan.sizes_per_budget // 2), len(ok) - plan.sizes_per_budget)
-        for i in ok[start:start + plan.sizes_per_budget]:
-            size = sizes.loc[i, "shape"]
-            at = served.setdefault(size, {})
-            if int(steps[i]) in at:
-                raise ConfigError("isoflop.budgets", budget, f"budgets at least one step apart at size {size} "
-                                                             f"(it shares step {int(steps[i])} with {at[int(steps[i])]:g})")
-            at[int(steps[i])] = budget
-    return served
 
 
 # ----------------------------------------------------------------------------- budgets and points
@@ -722,98 +436,137 @@ def findings(df: pd.DataFrame, fit: Any | None, *, cost: str = "bits", budgets: 
     noise_rows: the table whose seed replicates measure run-to-run noise (default df)."""
     cost_model = compute_lib.get(cost)
     main = compute_lib.backfill(ok_rows(df))
+    noise_rows = df if noise_rows is None else noise_rows
     costable = "flops_fprop" in main.columns and main["flops_fprop"].notna().all()
     if not budgets:
         budgets = default_budgets(main, cost_model) if costable else []
-    out: dict[str, Any] = {
-        "loss_unit": loss_unit(df), "cost_model": cost_model.describe(),
-        "runs": int(main["run_id"].nunique()) if "run_id" in main.columns else len(main),
-        "seeds_per_cell": _seeds_per_cell(main),
-        "budgets": analyse(main, budgets, cost_model, n_boot=n_boot,
-                           noise=replicate_noise(df if noise_rows is None else noise_rows)) if costable else [],
-        "note": None if costable else "the results do not record FLOPs by part (nor size, recipe and "
-                                      "flops_per_token to derive them), so no run can be placed at a budget",
-        "law": None, "P_star": [], "integer_arm": [],
-    }
-    arm = integer_arm(main)
-    if costable and not arm.empty:
-        out["integer_arm"] = analyse(arm, budgets, cost_model, n_boot=n_boot,
-                                     noise=replicate_noise(integer_arm(df if noise_rows is None else noise_rows)))
-        for b in out["integer_arm"]:  # Kumar et al.'s P is the forward precision: compare on it, not effective bits
-            b["measured"] = measured_choice(b)
-            forward = [m["P"] for m in b["measured"]]
-            b["P_interval"] = [min(forward), max(forward)] if forward else None
-            b["published"] = {name: verdict(b["P_interval"], lo, hi) for name, (lo, hi) in PUBLISHED.items()}
+    out = _measured_findings(df, main, budgets, cost_model, n_boot, noise_rows, costable)
+    if costable:
+        out["integer_arm"] = _integer_arm_findings(main, noise_rows, budgets, cost_model, n_boot)
     if fit is None:
         return out
     out["law"] = {"name": fit.law, "params": fit.params, "fixed": fit.fixed,
                   "heldout": fit.heldout, "selection": getattr(fit, "selection", None)}
     if not ({"P", "P_w", "P_a", "P_g", "P_fwd", "P_bwd", "ebits", "qerr_w"} & set(_law_columns(fit))):
         return out
-    if not (fit.data or {}).get("shape"):  # the fit's runs' unquantised share, for the cost of a hypothetical model
-        fit = copy.copy(fit)
-        fit.data = {**(fit.data or {}), "shape": compute_lib.Shape.from_results(compute_lib.backfill(main)).to_dict()}
+    fit = _with_shape(fit, main)
     specs = specification_fits(main, fit, loss_column)
-    costs = optimal.cost_models(fit)
     chosen_cost = optimal.Cost(model=cost_model, shape=optimal.shape_of(fit))
     # no IsoFLOP budget: the law is still read at the largest compute a run reached
     at = budgets or ([float(with_cost(main, cost_model)["C"].max())] if costable else [])
     # what the IsoFLOP measurement itself cannot rule out at each budget: part of every P* interval, so a
     # law that disagrees with the measurement widens the interval instead of overruling it
     measured = {float(b["budget"]): measured_choice(b) for b in out["budgets"]}
-    if not _has_bits(fit.law):
-        # e.g. capacity: precision as measured quantisation error, with no map from a hypothetical P to
-        # it. The law still ranks the measured recipes (each at its own quantisation errors and cost);
-        # a continuous P* comes only from the within-noise laws whose axis is bits, if any
-        bits_specs = [(label, alt) for label, alt in specs[1:] if _has_bits(alt.law)]
-        for c in at:
-            entry = {"compute": float(c), "P": None, "P_ci": None, "no_bits_axis": fit.law,
-                     "recipes": recipe_optima(main, fit, c, chosen_cost, cost_model, ci_samples),
-                     "measured": measured.get(float(c), [])}
-            # the law's choice under every cost model, then P* of the within-noise laws whose axis is bits
-            table = []
-            for cst in costs:
-                top = (recipe_optima(main, fit, c, cst, cost_model, bootstrap=False) or [None])[0]
-                if top:
-                    table.append({"spec": f"{fit.law} (chosen; best recipe {top['recipe']})", "cost_model": cst.name,
-                                  "P": top["bits"], "N": top["N"], "D": top["D"], "loss": top["loss"]})
-            if bits_specs:
-                table += optimal.specification_range(bits_specs, c, costs)["table"]
-            ps = [r["P"] for r in table if "P" in r]
-            if ps:
-                entry.update(P_range=[float(min(ps)), float(max(ps))], specifications=table)
-            bits = [e["bits"] for e in entry["recipes"] if e["best"]] + [b for e in entry["recipes"] for b in e["bits_ci"]]
-            span = [*bits, *ps, *(m["bits"] for m in entry["measured"])]
-            if not span:
-                entry["error"] = (f"the chosen law ({fit.law}) prices precision by measured quantisation error, not "
-                                  "bits, and no law with a bits axis is within noise of it: these data give no P*")
-            else:
-                entry["interval"] = [min(span), max(span)]
-                entry["published"] = {name: verdict(entry["interval"], a, b) for name, (a, b) in PUBLISHED.items()}
-            out["P_star"].append(entry)
-        return out
     for c in at:
-        entry: dict[str, Any] = {"compute": float(c), "measured": measured.get(float(c), [])}
-        try:
-            best = optimal.optimal_precision(fit, c, cost=chosen_cost, p_range=(2.0, 32.0))
-            entry.update(P=best["P"], N=best["N"], D=best["D"])
-            if len(getattr(fit, "samples", [])) >= 2:
-                entry["P_ci"] = list(optimal.optimal_precision_ci(fit, c, cost=chosen_cost, p_range=(2.0, 32.0),
-                                                                  max_samples=ci_samples)["P"])
-            else:
-                entry["P_ci"] = None
-        except ConfigError as e:
-            entry["error"] = str(e)
-            out["P_star"].append(entry)
-            continue
-        spec = optimal.specification_range(specs, c, costs)
-        entry.update(P_range=spec["P_range"], specifications=spec["table"])
-        span = [entry["P"], *(entry["P_ci"] or []), *(spec["P_range"] or []), *(m["bits"] for m in entry["measured"])]
-        lo, hi = min(span), max(span)
-        entry["interval"] = [lo, hi]
-        entry["published"] = {name: verdict([lo, hi], a, b) for name, (a, b) in PUBLISHED.items()}
+        if _has_bits(fit.law):
+            entry = _pstar_over_bits(fit, c, specs, chosen_cost, ci_samples, measured.get(float(c), []))
+        else:
+            entry = _pstar_over_recipes(main, fit, c, specs, chosen_cost, cost_model, ci_samples,
+                                        measured.get(float(c), []))
         out["P_star"].append(entry)
     return out
+
+
+def _measured_findings(df: pd.DataFrame, main: pd.DataFrame, budgets: Sequence[float],
+                       cost_model: compute_lib.CostModel, n_boot: int, noise_rows: pd.DataFrame,
+                       costable: bool) -> dict[str, Any]:
+    """findings' measured part: units, runs, seeds, and the IsoFLOP analysis at every budget (none
+    when the results cannot be placed at a budget, with the reason as `note`); law parts empty."""
+    return {
+        "loss_unit": loss_unit(df), "cost_model": cost_model.describe(),
+        "runs": int(main["run_id"].nunique()) if "run_id" in main.columns else len(main),
+        "seeds_per_cell": _seeds_per_cell(main),
+        "budgets": analyse(main, budgets, cost_model, n_boot=n_boot,
+                           noise=replicate_noise(noise_rows)) if costable else [],
+        "note": None if costable else "the results do not record FLOPs by part (nor size, recipe and "
+                                      "flops_per_token to derive them), so no run can be placed at a budget",
+        "law": None, "P_star": [], "integer_arm": [],
+    }
+
+
+def _integer_arm_findings(main: pd.DataFrame, noise_rows: pd.DataFrame, budgets: Sequence[float],
+                          cost_model: compute_lib.CostModel, n_boot: int) -> list[dict[str, Any]]:
+    """The IsoFLOP analysis of the forward-only integer arm at every budget, compared with the
+    published ranges on the forward precision P (Kumar et al.'s), not effective bits; [] without the arm."""
+    arm = integer_arm(main)
+    if arm.empty:
+        return []
+    out = analyse(arm, budgets, cost_model, n_boot=n_boot, noise=replicate_noise(integer_arm(noise_rows)))
+    for b in out:
+        b["measured"] = measured_choice(b)
+        forward = [m["P"] for m in b["measured"]]
+        b["P_interval"] = [min(forward), max(forward)] if forward else None
+        b["published"] = {name: verdict(b["P_interval"], lo, hi) for name, (lo, hi) in PUBLISHED.items()}
+    return out
+
+
+def _with_shape(fit: Any, main: pd.DataFrame) -> Any:
+    """The fit, carrying its runs' unquantised share (for the cost of a hypothetical model) if it lacks one."""
+    if (fit.data or {}).get("shape"):
+        return fit
+    fit = copy.copy(fit)
+    fit.data = {**(fit.data or {}), "shape": compute_lib.Shape.from_results(compute_lib.backfill(main)).to_dict()}
+    return fit
+
+
+def _pstar_over_bits(fit: Any, compute: float, specs: list[tuple[str, Any]], chosen_cost: optimal.Cost,
+                     ci_samples: int, measured: list[dict]) -> dict[str, Any]:
+    """P* at `compute` for a law whose precision axis is bits: the optimum with its bootstrap CI, the
+    specification range across laws and cost models, and the interval spanning them and the measured
+    choice, with its verdict against each published range (or `error` if the optimum cannot be found)."""
+    entry: dict[str, Any] = {"compute": float(compute), "measured": measured}
+    try:
+        best = optimal.optimal_precision(fit, compute, cost=chosen_cost, p_range=(2.0, 32.0))
+        entry.update(P=best["P"], N=best["N"], D=best["D"])
+        if len(getattr(fit, "samples", [])) >= 2:
+            entry["P_ci"] = list(optimal.optimal_precision_ci(fit, compute, cost=chosen_cost, p_range=(2.0, 32.0),
+                                                              max_samples=ci_samples)["P"])
+        else:
+            entry["P_ci"] = None
+    except ConfigError as e:
+        entry["error"] = str(e)
+        return entry
+    spec = optimal.specification_range(specs, compute, optimal.cost_models(fit))
+    entry.update(P_range=spec["P_range"], specifications=spec["table"])
+    span = [entry["P"], *(entry["P_ci"] or []), *(spec["P_range"] or []), *(m["bits"] for m in entry["measured"])]
+    lo, hi = min(span), max(span)
+    entry["interval"] = [lo, hi]
+    entry["published"] = {name: verdict([lo, hi], a, b) for name, (a, b) in PUBLISHED.items()}
+    return entry
+
+
+def _pstar_over_recipes(main: pd.DataFrame, fit: Any, compute: float, specs: list[tuple[str, Any]],
+                        chosen_cost: optimal.Cost, cost_model: compute_lib.CostModel, ci_samples: int,
+                        measured: list[dict]) -> dict[str, Any]:
+    """P* at `compute` for a law without a bits axis (e.g. capacity: precision as measured quantisation
+    error, with no map from a hypothetical P to it). The law still ranks the measured recipes (each at
+    its own quantisation errors and cost) under every cost model; a continuous P* comes only from the
+    within-noise laws whose axis is bits, if any. `error` when nothing gives a P*."""
+    costs = optimal.cost_models(fit)
+    bits_specs = [(label, alt) for label, alt in specs[1:] if _has_bits(alt.law)]
+    entry = {"compute": float(compute), "P": None, "P_ci": None, "no_bits_axis": fit.law,
+             "recipes": recipe_optima(main, fit, compute, chosen_cost, cost_model, ci_samples),
+             "measured": measured}
+    table = []
+    for cst in costs:
+        top = (recipe_optima(main, fit, compute, cst, cost_model, bootstrap=False) or [None])[0]
+        if top:
+            table.append({"spec": f"{fit.law} (chosen; best recipe {top['recipe']})", "cost_model": cst.name,
+                          "P": top["bits"], "N": top["N"], "D": top["D"], "loss": top["loss"]})
+    if bits_specs:
+        table += optimal.specification_range(bits_specs, compute, costs)["table"]
+    ps = [r["P"] for r in table if "P" in r]
+    if ps:
+        entry.update(P_range=[float(min(ps)), float(max(ps))], specifications=table)
+    bits = [e["bits"] for e in entry["recipes"] if e["best"]] + [b for e in entry["recipes"] for b in e["bits_ci"]]
+    span = [*bits, *ps, *(m["bits"] for m in entry["measured"])]
+    if not span:
+        entry["error"] = (f"the chosen law ({fit.law}) prices precision by measured quantisation error, not "
+                          "bits, and no law with a bits axis is within noise of it: these data give no P*")
+    else:
+        entry["interval"] = [min(span), max(span)]
+        entry["published"] = {name: verdict(entry["interval"], a, b) for name, (a, b) in PUBLISHED.items()}
+    return entry
 
 
 def measured_choice(analysis: dict, level: float = LEVEL) -> list[dict]:

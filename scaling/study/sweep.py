@@ -140,7 +140,7 @@ def expand(path: str | Path, overrides: list[str] = (), landed: str | Path | Non
     Every point is validated before anything runs: a bad value anywhere is a ConfigError.
     `landed`: the results root the sweep writes to; an IsoFLOP design with `extend_edges` or
     `replicates` adds the edge and replicate runs its landed runs there call for
-    (scaling.study.analysis.extend_edges, scaling.study.analysis.replicates).
+    (scaling.study.design.extend_edges, scaling.study.design.replicates).
     """
     experiment = load_experiment(path)
     base = {k: v for k, v in experiment.items() if k not in EXPERIMENT_KEYS}
@@ -148,9 +148,9 @@ def expand(path: str | Path, overrides: list[str] = (), landed: str | Path | Non
     sweep = str(base.get("name") or Path(path).stem)
     design = None
     if "isoflop" in experiment:  # an IsoFLOP design places the sizes and budgets of every grid point
-        from scaling.study import analysis as study
+        from scaling.study import design as design_lib
 
-        design = study.Design.from_table(experiment["isoflop"])
+        design = design_lib.Design.from_table(experiment["isoflop"])
     points = []
     for point in grid_points(experiment):
         cfg = copy.deepcopy(base)
@@ -158,7 +158,7 @@ def expand(path: str | Path, overrides: list[str] = (), landed: str | Path | Non
             set_dotted(cfg, key, value)
         points.append((point, cfg))
     try:
-        designed = study.design([c for _, c in points], design, _vocab(base)) if design else None
+        designed = design_lib.design_runs([c for _, c in points], design, _vocab(base)) if design else None
     except ConfigError as e:
         raise ConfigError(e.key, e.value, f"{e.allowed} (the [isoflop] design)") from None
     specs: dict[str, RunSpec] = {}
@@ -174,8 +174,8 @@ def expand(path: str | Path, overrides: list[str] = (), landed: str | Path | Non
         from scaling.study import results
 
         rows = results.load(Path(landed) / sweep)
-        designed = study.extend_edges([c for _, c in points], designed, design, rows, _vocab(base))
-        for cfg in [c for cfgs in designed for c in cfgs] + study.replicates(designed, design, rows):
+        designed = design_lib.extend_edges([c for _, c in points], designed, design, rows, _vocab(base))
+        for cfg in [c for cfgs in designed for c in cfgs] + design_lib.replicates(designed, design, rows):
             specs.setdefault(cfg.run_id, RunSpec(run_id=cfg.run_id, sweep=sweep, config=cfg))
     return list(specs.values())
 

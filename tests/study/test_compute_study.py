@@ -10,6 +10,7 @@ import pytest
 from flax import nnx
 
 from scaling.study import analysis as study
+from scaling.study import design
 from scaling.train import compute
 from scaling.train import config, ladder, model
 from scaling.numerics import precision
@@ -271,10 +272,10 @@ def _per_token(cfg) -> float:
 @pytest.mark.parametrize("recipe", ["fp32", "mxfp4"])
 def test_design_lands_each_size_on_every_budget_it_serves(recipe):
     # ladder sizes plus deeper shapes at sizes 1-2's widths, which fill the ladder's 6x gap in N
-    plan = study.Design.from_table({"budgets": [2e11, 6e11], "sizes": [1, {"size": 1, "n_layers": 4},
+    plan = design.Design.from_table({"budgets": [2e11, 6e11], "sizes": [1, {"size": 1, "n_layers": 4},
                                                                      {"size": 2, "n_layers": 2}, 2, 3, 4, 5, 6, 7, 8],
                                     "sizes_per_budget": 5, "tokens_per_param": 20, "min_steps": 20})
-    (cfgs,) = study.design([{**DESIGN_POINT, "precision": recipe}], plan)
+    (cfgs,) = design.design_runs([{**DESIGN_POINT, "precision": recipe}], plan)
     per_budget = {b: [] for b in plan.budgets}
     tokens_per_step = 8 * 32
     for cfg in cfgs:
@@ -307,26 +308,26 @@ def test_design_lands_each_size_on_every_budget_it_serves(recipe):
 def test_design_errors_are_one_line_and_name_the_key():
     from scaling.errors import ConfigError
 
-    plan = study.Design.from_table({"budgets": [2e11]})
+    plan = design.Design.from_table({"budgets": [2e11]})
     with pytest.raises(ConfigError, match=r"^train\.warmup: got 0\.05; allowed: a whole number of steps"):
-        study.design([{**DESIGN_POINT, "train": {"batch_size": 8, "warmup": 0.05}}], plan)
+        design.design_runs([{**DESIGN_POINT, "train": {"batch_size": 8, "warmup": 0.05}}], plan)
     with pytest.raises(ConfigError, match=r"^isoflop\.budgets: got 1000000\.0; allowed: budgets giving 5"):
-        study.design([DESIGN_POINT], study.Design.from_table({"budgets": [1e6]}))
+        design.design_runs([DESIGN_POINT], design.Design.from_table({"budgets": [1e6]}))
     with pytest.raises(ConfigError, match=r"^isoflop\.reference: got 'bf16'; allowed: a recipe of the grid \(fp32\)"):
-        study.design([DESIGN_POINT], study.Design.from_table({"budgets": [2e11], "reference": "bf16"}))
+        design.design_runs([DESIGN_POINT], design.Design.from_table({"budgets": [2e11], "reference": "bf16"}))
     with pytest.raises(ConfigError, match=r"^isoflop\.size: got 3"):
-        study.Design.from_table({"budgets": [1e12], "size": 3})
+        design.Design.from_table({"budgets": [1e12], "size": 3})
     # the ladder's own depth written out is the same shape, not a second one
-    assert study.Design.from_table({"budgets": [1e12], "sizes": [1, {"size": 1, "n_layers": 2}, 2, 3],
+    assert design.Design.from_table({"budgets": [1e12], "sizes": [1, {"size": 1, "n_layers": 2}, 2, 3],
                                     "sizes_per_budget": 3}).sizes == ((1, None), (2, None), (3, None))
     with pytest.raises(ConfigError, match=r"^isoflop\.sizes\.n_layers: got 0; allowed: an integer >= 1"):
-        study.Design.from_table({"budgets": [1e12], "sizes": [1, {"size": 2, "n_layers": 0}]})
+        design.Design.from_table({"budgets": [1e12], "sizes": [1, {"size": 2, "n_layers": 0}]})
     with pytest.raises(ConfigError, match=r"^isoflop\.sizes: got \{'layers': 2\}; allowed: a ladder size or"):
-        study.Design.from_table({"budgets": [1e12], "sizes": [{"layers": 2}]})
+        design.Design.from_table({"budgets": [1e12], "sizes": [{"layers": 2}]})
     with pytest.raises(ConfigError, match=r"^isoflop\.sizes_per_budget: got 2; allowed: an integer >= 3"):
-        study.Design.from_table({"budgets": [1e12], "sizes_per_budget": 2})
+        design.Design.from_table({"budgets": [1e12], "sizes_per_budget": 2})
     with pytest.raises(ConfigError, match=r"^isoflop\.extend_edges: got 'yes'; allowed: true or false"):
-        study.Design.from_table({"budgets": [1e12], "extend_edges": "yes"})
+        design.Design.from_table({"budgets": [1e12], "extend_edges": "yes"})
 
 
 def test_warmup_in_steps_gives_a_budget_the_same_schedule_in_any_run_length():
@@ -425,9 +426,9 @@ def test_specification_range_spans_only_laws_whose_precision_axis_is_bits():
 
 def test_edge_runs_follow_a_minimum_off_the_end_of_its_profile_until_it_is_inside():
     table = {"budgets": [2e11, 6e11], "sizes": list(range(1, 11)), "min_steps": 20}
-    plan = study.Design.from_table({**table, "extend_edges": True})
+    plan = design.Design.from_table({**table, "extend_edges": True})
     point = {**DESIGN_POINT, "precision": "fp32"}
-    (designed,) = study.design([point], plan)
+    (designed,) = design.design_runs([point], plan)
     served = {b: sorted(c.model.size for c in designed if b in c.study.flop_budgets) for b in plan.budgets}
     top = served[2e11][-1]
     assert top + 3 <= 10  # shapes above the small budget's profile (the third has too few steps)
@@ -444,7 +445,7 @@ def test_edge_runs_follow_a_minimum_off_the_end_of_its_profile_until_it_is_insid
 
     rounds = [designed]
     while True:  # as `scaling sweep` does: train what is called for, land it, ask again
-        (cfgs,) = study.extend_edges([point], [designed], plan, landed(rounds[-1]))
+        (cfgs,) = design.extend_edges([point], [designed], plan, landed(rounds[-1]))
         if [c.run_id for c in cfgs] == [c.run_id for c in rounds[-1]]:
             break
         rounds.append(cfgs)
@@ -457,26 +458,26 @@ def test_edge_runs_follow_a_minimum_off_the_end_of_its_profile_until_it_is_insid
         assert c.train.lr == config.validate({**point, "model": {**point["model"], "size": c.model.size}}).train.lr
         assert abs(c.train.tokens - 2e11 / _per_token(c)) <= 0.5 * c.tokens_per_step  # the nearest whole step
     # nothing while a run of the point is still to land; nothing without extend_edges
-    (cfgs,) = study.extend_edges([point], [rounds[-1]], plan, landed(rounds[-1][:-1]))
+    (cfgs,) = design.extend_edges([point], [rounds[-1]], plan, landed(rounds[-1][:-1]))
     assert [c.run_id for c in cfgs] == [c.run_id for c in rounds[-1]]
-    (cfgs,) = study.extend_edges([point], [designed], study.Design.from_table(table), landed(designed))
+    (cfgs,) = design.extend_edges([point], [designed], design.Design.from_table(table), landed(designed))
     assert [c.run_id for c in cfgs] == [c.run_id for c in designed]
     # the replicates then sit at the minimum the edge runs found
-    plan = study.Design.from_table({**table, "extend_edges": True, "replicates": [1]})
-    twins = study.replicates([rounds[-1]], plan, landed(rounds[-1]))
+    plan = design.Design.from_table({**table, "extend_edges": True, "replicates": [1]})
+    twins = design.replicates([rounds[-1]], plan, landed(rounds[-1]))
     assert {c.model.size for c in twins if 2e11 in c.study.flop_budgets} >= {top, top + 1, top + 2}
     assert {c.run_id for c in twins if tuple(c.study.flop_budgets) == (2e11,)} == {c.replace(seed=1).run_id for c in edge}
     # the shapes run out where a budget gives a shape fewer than min_steps steps (size top + 3 here)
     bottom[2e11] = size_n[10]
-    (cfgs,) = study.extend_edges([point], [rounds[-1]], plan, landed(rounds[-1]))
+    (cfgs,) = design.extend_edges([point], [rounds[-1]], plan, landed(rounds[-1]))
     assert [c.run_id for c in cfgs] == [c.run_id for c in rounds[-1]]
 
 
 def test_replicates_retrain_each_budgets_landed_minimum_and_its_neighbours_at_every_seed():
-    plan = study.Design.from_table({"budgets": [2e11, 6e11], "sizes": [1, 2, 3, 4, 5, 6, 7, 8],
+    plan = design.Design.from_table({"budgets": [2e11, 6e11], "sizes": [1, 2, 3, 4, 5, 6, 7, 8],
                                     "min_steps": 20, "replicates": [2, 1, 1]})
     assert plan.replicates == (1, 2)
-    (cfgs,) = study.design([{**DESIGN_POINT, "precision": "fp32"}], plan)
+    (cfgs,) = design.design_runs([{**DESIGN_POINT, "precision": "fp32"}], plan)
 
     def landed(loss_by_n, drop=()):
         rows = []
@@ -491,15 +492,15 @@ def test_replicates_retrain_each_budgets_landed_minimum_and_its_neighbours_at_ev
     # a U in log N with its bottom at each budget's 2nd-smallest size; at 6e11 the smallest is the minimum
     bottom = {2e11: by_budget[2e11][1], 6e11: by_budget[6e11][0]}
     loss = lambda n, b: (math.log(n) - math.log(bottom[b])) ** 2
-    twins = study.replicates([cfgs], plan, landed(loss))
+    twins = design.replicates([cfgs], plan, landed(loss))
     expected = {(n, seed) for b in plan.budgets for n in by_budget[b][:3] for seed in (1, 2)}
     assert {(compute.run_row(c)["N"], c.seed) for c in twins} == expected
     for twin in twins:  # each as its seed-0 run was: same length, budgets and rate
         (orig,) = [c for c in cfgs if c.model == twin.model]
         assert twin.replace(seed=0).run_id == orig.run_id
     # nothing until every run of the grid point has landed ok
-    assert study.replicates([cfgs], plan, landed(loss, drop={cfgs[-1].run_id})) == []
-    assert study.replicates([cfgs], study.Design.from_table({"budgets": [2e11, 6e11], "sizes": [1, 2, 3, 4, 5, 6, 7, 8],
+    assert design.replicates([cfgs], plan, landed(loss, drop={cfgs[-1].run_id})) == []
+    assert design.replicates([cfgs], design.Design.from_table({"budgets": [2e11, 6e11], "sizes": [1, 2, 3, 4, 5, 6, 7, 8],
                                                              "min_steps": 20}), landed(loss)) == []
 
 
@@ -507,10 +508,10 @@ def test_the_design_reads_each_minimum_from_the_mean_over_landed_seeds_and_never
     """Seed noise is as large as neighbouring sizes' differences: seed 0 alone put a minimum inside that
     the mean over three seeds puts on the edge. The edge run follows the mean, and runs already landed
     (replicates at a minimum that later moved, edge runs) stay in the design."""
-    plan = study.Design.from_table({"budgets": [2e11, 6e11], "sizes": list(range(1, 11)),
+    plan = design.Design.from_table({"budgets": [2e11, 6e11], "sizes": list(range(1, 11)),
                                     "min_steps": 20, "replicates": [1, 2], "extend_edges": True})
     point = {**DESIGN_POINT, "precision": "fp32"}
-    (cfgs,) = study.design([point], plan)
+    (cfgs,) = design.design_runs([point], plan)
     small = sorted((c for c in cfgs if 2e11 in c.study.flop_budgets), key=lambda c: c.model.size)
     top, second = small[-1].model.size, small[-2].model.size
     # 2e11: seed 0 is best one below the largest size (inside); seeds 1 and 2 favour the largest
@@ -523,19 +524,19 @@ def test_the_design_reads_each_minimum_from_the_mean_over_landed_seeds_and_never
     def loss(c, b):
         return table.get((c.model.size, c.seed), 3.0) if b == 2e11 else (c.model.size - 4.0) ** 2
 
-    (own,) = study.extend_edges([point], [cfgs], plan, rows(cfgs, loss))
+    (own,) = design.extend_edges([point], [cfgs], plan, rows(cfgs, loss))
     assert [c.run_id for c in own] == [c.run_id for c in cfgs]  # seed 0 alone: inside
-    twins = study.replicates([cfgs], plan, rows(cfgs, loss))
-    (grown,) = study.extend_edges([point], [cfgs], plan, rows(cfgs + twins, loss))
+    twins = design.replicates([cfgs], plan, rows(cfgs, loss))
+    (grown,) = design.extend_edges([point], [cfgs], plan, rows(cfgs + twins, loss))
     (edge,) = grown[len(cfgs):]  # mean 0.94 at the largest size against 1.07: the minimum is on the edge
     assert tuple(edge.study.flop_budgets) == (2e11,) and edge.model.size == top + 1
     # the edge run lands worse (the minimum is inside again), then seeds move it down to small[-4]
     table[(top + 1, 0)] = 5.0
     table |= {(small[-4].model.size, s): 0.5 for s in (0, 1, 2)}
     later = rows(cfgs + twins + [edge], loss)
-    (kept,) = study.extend_edges([point], [cfgs], plan, later)
+    (kept,) = design.extend_edges([point], [cfgs], plan, later)
     assert [c.run_id for c in kept] == [c.run_id for c in grown]  # the landed edge run stays
-    again = {c.run_id for c in study.replicates([kept], plan, later)}
+    again = {c.run_id for c in design.replicates([kept], plan, later)}
     assert {c.run_id for c in twins} <= again  # the replicates at the old minimum stay
     assert small[-5].replace(seed=1).run_id in again  # and the new minimum's neighbours get theirs
 
