@@ -1,13 +1,13 @@
-"""Studies: sweep grids and executors (local processes, Ray), take-off checks and ETAs, results and
-curves as DataFrames, law forms, fitting with bootstrap CIs, law selection by held-out precision
-gaps, optimal precision, IsoFLOP analysis and findings, figures and the report, and `reproduce`, the
-main job."""
+"""Studies: IsoFLOP designs, sweep grids and executors (local processes, Ray), take-off checks and
+ETAs, results and curves as DataFrames, law forms, fitting with bootstrap CIs, law selection by
+held-out precision gaps, optimal precision, IsoFLOP analysis and findings, figures and the report,
+and `reproduce`, the main job."""
 
 from scaling._lazy import exports
 
 _NAMES = {
-    **{m: m for m in ("sweep", "takeoff", "results", "curves", "laws", "fit", "selection", "optimal", "analysis",
-                      "plots", "report", "reproduce")},
+    **{m: m for m in ("design", "sweep", "takeoff", "results", "curves", "laws", "fit", "selection", "optimal",
+                      "analysis", "plots", "report", "reproduce")},
     "FitResult": "fit", "fit_law": "fit", "select_law": "selection", "optimal_precision": "optimal",
 }
 __all__ = list(_NAMES)
