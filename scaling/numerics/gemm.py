@@ -8,7 +8,9 @@ dense layer:
     wgrad  dW = Q(X; along M)ᵀ · Q(dY; along M)
 
 every operand quantised with its role's spec along *that* GEMM's reduction axis (a block or channel
-scale must not straddle the sum). Forward-only recipes (Kumar et al. 2024) keep dgrad/wgrad in FP32.
+scale must not straddle the sum). A GEMM the recipe's `hadamard` names has both operands rotated
+along its reduction axis first (`scaling.numerics.transforms`; the exact product is unchanged), its
+signs drawn from the GEMM's own key. Forward-only recipes (Kumar et al. 2024) keep dgrad/wgrad in FP32.
 `fake_quant_along` quantises the inputs of the attention matmuls (the `attention` role).
 
 The numbers all come from `scaling.numerics.quant`: an operand is `quant.quantize` along its axis (stochastic
@@ -39,7 +41,7 @@ from typing import Any, Mapping, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from scaling.numerics import formats, precision, quant
+from scaling.numerics import formats, precision, quant, transforms
 from scaling import host
 from scaling.errors import ConfigError
 from scaling.numerics.precision import GEMM_ROLES, Recipe, RecipeStructure, RoleStructure
@@ -109,8 +111,27 @@ def _telemetry(x: jax.Array, op: Operand, measure: jax.Array) -> jax.Array:
 
 
 def _axis_free(s: RoleStructure | None) -> bool:
-    """The quantisation does not depend on the reduction axis: reuse it across GEMMs."""
-    return s is not None and s.granularity in ("none", "tensor")
+    """The quantisation does not depend on the reduction axis (no scale, one scale, or k×k tiles):
+    reuse it across GEMMs."""
+    return s is not None and (s.granularity in ("none", "tensor") or quant.is_square(s.spec))
+
+
+def _reusable(s: RoleStructure | None, st: RecipeStructure, *gemms: str) -> bool:
+    """One quantisation of a role serves these GEMMs: axis-free, and none of them rotates it."""
+    return _axis_free(s) and all(getattr(st.hadamard, g) is None for g in gemms)
+
+
+_SIGN_SALT = {"fprop": 2, "dgrad": 3, "wgrad": 4}  # key salts of the rotations' signs (0, 1: rounding)
+
+
+def _rotated(a: jax.Array, ca: int, b: jax.Array, cb: int, st: RecipeStructure, gemm: str, key_data):
+    """Both operands of `gemm` rotated along their reduction axes (ca of a, cb of b) where the
+    recipe says so, with one sign vector; otherwise as they are. Returns (a, b, rotated)."""
+    h = getattr(st.hadamard, gemm)
+    if h is None:
+        return a, b, False
+    signs = transforms.signs_for(h, _keys(key_data, _SIGN_SALT[gemm], 1)[0])
+    return transforms.rotate(a, ca, signs), transforms.rotate(b, cb, signs), True
 
 
 def _saved(op: Operand | None) -> quant.Quantized | None:
@@ -271,9 +292,12 @@ def _history(op: Operand | None) -> jax.Array | None:
 
 def _fprop(x, w, state: QdotState, key_data, smooth_K, measure, st: RecipeStructure):
     """Y = Q(X; along K) · Q(W; along K). Returns ((Y, telemetry by role, new forward histories),
-    the quantised operands for reuse in the backward pass)."""
+    the quantised operands for reuse in the backward pass). A rotated fprop quantises X·R and Rᵀ·W;
+    it has no use for Smooth-SwiGLU's channel scale (a rotation does not commute with it)."""
     ka, kw = _keys(key_data, 0, 2)
     sa, sw = st.activation, st.weight
+    x, w, rotated = _rotated(x, 1, w, 0, st, "fprop", key_data)
+    smooth_K = None if rotated else smooth_K
     a = None if sa is None else _quantise_x(x, smooth_K, st, state, ka, 1, measure)
     b = None if sw is None else quantise_operand(w, sw, state.fmt["weight"], 0, key=kw,
                                                  history=state.hist.get("weight"), measure=measure)
@@ -293,8 +317,8 @@ def _qdot_fwd(x, w, state, key_data, smooth_K, measure, box):
     out, (a, b) = _fprop(x, w, state, key_data, smooth_K, measure, box.value)
     st = box.value
     # keep the forward's quantised X / W when the backward would quantise them identically
-    a = _saved(a) if _axis_free(st.activation) else None
-    b = _saved(b) if _axis_free(st.weight) else None
+    a = _saved(a) if _reusable(st.activation, st, "fprop", "wgrad") else None
+    b = _saved(b) if _reusable(st.weight, st, "fprop", "dgrad") else None
     return out, (x, w, state, key_data, smooth_K, measure, box, a, b)
 
 
@@ -310,24 +334,26 @@ def _qdot_bwd(res, cts):
     sink = jnp.zeros_like(state.grad_sink)
     hist_g = state.grad_sink[TELEMETRY_SIZE:] if (sg is not None and sg.scaling == "delayed") else None
     # dgrad: dX (M×K) = Q(dY; along N) · Q(W; along N)ᵀ
+    dy_n, w_n_in, _ = _rotated(dy, 1, w, 1, st, "dgrad", key_data)
     g_n = None
     if sg is not None:
-        g_n = quantise_operand(dy, sg, state.fmt["grad"], 1, key=k_g1, history=hist_g, measure=measure)
+        g_n = quantise_operand(dy_n, sg, state.fmt["grad"], 1, key=k_g1, history=hist_g, measure=measure)
         sink = sink.at[:TELEMETRY_SIZE].set(g_n.telemetry)
         if g_n.q.history is not None:
             sink = sink.at[TELEMETRY_SIZE:].set(g_n.q.history)
     w_n = None if sw is None else _restored(b_saved, sw, state.fmt["weight"], 1)
     if sw is not None and w_n is None:  # same scale as the forward (delayed: pre-update history)
-        w_n = quantise_operand(w, sw, state.fmt["weight"], 1, key=k_w, history=state.hist.get("weight"))
-    dx = _gemm(dy if g_n is None else g_n, 1, w if w_n is None else w_n, 1, _fast_ok(st, sg, sw))
+        w_n = quantise_operand(w_n_in, sw, state.fmt["weight"], 1, key=k_w, history=state.hist.get("weight"))
+    dx = _gemm(dy_n if g_n is None else g_n, 1, w_n_in if w_n is None else w_n, 1, _fast_ok(st, sg, sw))
     # wgrad: dW (K×N) = Q(X; along M)ᵀ · Q(dY; along M)
+    x_m_in, dy_m, rotated = _rotated(x, 0, dy, 0, st, "wgrad", key_data)
     x_m = None if sa is None else _restored(a_saved, sa, state.fmt["activation"], 0)
     if sa is not None and x_m is None:
-        x_m = _quantise_x(x, smooth_K, st, state, k_a, 0, None)
-    g_m = _restored(_saved(g_n), sg, state.fmt["grad"], 0) if _axis_free(sg) else None
+        x_m = _quantise_x(x_m_in, None if rotated else smooth_K, st, state, k_a, 0, None)
+    g_m = _restored(_saved(g_n), sg, state.fmt["grad"], 0) if _reusable(sg, st, "dgrad", "wgrad") else None
     if sg is not None and g_m is None:
-        g_m = quantise_operand(dy, sg, state.fmt["grad"], 0, key=k_g2, history=hist_g)
-    dw = _gemm(x if x_m is None else x_m, 0, dy if g_m is None else g_m, 0, _fast_ok(st, sa, sg))
+        g_m = quantise_operand(dy_m, sg, state.fmt["grad"], 0, key=k_g2, history=hist_g)
+    dw = _gemm(x_m_in if x_m is None else x_m, 0, dy_m if g_m is None else g_m, 0, _fast_ok(st, sa, sg))
     return dx, dw, zero_state._replace(grad_sink=sink), None, None, None, None
 
 

@@ -7,7 +7,10 @@ A `Recipe` names, per tensor role, a `quant.QuantSpec` (or None = full FP32):
     grad        dY as input of the dgrad and wgrad GEMMs
     attention   Q, K, V and the softmax probabilities as inputs of the two attention matmuls
 
-plus switches (forward-only, FP32-sensitive ops, high-precision embeddings, the fast path). `get`
+plus switches (forward-only, FP32-sensitive ops, high-precision embeddings, the fast path), the
+GEMMs whose operands are rotated by a randomised Hadamard transform before they are quantised
+(`hadamard`, see `scaling.numerics.transforms`) and the transformer blocks kept in a higher
+precision (`high_precision_first` / `high_precision_last` blocks run the `high_precision` preset). `get`
 builds one from a preset name, a format name, a TOML table or file. The recipe is a value: the
 quantised GEMMs that run it are `scaling.numerics.gemm`.
 
@@ -27,7 +30,8 @@ from typing import Any, Mapping
 import jax
 import jax.numpy as jnp
 
-from scaling.numerics import formats, quant
+from scaling.numerics import formats, quant, transforms
+from scaling.numerics.transforms import GemmHadamard
 from scaling.errors import ConfigError
 
 ROLES = ("weight", "activation", "grad", "attention")
@@ -51,6 +55,11 @@ class Recipe:
         give the same bits. None (default): where bf16 dots are native (`scaling.host.native_bf16`:
         GPUs, CPUs with AMX or AVX512-BF16), since elsewhere XLA emulates them and they are slower
         than the FP32 path; true / false force it.
+    hadamard: per GEMM (fprop / dgrad / wgrad), a randomised Hadamard rotation of both operands
+        along the reduction axis before they are quantised (`transforms.GemmHadamard`).
+    high_precision_first / high_precision_last: the first / last k transformer blocks run the
+        `high_precision` recipe (a preset name, default bf16) instead (NVIDIA's NVFP4 recipe keeps
+        the last blocks in BF16); the embedding and head follow `high_precision_embed`.
     """
 
     name: str = "fp32"
@@ -62,6 +71,10 @@ class Recipe:
     fp32_sensitive_ops: bool = True
     high_precision_embed: bool = True
     fast_path: bool | None = None
+    hadamard: GemmHadamard = GemmHadamard()
+    high_precision_first: int = 0
+    high_precision_last: int = 0
+    high_precision: str = "bf16"
 
     def role_bits(self, role: str) -> int:
         """Bit width of one role's element format (32 when the role is unquantised)."""
@@ -97,7 +110,19 @@ class Recipe:
             fp32_sensitive_ops=self.fp32_sensitive_ops,
             high_precision_embed=self.high_precision_embed,
             fast_path=self.fast_path,
+            hadamard=self.hadamard,
+            high_precision_first=self.high_precision_first,
+            high_precision_last=self.high_precision_last,
+            kept=self.kept().structure() if self.keeps_layers else None,
         )
+
+    @property
+    def keeps_layers(self) -> bool:
+        return self.high_precision_first + self.high_precision_last > 0
+
+    def kept(self) -> "Recipe":
+        """The recipe of the blocks kept in high precision (`high_precision`)."""
+        return get(self.high_precision, key="precision.high_precision")
 
     def formats(self) -> dict[str, jax.Array]:
         """Runtime format vectors of the quantised roles (see `format_vector`)."""
@@ -109,10 +134,24 @@ class Recipe:
                                "bits_a": self.bits_a, "bits_g": self.bits_g}
         for r in ROLES:
             spec = getattr(self, r)
-            out[r] = None if spec is None else {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)}
+            out[r] = None if spec is None else _describe_spec(spec)
         for k in ("forward_only", "fp32_sensitive_ops", "high_precision_embed", "fast_path"):
             out[k] = getattr(self, k)
+        # keys added later appear only where set, so recipes without them describe (and hash) as before
+        if self.hadamard:
+            out["hadamard"] = self.hadamard.describe()
+        if self.keeps_layers:
+            out.update(high_precision_first=self.high_precision_first, high_precision_last=self.high_precision_last,
+                       high_precision=self.high_precision)
         return out
+
+
+_SPEC_DEFAULTS_OMITTED = {"square_blocks": False, "scale_from": "amax"}  # QuantSpec fields added later
+
+
+def _describe_spec(spec: Any) -> dict:
+    return {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)
+            if _SPEC_DEFAULTS_OMITTED.get(f.name, object()) != getattr(spec, f.name)}
 
 
 @dataclass(frozen=True)
@@ -153,6 +192,10 @@ class RecipeStructure:
     fp32_sensitive_ops: bool = True
     high_precision_embed: bool = True
     fast_path: bool | None = None
+    hadamard: GemmHadamard = GemmHadamard()
+    high_precision_first: int = 0
+    high_precision_last: int = 0
+    kept: "RecipeStructure | None" = None  # the structure of the blocks kept in high precision
 
     @property
     def quantises_gemms(self) -> bool:
@@ -223,6 +266,30 @@ def _preset(name: str) -> Recipe | None:
     if name in table:
         fwd, grad, gran, grad_rounding, kw = table[name]
         return _uniform(name, fwd, grad, gran, grad_rounding, **kw)
+    if name == "nvfp4-nvidia":
+        # NVIDIA, "Pretraining Large Language Models with NVFP4" (2025), §4: 16×16 2-D block scales for
+        # weights (§4.3, W and Wᵀ quantise alike), 1×16 blocks for activations and gradients, a random
+        # Hadamard transform of size 16 on the wgrad GEMM's inputs with one fixed sign vector (§4.2),
+        # stochastic rounding on gradients only (§4.4), the last blocks in BF16 (§4.1: ~16% of the
+        # linear layers at 12B; one block is that share at this ladder's 5-10 layers).
+        return Recipe(name=name, weight=_spec("fp4_e2m1", "nvfp4", square_blocks=True),
+                      activation=_spec("fp4_e2m1", "nvfp4"),
+                      grad=_spec("fp4_e2m1", "nvfp4", rounding="stochastic"),
+                      hadamard=GemmHadamard(wgrad=transforms.Hadamard(16, signs="fixed")),
+                      high_precision_last=1)
+    if name == "quartet":
+        # Castro et al., "Quartet: Native FP4 Training Can Be Optimal for LLMs" (2025), §4 (Algorithm 1):
+        # every GEMM in MXFP4 after a Hadamard transform of the group size 32 along its reduction
+        # axis; forward QuEST-style (E8M0 scale from the block RMS with the MSE-optimal Gaussian
+        # clip, round to nearest), backward with stochastic rounding of the gradients and freshly
+        # drawn signs. Simplifications: the backward re-uses the roles' forward rounding for W and X
+        # (Quartet rounds them stochastically too), gradients take the E8M0 scale that never clips
+        # (Quartet: amax scale times 4/3) and QuEST's clipped-element gradient mask is not applied.
+        fwd = _spec("fp4_e2m1", "mx", scale_from="rms")
+        return Recipe(name=name, weight=fwd, activation=fwd,
+                      grad=_spec("fp4_e2m1", "mx", rounding="stochastic", scale_rounding="ceil"),
+                      hadamard=GemmHadamard(fprop=transforms.Hadamard(32, signs="fixed"),
+                                            dgrad=transforms.Hadamard(32), wgrad=transforms.Hadamard(32)))
     if name == "fp8-blockwise":
         # DeepSeek-V3: 1×128 tiles for activations and gradients, 128×128 blocks for weights.
         return Recipe(name=name, weight=_spec("fp8_e4m3", "block2d", block=128),
@@ -232,10 +299,11 @@ def _preset(name: str) -> Recipe | None:
 
 
 PRESETS = ("fp32", "bf16", "fp16", "fp8", "fp8-delayed", "fp8-blockwise", "mxfp8", "mxfp6", "mxfp4",
-           "nvfp4", "fp6", "fp4")
+           "nvfp4", "fp6", "fp4", "nvfp4-nvidia", "quartet")
 
 _RECIPE_KEYS = ("name", "base", "weight", "activation", "grad", "attention", "forward_only",
-                "fp32_sensitive_ops", "high_precision_embed", "fast_path")
+                "fp32_sensitive_ops", "high_precision_embed", "fast_path", "hadamard",
+                "high_precision_first", "high_precision_last", "high_precision")
 
 
 def get(value: str | Mapping[str, Any] | Recipe, *, key: str = "precision") -> Recipe:
@@ -295,6 +363,18 @@ def _from_mapping(m: Mapping[str, Any], key: str) -> Recipe:
             if not isinstance(m[flag], bool):
                 raise ConfigError(f"{key}.{flag}", m[flag], "true or false")
             changes[flag] = m[flag]
+    if "hadamard" in m:
+        changes["hadamard"] = transforms.parse(m["hadamard"], f"{key}.hadamard")
+    for count in ("high_precision_first", "high_precision_last"):
+        if count in m:
+            v = m[count]
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ConfigError(f"{key}.{count}", v, "an integer >= 0 (transformer blocks)")
+            changes[count] = v
+    if "high_precision" in m:
+        if not isinstance(m["high_precision"], str) or _preset(m["high_precision"]) is None:
+            raise ConfigError(f"{key}.high_precision", m["high_precision"], PRESETS)
+        changes["high_precision"] = m["high_precision"]
     recipe = dataclasses.replace(base, **changes)
     if "name" not in m and "base" in m and len(changes) > 0:
         recipe = dataclasses.replace(recipe, name=f"{base.name}-custom")
@@ -328,3 +408,15 @@ def _validate(recipe: Recipe, key: str) -> None:
     spec = recipe.attention
     if spec is not None and spec.scaling == "delayed":
         raise ConfigError(f"{key}.attention.scaling", "delayed", "current (attention inputs have no history)")
+    operands = {"fprop": ("activation", "weight"), "dgrad": ("grad", "weight"), "wgrad": ("activation", "grad")}
+    for gemm, roles in operands.items():
+        if getattr(recipe.hadamard, gemm) is None:
+            continue
+        if gemm != "fprop" and recipe.forward_only:
+            raise ConfigError(f"{key}.hadamard.{gemm}", getattr(recipe.hadamard, gemm).block,
+                              "none with forward_only = true (the backward GEMMs run in FP32)")
+        if all(getattr(recipe, r) is None for r in roles):
+            raise ConfigError(f"{key}.hadamard.{gemm}", getattr(recipe.hadamard, gemm).block,
+                              f"none unless {roles[0]} or {roles[1]} is quantised")
+    if recipe.keeps_layers and recipe.kept().keeps_layers:
+        raise ConfigError(f"{key}.high_precision", recipe.high_precision, "a preset that keeps no layers itself")

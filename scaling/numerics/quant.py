@@ -16,7 +16,15 @@ axis of the GEMM the operand feeds; blocks run along it, so no scale straddles a
                  s_t = amax(x) · fl(1 / (448 · 6))                 (FP32 tensor scale)
                  s_b = round_to_format(amax_blk / (6 · s_t), fp8_e4m3)   (E4M3 block scale)
                  scale = s_b · s_t,  values = round(x / scale)
-             An E4M3 block scale that underflows to 0 flushes its block to zero (scale 0).
+             An E4M3 block scale that underflows to 0 flushes its block to ±0 (scale 0).
+
+`square_blocks = true` (mx, nvfp4) takes each scale over a k×k tile of the two trailing axes
+instead of 1×k along `axis` (NVIDIA's NVFP4 recipe: 16×16 weight tiles), so a matrix and its
+transpose quantise to the same values and the forward and backward GEMMs see one quantised weight.
+`scale_from = "rms"` (mx) sets the E8M0 exponent from the block's root mean square instead of its
+amax, QuEST-style (Panferov et al. 2025; Quartet's forward pass, Castro et al. 2025 §4):
+    e = floor(log2(rms_blk · fl(QUEST_CLIP / max_elem)))
+so the grid's top sits near QUEST_CLIP standard deviations and the rarer larger elements clip.
 
 A block dimension that k does not divide is zero-padded to a multiple of k internally: the last
 block is partial (fewer than k real elements) and has its own scale; padding never reaches the
@@ -48,6 +56,7 @@ unscaled), and an MX block whose E8M0 scale is 2^-127 dequantises to zero on CPU
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, NamedTuple
@@ -64,6 +73,10 @@ SCALE_ROUNDINGS = ("floor", "ceil")
 DEFAULT_BLOCK = {"block": 128, "block2d": 128, "mx": 32, "nvfp4": 16}
 E4M3_MAX = 448.0
 E8M0_EXP = (-127, 127)
+SCALE_FROM = ("amax", "rms")
+# QuEST's clip for E2M1 (Panferov et al. 2025; Quartet's code uses 2.92247856 / 6 · σ): the MSE-optimal
+# clip of a Gaussian on the FP4 grid, in standard deviations
+QUEST_CLIP = 2.92247856
 
 
 @dataclass(frozen=True)
@@ -80,6 +93,8 @@ class QuantSpec:
     amax_history: int = 16
     pow2_scale: bool = False
     scale_rounding: str = "floor"  # mx only
+    square_blocks: bool = False  # mx, nvfp4: k×k tiles over the two trailing axes
+    scale_from: str = "amax"  # mx only: "rms" for QuEST-style clipping
 
     def __post_init__(self) -> None:
         fmt = formats.get(self.format)  # ConfigError('format', ...) for unknown names; a Format is kept as is
@@ -113,6 +128,14 @@ class QuantSpec:
             raise ConfigError("scale_rounding", self.scale_rounding, SCALE_ROUNDINGS)
         if self.scale_rounding != "floor" and g != "mx":
             raise ConfigError("scale_rounding", self.scale_rounding, "'floor' unless granularity='mx'")
+        if not isinstance(self.square_blocks, bool):
+            raise ConfigError("square_blocks", self.square_blocks, "true or false")
+        if self.square_blocks and g not in ("mx", "nvfp4"):
+            raise ConfigError("square_blocks", True, f"false for granularity={g!r} (block2d is square already; only mx, nvfp4 take it)")
+        if self.scale_from not in SCALE_FROM:
+            raise ConfigError("scale_from", self.scale_from, SCALE_FROM)
+        if self.scale_from == "rms" and (g != "mx" or self.scale_rounding != "floor"):
+            raise ConfigError("scale_from", "rms", "'amax' unless granularity='mx' with scale_rounding='floor'")
         if g == "nvfp4" and fmt.name != "fp4_e2m1":
             raise ConfigError("format", self.format, "fp4_e2m1 with granularity='nvfp4'")
         if g == "none" and self.margin != 0:
@@ -129,7 +152,7 @@ class QuantSpec:
 
 class Quantized(NamedTuple):
     """values: x / scale rounded to the grid (float32, x's shape); scale: float32, x's shape with the
-    blocked axis of length ceil(n / k) (both trailing axes for block2d; all ones for none/tensor;
+    blocked axis of length ceil(n / k) (both trailing axes for block2d and square blocks; all ones for none/tensor;
     size 1 along `axis` for channel); amax: max |x| (scalar); history: the updated amax history
     (delayed scaling) or None."""
 
@@ -175,6 +198,19 @@ def _mx_exponent(amax: jax.Array, fmax: jax.Array, emax: jax.Array, spec: QuantS
         c = c + (m_a > m_f * formats.pow2(c)).astype(jnp.int32) - (m_a <= m_f * formats.pow2(c - 1)).astype(jnp.int32)
         e = e_a.astype(jnp.int32) - e_f.astype(jnp.int32) + c
     return jnp.where(ok, jnp.clip(e, *E8M0_EXP), 0)
+
+
+def _rms_exponent(rms: jax.Array, fmax: jax.Array) -> jax.Array:
+    """QuEST's E8M0 exponent floor(log2(rms · fl(QUEST_CLIP / max))), clamped; 0 for a zero block."""
+    t = rms * (jnp.float32(QUEST_CLIP) / fmax)
+    ok = (t > 0) & jnp.isfinite(t)
+    return jnp.where(ok, jnp.clip(formats.floor_log2(jnp.where(ok, t, 1.0)), *E8M0_EXP), 0)
+
+
+def is_square(spec: QuantSpec) -> bool:
+    """Scales over k×k tiles of the two trailing axes (block2d, or mx/nvfp4 with square_blocks):
+    the quantisation does not depend on the reduction axis."""
+    return spec.granularity == "block2d" or spec.square_blocks
 
 
 def nvfp4_tensor_scale(amax: jax.Array, fmax: jax.Array) -> jax.Array:
@@ -318,6 +354,15 @@ def _quantize(x, spec: QuantSpec, key, history, fmt_params):
         vt = rnd(xt * (1.0 / scale), None if words is None else _to_tiles(words, k))
         return (_from_tiles(vt, r, c), scale[..., :, 0, :, 0], amax, None,
                 _from_tiles(vt * scale, r, c))
+    if spec.square_blocks:  # mx / nvfp4 over k×k tiles
+        if x.ndim < 2:
+            raise ConfigError("square_blocks", True, "false for a 1-d array")
+        r, c = x.shape[-2:]
+        xt = _to_tiles(x, k)
+        axes = (xt.ndim - 3, xt.ndim - 1)
+        amax_t = _amax_along(_amax_along(xt, axes[1]), axes[0])
+        scale, vt = _micro_scaled(xt, amax_t, axes, spec, p, amax, rnd, None if words is None else _to_tiles(words, k))
+        return (_from_tiles(vt, r, c), scale[..., :, 0, :, 0], amax, None, _from_tiles(vt * scale, r, c))
     ax = _norm_axis(spec.axis, x.ndim)
     n = x.shape[ax]
     xb = _to_blocks(x, ax, k)
@@ -326,21 +371,33 @@ def _quantize(x, spec: QuantSpec, key, history, fmt_params):
     if g == "block":
         scale = _amax_scale(amax_b, fmax, spec)
         vb = rnd(xb * (1.0 / scale), bb)
-    elif g == "mx":
-        e = _mx_exponent(amax_b, fmax, p.emax, spec)
-        scale = _once_per_block(formats.pow2(e))
-        vb = rnd(xb * _once_per_block(formats.pow2(-e)), bb)  # exact, and 2^127 is normal where 2^-127 is not
-    elif g == "nvfp4":
-        s_t = nvfp4_tensor_scale(amax, fmax)
-        s_b = formats.round_to_format(amax_b * (1.0 / (fmax * s_t)), "fp8_e4m3")
-        s_b = _once_per_block(jnp.where(amax_b > 0, s_b, 1.0))
-        scale = s_b * s_t
-        live = scale > 0  # an E4M3 block scale that underflowed flushes its block, keeping signs (-0)
-        vb = jnp.where(live, rnd(xb * (1.0 / jnp.where(live, scale, 1.0)), bb), jnp.copysign(0.0, xb))
+    elif g in ("mx", "nvfp4"):
+        scale, vb = _micro_scaled(xb, amax_b, (ax + 1,), spec, p, amax, rnd, bb)
     else:  # unreachable: QuantSpec validated the granularity
         raise ConfigError("granularity", g, GRANULARITIES)
     return (_from_blocks(vb, ax, n), jnp.squeeze(scale, ax + 1), amax, None,
             _from_blocks(vb * scale, ax, n))
+
+
+def _micro_scaled(xb, amax_b, axes, spec: QuantSpec, p: formats.FormatParams, amax, rnd, bb):
+    """(scale, values) of MX or NVFP4 blocks: xb laid out in blocks whose elements run along `axes`
+    (one axis for 1×k blocks, two for k×k tiles), amax_b their amax (size 1 along `axes`)."""
+    fmax = jnp.asarray(p.max, jnp.float32)
+    if spec.granularity == "mx":
+        if spec.scale_from == "rms":  # a partial block's padding counts as zeros (it is one in the GEMM)
+            n = math.prod(xb.shape[a] for a in axes)
+            rms = jnp.sqrt(jnp.sum(jnp.square(xb), axis=axes, keepdims=True) * jnp.float32(1.0 / n))
+            e = _rms_exponent(rms, fmax)
+        else:
+            e = _mx_exponent(amax_b, fmax, p.emax, spec)
+        scale = _once_per_block(formats.pow2(e))
+        return scale, rnd(xb * _once_per_block(formats.pow2(-e)), bb)  # exact, and 2^127 is normal where 2^-127 is not
+    s_t = nvfp4_tensor_scale(amax, fmax)
+    s_b = formats.round_to_format(amax_b * (1.0 / (fmax * s_t)), "fp8_e4m3")
+    s_b = _once_per_block(jnp.where(amax_b > 0, s_b, 1.0))
+    scale = s_b * s_t
+    live = scale > 0  # an E4M3 block scale that underflowed flushes its block, keeping signs (-0)
+    return scale, jnp.where(live, rnd(xb * (1.0 / jnp.where(live, scale, 1.0)), bb), jnp.copysign(0.0, xb))
 
 
 def quantize(x: jax.Array, spec: QuantSpec, *, key: jax.Array | None = None,
@@ -363,7 +420,7 @@ def expand_scale(scale: jax.Array, spec: QuantSpec, shape: tuple[int, ...]) -> j
     if g in ("none", "tensor", "channel"):
         return jnp.broadcast_to(scale, shape)
     k = spec.block
-    if g == "block2d":
+    if is_square(spec):
         rows = repeat_blocks(scale, len(shape) - 2, k, shape[-2])
         return repeat_blocks(rows, len(shape) - 1, k, shape[-1])
     ax = _norm_axis(spec.axis, len(shape))
@@ -483,5 +540,5 @@ def _telemetry(x, q, spec: QuantSpec, history, fmt_params) -> jax.Array:
 
 __all__ = ["QuantSpec", "Quantized", "GRANULARITIES", "SCALINGS", "SCALE_ROUNDINGS",
            "DEFAULT_BLOCK", "TELEMETRY_FIELDS", "TELEMETRY_BLOCK", "init_history", "quantize", "dequantize",
-           "expand_scale", "repeat_blocks", "nvfp4_tensor_scale", "fake_quant", "fake_quant_with_history",
+           "expand_scale", "repeat_blocks", "is_square", "SCALE_FROM", "QUEST_CLIP", "nvfp4_tensor_scale", "fake_quant", "fake_quant_with_history",
            "telemetry", "telemetry_vector"]

@@ -10,6 +10,13 @@ forward + backward, Chinchilla's convention of 2 FLOPs per multiply-add):
     attn_fwd   Q·Kᵀ and P·V, full T×T (no causal discount)                 4·n_layers·T·d
     attn_bwd   their four backward matmuls                                 8·n_layers·T·d
 
+A recipe that keeps blocks in high precision (`high_precision_first` / `_last`) adds the kept
+blocks' projections as parts of their own (kept_fprop, kept_dgrad, kept_wgrad: the same FLOPs per
+layer, the kept recipe's bits), and one that rotates GEMM operands (`hadamard`) adds `rotations`:
+2·b FLOPs per rotated element (a b×b product per block, run in BF16 on a GPU's tensor cores) over
+both operands of every rotated GEMM. These `EXTRA_PARTS` are absent from older results tables,
+where they count as zero.
+
 Each part has two operands, and each operand a tensor role of the recipe (fprop: activation,
 weight; dgrad: grad, weight; wgrad: activation, grad; attention: the `attention` role; the head
 only when the recipe does not keep it in high precision; none of the backward parts of a
@@ -54,6 +61,9 @@ from scaling.errors import ConfigError
 # or parse recipes: results, fit and `scaling plan --fit` read this module without loading JAX.
 
 PARTS = ("fprop", "dgrad", "wgrad", "head_fprop", "head_dgrad", "head_wgrad", "attn_fwd", "attn_bwd")
+EXTRA_PARTS = ("kept_fprop", "kept_dgrad", "kept_wgrad", "rotations")  # only where a recipe has them
+DENSE_PARTS = ("fprop", "dgrad", "wgrad", "kept_fprop", "kept_dgrad", "kept_wgrad")  # the projections' GEMMs
+ROTATION_BITS = 16.0  # a Hadamard rotation runs as a BF16 matrix product
 ROLE_SHORT = {"weight": "w", "activation": "a", "grad": "g"}
 UNQUANTISED_BITS = 32.0
 # bits of one scale value per granularity (a scale shared by a block of elements)
@@ -85,7 +95,7 @@ def effective_bits(spec: Any, K: float) -> float:
         return bits
     if g == "channel":
         return bits + SCALE_BITS[g] / K
-    k = min(spec.block, K) if g != "block2d" else spec.block ** 2
+    k = spec.block ** 2 if (g == "block2d" or spec.square_blocks) else min(spec.block, K)
     return bits + SCALE_BITS[g] / k
 
 
@@ -122,7 +132,9 @@ def parts(cfg: Any, recipe: Any, tokens_per_step: int) -> list[Part]:
     fprop_k = [(i * o, i) for i, o in proj]
     dgrad_k = [(i * o, o) for i, o in proj]
     wgrad_k = [(i * o, tokens_per_step) for i, o in proj]
-    n_matmul = L * sum(i * o for i, o in proj)
+    kept_layers = min(L, recipe.high_precision_first + recipe.high_precision_last)
+    L_q = L - kept_layers
+    n_matmul = L_q * sum(i * o for i, o in proj)
     head = not recipe.high_precision_embed
     t = recipe.attention
     def part(name, flops, spec_0, spec_1, ks_0, ks_1=None):
@@ -131,6 +143,21 @@ def parts(cfg: Any, recipe: Any, tokens_per_step: int) -> list[Part]:
 
     hd = (lambda s: s) if head else (lambda s: None)
     attn_k = [(1, cfg.head_dim), (1, T)]  # Q·Kᵀ reduces over head_dim, P·V over T
+    extra = []
+    if kept_layers:
+        k = recipe.kept()
+        kw_, ka_, kg_ = k.weight, k.activation, k.grad
+        if k.forward_only:
+            kg_ = kw_b = ka_b = None
+        else:
+            kw_b, ka_b = kw_, ka_
+        n_kept = kept_layers * sum(i * o for i, o in proj)
+        extra += [part("kept_fprop", 2.0 * n_kept, ka_, kw_, fprop_k),
+                  part("kept_dgrad", 2.0 * n_kept, kg_, kw_b, dgrad_k),
+                  part("kept_wgrad", 2.0 * n_kept, ka_b, kg_, wgrad_k)]
+    rot = rotation_flops(recipe, proj, tokens_per_step) * L_q
+    if rot:
+        extra.append(Part("rotations", rot, (ROTATION_BITS, ROTATION_BITS), ROTATION_BITS))
     return [
         part("fprop", 2.0 * n_matmul, a, w, fprop_k),
         part("dgrad", 2.0 * n_matmul, bwd_g, bwd_w, dgrad_k),
@@ -141,7 +168,21 @@ def parts(cfg: Any, recipe: Any, tokens_per_step: int) -> list[Part]:
         part("attn_fwd", 4.0 * L * T * d, t, t, attn_k),
         # backward: the saved (quantised) Q, K, V, P meet unquantised gradients
         part("attn_bwd", 8.0 * L * T * d, t, None, attn_k),
-    ]
+    ] + extra
+
+
+def rotation_flops(recipe: Any, proj: Sequence[tuple[int, int]], tokens_per_step: int) -> float:
+    """FLOPs per token of one layer's Hadamard rotations: every rotated GEMM's two operands, each
+    element at `transforms.flops_per_element` (a weight's elements are shared by the step's tokens)."""
+    from scaling.numerics import transforms
+
+    total = 0.0
+    for i, o in proj:
+        w = i * o / tokens_per_step  # a weight's elements per token
+        per_gemm = {"fprop": i + w, "dgrad": o + w, "wgrad": i + o}  # (X or dY) + (W or dY) per token
+        for gemm, elements in per_gemm.items():
+            total += elements * transforms.flops_per_element(getattr(recipe.hadamard, gemm))
+    return total
 
 
 # ----------------------------------------------------------------------------- per-role columns
@@ -198,7 +239,7 @@ def scale_block(spec: Any, proj: Sequence[tuple[int, int]]) -> float:
         g = None if spec is None else spec.granularity
         if g in ("block", "mx", "nvfp4"):
             sizes.append(min(spec.block, i))
-        elif g == "block2d":
+        elif g == "block2d" or getattr(spec, "square_blocks", False):
             sizes.append(min(spec.block, i) * min(spec.block, o))
         elif g == "channel":
             sizes.append(i)
@@ -213,11 +254,11 @@ def columns(cfg: Any, recipe: Any, tokens_per_step: int) -> dict[str, float]:
     bits of the dense projections' GEMM operands, the recipe's number to quote), role_columns."""
     ps = parts(cfg, recipe, tokens_per_step)
     out: dict[str, float] = {}
-    for p in ps:
+    for p in ps:  # EXTRA_PARTS only where the recipe has them (older tables: absent, i.e. zero)
         out[f"flops_{p.name}"] = p.flops
         out[f"bits_{p.name}_0"], out[f"bits_{p.name}_1"] = p.bits
         out[f"width_{p.name}"] = p.width
-    dense = [p for p in ps if p.name in ("fprop", "dgrad", "wgrad")]
+    dense = [p for p in ps if p.name in DENSE_PARTS]
     out["bits_eff"] = sum(p.flops * sum(p.bits) / 2 for p in dense) / sum(p.flops for p in dense)
     out.update(role_columns(cfg, recipe))
     return out
@@ -273,24 +314,23 @@ class CostModel:
         missing = [f"flops_{p}" for p in PARTS if f"flops_{p}" not in df.columns]
         if missing:
             raise ConfigError("results columns", missing[0], "a table with FLOPs by part (scaling.train.compute.columns)")
-        bits = {p: (df[f"bits_{p}_0"].to_numpy(float), df[f"bits_{p}_1"].to_numpy(float)) for p in PARTS}
-        quantised_run = np.any([b < UNQUANTISED_BITS for p in PARTS for b in bits[p]], axis=0)
+        flops, bits, width = _part_columns(df)
+        quantised_run = np.any([b < UNQUANTISED_BITS for p in bits for b in bits[p]], axis=0)
         total = np.zeros(len(df))
-        for p in PARTS:
-            b0, b1, width = (self._mapped(b, quantised_run) for b in (*bits[p], df[f"width_{p}"].to_numpy(float)))
-            total += df[f"flops_{p}"].to_numpy(float) * self.gemm_factor(b0, b1, width)
+        for p in bits:
+            b0, b1, w = (self._mapped(b, quantised_run) for b in (*bits[p], width[p]))
+            total += flops[p] * self.gemm_factor(b0, b1, w)
         return total
 
     def effective_bits(self, df: pd.DataFrame) -> np.ndarray:
         """Each row's effective bits as this model costs them: the FLOP-weighted mean over the dense
         projections' GEMMs (fprop, dgrad, wgrad) of their operands' bits, an unquantised operand in a
         run that quantises something at high_bits (the raw `bits_eff` column counts it at 32)."""
-        dense = ("fprop", "dgrad", "wgrad")
-        bits = {p: (df[f"bits_{p}_0"].to_numpy(float), df[f"bits_{p}_1"].to_numpy(float)) for p in PARTS}
-        quantised_run = np.any([b < UNQUANTISED_BITS for p in PARTS for b in bits[p]], axis=0)
-        flops = sum(df[f"flops_{p}"].to_numpy(float) for p in dense)
-        return sum(df[f"flops_{p}"].to_numpy(float) * sum(self._mapped(b, quantised_run) for b in bits[p]) / 2
-                   for p in dense) / flops
+        flops, bits, _ = _part_columns(df)
+        dense = [p for p in DENSE_PARTS if p in bits]
+        quantised_run = np.any([b < UNQUANTISED_BITS for p in bits for b in bits[p]], axis=0)
+        total = sum(flops[p] for p in dense)
+        return sum(flops[p] * sum(self._mapped(b, quantised_run) for b in bits[p]) / 2 for p in dense) / total
 
     def compute(self, df: pd.DataFrame) -> np.ndarray:
         """Training compute of each row (run at token budget D) in 16-bit FLOP units."""
@@ -310,6 +350,22 @@ class CostModel:
         P = np.asarray(P, float)
         hi = np.full(P.shape, self.high_bits)
         return np.where(P >= UNQUANTISED_BITS, self.gemm_factor(P, P, P), self.gemm_factor(hi, hi, hi))
+
+
+def _part_columns(df: pd.DataFrame):
+    """flops, (bits_0, bits_1) and width per part of a results table: PARTS, plus the EXTRA_PARTS
+    its columns have (rows without one, such as runs of recipes that lack it, count it as zero FLOPs)."""
+    present = list(PARTS) + [p for p in EXTRA_PARTS if f"flops_{p}" in df.columns]
+    col = lambda name, fill: df[name].to_numpy(float) if name in df.columns else np.full(len(df), fill)
+    flops = {p: np.nan_to_num(col(f"flops_{p}", 0.0), nan=0.0) for p in present}
+    bits = {p: tuple(np.where(flops[p] > 0, col(f"bits_{p}_{i}", UNQUANTISED_BITS), UNQUANTISED_BITS)
+                     for i in (0, 1)) for p in present}
+    width = {p: np.where(flops[p] > 0, col(f"width_{p}", UNQUANTISED_BITS), UNQUANTISED_BITS) for p in present}
+    for p in PARTS:  # the base parts as the table has them (a row's missing value stays missing)
+        flops[p] = df[f"flops_{p}"].to_numpy(float)
+        bits[p] = (df[f"bits_{p}_0"].to_numpy(float), df[f"bits_{p}_1"].to_numpy(float))
+        width[p] = df[f"width_{p}"].to_numpy(float)
+    return flops, bits, width
 
 
 COST_MODELS = ("bits", "nominal", "h100", "b200")

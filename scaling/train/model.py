@@ -3,6 +3,8 @@
 Pre-norm blocks: x += Attn(RMSNorm(x)); x += MLP(RMSNorm(x)); final RMSNorm; untied output head.
 The n_layers blocks are one Block whose variables are stacked on a leading layer axis, run as one
 `lax.scan` (XLA compiles one block, not n_layers copies); `layer(blocks, i)` gives layer i alone.
+A recipe that keeps its first / last k blocks in high precision runs three scans over slices of the
+same stack: the kept head and tail under the `high_precision` recipe, the middle under the recipe.
 Attention: causal multi-head with RoPE (on a CPU, unless its inputs are quantised, in cache-sized
 blocks with a flash-style backward: `_causal_attention`); MLP: SwiGLU, optionally Smooth-SwiGLU
 (Fishman et al. 2024).
@@ -29,6 +31,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from scaling.errors import ConfigError
 from scaling.numerics import formats, gemm, precision
 from scaling.numerics.gemm import QdotState
 from scaling.train.ladder import ModelConfig
@@ -335,9 +338,22 @@ class Transformer(nnx.Module):
         self.head = QDense(d, V, head_structure, std=cfg.init_std, rngs=rngs)
         for role, vec in recipe.formats().items():
             setattr(self, f"format_{role}", FormatVector(vec))
+        if recipe.keeps_layers:
+            if recipe.high_precision_first + recipe.high_precision_last > cfg.n_layers:
+                raise ConfigError("precision.high_precision_last", recipe.high_precision_last,
+                                  f"at most {cfg.n_layers - recipe.high_precision_first} (the model has "
+                                  f"{cfg.n_layers} blocks, {recipe.high_precision_first} kept first)")
+            for role, vec in recipe.kept().formats().items():
+                setattr(self, f"kept_format_{role}", FormatVector(vec))
 
-    def formats(self) -> dict[str, jax.Array]:
-        return {r: getattr(self, f"format_{r}")[...] for r in precision.ROLES if hasattr(self, f"format_{r}")}
+    def formats(self, prefix: str = "format_") -> dict[str, jax.Array]:
+        """The recipe's format vectors by role (prefix 'kept_format_': the kept blocks' recipe's)."""
+        return {r: getattr(self, f"{prefix}{r}")[...] for r in precision.ROLES if hasattr(self, f"{prefix}{r}")}
+
+    def quantised_layers(self) -> tuple[int, int]:
+        """[start, stop) of the blocks that run the recipe (the others are kept in high precision)."""
+        st = self.structure
+        return st.high_precision_first, self.cfg.n_layers - st.high_precision_last
 
     def __call__(self, tokens_BxL: jax.Array, *, key: jax.Array | None = None, update_state: bool = True,
                  measure: jax.Array | bool = True) -> tuple[jax.Array, dict]:
@@ -359,26 +375,41 @@ class Transformer(nnx.Module):
         return logits_BxLxV, aux
 
     def _scan_blocks(self, x_BxLxD: jax.Array, ctx: _Ctx, key: jax.Array | None):
-        """The layer stack as one `lax.scan` over the stacked block parameters: XLA compiles one
-        block, not n_layers copies, so compile time no longer grows with depth. Each layer gets
-        its own PRNG key; its telemetry rows and amax histories come out stacked by layer."""
+        """The layer stack as `lax.scan`s over the stacked block parameters: XLA compiles one block
+        per recipe, not n_layers copies, so compile time does not grow with depth. Each layer gets
+        its own PRNG key; its telemetry rows and amax histories come out stacked by layer. Blocks
+        kept in high precision are scanned apart (a slice of the stack each, under the kept
+        recipe's structure and formats); only the quantised blocks' telemetry is recorded."""
         graphdef, params, hist, rest = nnx.split(self.blocks, nnx.Param, AmaxHistory, ...)
         n_layers = self.cfg.n_layers
         keys = None if key is None else jax.random.split(key, n_layers)
+        start, stop = self.quantised_layers()
+        kept = (self.structure.kept, self.formats("kept_format_"))
+        segments = [(0, start, *kept), (start, stop, ctx.structure, ctx.fmt), (stop, n_layers, *kept)]
+        outs = []
+        for lo, hi, structure, fmt in segments:
+            if lo == hi:
+                continue
+            cut = lambda tree: jax.tree.map(lambda v: v[lo:hi], tree)
 
-        def layer(x_BxLxD, per_layer):
-            p, h, r, k = per_layer
-            block = nnx.merge(graphdef, p, h, r)
-            layer_ctx = _Ctx(ctx.structure, ctx.fmt, k, ctx.update_state, ctx.measure)
-            x_BxLxD, h_max = block(x_BxLxD, layer_ctx)
-            telemetry = {role: jnp.stack(rows) for role, rows in layer_ctx.telemetry.items()}
-            return x_BxLxD, (nnx.state(block, AmaxHistory), telemetry, _abs_max(x_BxLxD), h_max)
+            def layer(x_BxLxD, per_layer, structure=structure, fmt=fmt):
+                p, h, r, k = per_layer
+                block = nnx.merge(graphdef, p, h, r)
+                layer_ctx = _Ctx(structure, fmt, k, ctx.update_state, ctx.measure)
+                x_BxLxD, h_max = block(x_BxLxD, layer_ctx)
+                telemetry = {role: jnp.stack(rows) for role, rows in layer_ctx.telemetry.items()}
+                return x_BxLxD, (nnx.state(block, AmaxHistory), telemetry, _abs_max(x_BxLxD), h_max)
 
-        x_BxLxD, (new_hist, telemetry, act_max, swiglu_max) = jax.lax.scan(layer, x_BxLxD, (params, hist, rest, keys))
+            per_layer = (cut(params), cut(hist), cut(rest), None if keys is None else keys[lo:hi])
+            x_BxLxD, out = jax.lax.scan(layer, x_BxLxD, per_layer)
+            outs.append(out)
+            if lo == start and hi == stop:
+                for role, rows in out[1].items():
+                    ctx.record({role: rows})
+        new_hist, _, act_max, swiglu_max = jax.tree.map(lambda *v: jnp.concatenate(v), *(
+            (o[0], None, o[2], o[3]) for o in outs))
         if ctx.update_state:
             nnx.update(self.blocks, new_hist)
-        for role, rows in telemetry.items():
-            ctx.record({role: rows})
         return x_BxLxD, act_max, swiglu_max
 
 
@@ -433,7 +464,10 @@ def grad_step(model: Transformer, tokens_BxL: jax.Array, key: jax.Array,
     grads, sink_cts = nnx.split_state(grads_and_sinks, nnx.Param, GradSink)
     nnx.update(model, sink_cts)
     telemetry = dict(aux["telemetry"])
-    sink_leaves = jax.tree.leaves(sink_cts)
+    start, stop = model.quantised_layers()
+    # the blocks' sinks are stacked by layer: only the quantised blocks' rows describe the recipe
+    sink_leaves = [leaf[start:stop] if leaf.ndim == 2 else leaf for leaf in jax.tree.leaves(sink_cts)]
+    sink_leaves = [leaf for leaf in sink_leaves if leaf.size]
     if sink_leaves:
         telemetry["grad"] = _aggregate([leaf[..., :gemm.TELEMETRY_SIZE] for leaf in sink_leaves])
     telemetry["act_max"] = aux["act_max"]

@@ -12,6 +12,7 @@ import pytest
 from flax import nnx
 
 from scaling.train import ladder, model
+from scaling.errors import ConfigError
 from scaling.numerics import precision
 
 TINY = ladder.ModelConfig(d_model=32, n_layers=1, n_heads=2, d_ff=64, vocab=64, seq_len=16)
@@ -164,3 +165,32 @@ def test_cpu_causal_attention_matches_the_dense_form(L):
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)
     for got, want in zip(vjp(g), ref_vjp(g)):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_blocks_kept_in_high_precision_run_the_kept_recipe():
+    """high_precision_first / _last: those blocks compute exactly what the bf16 recipe's blocks do,
+    the others what the recipe's do (checked layer by layer), without unrolling the stack."""
+    cfg = dataclasses.replace(TINY, n_layers=4)
+    tokens = _tokens(cfg)[:, :-1]
+    recipe = precision.get({"base": "nvfp4", "high_precision_first": 1, "high_precision_last": 2})
+    m = model.Transformer(cfg, recipe, rngs=nnx.Rngs(0))
+    logits, aux = m(tokens, update_state=False)
+    kept = precision.get("bf16")
+    x = jnp.take(m.embed[...], tokens, axis=0)
+    for i in range(cfg.n_layers):
+        r = kept if i in (0, 2, 3) else recipe
+        ctx = model._Ctx(r.structure(), r.formats(), None, False)
+        x, _ = model.layer(m.blocks, i)(x, ctx)
+    want = m.head(m.final_norm(x), model._Ctx(precision.RecipeStructure(), {}, None, False))
+    np.testing.assert_array_equal(logits, want)
+    assert aux["telemetry"]["weight"][0].shape[0] == 1  # only the quantised block is measured
+    assert not np.array_equal(logits, model.Transformer(cfg, "nvfp4", rngs=nnx.Rngs(0))(tokens, update_state=False)[0])
+    # every block kept: the bf16 model
+    all_kept = precision.get({"base": "nvfp4", "high_precision_last": cfg.n_layers})
+    np.testing.assert_array_equal(model.Transformer(cfg, all_kept, rngs=nnx.Rngs(0))(tokens, update_state=False)[0],
+                                  model.Transformer(cfg, "bf16", rngs=nnx.Rngs(0))(tokens, update_state=False)[0])
+    with pytest.raises(ConfigError, match="high_precision_last"):
+        model.Transformer(cfg, precision.get({"base": "nvfp4", "high_precision_first": 2, "high_precision_last": 3}),
+                          rngs=nnx.Rngs(0))
+    with pytest.raises(ConfigError, match="precision.high_precision"):
+        precision.get({"base": "nvfp4", "high_precision_last": 1, "high_precision": "fp5"})

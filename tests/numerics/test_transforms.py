@@ -1,0 +1,240 @@
+"""transforms: the randomised Hadamard rotation, 2-D block scales, the published FP4 presets'
+quantisers against a numpy reference, and fresh random draws per step, layer and GEMM."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+from flax import nnx
+
+from scaling.errors import ConfigError
+from scaling.numerics import formats, gemm, precision, quant, transforms
+from scaling.numerics.quant import QuantSpec
+from scaling.train import ladder, model
+
+E2M1 = ml_dtypes.float4_e2m1fn
+
+
+@pytest.mark.parametrize("b", [16, 32])
+def test_rotation_is_orthogonal_and_its_inverse_exact_within_float32(b):
+    signs = transforms.random_signs(jax.random.key(4), b)
+    r = np.asarray(transforms.rotation(signs), np.float64)
+    np.testing.assert_allclose(r @ r.T, np.eye(b), atol=4e-7)
+    x = jax.random.normal(jax.random.key(5), (40, 3 * b + 5)) * 100.0  # a ragged last block is zero-padded
+    y = transforms.rotate(x, 1, signs)
+    assert y.shape == (40, 4 * b)
+    np.testing.assert_allclose(np.linalg.norm(y, axis=1), np.linalg.norm(x, axis=1), rtol=2e-6)
+    back = transforms.unrotate(y, 1, signs, x.shape[1])
+    np.testing.assert_allclose(back, x, rtol=0, atol=8 * np.finfo(np.float32).eps * 100.0 * 4)
+    # the same rotation along axis 0 of the transpose
+    np.testing.assert_array_equal(transforms.rotate(x.T, 0, signs), y.T)
+
+
+def test_rotating_both_operands_keeps_the_product():
+    signs = transforms.random_signs(jax.random.key(6), 16)
+    a = jax.random.normal(jax.random.key(7), (24, 80))
+    b = jax.random.normal(jax.random.key(8), (80, 12))
+    got = transforms.rotate(a, 1, signs) @ transforms.rotate(b, 0, signs)
+    np.testing.assert_allclose(got, a @ b, rtol=1e-5, atol=2e-5)
+    # a rotation of one operand alone would not
+    assert not np.allclose(transforms.rotate(a, 1, signs)[:, :80] @ b, a @ b, atol=1e-2)
+    # through qdot: an fp32 recipe with every GEMM rotated is the plain matmul, and so are its gradients
+    recipe = precision.get({"base": "bf16", "weight": "fp32", "activation": "fp32", "grad": "fp32",
+                            "hadamard": {"fprop": 16, "dgrad": 32, "wgrad": 16}})
+    f = lambda a, b: jnp.sum(jnp.sin(gemm.qdot(a, b, recipe, key=jax.random.key(1))))
+    ref = lambda a, b: jnp.sum(jnp.sin(a @ b))
+    np.testing.assert_allclose(f(a, b), ref(a, b), rtol=1e-5)
+    for got, want in zip(jax.grad(f, (0, 1))(a, b), jax.grad(ref, (0, 1))(a, b)):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_stochastic_rounding_after_the_rotation_stays_unbiased():
+    # E[Q(A·R)]·Rᵀ = A for stochastic MXFP4: the mean of n draws of the dequantised, un-rotated
+    # operand approaches A with standard error σ/√n per element; a biased rounding (nearest) misses
+    signs = transforms.random_signs(jax.random.key(9), 32)
+    a = jax.random.normal(jax.random.key(10), (8, 64)) * jnp.exp(jax.random.normal(jax.random.key(11), (8, 1)))
+    rotated = transforms.rotate(a, 1, signs)
+    n = 1000
+    sr = QuantSpec("fp4_e2m1", "mx", rounding="stochastic", scale_rounding="ceil")
+    draws = jax.vmap(lambda k: transforms.unrotate(quant.fake_quant(rotated, sr, key=k), 1, signs, 64))(
+        jax.random.split(jax.random.key(12), n))
+    mean, sd = np.asarray(jnp.mean(draws, 0)), np.asarray(jnp.std(draws, 0))
+    z = (mean - np.asarray(a)) / (sd / np.sqrt(n) + 1e-12)
+    assert np.max(np.abs(z)) < 5.0  # 512 elements: |z| > 5 has probability ~3e-4 in all
+    nearest = transforms.unrotate(quant.fake_quant(rotated, QuantSpec("fp4_e2m1", "mx", scale_rounding="ceil")), 1, signs, 64)
+    z_nearest = (np.asarray(nearest) - np.asarray(a)) / (sd / np.sqrt(n) + 1e-12)
+    assert np.max(np.abs(z_nearest)) > 5.0
+
+
+@pytest.mark.parametrize("granularity,block", [("nvfp4", 16), ("mx", 32)])
+def test_square_block_scales_quantise_w_and_its_transpose_alike(granularity, block):
+    w = jax.random.normal(jax.random.key(13), (72, 40)) * jnp.exp(jax.random.normal(jax.random.key(14), (72, 1)))
+    spec = QuantSpec("fp4_e2m1", granularity, square_blocks=True)
+    assert spec.block == block
+    fprop = quant.fake_quant(w, dict_replace(spec, axis=0))  # W along K (fprop)
+    dgrad = quant.fake_quant(w, dict_replace(spec, axis=1))  # W along N (dgrad)
+    transposed = quant.fake_quant(w.T, spec)
+    np.testing.assert_array_equal(fprop, dgrad)
+    np.testing.assert_array_equal(np.asarray(transposed).T, np.asarray(fprop))
+    # 1-D blocks do not have that property
+    one_d = QuantSpec("fp4_e2m1", granularity)
+    assert not np.array_equal(quant.fake_quant(w, dict_replace(one_d, axis=0)), quant.fake_quant(w, dict_replace(one_d, axis=1)))
+    q = quant.quantize(w, spec)
+    assert q.scale.shape == (-(-72 // block), -(-40 // block))
+
+
+def dict_replace(spec, **kw):
+    import dataclasses
+
+    return dataclasses.replace(spec, **kw)
+
+
+# ------------------------------------------------------------------ numpy references of the presets
+
+
+def _e4m3(v):
+    return np.asarray(v, np.float32).astype(ml_dtypes.float8_e4m3fn).astype(np.float32)
+
+
+def _nvfp4_reference(x, tile_rows, tile_cols):
+    """NVFP4 with tiles of tile_rows × tile_cols over a 2-D x (multiples of the tile)."""
+    one = np.float32(1)
+    amax = np.float32(np.max(np.abs(x)))
+    s_t = amax * (one / np.float32(2688.0))
+    out = np.zeros_like(x)
+    for i in range(0, x.shape[0], tile_rows):
+        for j in range(0, x.shape[1], tile_cols):
+            t = x[i:i + tile_rows, j:j + tile_cols]
+            s_b = _e4m3(np.float32(np.max(np.abs(t))) * (one / (np.float32(6) * s_t)))
+            s = s_b * s_t
+            out[i:i + tile_rows, j:j + tile_cols] = np.clip(t * (one / s), -6, 6).astype(E2M1).astype(np.float32) * s
+    return out
+
+
+def _quest_mx_reference(x):
+    """Quartet's forward MXFP4 (QuEST): 1×32 blocks along the last axis, E8M0 exponent
+    floor(log2(rms · 2.92247856 / 6)), round to nearest E2M1, saturating."""
+    out = np.zeros_like(x)
+    for i in range(x.shape[0]):
+        for j in range(0, x.shape[1], 32):
+            blk = x[i, j:j + 32].astype(np.float64)
+            t = np.float32(np.float32(np.sqrt(np.mean(blk ** 2))) * np.float32(np.float32(2.92247856) / np.float32(6)))
+            e = np.floor(np.log2(t))
+            out[i, j:j + 32] = np.clip(x[i, j:j + 32] * np.float32(2.0 ** -e), -6, 6).astype(E2M1).astype(np.float32) * np.float32(2.0 ** e)
+    return out
+
+
+def _operand(seed, shape):
+    k1, k2 = jax.random.split(jax.random.key(seed))
+    return np.asarray(jax.random.normal(k1, shape) * jnp.exp(2 * jax.random.normal(k2, (shape[0], 1))), np.float32)
+
+
+def test_nvfp4_nvidia_quantisers_match_a_numpy_reference():
+    r = precision.get("nvfp4-nvidia")
+    st = r.structure()
+    w, x = _operand(15, (64, 48)), _operand(16, (32, 64))
+    fmt = precision.format_vector("fp4_e2m1")
+    # weights: 16×16 tiles, the same along either axis
+    for axis in (0, 1):
+        got = gemm.quantise_operand(w, st.weight, fmt, axis)
+        np.testing.assert_array_equal(quant.dequantize(got.q, got.spec), _nvfp4_reference(w, 16, 16))
+    # activations along K: 1×16
+    got = gemm.quantise_operand(x, st.activation, fmt, 1)
+    np.testing.assert_array_equal(quant.dequantize(got.q, got.spec), _nvfp4_reference(x, 1, 16))
+    # wgrad: the rotated X (16-blocks along M, the preset's fixed signs) in 16×1 blocks along M
+    signs = transforms.signs_for(r.hadamard.wgrad, jax.random.key(99))  # 'fixed': the key is not used
+    np.testing.assert_array_equal(signs, transforms.random_signs(jax.random.key(0), 16))
+    xr = np.asarray(transforms.rotate(x, 0, signs))
+    np.testing.assert_allclose(xr, (x.reshape(2, 16, 64).transpose(0, 2, 1) @ np.asarray(transforms.rotation(signs))
+                                    ).transpose(0, 2, 1).reshape(32, 64), rtol=1e-5, atol=1e-5 * np.abs(x).max())
+    got = gemm.quantise_operand(xr, st.activation, fmt, 0)
+    np.testing.assert_array_equal(quant.dequantize(got.q, got.spec), _nvfp4_reference(xr.T, 1, 16).T)
+    # gradients: stochastic, onto one of the two neighbours of the reference's grid
+    g = _operand(17, (32, 48))
+    got = gemm.quantise_operand(g, st.grad, fmt, 1, key=jax.random.key(3))
+    assert got.spec.rounding == "stochastic"
+    near = _nvfp4_reference(g, 1, 16)
+    s = np.asarray(quant.expand_scale(got.q.scale, got.spec, g.shape))
+    v = np.asarray(got.q.values)
+    assert np.all(np.abs(v - g / s) <= np.abs(near / s - g / s) + 2.0)  # neighbours on E2M1 (steps <= 2)
+    assert not np.array_equal(v * s, near)
+
+
+def test_quartet_forward_quantiser_matches_a_numpy_reference():
+    st = precision.get("quartet").structure()
+    fmt = precision.format_vector("fp4_e2m1")
+    x = _operand(18, (16, 96))
+    got = gemm.quantise_operand(x, st.activation, fmt, 1)
+    np.testing.assert_array_equal(quant.dequantize(got.q, got.spec), _quest_mx_reference(x))
+    # the weight, along K = axis 0
+    w = _operand(19, (96, 8))
+    got = gemm.quantise_operand(w, st.weight, fmt, 0)
+    np.testing.assert_array_equal(quant.dequantize(got.q, got.spec), _quest_mx_reference(w.T).T)
+    # QuEST clips: some elements of a heavy-tailed block saturate where the amax scale would not
+    spec = dict_replace(st.activation.spec, axis=1)
+    assert float(quant.telemetry(x, quant.quantize(x, spec), spec)["frac_saturated"]) > 0
+
+
+# ------------------------------------------------------------------ fresh random draws
+
+
+def test_random_draws_differ_between_steps_layers_and_gemms(monkeypatch):
+    """Every stochastic rounding and every 'fresh' sign vector of a train step draws from its own
+    key: distinct across the two steps, the layers, the projections and the three GEMMs. A constant
+    key (or one not folded per layer or GEMM) repeats and fails."""
+    seen = []
+
+    def spy(kind, fn):
+        def wrapped(key, *args):
+            jax.debug.callback(lambda k: seen.append((kind, tuple(np.asarray(k).ravel().tolist()))),
+                               jax.random.key_data(key))
+            return fn(key, *args)
+        return wrapped
+
+    monkeypatch.setattr(formats, "random_bits", spy("rounding", formats.random_bits))
+    monkeypatch.setattr(transforms, "random_signs", spy("signs", transforms.random_signs))
+    jax.clear_caches()
+    cfg = ladder.ModelConfig(d_model=32, n_layers=2, n_heads=2, d_ff=64, vocab=64, seq_len=16)
+    recipe = precision.get({"base": "quartet", "hadamard": {"fprop": 32, "dgrad": 32, "wgrad": 32}})
+    m = model.Transformer(cfg, recipe, rngs=nnx.Rngs(0))
+    tokens = jax.random.randint(jax.random.key(0), (2, cfg.seq_len + 1), 0, cfg.vocab)
+    step = jax.jit(lambda state, key: model.grad_step(nnx.merge(graphdef, state), tokens, key)[0])
+    graphdef, state = nnx.split(m)
+    for i in range(2):
+        jax.block_until_ready(step(state, jax.random.fold_in(jax.random.key(7), i)))
+    jax.effects_barrier()
+    jax.clear_caches()
+    per_step_layer = 4  # projections: qkv, out, up_gate, down
+    rounding = [k for kind, k in seen if kind == "rounding"]
+    signs = [k for kind, k in seen if kind == "signs"]
+    # per projection: dY stochastically rounded for dgrad and again for wgrad; signs for 3 GEMMs
+    assert len(rounding) == 2 * cfg.n_layers * per_step_layer * 2
+    assert len(signs) == 2 * cfg.n_layers * per_step_layer * 3
+    assert len(set(rounding)) == len(rounding)
+    assert len(set(signs)) == len(signs)
+
+
+def test_hadamard_recipe_keys_are_validated():
+    with pytest.raises(ConfigError, match="precision.hadamard.wgrad"):
+        precision.get({"base": "nvfp4", "hadamard": {"wgrad": 12}})
+    with pytest.raises(ConfigError, match="precision.hadamard.bwd"):
+        precision.get({"base": "nvfp4", "hadamard": {"bwd": 16}})
+    with pytest.raises(ConfigError, match="precision.hadamard.dgrad.signs"):
+        precision.get({"base": "nvfp4", "hadamard": {"dgrad": {"block": 16, "signs": "often"}}})
+    with pytest.raises(ConfigError, match="precision.hadamard.dgrad"):
+        precision.get({"base": "nvfp4", "forward_only": True, "hadamard": {"dgrad": 16}})
+    with pytest.raises(ConfigError, match="precision.hadamard.fprop"):
+        precision.get({"base": "fp32", "hadamard": {"fprop": 16}})
+    with pytest.raises(ConfigError, match="square_blocks"):
+        QuantSpec("fp8_e4m3", "tensor", square_blocks=True)
+    with pytest.raises(ConfigError, match="scale_from"):
+        QuantSpec("fp4_e2m1", "nvfp4", scale_from="rms")
+    r = precision.get({"base": "nvfp4", "hadamard": {"wgrad": {"block": 32, "signs": "fixed", "seed": 3}}})
+    assert r.hadamard.wgrad == transforms.Hadamard(32, "fixed", 3) and r.hadamard.fprop is None
+    assert r.describe()["hadamard"] == {"wgrad": {"block": 32, "signs": "fixed", "seed": 3}}
+    # recipes without the newer keys describe (and so hash into run ids) as before
+    assert "hadamard" not in precision.get("nvfp4").describe()
+    assert "square_blocks" not in precision.get("nvfp4").describe()["weight"]
