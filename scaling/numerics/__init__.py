@@ -1,7 +1,7 @@
 """Numerics: number formats (ExMy, INT-k; nearest and stochastic rounding), scaled fake-quantisation
-with its telemetry, the precision recipe (one QuantSpec per tensor role), the quantised GEMMs, and
-the Hadamard rotations some recipes apply before quantising, and the layers that put any Flax NNX model under a recipe (QDense, qdot, value_and_grad). Knows nothing
-of training runs or of the project's transformer."""
+with its telemetry, the precision recipe (one QuantSpec per tensor role), the Hadamard rotations some
+recipes apply before quantising, the quantised GEMMs, and the layers that put any Flax NNX model under
+a recipe (QDense, qdot, value_and_grad). Knows nothing of training runs or of the project's transformer."""
 
 from scaling._lazy import exports
 
