@@ -121,7 +121,7 @@ def design_runs(points: Sequence[dict], design: Design, vocab: int = 256) -> lis
 
     With `design.reference` (a recipe name), that recipe's run of each size also trains to, and
     evaluates at, every step another recipe's run of the same size lands on (same grid point
-    otherwise): the matched high-precision loss that a precision gap (scaling.study.fit.select_law) needs.
+    otherwise): the matched high-precision loss that a precision gap (scaling.study.selection.select_law) needs.
     Raises ConfigError when a budget cannot get its sizes or two budgets fall on one step."""
     bases = [config.validate(p) for p in points]
     names = [b.recipe.name for b in bases]

@@ -39,7 +39,7 @@ class Law:
     init_grid: param -> starting values (natural scale); the fitter starts from their product.
     fixed: params held fixed by default (name -> value); pass `fixed={}` to fit_law to free them.
     varying: column groups of which at least one column must take two or more values for the law's
-        params to be identifiable (default: every column on its own). fit.select_law lists a law whose
+        params to be identifiable (default: every column on its own). selection.select_law lists a law whose
         group is constant on the data as not fittable instead of fitting a flat direction.
     """
 

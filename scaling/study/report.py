@@ -124,7 +124,7 @@ def fitted_law(fit: Any) -> str:
 
 
 def selection_text(selection: dict) -> str:
-    """How the law was chosen (fit.select_law): each candidate's held-out error on the precision gaps."""
+    """How the law was chosen (selection.select_law): each candidate's held-out error on the precision gaps."""
     rows = []
     for c in selection["candidates"]:
         gap = c.get("heldout_gap_mae") or {}

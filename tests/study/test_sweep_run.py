@@ -224,10 +224,10 @@ def test_reproduce_runs_an_isoflop_study_reuses_landed_runs_and_reports_only_the
     experiments.mkdir()
     (experiments / "repro.toml").write_text(REPRO)
     monkeypatch.setattr(reproduce, "EXPERIMENTS", experiments)
-    monkeypatch.setitem(reproduce.PRESETS, "repro", ["repro.toml"])
+    monkeypatch.setitem(reproduce.STUDY_PRESETS, "repro", ["repro.toml"])
     monkeypatch.setitem(reproduce.CANDIDATES, "repro", ("chinchilla", "kumar"))  # two laws keep the test quick
     out = tmp_path / "study"
-    reproduce.reproduce("repro", out, bootstrap=4, progress=False)
+    reproduce.reproduce("repro", out, bootstrap=4, progress=False, echo=print)
     assert "repro: 6 runs, 0 already landed" in capsys.readouterr().out
 
     # a run an older grid left in the same sweep folder: not part of the preset, so not of the study
@@ -238,7 +238,7 @@ def test_reproduce_runs_an_isoflop_study_reuses_landed_runs_and_reports_only_the
     (stale / "summary.json").write_text(json.dumps({**summary, "run_id": stale.name}))
     landed = {p: p.stat().st_mtime_ns for p in (out / "runs" / "repro").glob("*/summary.json") if p.parent != stale}
 
-    report = reproduce.reproduce("repro", out, bootstrap=4, progress=False)
+    report = reproduce.reproduce("repro", out, bootstrap=4, progress=False, echo=print)
     assert "repro: 6 runs, 6 already landed" in capsys.readouterr().out  # nothing retrained
     assert {p: p.stat().st_mtime_ns for p in landed} == landed
     table = pd.read_csv(out / "results" / "repro.csv")

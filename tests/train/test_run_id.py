@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from scaling.errors import ConfigError
-from scaling.study import analysis, sweep
+from scaling.study import design as design_lib, sweep
 from scaling.train import config, runs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -22,7 +22,7 @@ def _expanded_ids(experiment: str, landed: pd.DataFrame) -> set[str]:
     ids = {spec.run_id for spec in sweep.expand(path)}
     table = sweep.load_experiment(path)
     if "isoflop" in table:
-        design = analysis.Design.from_table(table["isoflop"])
+        design = design_lib.Design.from_table(table["isoflop"])
         base = {k: v for k, v in table.items() if k not in sweep.EXPERIMENT_KEYS}
         points = []
         for point in sweep.grid_points(table):
@@ -31,9 +31,9 @@ def _expanded_ids(experiment: str, landed: pd.DataFrame) -> set[str]:
                 config.set_dotted(cfg, key, value)
             points.append(cfg)
         vocab = sweep._vocab(base)
-        designed = analysis.extend_edges(points, analysis.design(points, design, vocab), design, landed, vocab)
+        designed = design_lib.extend_edges(points, design_lib.design_runs(points, design, vocab), design, landed, vocab)
         ids |= {c.run_id for cfgs in designed for c in cfgs}
-        ids |= {c.run_id for c in analysis.replicates(designed, design, landed)}
+        ids |= {c.run_id for c in design_lib.replicates(designed, design, landed)}
     return ids
 
 
