@@ -10,12 +10,15 @@ fits/isoflop.json.
 
 Same as `scaling figures` with the committed files as defaults. Without curves or a fit, the figures
 that need them are listed as skipped in REPORT.md; missing results, or any malformed input, is an
-error (exit code 2).
+error (exit code 2). Writing into the committed paper_figures/ also rewrites README.md's findings block
+from the new findings.json (scaling.study.readme); `--readme-only` rewrites just that block from the
+committed findings.json, without making figures.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -23,7 +26,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run from a fresh clone without installing the package
 
 from scaling.cli import figures  # noqa: E402
+from scaling.study import readme  # noqa: E402
+from scaling._io import atomic_write_text  # noqa: E402
 from scaling.errors import ConfigError  # noqa: E402
+
+README = ROOT / "README.md"
 
 DEFAULTS = {
     "results": ROOT / "results" / "isoflop.csv",
@@ -39,12 +46,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.set_defaults(results=str(DEFAULTS["results"]), out=str(DEFAULTS["out"]),
                         curves=str(DEFAULTS["curves"]) if DEFAULTS["curves"].exists() else None,
                         fit=str(DEFAULTS["fit"]) if DEFAULTS["fit"].exists() else None)
+    parser.add_argument("--readme-only", action="store_true",
+                        help="only rewrite README.md's findings block from the committed paper_figures/findings.json")
     args = parser.parse_args(argv)
     try:
-        return figures.main(args)
+        code = 0 if args.readme_only else figures.main(args)
+        if code == 0 and (args.readme_only or Path(args.out).resolve() == DEFAULTS["out"].resolve()):
+            write_readme_findings(DEFAULTS["out"] / "findings.json")
+        return code
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+
+
+def write_readme_findings(findings_path: Path) -> None:
+    """README.md's findings block from `findings_path`; the file is rewritten only if the block changed."""
+    findings = json.loads(findings_path.read_text(encoding="utf-8"))
+    text = README.read_text(encoding="utf-8")
+    new = readme.with_findings(text, readme.findings_markdown(findings))
+    if new != text:
+        atomic_write_text(README, new)
+        print(f"wrote {README}'s findings block")
 
 
 if __name__ == "__main__":
