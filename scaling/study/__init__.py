@@ -7,7 +7,7 @@ from scaling._lazy import exports
 
 _NAMES = {
     **{m: m for m in ("design", "sweep", "takeoff", "results", "curves", "laws", "fit", "selection", "optimal",
-                      "analysis", "plots", "report", "reproduce")},
+                      "analysis", "findings", "plots", "report", "reproduce")},
     "FitResult": "fit", "fit_law": "fit", "select_law": "selection", "optimal_precision": "optimal",
 }
 __all__ = list(_NAMES)

@@ -18,7 +18,7 @@ does not parse) raises `ConfigError`.
   7 outliers            largest activation magnitude and loss with and without Smooth-SwiGLU
   8 cluster_table       training days on GPU clusters from `scaling.plan.cluster`
   9 residuals           observed - fitted loss per recipe against N, with each recipe's mean and CI
-                        (scaling.study.analysis.residuals_by_recipe): where the law is biased
+                        (scaling.study.findings.residuals_by_recipe): where the law is biased
 
 Analysis lives in scaling.study.analysis; this module only draws what it computes. It stays one
 module (about 830 lines) on purpose: nine figure functions of 40-100 lines each, independent of one
@@ -46,11 +46,13 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
 from scaling.study import laws, optimal, analysis as study
+from scaling.study import findings as findings_lib
 from scaling.train import compute
 from scaling import plan
 from scaling.study import curves as curves_lib  # noqa: E402
 from scaling.errors import ConfigError  # noqa: E402
-from scaling.study.analysis import final_rows, study_part  # noqa: E402  (each figure reads its own study part)
+from scaling.study.analysis import study_part  # noqa: E402
+from scaling.study.findings import final_rows  # noqa: E402  (each figure reads its own study part)
 
 PRECISION_ORDER = ("FP32", "BF16", "FP16", "FP8", "FP6", "FP4")
 PALETTE = dict(zip(PRECISION_ORDER, sns.color_palette("colorblind", len(PRECISION_ORDER))))
@@ -100,7 +102,7 @@ STEMS = {1: "fig1_isoflop", 2: "fig2_iso_loss", 3: "fig3_fit_vs_observed", 4: "f
 
 
 def loss_label(unit: str = "nats/token", kind: str = "validation") -> str:
-    """An axis label for a loss in `unit` (study.loss_unit: nats/byte for byte-tokenised corpora)."""
+    """An axis label for a loss in `unit` (findings.loss_unit: nats/byte for byte-tokenised corpora)."""
     return f"{kind} loss ({unit})"
 
 
@@ -441,7 +443,7 @@ def fitted_vs_observed(fit: Any, results: pd.DataFrame, stem: str | Path, heldou
 
 def residuals(rows: pd.DataFrame, by_recipe: pd.DataFrame, fit: Any, stem: str | Path, unit: str = "nats/token") -> Figure:
     """Figure 9: each evaluation's residual (observed - fitted) against N, coloured by recipe, and
-    each recipe's mean residual over runs with its CI (study.residuals_by_recipe)."""
+    each recipe's mean residual over runs with its CI (findings.residuals_by_recipe)."""
     recipes = list(by_recipe["recipe"])
     colours = dict(zip(recipes, sns.color_palette("colorblind", len(recipes))))
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.2), gridspec_kw={"width_ratios": [2, 1]})
@@ -737,7 +739,7 @@ def with_base_lr(curves: pd.DataFrame, results: pd.DataFrame | None) -> pd.DataF
 def make_figures(results: pd.DataFrame | None, fit: Any, out_dir: str | Path, *, curves: pd.DataFrame | None = None,
                  facts: dict | None = None, plan_table: pd.DataFrame | None = None) -> list[Figure | Skipped]:
     """Every figure whose inputs are present, in number order; a `Skipped` (with its reason) for the rest.
-    facts: scaling.study.analysis.findings of the results (computed here when absent): figure 1 draws its
+    facts: scaling.study.findings.findings of the results (computed here when absent): figure 1 draws its
     IsoFLOP analyses, figure 2 its largest budget under its cost model."""
     out_dir = Path(out_dir)
     results = validate_results(results) if results is not None else None
@@ -752,7 +754,7 @@ def make_figures(results: pd.DataFrame | None, fit: Any, out_dir: str | Path, *,
         outlier_curves = with_base_lr(outlier_curves, results)
     amax_curves = main_curves if _need_amax(main_curves) is None else curves
     if facts is None and main is not None and not main.empty:
-        facts = study.findings(main, fit)
+        facts = findings_lib.findings(main, fit)
     analysed = [b for b in (facts or {}).get("budgets", []) if any(e["parabola"] for e in b["recipes"])]
     cost_name = analysed[0]["cost_model"] if analysed else "bits"
     unit = (facts or {}).get("loss_unit", "nats/token")
@@ -773,7 +775,7 @@ def make_figures(results: pd.DataFrame | None, fit: Any, out_dir: str | Path, *,
         (6, _need_amax(amax_curves), lambda: amax_distributions(curves_lib.amax_long(amax_curves), stem[6])),
         (7, _need_outliers(outlier_curves), lambda: outliers(outlier_curves, stem[7], unit)),
         (8, None, lambda: cluster_table(plan_table if plan_table is not None else cluster_time_table(fit), stem[8])),
-        (9, _need(fit=fit, results=main), lambda: residuals(*study.residuals_by_recipe(main, fit), fit, stem[9], unit)),
+        (9, _need(fit=fit, results=main), lambda: residuals(*findings_lib.residuals_by_recipe(main, fit), fit, stem[9], unit)),
     ]
     made: list[Figure | Skipped] = []
     for number, missing, draw in jobs:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from scaling.errors import ConfigError
-from scaling.study.analysis import PUBLISHED
+from scaling.study.findings import PUBLISHED
 
 BEGIN = "<!-- findings:begin -->"
 END = "<!-- findings:end -->"

@@ -22,6 +22,7 @@ import pandas as pd
 from scipy import stats
 
 from scaling.study import fit, plots, analysis as study
+from scaling.study import findings as findings_lib
 from scaling._io import atomic_write_json, atomic_write_text
 from scaling.errors import ConfigError
 
@@ -84,7 +85,7 @@ def what_was_run(all_rows: pd.DataFrame, ok: pd.DataFrame, corpus: str | None) -
         f"- Token budgets: {ok['D'].nunique()} distinct, D = {_span(ok['D'])} tokens; "
         f"tokens per parameter D/N = {_span(ok['D'] / ok['N'])}.",
         f"- Precisions: {precisions or '–'}; recipes: {recipes}.",
-        f"- Seeds per (sweep, size, recipe, tokens) cell: {_range_text(study._seeds_per_cell(ok))}.",
+        f"- Seeds per (sweep, size, recipe, tokens) cell: {_range_text(findings_lib._seeds_per_cell(ok))}.",
         f"- Corpus: {corpus or 'not recorded in the results table'}.",
     ]
     return "\n".join(lines)
@@ -205,7 +206,7 @@ def cost_of_precision(ok: pd.DataFrame, fit: Any) -> str:
             if verdict == "grows":
                 grows.append(recipe)
         rows.append(row)
-    unit = study.loss_unit(ok)
+    unit = findings_lib.loss_unit(ok)
     text = [f"Validation loss minus the {reference} run's at the same size, tokens and seed ({unit}; a point is one "
             "matched evaluation), and how that gap moves with the tokens at a fixed model size (size fixed effects); "
             f"each interval is 95% for its own recipe ({len(rows)} recipes):",
@@ -248,7 +249,7 @@ def integer_arm_section(f: dict) -> str:
     arm = f.get("integer_arm") or []
     if not arm:
         return ""
-    lo, hi = study.PUBLISHED["Kumar et al. 2024"]
+    lo, hi = findings_lib.PUBLISHED["Kumar et al. 2024"]
     lines = [f"Kumar et al. 2024 quantised integer weights and activations in the forward pass only and put the "
              f"compute-optimal precision at {lo:g}-{hi:g} bits. The same comparison here: the forward-only integer "
              "recipes (backward GEMMs unquantised, costed at 16 bits) against the high-precision reference alone."]
@@ -276,7 +277,7 @@ def integer_arm_section(f: dict) -> str:
 
 
 def granularity_section(g: dict, unit: str) -> str:
-    """The granularity sweep (study.scheme_effects): each scheme against per-tensor current scaling."""
+    """The granularity sweep (findings.scheme_effects): each scheme against per-tensor current scaling."""
     lines = [f"Each scaling scheme against per-tensor, current scaling in the same format, final validation loss "
              f"paired by seed ({g['runs']} runs, {g['comparisons']} comparisons)."]
     if g["sigma"] is None:
@@ -301,7 +302,7 @@ def granularity_section(g: dict, unit: str) -> str:
 
 
 def outliers_section(o: dict, unit: str) -> str:
-    """The outlier sweep (study.smooth_swiglu_effect): Smooth-SwiGLU on minus off."""
+    """The outlier sweep (findings.smooth_swiglu_effect): Smooth-SwiGLU on minus off."""
     if not o["n"]:
         text = f"{o['runs']} runs, but no pair with Smooth-SwiGLU on and off that both finished: nothing to compare."
     elif o["ci"] is None:
@@ -407,7 +408,7 @@ def pstar_section(f: dict) -> str:
 
 
 def _measured_text(e: dict, law_choice: str | None) -> str:
-    """The recipes the IsoFLOP measurement at this budget cannot rule out (study.measured_choice), and
+    """The recipes the IsoFLOP measurement at this budget cannot rule out (findings.measured_choice), and
     whether the law's choice is among them."""
     measured = e.get("measured") or []
     if not measured:
@@ -421,13 +422,13 @@ def _measured_text(e: dict, law_choice: str | None) -> str:
 
 
 def _published() -> dict:
-    return study.PUBLISHED
+    return findings_lib.PUBLISHED
 
 
 def limitations(ok: pd.DataFrame, fit: Any | None, found: list[dict], heldout: float | None,
                 budgets: Sequence[dict] = ()) -> str:
     """A paragraph written from the data's spans: what the measurements can and cannot support.
-    budgets: the IsoFLOP analyses (study.findings' "budgets"), for how well a parabola in N fits them."""
+    budgets: the IsoFLOP analyses (findings.findings' "budgets"), for how well a parabola in N fits them."""
     sentences = []
     n_sizes, n_max = ok["N"].nunique(), ok["N"].max()
     sentences.append(f"Our {n_sizes} model size{'s' if n_sizes != 1 else ''} reach at most {_fmt(n_max)} non-embedding "
@@ -554,10 +555,10 @@ def report_facts(results_df: pd.DataFrame, ok: pd.DataFrame, fitted: pd.DataFram
     """findings.json: the main study's findings plus the granularity and outlier sweeps' effects."""
     # seed noise from the main study and the direct test, not from the purpose sweeps (a broken per-tensor
     # FP4 recipe there is noisy in its own way)
-    facts = study.findings(fitted if not fitted.empty else ok, fit_result, budgets=budgets,
+    facts = findings_lib.findings(fitted if not fitted.empty else ok, fit_result, budgets=budgets,
                            noise_rows=study.study_part(ok, "law"))
-    facts["granularity"] = study.scheme_effects(study.purpose_rows(results_df, "granularity"))
-    facts["outliers"] = study.smooth_swiglu_effect(study.purpose_rows(results_df, "outliers"))
+    facts["granularity"] = findings_lib.scheme_effects(findings_lib.purpose_rows(results_df, "granularity"))
+    facts["outliers"] = findings_lib.smooth_swiglu_effect(findings_lib.purpose_rows(results_df, "outliers"))
     return facts
 
 

@@ -10,6 +10,7 @@ import pytest
 from flax import nnx
 
 from scaling.study import analysis as study
+from scaling.study import findings as findings_lib
 from scaling.study import design
 from scaling.train import compute
 from scaling.train import config, ladder, model
@@ -180,13 +181,13 @@ def test_isoflop_names_seed_noise_apart_from_the_parabolas_lack_of_fit():
     shape family) inflates it. The report names both, so a reader sees which noise the CIs carry."""
     from scaling.study import report
 
-    smooth_facts = study.findings(_isoflop_runs({"a": 0.0, "b": 0.0}, noise=0.02, rng=4), None, budgets=[1e12])
+    smooth_facts = findings_lib.findings(_isoflop_runs({"a": 0.0, "b": 0.0}, noise=0.02, rng=4), None, budgets=[1e12])
     smooth = smooth_facts["budgets"][0]
     assert smooth["seed_sigma"] == pytest.approx(0.02, rel=0.35) and smooth["seed_dof"] == 14
     assert smooth["sigma"] == pytest.approx(smooth["seed_sigma"], rel=0.3)
     bumpy = _isoflop_runs({"a": 0.0, "b": 0.0}, noise=0.02, rng=4)
     bumpy["val_loss"] += np.where(bumpy["run_id"].str.contains(r"-[14]-"), 0.15, 0.0)  # two sizes off the curve
-    facts = study.findings(bumpy, None, budgets=[1e12])
+    facts = findings_lib.findings(bumpy, None, budgets=[1e12])
     b = facts["budgets"][0]
     assert b["seed_sigma"] == pytest.approx(smooth["seed_sigma"]) and b["sigma"] > 2 * b["seed_sigma"]
     text = report.findings_section(facts)
@@ -221,11 +222,11 @@ def test_findings_and_report_claim_no_winner_on_noise_only():
     from scaling.study import report
 
     runs = _isoflop_runs({"fp8": 0.0, "mxfp4": 0.0}, noise=0.02, rng=5)
-    facts = study.findings(runs, None, budgets=[1e12])
+    facts = findings_lib.findings(runs, None, budgets=[1e12])
     assert [b["winner"] for b in facts["budgets"]] == [None] and facts["loss_unit"] == "nats/byte"
     text = report.findings_section(facts)
     assert "No winner" in text and "has the lowest" not in text
-    clear = study.findings(_isoflop_runs({"fp8": 0.0, "mxfp4": 0.3}, noise=0.005), None, budgets=[1e12])
+    clear = findings_lib.findings(_isoflop_runs({"fp8": 0.0, "mxfp4": 0.3}, noise=0.005), None, budgets=[1e12])
     assert clear["budgets"][0]["winner"] == "fp8" and "fp8 has the lowest" in report.findings_section(clear)
 
 
@@ -236,9 +237,9 @@ def test_the_forward_only_integer_arm_is_analysed_on_its_own():
     kind = {"bf16": ("bf16", 16, 16), "int8-fwd": ("int8", 8, 32), "int4-fwd": ("int4", 4, 32), "mxfp4": ("fp4_e2m1", 4, 4)}
     runs = runs.assign(format=runs["recipe"].map(lambda r: kind[r][0]), P=runs["recipe"].map(lambda r: kind[r][1]),
                        P_bwd=runs["recipe"].map(lambda r: kind[r][2]))
-    arm = study.integer_arm(runs)
+    arm = findings_lib.integer_arm(runs)
     assert set(arm["recipe"]) == {"bf16", "int8-fwd", "int4-fwd"}  # not mxfp4: floating point, quantised backward
-    facts = study.findings(runs, None, budgets=[1e12])
+    facts = findings_lib.findings(runs, None, budgets=[1e12])
     assert facts["budgets"][0]["winner"] == "mxfp4"  # across every recipe
     (at,) = facts["integer_arm"]
     assert {e["recipe"] for e in at["recipes"]} == {"bf16", "int8-fwd", "int4-fwd"}
@@ -246,18 +247,18 @@ def test_the_forward_only_integer_arm_is_analysed_on_its_own():
     # Kumar et al.'s P is the forward precision: the recipes not ruled out, on their forward bits
     assert {m["recipe"] for m in at["measured"]} <= {"bf16", "int8-fwd"} and "int8-fwd" in {m["recipe"] for m in at["measured"]}
     assert at["P_interval"] == [min(m["P"] for m in at["measured"]), max(m["P"] for m in at["measured"])]
-    assert at["P_interval"][0] == 8 and at["published"]["Kumar et al. 2024"] == study.verdict(at["P_interval"], 7, 8)
+    assert at["P_interval"][0] == 8 and at["published"]["Kumar et al. 2024"] == findings_lib.verdict(at["P_interval"], 7, 8)
     text = report.integer_arm_section(facts)
     assert "Kumar et al. 2024" in text and "No winner" in text and "int4-fwd" in text and "8 forward bits" in text
     # one integer recipe is no arm
-    assert study.integer_arm(runs[runs["recipe"] != "int4-fwd"]).empty
-    assert study.findings(runs[runs["recipe"] != "int4-fwd"], None, budgets=[1e12])["integer_arm"] == []
+    assert findings_lib.integer_arm(runs[runs["recipe"] != "int4-fwd"]).empty
+    assert findings_lib.findings(runs[runs["recipe"] != "int4-fwd"], None, budgets=[1e12])["integer_arm"] == []
 
 
 def test_published_range_verdicts_use_the_whole_interval():
-    assert study.verdict([7.2, 7.9], 7, 8) == "inside"
-    assert study.verdict([3.7, 5.4], 7, 8) == "outside"
-    assert study.verdict([3.8, 8.0], 7, 8) == "cannot tell" and study.verdict([3.8, 8.0], 4, 8) == "cannot tell"
+    assert findings_lib.verdict([7.2, 7.9], 7, 8) == "inside"
+    assert findings_lib.verdict([3.7, 5.4], 7, 8) == "outside"
+    assert findings_lib.verdict([3.8, 8.0], 7, 8) == "cannot tell" and findings_lib.verdict([3.8, 8.0], 4, 8) == "cannot tell"
 
 
 # ----------------------------------------------------------------------------- the IsoFLOP design
@@ -398,7 +399,7 @@ def test_lr_optima_find_each_recipes_best_rate_and_its_shift_from_fp32():
             rows.append({"run_id": f"{recipe}-{lr:.3g}", "recipe": recipe, "N": 1.6e5, "lr": lr, "D": 6.5e5,
                          "P": {"fp32": 32, "fp8": 8, "mxfp4": 4}[recipe], "val_loss": loss, "status": "ok"})
             rows.append({**rows[-1], "D": 3.2e5, "val_loss": loss + 1})  # an earlier evaluation: not used
-    table = study.lr_optima(pd.DataFrame(rows)).set_index("recipe")
+    table = findings_lib.lr_optima(pd.DataFrame(rows)).set_index("recipe")
     for recipe, best in truth.items():  # a parabola through three exact points recovers the vertex
         assert table.loc[recipe, "lr"] == pytest.approx(best, rel=1e-9)
     assert table.loc["fp8", "shift"] == pytest.approx(0.1) and not table.loc["fp8", "differs"]
@@ -419,7 +420,7 @@ def test_specification_range_spans_only_laws_whose_precision_axis_is_bits():
         {"name": "kumar", "law": "kumar", "within_noise": False, "params": kumar},
     ]}
     rows = pd.DataFrame({"val_loss": [2.0], "status": ["ok"]})
-    labels = [label for label, _ in study.specification_fits(rows, chosen)]
+    labels = [label for label, _ in findings_lib.specification_fits(rows, chosen)]
     # no precision term (chinchilla) or no bits axis (capacity): left out; variants named as selected
     assert labels == ["quartet (chosen)", "kumar[kappa free] (within noise)"]
 
@@ -559,20 +560,20 @@ def test_a_chosen_law_without_a_bits_axis_gives_p_star_only_from_within_noise_bi
         return f
 
     no_qerr = runs.drop(columns=[c for c in runs.columns if c.startswith("qerr_")])  # nothing to rank recipes by
-    (alone,) = study.findings(no_qerr, chosen(False), budgets=[1e14])["P_star"]  # a budget no run reaches
+    (alone,) = findings_lib.findings(no_qerr, chosen(False), budgets=[1e14])["P_star"]  # a budget no run reaches
     assert alone["P"] is None and not alone["measured"] and "no P*" in alone["error"] and "capacity" in alone["error"]
     text = report.pstar_section({"P_star": [alone], "law": {"name": "capacity"}})
     assert "no P*" in text and "context" not in text
-    (measured,) = study.findings(no_qerr, chosen(False), budgets=[1e12])["P_star"]  # the IsoFLOP measurement alone
+    (measured,) = findings_lib.findings(no_qerr, chosen(False), budgets=[1e12])["P_star"]  # the IsoFLOP measurement alone
     bits = [m["bits"] for m in measured["measured"]]
     assert bits and "error" not in measured and measured["interval"] == [min(bits), max(bits)]
-    (both,) = study.findings(runs, chosen(True), budgets=[1e12])["P_star"]
+    (both,) = findings_lib.findings(runs, chosen(True), budgets=[1e12])["P_star"]
     assert both["P"] is None and "error" not in both
     specs = {r["spec"] for r in both["specifications"]}  # x each cost model
     assert "kumar (within noise)" in specs and all(s == "kumar (within noise)" or s.startswith("capacity (chosen")
                                                    for s in specs)
     lo, hi = both["interval"]
-    assert lo <= both["P_range"][0] <= both["P_range"][1] <= hi and set(both["published"]) == set(study.PUBLISHED)
+    assert lo <= both["P_range"][0] <= both["P_range"][1] <= hi and set(both["published"]) == set(findings_lib.PUBLISHED)
     text = report.pstar_section({"P_star": [both], "law": {"name": "capacity"}})
     assert "no continuous P*" in text and f"{lo:.3g}" in text
 
@@ -591,7 +592,7 @@ def test_a_quantisation_error_law_ranks_the_measured_recipes_at_their_own_errors
     base = {"E": 1.7, "A": 400.0, "B": 2000.0, "alpha": 0.34, "beta": 0.36, "C": 1.0}
     for F, winner in ((1e3, "mxfp4"), (1e-3, "bf16")):
         law = fit.FitResult(law="capacity", params={**base, "F": F}, objective=0.0, residuals=np.zeros(0))
-        (entry,) = study.findings(runs, law, budgets=[1e12])["P_star"]
+        (entry,) = findings_lib.findings(runs, law, budgets=[1e12])["P_star"]
         ranked = entry["recipes"]
         assert [r["recipe"] for r in ranked][0] == winner and ranked[0]["best"], (F, ranked)
         assert [r["loss"] for r in ranked] == sorted(r["loss"] for r in ranked)
@@ -616,7 +617,7 @@ def test_p_star_never_overrules_the_isoflop_measurement():
     runs = runs.assign(**{c: runs["recipe"].map(qerr) for c in ("qerr_w", "qerr_a", "qerr_g")})
     law = fit.FitResult(law="capacity", params={"E": 1.7, "A": 400.0, "B": 2000.0, "alpha": 0.34, "beta": 0.36,
                                                 "C": 1.0, "F": 1e3}, objective=0.0, residuals=np.zeros(0))
-    facts = study.findings(runs, law, budgets=[1e12])
+    facts = findings_lib.findings(runs, law, budgets=[1e12])
     (entry,) = facts["P_star"]
     assert entry["recipes"][0]["recipe"] == "mxfp4"
     assert [m["recipe"] for m in entry["measured"]] == ["bf16"] == [facts["budgets"][0]["winner"]]
@@ -641,7 +642,7 @@ def test_scaling_schemes_are_compared_with_per_tensor_scaling_paired_by_seed():
                "fp4-tensor": ("fp4", "tensor", "current", 2.00), "fp4-mx": ("fp4", "mx", "current", 1.70),
                "fp4-tensor-delayed": ("fp4", "tensor", "delayed", 2.30), "fp6-mx": ("fp6", "mx", "current", 1.6)}
     rows = _purpose_rows(recipes, seeds=(0, 1, 2))
-    g = study.scheme_effects(rows)
+    g = findings_lib.scheme_effects(rows)
     by = {r["recipe"]: r for r in g["rows"]}
     assert set(by) == {"fp8-block", "fp4-mx", "fp4-tensor-delayed"}  # fp6 has no per-tensor reference
     assert g["comparisons"] == 3 and g["dof"] == 3 * 2
@@ -653,18 +654,18 @@ def test_scaling_schemes_are_compared_with_per_tensor_scaling_paired_by_seed():
     # a scheme that trains chaotically (seeds 0.6 apart) keeps its own scatter instead of swamping the others'
     wild = rows.copy()
     wild.loc[wild["run_id"] == "fp4-tensor-delayed-1", "val_loss"] += 0.6
-    g3 = study.scheme_effects(wild)
+    g3 = findings_lib.scheme_effects(wild)
     by3 = {r["recipe"]: r for r in g3["rows"]}
     assert by3["fp4-tensor-delayed"]["own_noise"] and by3["fp4-tensor-delayed"]["verdict"] == "cannot tell"
     assert g3["sigma"] == pytest.approx(g["sigma"], rel=0.5) and by3["fp4-mx"]["verdict"] == "lower"
     assert not any(r["own_noise"] for r in g["rows"])
     # one seed: no noise estimate, so no verdict
-    one = study.scheme_effects(_purpose_rows(recipes, seeds=(0,)))
+    one = findings_lib.scheme_effects(_purpose_rows(recipes, seeds=(0,)))
     assert one["sigma"] is None and {r["verdict"] for r in one["rows"]} == {"cannot tell"}
     # a run that did not finish is counted, not compared
     broken = rows.copy()
     broken.loc[broken["run_id"] == "fp4-mx-0", ["status", "val_loss"]] = ["diverged", np.nan]
-    g2 = study.scheme_effects(broken)
+    g2 = findings_lib.scheme_effects(broken)
     assert g2["not_ok"] == {"fp4-mx": {"diverged": 1}} and {r["recipe"]: r["n"] for r in g2["rows"]}["fp4-mx"] == 2
     from scaling.study import report
     text = report.granularity_section(g2, "nats/byte")
@@ -678,10 +679,10 @@ def test_smooth_swiglu_is_compared_on_against_off_paired_by_recipe_rate_and_seed
     rows = [{"run_id": f"{r}-{lr}-{on}", "sweep": "outliers", "recipe": r, "lr": lr, "seed": 0, "smooth_swiglu": on,
              "D": 2.6e6, "status": "ok", "val_loss": 1.3 + (lr == 0.03) * 0.2 - 0.05 * on + 0.005 * rng.standard_normal()}
             for r in ("fp8", "fp8-delayed") for lr in (0.01, 0.03) for on in (False, True)]
-    o = study.smooth_swiglu_effect(pd.DataFrame(rows))
+    o = findings_lib.smooth_swiglu_effect(pd.DataFrame(rows))
     assert o["n"] == 4 and o["verdict"] == "lower" and o["diff"] == pytest.approx(-0.05, abs=0.02)
     same = [{**r, "val_loss": r["val_loss"] + 0.05 * r["smooth_swiglu"]} for r in rows]
-    assert study.smooth_swiglu_effect(pd.DataFrame(same))["verdict"] == "cannot tell"
+    assert findings_lib.smooth_swiglu_effect(pd.DataFrame(same))["verdict"] == "cannot tell"
     from scaling.study import report
     assert "lower with Smooth-SwiGLU" in report.outliers_section(o, "nats/byte")
-    assert study.purpose_rows(pd.DataFrame(rows), "granularity") is None
+    assert findings_lib.purpose_rows(pd.DataFrame(rows), "granularity") is None

@@ -12,6 +12,7 @@ import pytest
 from test_plots import fake_results
 
 from scaling.study import report, analysis as study
+from scaling.study import findings as findings_lib
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -44,8 +45,8 @@ def test_report_states_the_computed_optimum_and_notes_skipped_figures(tmp_path):
     (entry,) = facts["P_star"]
     a, b = entry["interval"]
     assert a <= lo and hi <= b and entry["P_range"][0] <= best["P"] <= entry["P_range"][1]
-    for name, (x, y) in study.PUBLISHED.items():  # the verdict follows CI and specification range together
-        assert entry["published"][name] == study.verdict([a, b], x, y)
+    for name, (x, y) in findings_lib.PUBLISHED.items():  # the verdict follows CI and specification range together
+        assert entry["published"][name] == findings_lib.verdict([a, b], x, y)
     # the fake results record no FLOPs by part: no run is placed at a budget, and the report says why
     assert facts["budgets"] == [] and "cannot tell which precision is best" in text
     assert ("Held-out extrapolation: fitted on the 45 points with N below 2e06, the law predicts the other 15 "

@@ -1,0 +1,460 @@
+"""What a study's results support, as numbers (findings.json): the IsoFLOP analysis at every budget
+(scaling.study.analysis), the forward-only integer arm, P* with its bootstrap CI and specification range
+against the published ranges, a law's residuals by recipe, learning-rate optima, and the purpose sweeps'
+own tests (scaling schemes against per-tensor scaling, Smooth-SwiGLU on against off)."""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from scaling.train import compute as compute_lib
+from scaling.study import laws, optimal
+from scaling.study import fit as fit_lib
+from scaling.study.analysis import (LEVEL, analyse, default_budgets, high_precision_recipe, ok_rows,
+                                    replicate_noise, sweep_family, with_cost)
+from scaling.errors import ConfigError
+
+# ----------------------------------------------------------------------------- findings
+
+def lr_optima(df: pd.DataFrame, loss_column: str = "val_loss") -> pd.DataFrame:
+    """The best AdamW peak rate per (recipe, N) of a learning-rate probe (experiments/lr_precision.toml):
+    at each run's last evaluation, the vertex of a parabola in log lr through the three best rates
+    (the grid's best rate if that vertex falls outside them; `edge` when the best rate is the grid's
+    smallest or largest, so the optimum may lie beyond it). `shift` is log2(best / the high-precision
+    recipe's best at the same N); `resolution` the grid's step in log2; `differs` is |shift| above
+    one step, the probe's resolution. Columns: recipe, N, lr, edge, shift, resolution, differs."""
+    rows = ok_rows(df)
+    last = rows.loc[rows.groupby("run_id")["D"].idxmax()]
+    out = []
+    for (recipe, n), g in last.groupby(["recipe", "N"], sort=True):
+        g = g.sort_values("lr")
+        x, y = np.log2(g["lr"].to_numpy(float)), g[loss_column].to_numpy(float)
+        i = int(np.argmin(y))
+        best = x[i]
+        if 0 < i < len(x) - 1:
+            a, b, c = np.polyfit(x[i - 1:i + 2], y[i - 1:i + 2], 2)
+            if a > 0 and x[i - 1] <= -b / (2 * a) <= x[i + 1]:
+                best = -b / (2 * a)
+        step = float(np.median(np.diff(x))) if len(x) > 1 else math.nan
+        out.append({"recipe": recipe, "N": float(n), "lr": float(2 ** best), "edge": i in (0, len(x) - 1),
+                    "resolution": step})
+    table = pd.DataFrame(out, columns=["recipe", "N", "lr", "edge", "resolution"])
+    reference = high_precision_recipe(last)
+    ref = table[table["recipe"] == reference].set_index("N")["lr"]
+    table["shift"] = np.log2(table["lr"] / table["N"].map(ref))
+    table["differs"] = table["shift"].abs() > table["resolution"]
+    return table[["recipe", "N", "lr", "edge", "shift", "resolution", "differs"]]
+
+
+def residuals_by_recipe(df: pd.DataFrame, fit: Any, level: float = LEVEL,
+                        loss_column: str = "val_loss") -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Where a fitted law is biased: (rows with `residual` = observed - fitted loss, per recipe the
+    mean residual over runs with a t confidence interval: recipe, mean, lo, hi, runs). A run's
+    evaluations share its noise, so the interval treats runs, not rows, as independent."""
+    rows = ok_rows(df)
+    rows = rows.assign(residual=rows[loss_column].to_numpy(float) - np.asarray(fit.predict(rows), float))
+    per_run = rows.groupby(["recipe", "run_id"], sort=True)["residual"].mean()
+    out = []
+    for recipe, r in per_run.groupby(level=0):
+        n, mean = len(r), float(r.mean())
+        half = float(stats.t.ppf(0.5 + level / 2, n - 1) * r.std(ddof=1) / math.sqrt(n)) if n > 1 else math.nan
+        out.append({"recipe": recipe, "mean": mean, "lo": mean - half, "hi": mean + half, "runs": n})
+    return rows, pd.DataFrame(out, columns=["recipe", "mean", "lo", "hi", "runs"])
+
+
+PUBLISHED = {"Kumar et al. 2024": (7.0, 8.0), "Sun et al. 2025": (4.0, 8.0)}
+KAPPAS = (2.0, 4.0)  # fixed-kappa alternatives to a kumar-family fit's kappa = 3 (plus kappa fitted)
+
+
+def loss_unit(df: pd.DataFrame) -> str:
+    """'nats/byte' for byte-tokenised corpora (every corpus the toolkit trains on today), else 'nats/token'."""
+    if "tokenizer" in df.columns and df["tokenizer"].dropna().astype(str).ne("bytes").any():
+        return "nats/token"
+    return "nats/byte"
+
+
+def verdict(interval: Sequence[float] | None, lo: float, hi: float) -> str:
+    """A published range against our P* interval (CI and specification range together): 'inside' if
+    the whole interval lies in [lo, hi], 'outside' if none of it does, else 'cannot tell'."""
+    if interval is None:
+        return "cannot tell"
+    a, b = interval
+    if lo <= a and b <= hi:
+        return "inside"
+    if b < lo or a > hi:
+        return "outside"
+    return "cannot tell"
+
+
+def specification_fits(df: pd.DataFrame, fit: Any, loss_column: str = "val_loss") -> list[tuple[str, Any]]:
+    """The fits P* is reported across: the chosen law; for a law with kappa, kappa at each of KAPPAS
+    and fitted; every candidate the selection found within noise of the best (fit.selection) whose
+    precision axis is bits (`_has_bits`)."""
+    out = [(f"{fit.law} (chosen{', kappa ' + format(fit.params['kappa'], 'g') if 'kappa' in fit.params else ''})", fit)]
+    rows = ok_rows(df)
+    if "kappa" in fit.params:
+        for kappa in (*KAPPAS, None):
+            fixed = {**(fit.fixed or {}), "kappa": kappa} if kappa is not None else \
+                {k: v for k, v in (fit.fixed or {}).items() if k != "kappa"}
+            try:
+                alt = fit_lib.fit_law(rows, fit.law, fixed=fixed, loss_column=loss_column)
+            except ConfigError:
+                continue
+            alt.data = {**alt.data, "shape": (fit.data or {}).get("shape")}
+            out.append((f"{fit.law}, kappa {'fitted' if kappa is None else format(kappa, 'g')}", alt))
+    chosen = (getattr(fit, "selection", None) or {}).get("chosen")
+    for cand in (getattr(fit, "selection", None) or {}).get("candidates", []):
+        if cand.get("within_noise") and cand.get("params") and cand.get("name") != chosen and _has_bits(cand["law"]):
+            alt = fit_lib.FitResult(law=cand["law"], params=dict(cand["params"]), objective=0.0,
+                                    residuals=np.zeros(0), fixed=cand.get("fixed") or {}, data=fit.data)
+            out.append((f"{cand['name']} (within noise)", alt))
+    return out
+
+
+def _has_bits(law: str) -> bool:
+    """Whether a law's precision axis is bits, which P* optimises over: not chinchilla (no precision
+    term: the cost alone would pick the fewest bits) nor capacity (precision as each role's
+    quantisation error, with no map from a hypothetical P to that error)."""
+    return bool({"P", "P_w", "P_a", "P_g", "P_fwd", "P_bwd", "ebits", "mbits"} & set(laws.get(law).columns))
+
+
+def integer_arm(df: pd.DataFrame) -> pd.DataFrame:
+    """The like-for-like arm for Kumar et al. 2024, who trained integer weights and activations in the
+    forward pass only: the rows of recipes whose forward GEMMs are integer and whose backward GEMMs
+    are unquantised (format int*, P_bwd >= 16), plus the high-precision reference recipe's rows.
+    Empty unless at least two such integer recipes are present."""
+    if not {"format", "P_bwd", "recipe"} <= set(df.columns):
+        return df.iloc[0:0]
+    integer = df["format"].astype(str).str.startswith("int") & (df["P_bwd"].astype(float) >= 16)
+    if df.loc[integer, "recipe"].nunique() < 2:
+        return df.iloc[0:0]
+    reference = high_precision_recipe(df)
+    return df[integer | (df["recipe"] == reference)]
+
+
+def findings(df: pd.DataFrame, fit: Any | None, *, cost: str = "bits", budgets: Sequence[float] | None = None,
+             n_boot: int = 2000, ci_samples: int = 100, loss_column: str = "val_loss",
+             noise_rows: pd.DataFrame | None = None) -> dict[str, Any]:
+    """Everything REPORT.md may claim, as numbers: per budget the IsoFLOP analysis (each recipe's
+    effective bits, minimum loss, CI, runs, probability of being best; winner or None), and P* at
+    each budget with its bootstrap CI (chosen law, chosen cost model), its specification range
+    (across specification_fits x optimal.cost_models) and the verdict against each published range.
+    `integer_arm`: the same IsoFLOP analysis over the forward-only integer recipes and the reference
+    alone (`integer_arm`), the comparison like for like with Kumar et al.; [] without that arm.
+    noise_rows: the table whose seed replicates measure run-to-run noise (default df)."""
+    cost_model = compute_lib.get(cost)
+    main = compute_lib.backfill(ok_rows(df))
+    noise_rows = df if noise_rows is None else noise_rows
+    costable = "flops_fprop" in main.columns and main["flops_fprop"].notna().all()
+    if not budgets:
+        budgets = default_budgets(main, cost_model) if costable else []
+    out = _measured_findings(df, main, budgets, cost_model, n_boot, noise_rows, costable)
+    if costable:
+        out["integer_arm"] = _integer_arm_findings(main, noise_rows, budgets, cost_model, n_boot)
+    if fit is None:
+        return out
+    out["law"] = {"name": fit.law, "params": fit.params, "fixed": fit.fixed,
+                  "heldout": fit.heldout, "selection": getattr(fit, "selection", None)}
+    if not ({"P", "P_w", "P_a", "P_g", "P_fwd", "P_bwd", "ebits", "qerr_w"} & set(_law_columns(fit))):
+        return out
+    fit = _with_shape(fit, main)
+    specs = specification_fits(main, fit, loss_column)
+    chosen_cost = optimal.Cost(model=cost_model, shape=optimal.shape_of(fit))
+    # no IsoFLOP budget: the law is still read at the largest compute a run reached
+    at = budgets or ([float(with_cost(main, cost_model)["C"].max())] if costable else [])
+    # what the IsoFLOP measurement itself cannot rule out at each budget: part of every P* interval, so a
+    # law that disagrees with the measurement widens the interval instead of overruling it
+    measured = {float(b["budget"]): measured_choice(b) for b in out["budgets"]}
+    for c in at:
+        if _has_bits(fit.law):
+            entry = _pstar_over_bits(fit, c, specs, chosen_cost, ci_samples, measured.get(float(c), []))
+        else:
+            entry = _pstar_over_recipes(main, fit, c, specs, chosen_cost, cost_model, ci_samples,
+                                        measured.get(float(c), []))
+        out["P_star"].append(entry)
+    return out
+
+
+def _measured_findings(df: pd.DataFrame, main: pd.DataFrame, budgets: Sequence[float],
+                       cost_model: compute_lib.CostModel, n_boot: int, noise_rows: pd.DataFrame,
+                       costable: bool) -> dict[str, Any]:
+    """findings' measured part: units, runs, seeds, and the IsoFLOP analysis at every budget (none
+    when the results cannot be placed at a budget, with the reason as `note`); law parts empty."""
+    return {
+        "loss_unit": loss_unit(df), "cost_model": cost_model.describe(),
+        "runs": int(main["run_id"].nunique()) if "run_id" in main.columns else len(main),
+        "seeds_per_cell": _seeds_per_cell(main),
+        "budgets": analyse(main, budgets, cost_model, n_boot=n_boot,
+                           noise=replicate_noise(noise_rows)) if costable else [],
+        "note": None if costable else "the results do not record FLOPs by part (nor size, recipe and "
+                                      "flops_per_token to derive them), so no run can be placed at a budget",
+        "law": None, "P_star": [], "integer_arm": [],
+    }
+
+
+def _integer_arm_findings(main: pd.DataFrame, noise_rows: pd.DataFrame, budgets: Sequence[float],
+                          cost_model: compute_lib.CostModel, n_boot: int) -> list[dict[str, Any]]:
+    """The IsoFLOP analysis of the forward-only integer arm at every budget, compared with the
+    published ranges on the forward precision P (Kumar et al.'s), not effective bits; [] without the arm."""
+    arm = integer_arm(main)
+    if arm.empty:
+        return []
+    out = analyse(arm, budgets, cost_model, n_boot=n_boot, noise=replicate_noise(integer_arm(noise_rows)))
+    for b in out:
+        b["measured"] = measured_choice(b)
+        forward = [m["P"] for m in b["measured"]]
+        b["P_interval"] = [min(forward), max(forward)] if forward else None
+        b["published"] = {name: verdict(b["P_interval"], lo, hi) for name, (lo, hi) in PUBLISHED.items()}
+    return out
+
+
+def _with_shape(fit: Any, main: pd.DataFrame) -> Any:
+    """The fit, carrying its runs' unquantised share (for the cost of a hypothetical model) if it lacks one."""
+    if (fit.data or {}).get("shape"):
+        return fit
+    fit = copy.copy(fit)
+    fit.data = {**(fit.data or {}), "shape": compute_lib.Shape.from_results(compute_lib.backfill(main)).to_dict()}
+    return fit
+
+
+def _pstar_over_bits(fit: Any, compute: float, specs: list[tuple[str, Any]], chosen_cost: optimal.Cost,
+                     ci_samples: int, measured: list[dict]) -> dict[str, Any]:
+    """P* at `compute` for a law whose precision axis is bits: the optimum with its bootstrap CI, the
+    specification range across laws and cost models, and the interval spanning them and the measured
+    choice, with its verdict against each published range (or `error` if the optimum cannot be found)."""
+    entry: dict[str, Any] = {"compute": float(compute), "measured": measured}
+    try:
+        best = optimal.optimal_precision(fit, compute, cost=chosen_cost, p_range=(2.0, 32.0))
+        entry.update(P=best["P"], N=best["N"], D=best["D"])
+        if len(getattr(fit, "samples", [])) >= 2:
+            entry["P_ci"] = list(optimal.optimal_precision_ci(fit, compute, cost=chosen_cost, p_range=(2.0, 32.0),
+                                                              max_samples=ci_samples)["P"])
+        else:
+            entry["P_ci"] = None
+    except ConfigError as e:
+        entry["error"] = str(e)
+        return entry
+    spec = optimal.specification_range(specs, compute, optimal.cost_models(fit))
+    entry.update(P_range=spec["P_range"], specifications=spec["table"])
+    span = [entry["P"], *(entry["P_ci"] or []), *(spec["P_range"] or []), *(m["bits"] for m in entry["measured"])]
+    lo, hi = min(span), max(span)
+    entry["interval"] = [lo, hi]
+    entry["published"] = {name: verdict([lo, hi], a, b) for name, (a, b) in PUBLISHED.items()}
+    return entry
+
+
+def _pstar_over_recipes(main: pd.DataFrame, fit: Any, compute: float, specs: list[tuple[str, Any]],
+                        chosen_cost: optimal.Cost, cost_model: compute_lib.CostModel, ci_samples: int,
+                        measured: list[dict]) -> dict[str, Any]:
+    """P* at `compute` for a law without a bits axis (e.g. capacity: precision as measured quantisation
+    error, with no map from a hypothetical P to it). The law still ranks the measured recipes (each at
+    its own quantisation errors and cost) under every cost model; a continuous P* comes only from the
+    within-noise laws whose axis is bits, if any. `error` when nothing gives a P*."""
+    costs = optimal.cost_models(fit)
+    bits_specs = [(label, alt) for label, alt in specs[1:] if _has_bits(alt.law)]
+    entry = {"compute": float(compute), "P": None, "P_ci": None, "no_bits_axis": fit.law,
+             "recipes": recipe_optima(main, fit, compute, chosen_cost, cost_model, ci_samples),
+             "measured": measured}
+    table = []
+    for cst in costs:
+        top = (recipe_optima(main, fit, compute, cst, cost_model, bootstrap=False) or [None])[0]
+        if top:
+            table.append({"spec": f"{fit.law} (chosen; best recipe {top['recipe']})", "cost_model": cst.name,
+                          "P": top["bits"], "N": top["N"], "D": top["D"], "loss": top["loss"]})
+    if bits_specs:
+        table += optimal.specification_range(bits_specs, compute, costs)["table"]
+    ps = [r["P"] for r in table if "P" in r]
+    if ps:
+        entry.update(P_range=[float(min(ps)), float(max(ps))], specifications=table)
+    bits = [e["bits"] for e in entry["recipes"] if e["best"]] + [b for e in entry["recipes"] for b in e["bits_ci"]]
+    span = [*bits, *ps, *(m["bits"] for m in entry["measured"])]
+    if not span:
+        entry["error"] = (f"the chosen law ({fit.law}) prices precision by measured quantisation error, not "
+                          "bits, and no law with a bits axis is within noise of it: these data give no P*")
+    else:
+        entry["interval"] = [min(span), max(span)]
+        entry["published"] = {name: verdict(entry["interval"], a, b) for name, (a, b) in PUBLISHED.items()}
+    return entry
+
+
+def measured_choice(analysis: dict, level: float = LEVEL) -> list[dict]:
+    """The recipes an IsoFLOP analysis at one budget (`isoflop`) cannot rule out as best: P(best) at
+    least (1 - level) / 2 in the bootstrap, best first, with their effective bits."""
+    keep = [e for e in analysis["recipes"] if e.get("p_best") is not None and e["p_best"] >= (1 - level) / 2]
+    return [{"recipe": e["recipe"], "bits": float(e["bits_eff"]), "P": float(e["P"]), "p_best": float(e["p_best"])}
+            for e in sorted(keep, key=lambda e: -e["p_best"])]
+
+
+def recipe_optima(df: pd.DataFrame, fit: Any, compute: float, cost: optimal.Cost, cost_model: compute_lib.CostModel,
+                  ci_samples: int | None = None, bootstrap: bool = True) -> list[dict]:
+    """A law on quantisation errors (capacity) read at `compute` for each measured recipe: its median
+    qerr_w/a/g over the runs and its mean effective bits as the cost's P (every quantised FLOP at
+    that width: an approximation for recipes that quantise only some roles); the compute-optimal
+    N, D and loss under the law, sorted best first. With bootstrap samples: p_best (share of resamples
+    in which the recipe is the law's best) and bits_ci (the best recipe's bits over the resamples, on
+    the best recipe's row only; `bootstrap=False` skips the resamples). Recipes with no quantisation
+    error recorded are left out."""
+    cols = [c for c in laws.QERR_COLUMNS if c in df.columns]
+    if not cols or "recipe" not in df.columns:
+        return []
+    runs = with_cost(df, cost_model).dropna(subset=cols)
+    per = runs.groupby("recipe").agg(**{c: (c, "median") for c in cols}, bits=("bits_eff", "mean"))
+
+    def rank(params: dict | None) -> list[dict]:
+        rows = []
+        for recipe, r in per.iterrows():
+            best = optimal.optimal_precision(fit, compute, [float(r["bits"])], cost=cost, params=params,
+                                             context={c: float(r[c]) for c in cols})
+            rows.append({"recipe": str(recipe), "bits": float(r["bits"]), "N": best["N"], "D": best["D"],
+                         "loss": best["loss"]})
+        return sorted(rows, key=lambda e: e["loss"])
+
+    table = rank(None)
+    samples = getattr(fit, "samples", pd.DataFrame()) if bootstrap else pd.DataFrame()
+    samples = samples.iloc[:ci_samples] if ci_samples else samples
+    winners = [rank(row)[0] for row in samples.to_dict("records")] if len(samples) >= 2 else []
+    for i, e in enumerate(table):
+        e["best"] = i == 0
+        e["p_best"] = sum(w["recipe"] == e["recipe"] for w in winners) / len(winners) if winners else None
+        e["bits_ci"] = ([float(np.percentile([w["bits"] for w in winners], q)) for q in (2.5, 97.5)]
+                        if winners and i == 0 else [])
+    return table
+
+
+def _law_columns(fit: Any) -> tuple[str, ...]:
+    return laws.get(fit.law).columns
+
+
+def _seeds_per_cell(df: pd.DataFrame) -> list[int]:
+    """[min, max] number of seeds per (sweep, recipe, N, D) cell."""
+    if df.empty or "seed" not in df.columns:
+        return [1, 1]
+    keys = [k for k in ("sweep", "recipe", "N", "D") if k in df.columns]
+    n = df.groupby(keys)["seed"].nunique()
+    return [int(n.min()), int(n.max())]
+
+
+# ----------------------------------------------------------------------------- the purpose sweeps
+
+def final_rows(results: pd.DataFrame) -> pd.DataFrame:
+    """Each run's row at the largest token budget it evaluated."""
+    return results.sort_values("D").groupby("run_id", as_index=False).tail(1)
+
+
+def purpose_rows(df: pd.DataFrame | None, name: str) -> pd.DataFrame | None:
+    """The rows of one purpose sweep (PURPOSE_SWEEPS), each run's last evaluation; None if it has none."""
+    if df is None or "sweep" not in df.columns:
+        return None
+    part = df[sweep_family(df["sweep"]) == name]
+    return None if part.empty else final_rows(part).reset_index(drop=True)
+
+
+def _direction(ci: Sequence[float] | None) -> str:
+    """'lower' or 'higher' where an interval of a difference excludes zero, else 'cannot tell'."""
+    if ci is None or ci[0] <= 0 <= ci[1]:
+        return "cannot tell"
+    return "lower" if ci[1] < 0 else "higher"
+
+
+def _status_counts(df: pd.DataFrame, by: str) -> dict[str, dict[str, int]]:
+    """{value of `by`: {status: runs}} for the runs that did not finish ok (diverged, failed, ...)."""
+    bad = df[df["status"].astype(str) != "ok"] if "status" in df.columns else df.iloc[0:0]
+    return {str(k): {str(s): int(n) for s, n in g["status"].value_counts().items()} for k, g in bad.groupby(by)}
+
+
+def scheme_effects(df: pd.DataFrame, level: float = LEVEL) -> dict[str, Any] | None:
+    """The granularity sweep: each scaling scheme (granularity x scale timing) against per-tensor,
+    current scaling in the same format, paired by seed (same initialisation and data order).
+
+    The paired differences' scatter about their means, pooled over the comparisons (sigma, dof = sum
+    of (pairs - 1)), gives each mean difference a t interval; a comparison whose scatter is far above
+    the others' (F test of the largest against the rest, repeated) keeps its own (`own_noise`). The
+    intervals are simultaneous at `level` over all m comparisons (Bonferroni: each at 1 - (1 - level)
+    / m), so "lower" or "higher" is a claim about the whole table, and "cannot tell" where an
+    interval includes zero.
+    Runs that did not finish ok are counted, not compared. None without the sweep's columns."""
+    need = {"recipe", "format", "granularity", "scaling", "seed", "val_loss"}
+    if df is None or not need <= set(df.columns):
+        return None
+    ok = ok_rows(df)
+    cells = ok.groupby(["format", "granularity", "scaling", "seed"], as_index=False)["val_loss"].mean()
+    recipes = ok.groupby(["format", "granularity", "scaling"])["recipe"].first()
+    pairs = []
+    for (fmt, gran, timing), recipe in recipes.items():
+        if (gran, timing) == ("tensor", "current") or (fmt, "tensor", "current") not in recipes.index:
+            continue
+        mine = cells[(cells["format"] == fmt) & (cells["granularity"] == gran) & (cells["scaling"] == timing)]
+        ref = cells[(cells["format"] == fmt) & (cells["granularity"] == "tensor") & (cells["scaling"] == "current")]
+        both = mine.merge(ref, on="seed", suffixes=("", "_ref"))
+        if len(both):
+            pairs.append({"format": str(fmt), "recipe": str(recipe), "granularity": str(gran), "scaling": str(timing),
+                          "reference": str(recipes[(fmt, "tensor", "current")]),
+                          "d": (both["val_loss"] - both["val_loss_ref"]).to_numpy(),
+                          "loss": float(both["val_loss"].mean()), "loss_ref": float(both["val_loss_ref"].mean())})
+    m = len(pairs)
+    for p in pairs:
+        p["dof"] = len(p["d"]) - 1
+        p["ss"] = float(np.sum((p["d"] - p["d"].mean()) ** 2))
+    # One noise level for every comparison, unless one's scatter is far above the rest's (a scheme that
+    # trains chaotically, e.g. delayed per-tensor scales at 6 bits): the largest is F-tested against the
+    # others' pooled scatter at (1 - level) / k and, while it fails, keeps its own scatter.
+    pooled = [p for p in pairs if p["dof"] >= 1]
+    while len(pooled) >= 2:
+        worst = max(pooled, key=lambda p: p["ss"] / p["dof"])
+        rest = [p for p in pooled if p is not worst]
+        rest_dof = sum(p["dof"] for p in rest)
+        rest_var = sum(p["ss"] for p in rest) / rest_dof
+        if rest_var > 0 and stats.f.sf(worst["ss"] / worst["dof"] / rest_var, worst["dof"], rest_dof) >= (1 - level) / len(pooled):
+            break
+        worst["own"] = True
+        pooled = rest
+    dof = sum(p["dof"] for p in pooled)
+    sigma = math.sqrt(sum(p["ss"] for p in pooled) / dof) if dof else None
+    rows = []
+    for p in pairs:
+        own = p.pop("own", False)
+        mine = (math.sqrt(p["ss"] / p["dof"]), p["dof"]) if own else (sigma, dof)
+        diff = float(p["d"].mean())
+        ci = None
+        if mine[0] is not None and mine[1] >= 1:
+            half = float(stats.t.ppf(1 - (1 - level) / (2 * m), mine[1])) * mine[0] / math.sqrt(len(p["d"]))
+            ci = [diff - half, diff + half]
+        rows.append({k: v for k, v in p.items() if k not in ("d", "ss", "dof")} |
+                    {"n": len(p["d"]), "diff": diff, "ci": ci, "own_noise": own, "verdict": _direction(ci)})
+    return {"runs": int(df["run_id"].nunique()) if "run_id" in df.columns else len(df),
+            "comparisons": m, "sigma": sigma, "dof": dof, "level": level, "rows": rows,
+            "not_ok": _status_counts(df, "recipe")}
+
+
+def smooth_swiglu_effect(df: pd.DataFrame, level: float = LEVEL) -> dict[str, Any] | None:
+    """The outlier sweep: final validation loss with Smooth-SwiGLU on minus off, paired by everything
+    else (recipe, learning rate, seed); the mean difference with a t interval on the pairs' own
+    scatter (n - 1 dof), "cannot tell" where it includes zero. Runs that did not finish ok are
+    counted by Smooth-SwiGLU on/off. None without the sweep's columns."""
+    need = {"smooth_swiglu", "recipe", "lr", "seed", "val_loss"}
+    if df is None or not need <= set(df.columns):
+        return None
+    keys = ["recipe", "lr", "seed"]
+    ok = ok_rows(df).assign(smooth_swiglu=lambda d: d["smooth_swiglu"].astype(bool))
+    on, off = (ok[ok["smooth_swiglu"] == flag].groupby(keys, as_index=False)["val_loss"].mean() for flag in (True, False))
+    both = on.merge(off, on=keys, suffixes=("_on", "_off"))
+    d = (both["val_loss_on"] - both["val_loss_off"]).to_numpy()
+    n = len(d)
+    diff = float(d.mean()) if n else None
+    ci = None
+    if n >= 2:
+        half = float(stats.t.ppf(0.5 + level / 2, n - 1)) * float(d.std(ddof=1)) / math.sqrt(n)
+        ci = [diff - half, diff + half]
+    status = df.assign(smooth_swiglu=df["smooth_swiglu"].astype(bool).map({True: "on", False: "off"}))
+    return {"runs": int(df["run_id"].nunique()) if "run_id" in df.columns else len(df), "n": n, "diff": diff,
+            "ci": ci, "level": level,
+            "verdict": _direction(ci),
+            "pairs": [{"recipe": str(r.recipe), "lr": float(r.lr), "seed": int(r.seed), "on": float(r.val_loss_on),
+                       "off": float(r.val_loss_off)} for r in both.itertuples()],
+            "not_ok": _status_counts(status, "smooth_swiglu")}
