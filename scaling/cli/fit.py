@@ -75,6 +75,8 @@ def _print_fit(result: FitResult) -> None:
         print(line)
     if result.heldout:
         print(f"  held-out (by {result.heldout['by']}): mean abs rel error {result.heldout['mare']:.4%}")
+    if result.degenerate:
+        print(f"  DEGENERATE: {result.degenerate}; `scaling optimal` and `scaling plan --fit` refuse this fit")
 
 
 def _print_selection(law_choice: Mapping[str, Any]) -> None:

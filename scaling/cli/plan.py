@@ -166,6 +166,7 @@ def plan_fit(
     if not Path(fit_path).is_file():
         raise ConfigError("fit", str(fit_path), "an existing fitted-law JSON file (fits/NAME.json)")
     fit_result = fit.FitResult.from_json(fit_path)
+    optimal.refuse_degenerate(fit_result, key=f"--fit {fit_path}")
     if compute is None:
         compute = compute_for_target_loss(lambda c: optimal.optimal_precision(fit_result, compute=c)["loss"], target_loss)
     best = optimal.optimal_precision(fit_result, compute=compute)

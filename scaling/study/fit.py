@@ -351,6 +351,7 @@ class FitResult:
     heldout: dict[str, Any] | None = None
     optimizer: dict[str, Any] = field(default_factory=dict)
     selection: dict[str, Any] | None = None  # select_law's summary when the law was picked by `--law auto`
+    degenerate: str | None = None  # why no optimum may be derived from this fit (`degenerate_reason`); None: sound
 
     def predict(self, df: pd.DataFrame) -> np.ndarray:
         law = laws.get(self.law)
@@ -373,7 +374,7 @@ class FitResult:
             "residuals": [float(r) for r in self.residuals],
             "ci": {k: list(v) for k, v in self.ci.items()}, "bootstrap": self.bootstrap,
             "data": self.data, "heldout": self.heldout, "optimizer": self.optimizer,
-            "selection": self.selection,
+            "selection": self.selection, "degenerate": self.degenerate,
         }
 
     def to_json(self, path: str | Path) -> Path:
@@ -391,7 +392,8 @@ class FitResult:
                    fixed={k: float(v) for k, v in (d.get("fixed") or {}).items()},
                    ci={k: (float(v[0]), float(v[1])) for k, v in (d.get("ci") or {}).items()},
                    bootstrap=d.get("bootstrap"), data=d.get("data") or {}, heldout=d.get("heldout"),
-                   optimizer=d.get("optimizer") or {}, selection=d.get("selection"))
+                   optimizer=d.get("optimizer") or {}, selection=d.get("selection"),
+                   degenerate=d.get("degenerate"))
 
     @classmethod
     def from_json(cls, path: str | Path) -> FitResult:
@@ -402,6 +404,41 @@ class FitResult:
             return cls.from_dict(json.loads(path.read_text()))
         except json.JSONDecodeError as e:
             raise ConfigError("fit", str(path), f"valid JSON ({e.msg} at line {e.lineno})") from None
+
+
+# ----------------------------------------------------------------------------- degenerate fits
+
+EXPONENTS = ("alpha", "beta")  # power-law exponents: a fit where one is <= 0 has no scaling to extrapolate
+# A positive param is optimised as its log, so its bound 0 is never reached exactly: a value below this
+# fraction of the smallest value it started from has run off towards it.
+AT_BOUND = 1e-4
+COLLAPSED_CI = 1e-4  # a CI narrower than this fraction of its value: the resamples never moved it
+
+
+def degenerate_reason(result: FitResult) -> str | None:
+    """Why no optimum, figure or plan may be derived from a fit, or None for a sound one: a free param
+    that is not finite, a positive param at its bound 0 (or a CI reaching it), a power-law exponent
+    <= 0, or a bootstrap CI collapsed to its value (a flat direction the resamples never left)."""
+    law = laws.get(result.law)
+    free = [(name, result.params.get(name, np.nan)) for name in law.free_params(result.fixed)]
+    floor = {name: AT_BOUND * min(law.init_grid[name]) for name, _ in free if name in law.positive}
+    for name, value in free:
+        if not np.isfinite(value):
+            return f"{name} = {value} is not finite"
+    for name, value in free:  # the most telling reason first: no scaling at all
+        if name in EXPONENTS and value <= 0:
+            return f"exponent {name} = {value:.3g} <= 0 (the loss does not fall with scale)"
+    for name, value in free:
+        if name in floor and value < floor[name]:
+            return f"{name} = {value:.3g} is at its bound 0"
+    for name, value in free:
+        if name in result.ci:
+            lo, hi = result.ci[name]
+            if name in floor and lo < floor[name]:
+                return f"the CI of {name} ({lo:.3g} to {hi:.3g}) reaches its bound 0"
+            if abs(hi - lo) < COLLAPSED_CI * abs(value):
+                return f"the CI of {name} ({lo:.6g} to {hi:.6g}) has collapsed to its value"
+    return None
 
 
 def _data_summary(problem: _Problem) -> dict[str, Any]:
@@ -459,6 +496,7 @@ def fit_law(df: pd.DataFrame, law: str = "kumar", *, fixed: Mapping[str, float] 
     )
     if bootstrap:
         _add_bootstrap(problem, result, best_theta, bootstrap, seed, level, delta)
+    result.degenerate = degenerate_reason(result)
     return result
 
 
@@ -635,3 +673,4 @@ def bootstrap_fit(df: pd.DataFrame, result: FitResult, n: int, seed: int, loss_c
     problem = _prepare(df, result.law, result.fixed, loss_column)
     _add_bootstrap(problem, result, problem.theta(result.params), n, seed, 0.95,
                    result.optimizer.get("huber_delta", HUBER_DELTA))
+    result.degenerate = degenerate_reason(result)

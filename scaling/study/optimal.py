@@ -66,7 +66,18 @@ class Cost:
 
 
 def _fit(fit: FitResult | Mapping[str, Any]) -> FitResult:
-    return fit if isinstance(fit, FitResult) else FitResult.from_dict(fit)
+    """The fit as a FitResult; a degenerate one (FitResult.degenerate) is refused: no optimum,
+    grid or frontier is derived from a law whose params ran off to a bound or never left their start."""
+    fit = fit if isinstance(fit, FitResult) else FitResult.from_dict(fit)
+    refuse_degenerate(fit)
+    return fit
+
+
+def refuse_degenerate(fit: FitResult, key: str = "fit") -> None:
+    """One-line ConfigError naming `key` when the fit is degenerate."""
+    if fit.degenerate:
+        raise ConfigError(key, f"{fit.law} fit, degenerate: {fit.degenerate}",
+                          "a fit that is not degenerate (more shapes, seeds or budgets, or another law)")
 
 
 def precision_columns(law: laws.Law, P: float, context: Mapping[str, float], data: Mapping[str, Any]) -> list[dict]:

@@ -214,3 +214,17 @@ def test_step_cli_writes_the_breakdown_figure(tmp_path, capsys):
                      "--micro-batches", "4", "--precision", "fp8", "--figure", str(out), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["figure"] == str(out)
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 5_000
+
+
+def test_cli_refuses_a_degenerate_fit_with_one_line(tmp_path, capsys):
+    from scaling import cli
+    from scaling.study import fit
+
+    path = tmp_path / "degenerate.json"
+    fit.FitResult(law="kumar", params=dict(KUMAR_PARAMS, alpha=-0.0097), objective=0.0, residuals=np.array([]),
+                  degenerate="exponent alpha = -0.0097 <= 0 (the loss does not fall with scale)").to_json(path)
+    assert cli.main(["plan", "--fit", str(path), "--compute", "1e22", "--gpus", "1024"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith(f"error: --fit {path}: got 'kumar fit, degenerate: exponent alpha = -0.0097 <= 0")
+    assert captured.err.count("\n") == 1

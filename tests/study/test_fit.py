@@ -281,6 +281,59 @@ def test_selection_key_round_trips():
     assert fit.FitResult.from_dict({k: v for k, v in r.to_dict().items() if k != "selection"}).selection is None
 
 
+# --------------------------------------------------------------------------- degenerate fits
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_a_fit_whose_loss_rises_with_N_is_degenerate_and_says_so_in_its_json(tmp_path):
+    """The loss grows with N (a small model trained on a corpus the large ones overfit): the fitted alpha
+    is negative, and the fit says it is degenerate, in its JSON too."""
+    df = synthetic("chinchilla", dict(E=0.0001, A=1.0, B=2000.0, alpha=0.0, beta=0.36),
+                   {"N": [1e6, 3e6, 1e7, 3e7], "D": [1e8, 1e9, 1e10]}, noise=0.0)
+    df["loss"] *= (df["N"] / 1e6) ** 0.05
+    result = fit.fit_law(df, "chinchilla", init={"E": [0.5, 2.0], "A": [1.0, 100.0], "B": [100.0, 1e4],
+                                                 "alpha": [0.2, 0.6], "beta": [0.2, 0.6]})
+    assert result.params["alpha"] < 0
+    assert result.degenerate.startswith("exponent alpha = -")
+    stored = json.loads(result.to_json(tmp_path / "d.json").read_text())
+    assert stored["degenerate"] == result.degenerate
+    assert fit.FitResult.from_json(tmp_path / "d.json").degenerate == result.degenerate
+
+
+@pytest.mark.parametrize("params, ci, reason", [
+    (dict(CHINCHILLA), {}, None),
+    (dict(CHINCHILLA, beta=0.0), {}, "exponent beta = 0 <= 0 (the loss does not fall with scale)"),
+    (dict(CHINCHILLA, E=1e-7), {}, "E = 1e-07 is at its bound 0"),
+    (dict(CHINCHILLA), {"E": (2e-6, 1.9)}, "the CI of E (2e-06 to 1.9) reaches its bound 0"),
+    (dict(CHINCHILLA), {"E": (1.817, 1.8170001)}, "the CI of E (1.817 to 1.817) has collapsed to its value"),
+    (dict(CHINCHILLA, A=float("nan")), {}, "A = nan is not finite"),
+])
+def test_degenerate_reasons(params, ci, reason):
+    result = fit.FitResult(law="chinchilla", params=params, objective=0.0, residuals=np.zeros(0), ci=ci)
+    assert fit.degenerate_reason(result) == reason
+
+
+def test_a_fixed_param_is_not_judged():
+    result = fit.FitResult(law="kumar", params=dict(KUMAR, kappa=1e-9), fixed={"kappa": 1e-9}, objective=0.0,
+                           residuals=np.zeros(0))
+    assert fit.degenerate_reason(result) is None
+
+
+def test_older_fit_json_loads_as_not_degenerate():
+    stored = fit.FitResult(law="chinchilla", params=CHINCHILLA, objective=0.0, residuals=np.zeros(0)).to_dict()
+    assert stored["degenerate"] is None
+    del stored["degenerate"]
+    assert fit.FitResult.from_dict(stored).degenerate is None
+
+
+@pytest.mark.parametrize("name", ["isoflop", "quick"])
+def test_the_committed_fits_are_not_degenerate(name):
+    committed = fit.FitResult.from_json(ROOT / "fits" / f"{name}.json")
+    assert committed.ci  # bootstrapped: the CI rules are checked too
+    assert fit.degenerate_reason(committed) is None
+
+
 # --------------------------------------------------------------------------- bad inputs
 
 @pytest.mark.parametrize("mutate,match", [

@@ -197,3 +197,16 @@ def test_quartet_optimum_runs_both_passes_at_p():
         return float(np.min(law.predict(params, x)))
 
     assert best["loss"] == pytest.approx(min(loss(P) for P in np.linspace(2.0, 32.0, 301)), rel=1e-4)
+
+
+def test_no_optimum_is_derived_from_a_degenerate_fit():
+    degenerate = result("kumar", dict(KUMAR, alpha=-0.0097), degenerate="exponent alpha = -0.0097 <= 0")
+    for derive in (lambda f: optimal.optimal_precision(f, 1e20),
+                   lambda f: optimal.frontier(f, [1e20]),
+                   lambda f: optimal.iso_loss(f, 1e20, [1e6, 1e7], [4.0, 8.0]),
+                   lambda f: optimal.optimal_precision(f.to_dict(), 1e20)):
+        with pytest.raises(ConfigError, match=r"^fit: got 'kumar fit, degenerate: exponent alpha = -0.0097 <= 0'") as e:
+            derive(degenerate)
+        assert "\n" not in str(e.value)
+    sound = result("kumar", KUMAR)
+    assert optimal.optimal_precision(sound, 1e20)["P"] > 0
