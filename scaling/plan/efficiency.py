@@ -9,6 +9,9 @@ from dataclasses import dataclass
 from scaling.errors import ConfigError
 from scaling.plan.hardware import GPU, GPUS
 
+ROTATED_GEMMS = ("fprop", "dgrad", "wgrad")
+
+
 @dataclass(frozen=True)
 class StepRecipe:
     """How a precision recipe runs the linear layers' GEMMs.
@@ -18,17 +21,74 @@ class StepRecipe:
     blocks: scales run in blocks along the reduction axis, so the backward GEMMs, which reduce
     along the other axis, need a second copy quantised along it (TE's row- and column-wise data).
     Attention, norms and communication stay in BF16 in every recipe (Transformer Engine's default).
+
+    The published FP4 recipes add (scaling.numerics.precision's presets of the same names):
+    rotated: the GEMMs ("fprop", "dgrad", "wgrad") whose two operands are rotated by a
+      block-diagonal Hadamard transform of `rotation_block` along their reduction axis before
+      quantisation, 2 * rotation_block FLOPs per element (a b x b product per block of b);
+    fused_rotations: those of them whose rotation runs inside the quantiser (no pass of its own);
+      the others cost a BF16 read and write (4 bytes per element) before it;
+    weight_tile: k > 0 for k x k weight scales (one scale per tile, so W and W^T quantise to the same
+      values): one quantised weight serves the forward and backward GEMMs where the GPU's GEMMs at
+      this rate take a transposed operand (weight_copies);
+    rms_scales: the forward roles' (weights' and activations') scales come from the block RMS
+      (QuEST): a sum of squares, 2 FLOPs per element, fused in the quantiser (no bytes, no time);
+    kept_first / kept_last: shares of the transformer layers, first and last, whose GEMMs stay in BF16
+      (priced at the BF16 rate with no quantise passes; kept_layers).
     """
 
     rate: str
     bytes: float
     native: str | None = None
     blocks: bool = False
+    rotated: tuple[str, ...] = ()
+    rotation_block: int = 0
+    fused_rotations: tuple[str, ...] = ()
+    weight_tile: int = 0
+    rms_scales: bool = False
+    kept_first: float = 0.0
+    kept_last: float = 0.0
 
     def copies(self, gpu: GPU) -> int:
         """Quantised copies of each GEMM input: two where the backward needs its own (blocks, or
         per-tensor FP8 on GPUs whose FP8 GEMMs take only TN layouts: a transposed copy), else one."""
         return 2 if self.blocks or (self.rate == "fp8" and not gpu.fp8_any_layout) else 1
+
+    def weight_copies(self, gpu: GPU) -> int:
+        """Quantised copies of each weight: one under square weight tiles where the GEMM takes the
+        quantised weight transposed (W and W^T hold the same values and scales), else `copies`."""
+        return 1 if self.weight_tile and takes_transposed(self.rate, gpu) else self.copies(gpu)
+
+    def kept_layers(self, layers: int) -> tuple[int, int]:
+        """(first, last) layers of a `layers`-layer model kept in BF16 (shares rounded half up;
+        together at most all of them)."""
+        first = min(layers, int(layers * self.kept_first + 0.5))
+        return first, min(layers - first, int(layers * self.kept_last + 0.5))
+
+    def rotation_flops(self, gemm: str) -> float:
+        """FLOPs to rotate one element of an operand of `gemm` (0 where that GEMM is not rotated)."""
+        return 2.0 * self.rotation_block if gemm in self.rotated else 0.0
+
+    def rotation_bytes(self, gemm: str) -> float:
+        """HBM bytes to rotate one element of an operand of `gemm` outside the quantiser."""
+        return 4.0 if gemm in self.rotated and gemm not in self.fused_rotations else 0.0
+
+
+def takes_transposed(rate: str, gpu: GPU) -> bool:
+    """Whether the GPU's GEMMs at `rate` take a quantised operand in either layout, so the backward
+    can read the forward's copy. FP8: Blackwell yes, Hopper TN only (hardware.GPU.fp8_any_layout).
+    FP4: TN only, both operands K-major ("NVFP4 GEMM only supports the TN layout": Transformer
+    Engine's NVFP4 documentation, "Handling transposes"), so even a 2-D-scaled FP4 weight is also
+    written transposed."""
+    if rate == "fp8":
+        return gpu.fp8_any_layout
+    return rate != "fp4"
+
+
+# NVIDIA's NVFP4 pretraining recipe (arXiv 2509.25149, Sec. 4): its 12B model keeps the first two
+# and the last eight of its 62 blocks in BF16 (about 16% of the linear layers; the training preset,
+# on 5-10 layer models, keeps the last one).
+NVFP4_NVIDIA_KEPT = (2 / 62, 8 / 62)
 
 
 # Scale overhead per element: MX formats carry one E8M0 byte per 32 elements (OCP MX spec v1.0);
@@ -41,6 +101,20 @@ RECIPES: dict[str, StepRecipe] = {
     "mxfp6": StepRecipe("fp8", 0.75 + 1 / 32, "mxfp6", blocks=True),  # FP6 runs at the FP8 rate on Blackwell
     "mxfp4": StepRecipe("fp4", 0.5 + 1 / 32, "mxfp4", blocks=True),
     "nvfp4": StepRecipe("fp4", 0.5 + 1 / 16, "nvfp4", blocks=True),
+    # NVIDIA's NVFP4 recipe (Sec. 4): 16x16 weight tiles, a 16-point random Hadamard transform on the
+    # wgrad GEMM's inputs, the first/last blocks in BF16. Transformer Engine fuses that transform into
+    # the column-wise NVFP4 cast (hadamard_transform_cast_fusion) and the amax pass it needs anyway
+    # (nvte_hadamard_transform_amax): FLOPs, no bytes of its own. The 2-D scales are stored per 1x16
+    # row of the tile (the GEMM reads one scale per 16 along K): the same bytes as 1-D.
+    "nvfp4-nvidia": StepRecipe("fp4", 0.5 + 1 / 16, "nvfp4", blocks=True, rotated=("wgrad",), rotation_block=16,
+                               fused_rotations=("wgrad",), weight_tile=16,
+                               kept_first=NVFP4_NVIDIA_KEPT[0], kept_last=NVFP4_NVIDIA_KEPT[1]),
+    # Quartet (Castro et al. 2025, Sec. 4): MXFP4 GEMMs whose operands are all rotated by 32-point
+    # Hadamard transforms, forward scales from the block RMS (QuEST). Its forward quantiser fuses the
+    # rotation (QuTLASS's fusedQuantizeMx: transform + quantisation + scales in one kernel); the
+    # backward rotations (fresh signs) are priced as passes of their own, a BF16 read and write.
+    "quartet": StepRecipe("fp4", 0.5 + 1 / 32, "mxfp4", blocks=True, rotated=ROTATED_GEMMS, rotation_block=32,
+                          fused_rotations=("fprop",), rms_scales=True),
     # FP32 GEMMs on TF32 tensor cores (what cuBLAS and XLA do by default): priced as BF16 inputs
     # cast to FP32 per GEMM; the activations, norms and collectives stay priced in BF16
     "tf32": StepRecipe("tf32", 4.0),

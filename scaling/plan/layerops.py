@@ -27,6 +27,7 @@ class Op:
     seconds: float
     flops: float = 0.0  # model FLOPs (6ND accounting: no recompute, causal attention halved)
     count: int = 1
+    overhead_flops: float = 0.0  # FLOPs that are not model FLOPs: Hadamard rotations, RMS scales
 
 
 @dataclass
@@ -178,6 +179,8 @@ def layer_ops(c: Ctx, moe: bool = False) -> list[Op]:
     ops.extend(_elementwise_ops(c, elementwise))
     if c.recipe.rate != "bf16":
         ops.extend(_quantise_ops(c, quantised))
+    if c.recipe.rotated:
+        ops.extend(_rotation_ops(c, quantised))
     _tp_ops(c, ops, [attention_gather, *ffn_gathered])
     if a2a:
         ops.extend(_all_to_all_ops(c, ops, a2a, shared))
@@ -317,10 +320,37 @@ def _elementwise_ops(c: Ctx, elementwise: dict[str, float]) -> list[Op]:
 def _quantise_ops(c: Ctx, quantised: list[tuple[float, float]]) -> list[Op]:
     """Quantise each GEMM input: read BF16, write the low-precision copy and, where the backward needs
     one (StepRecipe.copies), a second one; the backward quantises each output gradient the same way.
-    Weights: once per step (stepmodel.step)."""
-    per_elem = 2 + c.recipe.copies(c.gpu) * c.recipe.bytes
-    return [Op("quantise fwd", "memory", c.hbm_seconds(per_elem * sum(f for f, _ in quantised))),
-            Op("quantise bwd", "memory", c.hbm_seconds(per_elem * sum(b for _, b in quantised)))]
+    Weights: once per step (stepmodel.step). RMS scales (StepRecipe.rms_scales) add 2 FLOPs per
+    element of each forward copy, inside the same memory-bound pass."""
+    copies = c.recipe.copies(c.gpu)
+    per_elem = 2 + copies * c.recipe.bytes
+    inputs, grads = sum(f for f, _ in quantised), sum(b for _, b in quantised)
+    rms = 2.0 * copies * inputs if c.recipe.rms_scales else 0.0
+    return [Op("quantise fwd", "memory", c.hbm_seconds(per_elem * inputs), overhead_flops=rms),
+            Op("quantise bwd", "memory", c.hbm_seconds(per_elem * grads))]
+
+
+def rotated_elements(quantised: list[tuple[float, float]]) -> dict[str, float]:
+    """Operand elements each GEMM rotates along its reduction axis, from the (input, output-gradient)
+    elements of each low-precision GEMM: fprop the input X, dgrad the output gradient dY, wgrad both
+    (reduced over the tokens). The weight's share (fprop and dgrad) is once per step (stepmodel.step)."""
+    x, dy = sum(f for f, _ in quantised), sum(b for _, b in quantised)
+    return {"fprop": x, "dgrad": dy, "wgrad": x + dy}
+
+
+def _rotation_ops(c: Ctx, quantised: list[tuple[float, float]]) -> list[Op]:
+    """Hadamard rotations of the rotated GEMMs' activation and gradient operands: 2b FLOPs per element
+    and, unless fused into the quantiser, a BF16 read and write. Memory-bound either way: 2b = 32 or 64
+    FLOPs per 4 bytes sits far below the BF16 tensor-core peak over HBM bandwidth (~280 FLOP/byte on
+    B200), so the time is the bytes' and a fused rotation adds none."""
+    r, elements = c.recipe, rotated_elements(quantised)
+    out = []
+    for suffix, gemms in ((" fwd", ("fprop",)), (" bwd", ("dgrad", "wgrad"))):
+        flops = sum(r.rotation_flops(g) * elements[g] for g in gemms)
+        if flops:
+            nbytes = sum(r.rotation_bytes(g) * elements[g] for g in gemms)
+            out.append(Op("hadamard" + suffix, "memory", c.hbm_seconds(nbytes), overhead_flops=flops))
+    return out
 
 
 def _all_to_all_ops(c: Ctx, ops: list[Op], a2a: float, shared: tuple[float, float]) -> list[Op]:
@@ -361,7 +391,7 @@ def _recompute_ops(c: Ctx, ops: list[Op]) -> list[Op]:
     selective = ("gemm q-up fwd", "gemm kv-up fwd")
     again = [o for o in ops if o.name.endswith(" fwd")
              and (c.layout.recompute == "full" or o.kind == "attention" or o.name in selective)]
-    return [Op(o.name.replace(" fwd", " recompute"), o.kind, o.seconds, 0.0, o.count) for o in again]
+    return [Op(o.name.replace(" fwd", " recompute"), o.kind, o.seconds, 0.0, o.count, o.overhead_flops) for o in again]
 
 
 def edge_ops(c: Ctx, first: bool, last: bool) -> list[Op]:

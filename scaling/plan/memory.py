@@ -102,6 +102,30 @@ def stage_layers(model: ModelShape, layout: StepLayout, stage: int) -> tuple[int
     return dense, moe
 
 
+def stage_kept_layers(model: ModelShape, layout: StepLayout, stage: int, first: int, last: int) -> tuple[int, int]:
+    """(dense, MoE) layers on `stage` among the model's first `first` and last `last` layers (a
+    recipe's layers kept in BF16; the MTP modules' layers are not among them). Same placement as
+    stage_layers."""
+    chunks = layout.pp * layout.vpp
+    per = -(-model.layers // chunks)
+    n_dense = model.layers - model.moe_layers
+    held = [i for chunk in range(stage, chunks, layout.pp)
+            for i in range(chunk * per, min((chunk + 1) * per, model.layers))]
+    kept = [i for i in held if i < first or i >= model.layers - last]
+    dense = sum(1 for i in kept if i < n_dense)
+    return dense, len(kept) - dense
+
+
+def layers_params(model: ModelShape, layout: StepLayout, dense: int, moe: int, norms: bool = True) -> float:
+    """Parameters on one GPU of `dense` dense and `moe` MoE layers (split as in stage_params_split);
+    norms=False: only their matrices."""
+    routed = (3 if model.gated else 2) * model.hidden * model.expert_ffn * model.experts
+    shared = dense * model.layer_params() + moe * (model.layer_params(True) - routed)
+    if not norms:
+        shared -= (dense + moe) * model.norm_params
+    return shared / layout.tp + moe * routed / (layout.ep * layout.expert_tp)
+
+
 def stage_params_split(model: ModelShape, layout: StepLayout, stage: int) -> tuple[float, float]:
     """(parameters replicated over the data-parallel ranks, routed-expert parameters) on one GPU of `stage`.
 

@@ -23,7 +23,8 @@ from scaling.plan.efficiency import RECIPE_FOR_FORMAT, RECIPES, Efficiency, effi
 from scaling.plan.hardware import GPU, GPUS, get_gpu
 from scaling.plan.layerops import Ctx, Op, attention_flops_per_token, edge_ops, layer_ops
 from scaling.plan.layout import StepLayout
-from scaling.plan.memory import GIB, StageMemory, stage_layers, stage_memory, stage_params_split
+from scaling.plan.memory import (GIB, StageMemory, layers_params, stage_kept_layers, stage_layers, stage_memory,
+                                 stage_params_split)
 from scaling.plan.shapes import ModelShape
 
 
@@ -40,6 +41,9 @@ class StepResult:
     busiest_stage: int
     by_op: dict[str, float] = field(default_factory=dict)  # seconds per step on the critical path
     by_collective: dict[str, float] = field(default_factory=dict)
+    # FLOPs per step (whole cluster) that are not model FLOPs, by op group: Hadamard rotations
+    # ("hadamard", "hadamard weights") and RMS scales ("quantise", "quantise weights")
+    overhead_flops: dict[str, float] = field(default_factory=dict)
 
     @property
     def tokens(self) -> int:
@@ -74,6 +78,7 @@ class StepResult:
             "tokens_per_s": self.tokens / self.step_seconds,
             "tokens_per_s_per_gpu": self.tokens / self.step_seconds / lay.gpus,
             "model_tflops_per_gpu": self.model_flops / self.step_seconds / lay.gpus / 1e12,
+            "overhead_flops": self.overhead_flops,
             "mfu": self.mfu,
             "memory_gib": self.memory.total / GIB,
             "memory_breakdown_gib": self.memory.gib(),
@@ -147,16 +152,18 @@ def step(model: ModelShape, gpu: str | GPU, layout: StepLayout, precision: str =
     if layout.pp > 1:
         by_collective["pp send/recv"] = _p2p_seconds(c)
         total += by_collective["pp send/recv"]
-    params, groups = _param_groups(model, layout, list(stage_ops))
+    _, groups = _param_groups(model, layout, list(stage_ops))
     for k, seconds in _dp_seconds(c, groups, total).items():
         if seconds:
             by_collective[k] = seconds
             total += seconds
     by_op["optimizer"] = _optimizer_seconds(c, groups)
     total += by_op["optimizer"]
-    if recipe.rate != "bf16":  # weights cast (and transposed) once per step
-        by_op["quantise weights"] = c.hbm_seconds(params * (2 + recipe.copies(c.gpu) * recipe.bytes))
-        total += by_op["quantise weights"]
+    # weights cast (and transposed, rotated) once per step: the stage whose GPU spends the most on it
+    weights = max((_weight_work(c, s)[0] for s in stage_ops), key=lambda w: sum(w.values()))
+    for k, seconds in weights.items():
+        by_op[k] = seconds
+        total += seconds
     by_op.update({k: v for k, v in by_collective.items() if k not in by_op})
 
     # the first stage holds the most in-flight micro-batches, the last the logits: one of them peaks
@@ -164,25 +171,77 @@ def step(model: ModelShape, gpu: str | GPU, layout: StepLayout, precision: str =
     busiest = max(memories, key=lambda s: memories[s].total)
     tokens = seq_len * layout.micro_batch * layout.micro_batches * layout.dp
     model_flops = (6.0 * model.matmul_params + attention_flops_per_token(model, seq_len)) * tokens
+    overhead = _overhead_flops(c, stage_ops, kind_of)
     return StepResult(model, spec, layout, precision.lower(), seq_len, total, model_flops, memories[busiest],
-                      busiest, by_op, by_collective)
+                      busiest, by_op, by_collective, overhead)
 
 
 def _stage_ops(c: Ctx) -> tuple[dict[int, list[Op]], dict[int, int]]:
     """One micro-batch's ops on each kind of stage (keyed by the first stage of that kind), and each
-    stage's kind. Stages differ in their dense / MoE layer counts and at the ends (embedding on the
-    first, output layer on the last): each distinct kind is priced once."""
+    stage's kind. Stages differ in their dense / MoE layer counts, the recipe's layers kept in BF16
+    (StepRecipe.kept_layers) and at the ends (embedding on the first, output layer on the last):
+    each distinct kind is priced once."""
     model, layout, pp = c.model, c.layout, c.layout.pp
-    body = {False: layer_ops(c)}
+    kept_bf16 = replace(c, recipe=RECIPES["bf16"])
+    body = {(False, False): layer_ops(c)}
     if model.moe:
-        body[True] = layer_ops(c, moe=True)
+        body[(True, False)] = layer_ops(c, moe=True)
     kinds: dict[tuple, int] = {}
-    kind_of = {s: kinds.setdefault((stage_layers(model, layout, s), s == 0, s == pp - 1), s) for s in range(pp)}
+    kind_of = {s: kinds.setdefault((stage_layers(model, layout, s), _stage_kept(c, s), s == 0, s == pp - 1), s)
+               for s in range(pp)}
+    if any(kept != (0, 0) for _, kept, _, _ in kinds):
+        body[(False, True)] = layer_ops(kept_bf16)
+        if model.moe:
+            body[(True, True)] = layer_ops(kept_bf16, moe=True)
     stage_ops = {}
-    for (counts, first, last), s in kinds.items():
-        ops = [replace(o, count=o.count * n) for moe, n in zip((False, True), counts) if n for o in body[moe]]
+    for (counts, kept, first, last), s in kinds.items():
+        layers = {(moe, False): n - k for moe, n, k in zip((False, True), counts, kept)}
+        layers |= {(moe, True): k for moe, k in zip((False, True), kept)}
+        ops = [replace(o, count=o.count * n) for key, n in layers.items() if n for o in body[key]]
         stage_ops[s] = ops + edge_ops(c, first, last)
     return stage_ops, kind_of
+
+
+def _stage_kept(c: Ctx, stage: int) -> tuple[int, int]:
+    """(dense, MoE) layers of `stage` that the recipe keeps in BF16."""
+    first, last = c.recipe.kept_layers(c.model.layers)
+    return stage_kept_layers(c.model, c.layout, stage, first, last) if first or last else (0, 0)
+
+
+def _weight_work(c: Ctx, stage: int) -> tuple[dict[str, float], dict[str, float]]:
+    """({op: seconds}, {op: overhead FLOPs}) of casting the weights of one GPU of `stage` once per step:
+    read BF16 and write each copy (StepRecipe.weight_copies; the kept layers' weights are not cast),
+    rotate the layers' weights for the GEMMs that rotate them (fprop along d_in, dgrad along d_out)
+    and sum the squares of their RMS scales."""
+    r, model, layout = c.recipe, c.model, c.layout
+    if r.rate == "bf16":
+        return {}, {}
+    kept = _stage_kept(c, stage)
+    dense, moe = stage_layers(model, layout, stage)
+    # the quantised GEMMs' weights (MoE layers' router, kept in BF16, counted: < 0.1% of a layer)
+    layers = layers_params(model, layout, dense - kept[0], moe - kept[1], norms=False)
+    cast = sum(stage_params_split(model, layout, stage)) - layers_params(model, layout, *kept)
+    seconds = {"quantise weights": c.hbm_seconds(cast * (2 + r.weight_copies(c.gpu) * r.bytes))}
+    flops = {"quantise weights": 2.0 * r.weight_copies(c.gpu) * layers if r.rms_scales else 0.0,
+             "hadamard weights": sum(r.rotation_flops(g) for g in ("fprop", "dgrad")) * layers}
+    if flops["hadamard weights"]:
+        seconds["hadamard weights"] = c.hbm_seconds(sum(r.rotation_bytes(g) for g in ("fprop", "dgrad")) * layers)
+    return seconds, {k: v for k, v in flops.items() if v}
+
+
+def _overhead_flops(c: Ctx, stage_ops: dict[int, list[Op]], kind_of: dict[int, int]) -> dict[str, float]:
+    """FLOPs per step over the whole cluster that are not model FLOPs (Op.overhead_flops and the
+    weights' casts), by op group."""
+    lay = c.layout
+    out: dict[str, float] = {}
+    per_stage = lay.tp * lay.cp * lay.dp  # GPUs of a stage
+    for s in range(lay.pp):
+        work = [(_group(o.name), o.overhead_flops * o.count * lay.micro_batches) for o in stage_ops[kind_of[s]]]
+        work += list(_weight_work(c, s)[1].items())
+        for group, flops in work:
+            if flops:
+                out[group] = out.get(group, 0.0) + flops * per_stage
+    return out
 
 
 def _gpu_ops(layout: StepLayout, stage_ops: dict[int, list[Op]], kind_of: dict[int, int], s: int) -> list[tuple[Op, float]]:
@@ -300,7 +359,7 @@ def category(op: str) -> str:
         return "GEMMs"
     if op.startswith("flash-attention"):
         return "attention"
-    if op.startswith("quantise"):
+    if op.startswith(("quantise", "hadamard")):
         return "quantise"
     if op.startswith(("tp ", "cp ", "dp ", "pp ", "ep ", "etp ", "zero-3")):
         return "communication"
