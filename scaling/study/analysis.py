@@ -10,15 +10,16 @@ at C. A run contributes at C only if one of its evaluations lands on C (an IsoFL
 WSD cooldown evaluations bracket C: then log loss is interpolated linearly in log D between them
 (flagged `interpolated`). Nothing is extrapolated and no minimum is picked across sweeps.
 
-Uncertainty: a parametric bootstrap. Each profile's residuals about its parabola, pooled over the
-recipes at a budget (sigma² = sum RSS / sum (n - 3)) and with the scatter of seed replicates
-anywhere in the table (`replicate_noise`), give the noise about the profiles (seed scatter plus
-the parabola's lack of fit; `seed_sigma` is the seeds' part alone); every resample
-redraws each run's loss as fit + sigma·z, refits every profile, and takes each recipe's minimum
-over its measured size range. From the resamples: a CI per recipe's minimum, the probability that
-each recipe is the best, and the paired difference of the best two. `winner` is the best recipe
-only when that difference's CI excludes zero and every recipe's minimum lies inside its measured
-sizes (a minimum at the edge could be lower beyond it); otherwise None, with the reason.
+Shape and uncertainty (scaling.study.shapes): the profiles of all recipes at a budget are fitted jointly
+with an effect per model shape (d_model, n_layers) that every recipe shares, identified where recipes
+share shapes, so recipes measured on different shapes are compared on shape-adjusted minima. The noise
+is the scatter about that joint fit (seed replicates included as points; `seed_sigma`, from seed
+replicates anywhere in the table (`replicate_noise`), is reported beside it, and stands in only where
+the fit leaves no degrees of freedom). A parametric bootstrap redraws every point as fit + sigma·z,
+refits, and takes each recipe's minimum over its measured size range: a CI per recipe's minimum, the
+probability that each recipe is the best, and the paired difference of the best two. `winner` is the
+best recipe only when that difference's CI excludes zero and every recipe's minimum lies inside its
+measured sizes (a minimum at the edge could be lower beyond it); otherwise None, with the reason.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import numpy as np
 import pandas as pd
 
 from scaling.train import compute as compute_lib
+from scaling.study import shapes
 from scaling.errors import ConfigError
 
 MATCH_RTOL = 1e-3  # an evaluation "lands on" a budget within this relative compute difference
@@ -90,7 +92,7 @@ def with_cost(df: pd.DataFrame, cost: compute_lib.CostModel) -> pd.DataFrame:
 
 def points_at(df: pd.DataFrame, budget: float, cost: compute_lib.CostModel) -> pd.DataFrame:
     """Each run's loss at exactly compute `budget`: one row per run that reaches it (see module doc).
-    Columns: run_id, recipe, seed, N, D, P, bits_eff, loss, interpolated."""
+    Columns: run_id, recipe, seed, N, D, P, bits_eff, loss, interpolated, shape (shape_label)."""
     df = with_cost(ok_rows(df), cost)
     rows = []
     for run_id, run in df.groupby("run_id", sort=False):
@@ -114,8 +116,18 @@ def points_at(df: pd.DataFrame, budget: float, cost: compute_lib.CostModel) -> p
             tokens, interpolated = math.exp((1 - t) * math.log(d[i - 1]) + t * math.log(d[i])), True
         rows.append({"run_id": run_id, "recipe": str(first["recipe"]), "seed": first.get("seed", 0),
                      "N": float(first["N"]), "D": float(tokens), "P": float(first["P"]),
-                     "bits_eff": float(first["bits_eff"]), "loss": float(value), "interpolated": interpolated})
-    return pd.DataFrame(rows, columns=["run_id", "recipe", "seed", "N", "D", "P", "bits_eff", "loss", "interpolated"])
+                     "bits_eff": float(first["bits_eff"]), "loss": float(value), "interpolated": interpolated,
+                     "shape": shape_label(first)})
+    return pd.DataFrame(rows, columns=["run_id", "recipe", "seed", "N", "D", "P", "bits_eff", "loss", "interpolated",
+                                       "shape"])
+
+
+def shape_label(row: pd.Series) -> str:
+    """A run's model shape: 'd64×2' (d_model × n_layers) where the row records both, else its N."""
+    d, layers = row.get("d_model"), row.get("n_layers")
+    if d is not None and layers is not None and pd.notna(d) and pd.notna(layers):
+        return f"d{int(d)}×{int(layers)}"
+    return f"N={float(row['N']):.6g}"
 
 
 def default_budgets(df: pd.DataFrame, cost: compute_lib.CostModel, max_budgets: int = 3) -> list[float]:
@@ -151,40 +163,6 @@ def default_budgets(df: pd.DataFrame, cost: compute_lib.CostModel, max_budgets: 
 
 # ----------------------------------------------------------------------------- IsoFLOP profiles
 
-def _parabola(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float]:
-    """Least-squares y = a + b·x + c·x² -> (coefficients [a, b, c], residual sum of squares)."""
-    X = np.stack([np.ones_like(x), x, x * x], axis=-1)
-    coef, *_ = np.linalg.lstsq(X, y, rcond=None)
-    return coef, float(np.sum((X @ coef - y) ** 2))
-
-
-def _minimum(coef: np.ndarray, lo: float, hi: float) -> tuple[float, float, bool]:
-    """(x*, y*, inside) of a parabola's minimum over [lo, hi]: the vertex if it is a minimum inside
-    the range, else the lower end value (then `inside` is False)."""
-    a, b, c = coef
-    if c > 0:
-        x = -b / (2 * c)
-        if lo <= x <= hi:
-            return x, a + b * x + c * x * x, True
-    ends = np.array([lo, hi])
-    vals = a + b * ends + c * ends * ends
-    i = int(np.argmin(vals))
-    return float(ends[i]), float(vals[i]), False
-
-
-def _batched_minima(X: np.ndarray, Y: np.ndarray, lo: float, hi: float) -> np.ndarray:
-    """Minimum over [lo, hi] of the least-squares parabola through (X, Y[k]) for every row k of Y."""
-    A = np.stack([np.ones_like(X), X, X * X], axis=-1)
-    coef = np.linalg.lstsq(A, Y.T, rcond=None)[0].T  # (K, 3)
-    a, b, c = coef[:, 0], coef[:, 1], coef[:, 2]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        xv = np.where(c > 0, -b / (2 * c), np.nan)
-    inside = (c > 0) & (xv >= lo) & (xv <= hi)
-    at = lambda x: a + b * x + c * x * x  # noqa: E731
-    ends = np.minimum(at(lo), at(hi))
-    return np.where(inside, at(np.where(inside, xv, lo)), ends)
-
-
 def replicate_noise(df: pd.DataFrame) -> tuple[float, int]:
     """(sum of squares, dof) of the loss about its mean within cells of one sweep, recipe, N and D
     trained at several seeds: run-to-run noise measured directly, pooled into isoflop's sigma.
@@ -203,75 +181,76 @@ def replicate_noise(df: pd.DataFrame) -> tuple[float, int]:
 
 def isoflop(df: pd.DataFrame, budget: float, cost: compute_lib.CostModel | str = "bits", *,
             n_boot: int = 2000, seed: int = 0, level: float = LEVEL,
-            noise: tuple[float, int] = (0.0, 0)) -> dict[str, Any]:
-    """The IsoFLOP analysis at one budget (see module doc). Returns a JSON-friendly dict:
-    budget, cost_model, sigma (noise about the profiles, nats: parabola residuals and seed replicates
-    pooled), dof, seed_sigma and seed_dof (the seed replicates alone; None without any: a sigma well
-    above it is the parabola's lack of fit), recipes: [{recipe, bits_eff, P,
-    runs, sizes, interpolated, N_opt, loss, ci, inside, p_best}], best, runner_up, diff (runner-up
-    minus best) with diff_ci, winner (or None) and reason.
-    noise: (sum of squares, dof) from seed replicates (replicate_noise), pooled with the residuals."""
+            noise: tuple[float, int] = (0.0, 0), shape_term: bool = True) -> dict[str, Any]:
+    """The IsoFLOP analysis at one budget (see module doc and scaling.study.shapes). Returns a JSON-friendly
+    dict: budget, cost_model, level, sigma (the noise the verdict resamples with: the scatter about the
+    joint fit of parabolas and shape effects) and dof, noise_source ('joint fit', or 'seed replicates'
+    where the fit leaves no dof), seed_sigma and seed_dof (seed replicates alone, from `noise`; None without
+    any: a sigma well above it is lack of fit), sigma_parabolas (scatter about the parabolas alone),
+    shape_share (the share of that scatter the shape effects explain), shape_effects [{shape, N, effect,
+    recipes}] (empty without shapes shared by enough recipes), recipes: [{recipe, bits_eff, P, runs,
+    sizes, interpolated, N_opt, loss, ci, inside, p_best, parabola (shape-adjusted: loss = c0 + c1·ln N +
+    c2·ln² N at the shapes' common curve)}], best, runner_up, diff (runner-up minus best) with diff_ci,
+    winner (or None) and reason. noise: (sum of squares, dof) of seed replicates (replicate_noise).
+    shape_term=False fits the parabolas alone."""
     cost = compute_lib.get(cost)
     pts = points_at(df, budget, cost)
     out: dict[str, Any] = {"budget": float(budget), "cost_model": cost.name, "level": level, "recipes": [],
-                           "sigma": None, "dof": 0, "best": None, "runner_up": None, "diff": None,
-                           "seed_sigma": math.sqrt(noise[0] / noise[1]) if noise[1] else None, "seed_dof": int(noise[1]),
-                           "diff_ci": None, "winner": None, "reason": ""}
-    profiles = {}
-    rss, dof = noise
+                           "sigma": None, "dof": 0, "noise_source": None, "best": None, "runner_up": None,
+                           "diff": None, "seed_sigma": math.sqrt(noise[0] / noise[1]) if noise[1] else None,
+                           "seed_dof": int(noise[1]), "sigma_parabolas": None, "shape_share": None,
+                           "shape_effects": [], "diff_ci": None, "winner": None, "reason": ""}
     for recipe, g in pts.groupby("recipe", sort=True):
-        x, y = np.log(g["N"].to_numpy(float)), g["loss"].to_numpy(float)
-        n_sizes = len(np.unique(x))
-        entry = {"recipe": recipe, "bits_eff": float(g["bits_eff"].iloc[0]), "P": float(g["P"].iloc[0]),
-                 "runs": int(len(g)), "sizes": n_sizes, "interpolated": int(g["interpolated"].sum()),
-                 "N_opt": None, "loss": None, "ci": None, "inside": None, "p_best": None, "parabola": None}
-        if n_sizes >= MIN_SIZES:
-            coef, r = _parabola(x, y)
-            xs, ys, inside = _minimum(coef, x.min(), x.max())
-            entry.update(N_opt=float(math.exp(xs)), loss=float(ys), inside=bool(inside),
-                         parabola=[float(c) for c in coef])  # loss = c0 + c1·ln N + c2·ln² N
-            profiles[recipe] = (x, y, coef)
-            rss, dof = rss + r, dof + len(x) - 3
-        out["recipes"].append(entry)
-    fitted = [e for e in out["recipes"] if e["loss"] is not None]
+        out["recipes"].append({"recipe": recipe, "bits_eff": float(g["bits_eff"].iloc[0]), "P": float(g["P"].iloc[0]),
+                               "runs": int(len(g)), "sizes": int(g["N"].nunique()),
+                               "interpolated": int(g["interpolated"].sum()), "N_opt": None, "loss": None,
+                               "ci": None, "inside": None, "p_best": None, "parabola": None})
+    fitted = [e for e in out["recipes"] if e["sizes"] >= MIN_SIZES]
     if len(fitted) < 2:
         out["reason"] = f"fewer than two recipes with {MIN_SIZES}+ sizes reaching this budget"
         return out
-    if dof < 1:
+    names = [e["recipe"] for e in fitted]
+    pts = pts[pts["recipe"].isin(names)].reset_index(drop=True)
+    x, y = np.log(pts["N"].to_numpy(float)), pts["loss"].to_numpy(float)
+    recipe_of = pts["recipe"].map({n: i for i, n in enumerate(names)}).to_numpy(int)
+    design = shapes.joint_design(x, recipe_of, list(pts["shape"]), shape_term=shape_term)
+    parabolas = shapes.joint_design(x, recipe_of, list(pts["shape"]), shape_term=False)
+    _, rss_parabolas = shapes.fit(parabolas, y)
+    if parabolas.dof >= 1:
+        out["sigma_parabolas"] = math.sqrt(float(rss_parabolas[0]) / parabolas.dof)
+    if design.dof >= 1:
+        sigma, dof, out["noise_source"] = None, design.dof, "joint fit"
+    elif noise[1] >= 1:
+        sigma, dof, out["noise_source"] = math.sqrt(noise[0] / noise[1]), int(noise[1]), "seed replicates"
+    else:
         out["reason"] = "no degrees of freedom left to estimate run-to-run noise (need more runs than 3 per profile)"
         return out
-    sigma = math.sqrt(rss / dof)
-    out.update(sigma=sigma, dof=int(dof))
-    rng = np.random.default_rng(seed)
-    names = [e["recipe"] for e in fitted]
-    minima = np.empty((n_boot, len(names)))
-    for j, name in enumerate(names):
-        x, y, coef = profiles[name]
-        mean = coef[0] + coef[1] * x + coef[2] * x * x
-        # sigma itself is uncertain with few dof: scale each resample's noise by a chi draw
-        scale = np.sqrt(dof / rng.chisquare(dof, size=(n_boot, 1)))
-        Y = mean[None, :] + sigma * scale * rng.standard_normal((n_boot, len(x)))
-        minima[:, j] = _batched_minima(x, Y, x.min(), x.max())
-    tail = 100 * (1 - level) / 2
-    best_idx = np.argmin(minima, axis=1)
+    res = shapes.compare(design, y, n_boot=n_boot, level=level, rng=np.random.default_rng(seed), sigma=sigma, dof=dof)
+    out.update(sigma=float(res["sigma"][0]), dof=int(dof))
+    if design.shapes:
+        rss = float(res["rss"][0])
+        out["shape_share"] = float(1 - rss / rss_parabolas[0]) if rss_parabolas[0] > 0 else None
+        for shape, sx, u in zip(design.shapes, design.shape_x, res["shape_effects"][0]):
+            on = sorted(set(pts.loc[pts["shape"] == shape, "recipe"]))
+            out["shape_effects"].append({"shape": str(shape), "N": float(math.exp(sx)), "effect": float(u), "recipes": on})
     for j, e in enumerate(fitted):
-        e["ci"] = [float(np.percentile(minima[:, j], tail)), float(np.percentile(minima[:, j], 100 - tail))]
-        e["p_best"] = float(np.mean(best_idx == j))
-    order = sorted(range(len(names)), key=lambda j: fitted[j]["loss"])
-    b, r = order[0], order[1]
-    diff = minima[:, r] - minima[:, b]
-    ci = [float(np.percentile(diff, tail)), float(np.percentile(diff, 100 - tail))]
-    out.update(best=names[b], runner_up=names[r], diff=float(fitted[r]["loss"] - fitted[b]["loss"]), diff_ci=ci)
+        e.update(N_opt=float(math.exp(res["x_opt"][0, j])), loss=float(res["loss"][0, j]), inside=bool(res["inside"][0, j]),
+                 parabola=[float(c) for c in res["coef"][0, 3 * j:3 * j + 3]], ci=[float(c) for c in res["ci"][0, j]],
+                 p_best=float(res["p_best"][0, j]))
+    b, r = int(res["best"][0]), int(res["runner_up"][0])
+    ci = [float(c) for c in res["diff_ci"][0]]
+    out.update(best=names[b], runner_up=names[r], diff=float(res["diff"][0]), diff_ci=ci)
     edge = [e["recipe"] for e in fitted if not e["inside"]]
+    adjusted = " (shape-adjusted)" if design.shapes else ""
     if ci[0] <= 0:
-        out["reason"] = (f"cannot tell: {names[b]} vs {names[r]} differ by {out['diff']:.3f} nats, "
+        out["reason"] = (f"cannot tell: {names[b]} vs {names[r]} differ by {out['diff']:.3f} nats{adjusted}, "
                          f"{level:.0%} CI [{ci[0]:.3f}, {ci[1]:.3f}] includes zero")
     elif edge:
         out["reason"] = (f"cannot tell: the minimum of {', '.join(edge)} lies at the edge of its sizes "
                          "(it may be lower beyond them)")
     else:
         out["winner"] = names[b]
-        out["reason"] = (f"{names[b]} beats {names[r]} by {out['diff']:.3f} nats "
+        out["reason"] = (f"{names[b]} beats {names[r]} by {out['diff']:.3f} nats{adjusted} "
                          f"({level:.0%} CI [{ci[0]:.3f}, {ci[1]:.3f}])")
     return out
 

@@ -140,23 +140,24 @@ def integer_arm(df: pd.DataFrame) -> pd.DataFrame:
 
 def findings(df: pd.DataFrame, fit: Any | None, *, cost: str = "bits", budgets: Sequence[float] | None = None,
              n_boot: int = 2000, ci_samples: int = 100, loss_column: str = "val_loss",
-             noise_rows: pd.DataFrame | None = None) -> dict[str, Any]:
+             noise_rows: pd.DataFrame | None = None, level: float = LEVEL) -> dict[str, Any]:
     """Everything REPORT.md may claim, as numbers: per budget the IsoFLOP analysis (each recipe's
     effective bits, minimum loss, CI, runs, probability of being best; winner or None), and P* at
     each budget with its bootstrap CI (chosen law, chosen cost model), its specification range
     (across specification_fits x optimal.cost_models) and the verdict against each published range.
     `integer_arm`: the same IsoFLOP analysis over the forward-only integer recipes and the reference
     alone (`integer_arm`), the comparison like for like with Kumar et al.; [] without that arm.
-    noise_rows: the table whose seed replicates measure run-to-run noise (default df)."""
+    noise_rows: the table whose seed replicates measure run-to-run noise (default df); level: the
+    confidence level of every IsoFLOP verdict and interval."""
     cost_model = compute_lib.get(cost)
     main = compute_lib.backfill(ok_rows(df))
     noise_rows = df if noise_rows is None else noise_rows
     costable = "flops_fprop" in main.columns and main["flops_fprop"].notna().all()
     if not budgets:
         budgets = default_budgets(main, cost_model) if costable else []
-    out = _measured_findings(df, main, budgets, cost_model, n_boot, noise_rows, costable)
+    out = _measured_findings(df, main, budgets, cost_model, n_boot, noise_rows, costable, level)
     if costable:
-        out["integer_arm"] = _integer_arm_findings(main, noise_rows, budgets, cost_model, n_boot)
+        out["integer_arm"] = _integer_arm_findings(main, noise_rows, budgets, cost_model, n_boot, level)
     if fit is None:
         return out
     out["law"] = {"name": fit.law, "params": fit.params, "fixed": fit.fixed,
@@ -170,7 +171,7 @@ def findings(df: pd.DataFrame, fit: Any | None, *, cost: str = "bits", budgets: 
     at = budgets or ([float(with_cost(main, cost_model)["C"].max())] if costable else [])
     # what the IsoFLOP measurement itself cannot rule out at each budget: part of every P* interval, so a
     # law that disagrees with the measurement widens the interval instead of overruling it
-    measured = {float(b["budget"]): measured_choice(b) for b in out["budgets"]}
+    measured = {float(b["budget"]): measured_choice(b, level) for b in out["budgets"]}
     for c in at:
         if _has_bits(fit.law):
             entry = _pstar_over_bits(fit, c, specs, chosen_cost, ci_samples, measured.get(float(c), []))
@@ -183,14 +184,14 @@ def findings(df: pd.DataFrame, fit: Any | None, *, cost: str = "bits", budgets: 
 
 def _measured_findings(df: pd.DataFrame, main: pd.DataFrame, budgets: Sequence[float],
                        cost_model: compute_lib.CostModel, n_boot: int, noise_rows: pd.DataFrame,
-                       costable: bool) -> dict[str, Any]:
+                       costable: bool, level: float = LEVEL) -> dict[str, Any]:
     """findings' measured part: units, runs, seeds, and the IsoFLOP analysis at every budget (none
     when the results cannot be placed at a budget, with the reason as `note`); law parts empty."""
     return {
         "loss_unit": loss_unit(df), "cost_model": cost_model.describe(),
         "runs": int(main["run_id"].nunique()) if "run_id" in main.columns else len(main),
         "seeds_per_cell": _seeds_per_cell(main),
-        "budgets": analyse(main, budgets, cost_model, n_boot=n_boot,
+        "budgets": analyse(main, budgets, cost_model, n_boot=n_boot, level=level,
                            noise=replicate_noise(noise_rows)) if costable else [],
         "note": None if costable else "the results do not record FLOPs by part (nor size, recipe and "
                                       "flops_per_token to derive them), so no run can be placed at a budget",
@@ -199,15 +200,15 @@ def _measured_findings(df: pd.DataFrame, main: pd.DataFrame, budgets: Sequence[f
 
 
 def _integer_arm_findings(main: pd.DataFrame, noise_rows: pd.DataFrame, budgets: Sequence[float],
-                          cost_model: compute_lib.CostModel, n_boot: int) -> list[dict[str, Any]]:
+                          cost_model: compute_lib.CostModel, n_boot: int, level: float = LEVEL) -> list[dict[str, Any]]:
     """The IsoFLOP analysis of the forward-only integer arm at every budget, compared with the
     published ranges on the forward precision P (Kumar et al.'s), not effective bits; [] without the arm."""
     arm = integer_arm(main)
     if arm.empty:
         return []
-    out = analyse(arm, budgets, cost_model, n_boot=n_boot, noise=replicate_noise(integer_arm(noise_rows)))
+    out = analyse(arm, budgets, cost_model, n_boot=n_boot, level=level, noise=replicate_noise(integer_arm(noise_rows)))
     for b in out:
-        b["measured"] = measured_choice(b)
+        b["measured"] = measured_choice(b, level)
         forward = [m["P"] for m in b["measured"]]
         b["P_interval"] = [min(forward), max(forward)] if forward else None
         b["published"] = {name: verdict(b["P_interval"], lo, hi) for name, (lo, hi) in PUBLISHED.items()}
