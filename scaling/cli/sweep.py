@@ -10,7 +10,7 @@ import argparse
 from pathlib import Path
 
 from scaling.errors import ConfigError
-from scaling.study import sweep, takeoff
+from scaling.study import design_checks, sweep, takeoff
 from scaling.train import runs
 
 
@@ -58,12 +58,20 @@ def main(args: argparse.Namespace) -> int:
     out_root = Path(args.out)
     specs = sweep.expand(args.experiment, args.set, landed=out_root)
     todo = [s for s in specs if not runs.finished(s.out_dir(out_root))]
-    eta = takeoff.estimate_seconds(todo, takeoff.matmul_flops_per_s())
+    lanes = (args.workers or 1) if args.executor == "local" else 1
+    eta, timed, shapes = takeoff.eta_seconds(todo, out_root, lanes)
+    source = (f", {timed} of {shapes} shapes timed by take-off probes" if timed else
+              ", from this machine's matmul speed (no take-off probe has flown yet)") if shapes else ""
     print(f"{len(specs)} runs in {specs[0].sweep if specs else '-'}: {len(specs) - len(todo)} landed, "
-          f"{len(todo)} to run, estimated {eta / 60:.1f} min")
+          f"{len(todo)} to run, estimated {eta / 60:.1f} min{source}")
     if args.dry_run:
         for spec in specs:
             print(f"  {spec.run_id}  {'done' if spec not in todo else 'todo'}  {sweep.describe(spec.config)}")
+        notes, warnings = design_checks.check(args.experiment, args.set, out_root)
+        for line in notes:
+            print(f"  {line}")
+        for line in warnings:
+            print(f"warning: {line}")
         return 0
     counts: dict[str, int] = {}
     slow: list[dict] = []

@@ -42,7 +42,14 @@ class Design:
     `extend_edges`: once a grid point's runs have landed, a budget whose observed minimum is its
     smallest (largest) size gets a run at the next smaller (larger) shape of `sizes`, serving that
     budget alone, and so on while the minimum stays on the edge (see `extend_edges`): a profile
-    whose minimum is its last point does not locate it."""
+    whose minimum is its last point does not locate it.
+
+    `shapes`: "common" (the default): the grid points that differ only in their recipe train one
+    common set of shapes at each budget, every shape from the smallest to the largest that any of
+    their windows needs; a shape missing from a recipe's own window at a budget is a run serving that
+    budget alone (like an edge run), so the window's runs keep their ids, and an edge run one recipe's
+    minimum calls for is trained for all of them. Recipes are then compared on the same models: the
+    loss depends on the shape, not on N alone. "per_recipe": each recipe on its own window only."""
 
     budgets: tuple[float, ...]
     cost: str = "bits"
@@ -53,6 +60,7 @@ class Design:
     reference: str | None = None
     replicates: tuple[int, ...] = ()
     extend_edges: bool = False
+    shapes: str = "common"
 
     @classmethod
     def from_table(cls, table: Any) -> "Design":
@@ -82,7 +90,17 @@ class Design:
                    min_steps=config._integer(1)("isoflop.min_steps", table.get("min_steps", cls.min_steps)),
                    reference=config._name("isoflop.reference", table["reference"]) if "reference" in table else None,
                    replicates=_seeds(table.get("replicates", [])),
-                   extend_edges=_flag("isoflop.extend_edges", table.get("extend_edges", cls.extend_edges)))
+                   extend_edges=_flag("isoflop.extend_edges", table.get("extend_edges", cls.extend_edges)),
+                   shapes=_choice("isoflop.shapes", table.get("shapes", cls.shapes), SHAPE_RULES))
+
+
+SHAPE_RULES = ("common", "per_recipe")
+
+
+def _choice(key: str, value: Any, allowed: Sequence[str]) -> str:
+    if value not in allowed:
+        raise ConfigError(key, value, list(allowed))
+    return value
 
 
 def _flag(key: str, value: Any) -> bool:
@@ -138,9 +156,53 @@ def design_runs(points: Sequence[dict], design: Design, vocab: int = 256) -> lis
                     if size in served[i]:  # sizes the reference runs anyway; their budgets stay its own
                         for steps in at:
                             served[i][size].setdefault(steps, 0.0)
-    return [[_run_config(point, base, shape, at_size[shape], design.cost)
+    runs = [[_run_config(point, base, shape, at_size[shape], design.cost)
              for shape in sorted(at_size, key=lambda s: (s[0], s[1] or 0))]
             for point, base, at_size in zip(points, bases, served)]
+    for i, missing in enumerate(_fills(points, bases, served, design, vocab)):
+        runs[i] += [_run_config(points[i], bases[i], shape, {steps: budget}, design.cost)
+                    for budget, shape, steps in missing]
+    return runs
+
+
+def siblings(points: Sequence[dict], design: Design) -> list[list[int]]:
+    """The grid points that share their shapes (indices): with design.shapes "common", those equal
+    but for their recipe; "per_recipe": each point alone."""
+    if design.shapes == "per_recipe":
+        return [[i] for i in range(len(points))]
+    groups: dict[str, list[int]] = {}
+    for i, p in enumerate(points):
+        key = json.dumps({k: v for k, v in p.items() if k != "precision"}, sort_keys=True, default=str)
+        groups.setdefault(key, []).append(i)
+    return list(groups.values())
+
+
+def _fills(points: Sequence[dict], bases: Sequence[config.RunConfig], served: Sequence[dict], design: Design,
+           vocab: int) -> list[list[tuple[float, tuple, int]]]:
+    """Per point, (budget, shape, steps) of each common shape (see Design.shapes) its own window lacks
+    at a budget: every shape of design.sizes from the smallest to the largest its siblings' windows
+    hold there. ConfigError when one gives a recipe fewer than min_steps steps."""
+    out: list[list[tuple[float, tuple, int]]] = [[] for _ in points]
+    for group in siblings(points, design):
+        if len(group) < 2:
+            continue
+        shapes = {i: _shapes(bases[i], design, vocab) for i in group}
+        order = list(shapes[group[0]]["shape"])  # by N, which the recipe does not change
+        for budget in design.budgets:
+            held = {i: {shape for shape, at in served[i].items() if budget in at.values()} for i in group}
+            used = [order.index(shape) for i in group for shape in held[i]]
+            for i in group:
+                for shape in order[min(used):max(used) + 1]:
+                    if shape in held[i]:
+                        continue
+                    per_token = float(shapes[i].loc[shapes[i]["shape"] == shape, "per_token"].iloc[0])
+                    steps = int(np.round(budget / per_token / bases[i].tokens_per_step))  # as _served rounds
+                    if steps < max(design.min_steps, bases[i].train.warmup + 1):
+                        raise ConfigError("isoflop.budgets", budget,
+                                          f"budgets giving every recipe at least {design.min_steps} steps at the common "
+                                          f"shapes (recipe {bases[i].recipe.name} gets {steps} at size {shape})")
+                    out[i].append((budget, shape, steps))
+    return out
 
 
 def _run_config(point: dict, base: config.RunConfig, shape: tuple[int, int | None], at: dict[int, float],
@@ -163,53 +225,67 @@ def extend_edges(points: Sequence[dict], designed: Sequence[Sequence[config.RunC
                  landed: pd.DataFrame, vocab: int = 256) -> list[list[config.RunConfig]]:
     """Each grid point's runs plus the edge runs (Design.extend_edges) its landed results call for.
 
-    Once all of a point's runs have landed ok, each budget whose minimum (the mean val_loss over the
-    seeds landed at each N: the point's own runs and their replicates) is at its smallest (largest) N
-    gets one run at the next smaller (larger) shape of `design.sizes` that is not yet there, serving
-    that budget alone (at least `min_steps` steps); when that run lands and is the new edge minimum,
-    the next shape follows, until the minimum is inside or the shapes run out. An edge run that has
-    landed stays, even once replicates move the minimum inside (landed results are never dropped).
-    Points with runs still to land are returned as designed."""
+    Once all the runs of a point and of its siblings (`siblings`: the recipes sharing its shapes) have
+    landed ok, each budget where one of their minima (the mean val_loss over the seeds landed at each N:
+    the point's own runs and their replicates) is at its smallest (largest) N gets one run at the next
+    smaller (larger) shape of `design.sizes` for each of them, serving that budget alone (at least
+    `min_steps` steps); when those runs land and a minimum is still on the edge, the next shape follows,
+    until every minimum is inside or the shapes run out. An edge run that has landed stays, even once
+    replicates move the minimum inside (landed results are never dropped). Points with runs still to
+    land (or siblings with some) are returned as designed."""
     if not design.extend_edges or landed.empty or "budget" not in landed.columns:
         return [list(cfgs) for cfgs in designed]
     ok = landed[landed["status"] == "ok"] if "status" in landed.columns else landed
-    out = []
-    for point, cfgs in zip(points, designed):
-        cfgs = list(cfgs)
+    landed_ok, on_disk = set(ok["run_id"]), set(landed["run_id"])
+    out = [list(cfgs) for cfgs in designed]
+    shapes, edge_runs = [], []
+    for i, point in enumerate(points):
         base = config.validate(point)
-        shapes = _shapes(base, design, vocab)
-        edge_runs = {}  # every edge run this point could have: those landed are kept
-        for shape, per_token in zip(shapes["shape"], shapes["per_token"]):
+        shapes.append(_shapes(base, design, vocab))
+        runs = {}  # every edge run this point could have: those landed are kept
+        for shape, per_token in zip(shapes[i]["shape"], shapes[i]["per_token"]):
             for budget in design.budgets:
                 steps = int(np.round(budget / per_token / base.tokens_per_step))  # as _served rounds
                 if steps >= max(design.min_steps, base.train.warmup + 1):
-                    cfg = _run_config(point, base, shape, {steps: budget}, design.cost)
-                    edge_runs[(budget, shape)] = cfg
-        held, on_disk = {c.run_id for c in cfgs}, set(landed["run_id"])
-        cfgs += [c for c in edge_runs.values() if c.run_id in on_disk and c.run_id not in held]
-        while True:
-            ids = [c.run_id for c in cfgs]
-            if not set(ids) <= set(ok["run_id"]):
-                break
-            added = []
+                    runs[(budget, shape)] = _run_config(point, base, shape, {steps: budget}, design.cost)
+        edge_runs.append(runs)
+        held = {c.run_id for c in out[i]}
+        out[i] += [c for c in runs.values() if c.run_id in on_disk and c.run_id not in held]
+    for group in siblings(points, design):
+        # an edge run one sibling has landed is a common shape: the others get it too
+        landed_edges = [key for i in group for key, run in edge_runs[i].items() if run.run_id in on_disk]
+        for i in group:
+            held = {c.run_id for c in out[i]}
+            for key in dict.fromkeys(landed_edges):
+                run = edge_runs[i].get(key)
+                if run is not None and run.run_id not in held:
+                    out[i].append(run)
+                    held.add(run.run_id)
+        while all(c.run_id in landed_ok for i in group for c in out[i]):
+            wanted: dict[tuple, None] = {}  # (budget, shape) of the next edge run, in budget order
             for budget in design.budgets:
-                at = _profile(ok, cfgs, design, budget)
-                if len(at) < 2:
-                    continue
-                i = int(np.argmin(at["val_loss"].to_numpy(float)))
-                if 0 < i < len(at) - 1:
-                    continue
-                n_edge = at["N"].iloc[i]
-                beyond = shapes[shapes["N"] < n_edge].iloc[::-1] if i == 0 else shapes[shapes["N"] > n_edge]
-                if not beyond.empty:  # the next shape only: the one after waits for this one's result
-                    run = edge_runs.get((budget, beyond["shape"].iloc[0]))
-                    if run is not None:
-                        added.append(run)
-            added = [c for c in added if c.run_id not in ids]
+                for i in group:
+                    at = _profile(ok, out[i], design, budget)
+                    if len(at) < 2:
+                        continue
+                    k = int(np.argmin(at["val_loss"].to_numpy(float)))
+                    if 0 < k < len(at) - 1:
+                        continue
+                    n_edge, table = at["N"].iloc[k], shapes[i]
+                    beyond = table[table["N"] < n_edge].iloc[::-1] if k == 0 else table[table["N"] > n_edge]
+                    if not beyond.empty:  # the next shape only: the one after waits for this one's result
+                        wanted[(budget, beyond["shape"].iloc[0])] = None
+            added = False
+            for i in group:
+                held = {c.run_id for c in out[i]}
+                for key in wanted:
+                    run = edge_runs[i].get(key)
+                    if run is not None and run.run_id not in held:
+                        out[i].append(run)
+                        held.add(run.run_id)
+                        added = True
             if not added:
                 break
-            cfgs += added
-        out.append(cfgs)
     return out
 
 

@@ -142,21 +142,9 @@ def expand(path: str | Path, overrides: list[str] = (), landed: str | Path | Non
     `replicates` adds the edge and replicate runs its landed runs there call for
     (scaling.study.design.extend_edges, scaling.study.design.replicates).
     """
-    experiment = load_experiment(path)
-    base = {k: v for k, v in experiment.items() if k not in EXPERIMENT_KEYS}
-    base = config.apply_overrides(base, list(overrides))
-    sweep = str(base.get("name") or Path(path).stem)
-    design = None
-    if "isoflop" in experiment:  # an IsoFLOP design places the sizes and budgets of every grid point
+    sweep, base, points, design = experiment_points(path, overrides)
+    if design:
         from scaling.study import design as design_lib
-
-        design = design_lib.Design.from_table(experiment["isoflop"])
-    points = []
-    for point in grid_points(experiment):
-        cfg = copy.deepcopy(base)
-        for key, value in point.items():
-            set_dotted(cfg, key, value)
-        points.append((point, cfg))
     try:
         designed = design_lib.design_runs([c for _, c in points], design, _vocab(base)) if design else None
     except ConfigError as e:
@@ -178,6 +166,27 @@ def expand(path: str | Path, overrides: list[str] = (), landed: str | Path | Non
         for cfg in [c for cfgs in designed for c in cfgs] + design_lib.replicates(designed, design, rows):
             specs.setdefault(cfg.run_id, RunSpec(run_id=cfg.run_id, sweep=sweep, config=cfg))
     return list(specs.values())
+
+
+def experiment_points(path: str | Path, overrides: list[str] = ()) -> tuple[str, dict, list[tuple[dict, dict]], Any]:
+    """(sweep name, base config, [(grid point overrides, its config)], its Design or None): an
+    experiment file before its runs are placed (`expand` places them)."""
+    experiment = load_experiment(path)
+    base = {k: v for k, v in experiment.items() if k not in EXPERIMENT_KEYS}
+    base = config.apply_overrides(base, list(overrides))
+    sweep = str(base.get("name") or Path(path).stem)
+    design = None
+    if "isoflop" in experiment:  # an IsoFLOP design places the sizes and budgets of every grid point
+        from scaling.study import design as design_lib
+
+        design = design_lib.Design.from_table(experiment["isoflop"])
+    points = []
+    for point in grid_points(experiment):
+        cfg = copy.deepcopy(base)
+        for key, value in point.items():
+            set_dotted(cfg, key, value)
+        points.append((point, cfg))
+    return sweep, base, points, design
 
 
 def _vocab(cfg: dict) -> int:

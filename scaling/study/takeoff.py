@@ -206,13 +206,47 @@ def matmul_flops_per_s(n: int = 1024, repeats: int = 5) -> float:
 
 
 def estimate_seconds(specs: list[RunSpec], flops_per_s: float) -> float:
-    """Training FLOPs / (machine FLOP/s x assumed utilisation) + one compile per distinct model shape."""
+    """Training FLOPs (the head at the corpus's vocabulary) / (machine FLOP/s x assumed utilisation)
+    + one compile per distinct model shape."""
     total, shapes = 0.0, set()
     for spec in specs:
         m = spec.config.model
-        total += ladder.flops_per_token(m.shape()) * spec.config.train.tokens
-        shapes.add((m.size, m.n_layers, m.seq_len))
+        vocab = sweep._vocab(spec.config.to_dict())
+        total += ladder.flops_per_token(m.shape(vocab)) * spec.config.train.tokens
+        shapes.add((m.size, m.n_layers, m.seq_len, vocab))
     return total / (flops_per_s * ASSUMED_MODEL_FLOPS_UTILISATION) + COMPILE_SECONDS_PER_SHAPE * len(shapes)
+
+
+def landed_flights(specs: list[RunSpec], out_root: str | Path) -> dict[str, dict]:
+    """Per shape key, the summary of a take-off probe that has already flown for one of its specs
+    (under <out>/.takeoff, where `take_off` lands them): measured step times before any run trains."""
+    flights: dict[str, dict] = {}
+    for spec in specs:
+        key = sweep.shape_key(spec.config)
+        if key in flights:
+            continue
+        probe = _takeoff_spec(spec)
+        try:
+            summary = json.loads((probe.out_dir(Path(out_root) / ".takeoff") / "summary.json").read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if summary.get("status") == "ok" and summary.get("tokens_per_s"):
+            flights[key] = summary
+    return flights
+
+
+def eta_seconds(specs: list[RunSpec], out_root: str | Path, lanes: int = 1,
+                flops_per_s: Callable[[], float] | None = None) -> tuple[float, int, int]:
+    """(seconds, shapes timed by landed take-off probes, shapes): the sweep's ETA from the probes'
+    measured step times where they have flown, from this machine's matmul speed (`flops_per_s`,
+    measured only when some shape has no probe) for the rest."""
+    flights = landed_flights(specs, out_root)
+    timed = [s for s in specs if sweep.shape_key(s.config) in flights]
+    rest = [s for s in specs if sweep.shape_key(s.config) not in flights]
+    seconds = measured_seconds(timed, flights, lanes)
+    if rest:
+        seconds += estimate_seconds(rest, (flops_per_s or matmul_flops_per_s)())
+    return seconds, len(flights), len({sweep.shape_key(s.config) for s in specs})
 
 
 if __name__ == "__main__":
