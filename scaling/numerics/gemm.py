@@ -40,6 +40,7 @@ from typing import Any, Mapping, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from scaling.numerics import formats, precision, quant, transforms
 from scaling import host
@@ -88,10 +89,11 @@ def quantise_operand(x: jax.Array, s: RoleStructure, fmt: jax.Array, axis: int, 
     return op if measure is None else op._replace(telemetry=_telemetry(x, op, measure))
 
 
-def _telemetry(x: jax.Array, op: Operand, measure: jax.Array) -> jax.Array:
+def _telemetry(x: jax.Array, op: Operand, measure: jax.Array | bool) -> jax.Array:
     """`quant.telemetry_vector` of one operand where `measure` is true, NaNs where it is false: the
-    trainer reads telemetry only on its logged steps and skips the work on the others (a runtime
-    condition, so one compiled step serves both). One quantised along its columns (activations,
+    trainer reads telemetry only on its logged steps and skips the work on the others. A Python
+    bool is the host's choice (a logged and an unlogged program: nothing is computed where false);
+    a traced bool a runtime condition (one program serves both). One quantised along its columns (activations,
     gradients: rows are tokens) is measured on every (M // TELEMETRY_ROWS)-th row (amax stays
     exact): a few per cent of the quantisation's own cost instead of several times it."""
     axis = op.spec.axis
@@ -103,6 +105,8 @@ def _telemetry(x: jax.Array, op: Operand, measure: jax.Array) -> jax.Array:
         return quant.telemetry_vector(xs, values * scale, scale, op.q.amax, op.fmax, axis)
 
     nan = jnp.full((TELEMETRY_SIZE,), jnp.nan, jnp.float32)
+    if isinstance(measure, bool):
+        return measured() if measure else nan
     if jax.default_backend() == "cpu":  # XLA:CPU runs only the branch taken
         return jax.lax.cond(measure, measured, lambda: nan)
     # XLA:GPU reads a conditional's predicate on the host (a sync per operand per step), and the
@@ -148,12 +152,16 @@ def _restored(saved: quant.Quantized | None, s: RoleStructure, fmt: jax.Array, a
 # ---------------------------------------------------------------------------------------------
 
 
-def _dot(a: jax.Array, ca: int, b: jax.Array, cb: int, dtype=None) -> jax.Array:
+def _dot(a: jax.Array, ca: int, b: jax.Array, cb: int, precision: jax.lax.Precision, dtype=None) -> jax.Array:
     """Contract axis ca of 2-D a with axis cb of 2-D b -> (a's free dim, b's free dim), fp32
-    accumulation; operands cast to `dtype` first (bf16 for the fast path). No explicit transposes."""
+    accumulation; operands cast to `dtype` first (bf16 for the fast path). No explicit transposes.
+    `precision` (the recipe's `RecipeStructure.f32_dots`) applies to float32 operands: without it a
+    GPU runs them as TF32; bf16 operands multiply exactly either way."""
     if dtype is not None:
         a, b = a.astype(dtype), b.astype(dtype)
-    return jax.lax.dot_general(a, b, (((ca,), (cb,)), ((), ())), preferred_element_type=jnp.float32)
+    f32 = a.dtype == jnp.float32 and b.dtype == jnp.float32
+    return jax.lax.dot_general(a, b, (((ca,), (cb,)), ((), ())), precision=precision if f32 else None,
+                               preferred_element_type=jnp.float32)
 
 
 def _as_col(s: jax.Array) -> jax.Array:
@@ -190,7 +198,8 @@ def _fast_layout(op: Operand) -> tuple[jax.Array, jax.Array, jax.Array | None]:
     return q.values * quant.expand_scale(s_b, spec, q.values.shape), s_t, None
 
 
-def _gemm(a: Operand | jax.Array, ca: int, b: Operand | jax.Array, cb: int, fast: bool) -> jax.Array:
+def _gemm(a: Operand | jax.Array, ca: int, b: Operand | jax.Array, cb: int, fast: bool,
+          precision: jax.lax.Precision) -> jax.Array:
     """Σ over a's axis ca and b's axis cb -> (free dim of a) × (free dim of b), fp32. Raw arrays
     are unquantised operands. Fast path: bf16 dots on the grid values with the scales outside
     (`_fast_layout`): outer scales as a column (a) times a row (b); per-K-block scales (block,
@@ -198,11 +207,11 @@ def _gemm(a: Operand | jax.Array, ca: int, b: Operand | jax.Array, cb: int, fast
     if not fast or not isinstance(a, Operand) or not isinstance(b, Operand):
         da = quant.dequantize(a.q, a.spec) if isinstance(a, Operand) else a
         db = quant.dequantize(b.q, b.spec) if isinstance(b, Operand) else b
-        return _dot(da, ca, db, cb)
+        return _dot(da, ca, db, cb, precision)
     (va, outer_a, a_blocks), (vb, outer_b, b_blocks) = _fast_layout(a), _fast_layout(b)
     outer = _as_col(outer_a) * _as_row(outer_b)
     if a_blocks is None and b_blocks is None:
-        return _dot(va, ca, vb, cb, jnp.bfloat16) * outer
+        return _dot(va, ca, vb, cb, precision, jnp.bfloat16) * outer
     ka, kb_ = a.spec.block, b.spec.block
     kb = min(k for k, bl in ((ka, a_blocks), (kb_, b_blocks)) if bl is not None)
     for k, bl in ((ka, a_blocks), (kb_, b_blocks)):
@@ -214,7 +223,7 @@ def _gemm(a: Operand | jax.Array, ca: int, b: Operand | jax.Array, cb: int, fast
     for i, start in enumerate(range(0, n, kb)):
         stop = min(start + kb, n)
         part = _dot(jax.lax.slice_in_dim(va, start, stop, axis=ca), ca,
-                    jax.lax.slice_in_dim(vb, start, stop, axis=cb), cb)
+                    jax.lax.slice_in_dim(vb, start, stop, axis=cb), cb, precision)
         if a_blocks is not None:
             part = part * _as_col(jax.lax.index_in_dim(a_blocks, i // (ka // kb), axis=ca, keepdims=False))
         if b_blocks is not None:
@@ -290,18 +299,24 @@ def _history(op: Operand | None) -> jax.Array | None:
     return None if op is None else op.q.history
 
 
+def _measure(measure: "jax.Array | _Static") -> jax.Array | bool:
+    """The runtime bool, or the host's choice carried as a static (leaf-free) pytree node."""
+    return measure.value if isinstance(measure, _Static) else measure
+
+
 def _fprop(x, w, state: QdotState, key_data, smooth_K, measure, st: RecipeStructure):
     """Y = Q(X; along K) · Q(W; along K). Returns ((Y, telemetry by role, new forward histories),
     the quantised operands for reuse in the backward pass). A rotated fprop quantises X·R and Rᵀ·W;
     it has no use for Smooth-SwiGLU's channel scale (a rotation does not commute with it)."""
     ka, kw = _keys(key_data, 0, 2)
     sa, sw = st.activation, st.weight
+    measure = _measure(measure)
     x, w, rotated = _rotated(x, 1, w, 0, st, "fprop", key_data)
     smooth_K = None if rotated else smooth_K
     a = None if sa is None else _quantise_x(x, smooth_K, st, state, ka, 1, measure)
     b = None if sw is None else quantise_operand(w, sw, state.fmt["weight"], 0, key=kw,
                                                  history=state.hist.get("weight"), measure=measure)
-    y = _gemm(x if a is None else a, 1, w if b is None else b, 0, _fast_ok(st, sa, sw))
+    y = _gemm(x if a is None else a, 1, w if b is None else b, 0, _fast_ok(st, sa, sw), st.f32_dots)
     ops = (("activation", a), ("weight", b))
     telem = {r: op.telemetry for r, op in ops if op is not None}
     new_hist = {r: _history(op) for r, op in ops if _history(op) is not None}
@@ -326,9 +341,10 @@ def _qdot_bwd(res, cts):
     x, w, state, key_data, smooth_K, measure, box, a_saved, b_saved = res
     st: RecipeStructure = box.value
     dy = cts[0]
+    measure = _measure(measure)
     zero_state = jax.tree.map(jnp.zeros_like, state)
     if st.forward_only:
-        return _dot(dy, 1, w, 1), _dot(x, 0, dy, 0), zero_state, None, None, None, None
+        return _dot(dy, 1, w, 1, st.f32_dots), _dot(x, 0, dy, 0, st.f32_dots), zero_state, None, None, None, None
     k_g1, k_w, k_a, k_g2 = _keys(key_data, 1, 4)
     sg, sw, sa = st.grad, st.weight, st.activation
     sink = jnp.zeros_like(state.grad_sink)
@@ -344,7 +360,7 @@ def _qdot_bwd(res, cts):
     w_n = None if sw is None else _restored(b_saved, sw, state.fmt["weight"], 1)
     if sw is not None and w_n is None:  # same scale as the forward (delayed: pre-update history)
         w_n = quantise_operand(w_n_in, sw, state.fmt["weight"], 1, key=k_w, history=state.hist.get("weight"))
-    dx = _gemm(dy_n if g_n is None else g_n, 1, w_n_in if w_n is None else w_n, 1, _fast_ok(st, sg, sw))
+    dx = _gemm(dy_n if g_n is None else g_n, 1, w_n_in if w_n is None else w_n, 1, _fast_ok(st, sg, sw), st.f32_dots)
     # wgrad: dW (K×N) = Q(X; along M)ᵀ · Q(dY; along M)
     x_m_in, dy_m, rotated = _rotated(x, 0, dy, 0, st, "wgrad", key_data)
     x_m = None if sa is None else _restored(a_saved, sa, state.fmt["activation"], 0)
@@ -353,7 +369,7 @@ def _qdot_bwd(res, cts):
     g_m = _restored(_saved(g_n), sg, state.fmt["grad"], 0) if _reusable(sg, st, "dgrad", "wgrad") else None
     if sg is not None and g_m is None:
         g_m = quantise_operand(dy_m, sg, state.fmt["grad"], 0, key=k_g2, history=hist_g)
-    dw = _gemm(x_m_in if x_m is None else x_m, 0, dy_m if g_m is None else g_m, 0, _fast_ok(st, sa, sg))
+    dw = _gemm(x_m_in if x_m is None else x_m, 0, dy_m if g_m is None else g_m, 0, _fast_ok(st, sa, sg), st.f32_dots)
     return dx, dw, zero_state._replace(grad_sink=sink), None, None, None, None
 
 
@@ -375,7 +391,8 @@ def qdot_apply(x_MxK: jax.Array, w_KxN: jax.Array, structure: RecipeStructure, s
                key: jax.Array | None = None, smooth_K: jax.Array | None = None,
                measure: jax.Array | bool = True) -> tuple[jax.Array, dict, dict]:
     """The quantised matmul with explicit state. Returns (y, forward telemetry by role
-    (quant.TELEMETRY_FIELDS vectors; NaN where the bool `measure`, which may be traced, is false),
+    (quant.TELEMETRY_FIELDS vectors; NaN where the bool `measure` is false: a Python bool skips
+    the work in the program, a traced one at run time),
     new forward-role histories).
     Leading batch axes of x are flattened: (B, L, K) -> (B·L, K). `smooth_K`: optional
     power-of-two per-input-channel scale applied before quantising X and undone on its grid
@@ -384,10 +401,12 @@ def qdot_apply(x_MxK: jax.Array, w_KxN: jax.Array, structure: RecipeStructure, s
     x2 = x_MxK.reshape(-1, x_MxK.shape[-1]).astype(jnp.float32)
     w = w_KxN.astype(jnp.float32)
     if not structure.quantises_gemms:
-        return _dot(x2, 1, w, 0).reshape(*lead, w.shape[-1]), {}, {}
+        return _dot(x2, 1, w, 0, structure.f32_dots).reshape(*lead, w.shape[-1]), {}, {}
     key_data = None if key is None else jax.random.key_data(key)
     smooth = None if smooth_K is None else jax.lax.stop_gradient(smooth_K).astype(jnp.float32)
-    y, telem, new_hist = _qdot(x2, w, state, key_data, smooth, jnp.asarray(measure, bool), _Static(structure))
+    # a host-side bool stays static through the custom VJP (no telemetry traced where false)
+    flag = _Static(bool(measure)) if isinstance(measure, (bool, np.bool_)) else jnp.asarray(measure, bool)
+    y, telem, new_hist = _qdot(x2, w, state, key_data, smooth, flag, _Static(structure))
     return y.reshape(*lead, w.shape[-1]), telem, new_hist
 
 

@@ -8,6 +8,7 @@ A `Recipe` names, per tensor role, a `quant.QuantSpec` (or None = full FP32):
     attention   Q, K, V and the softmax probabilities as inputs of the two attention matmuls
 
 plus switches (forward-only, FP32-sensitive ops, high-precision embeddings, the fast path), the
+precision of the float32 dots (`dot_precision`: true FP32, or TF32 as GPUs run them by default), the
 GEMMs whose operands are rotated by a randomised Hadamard transform before they are quantised
 (`hadamard`, see `scaling.numerics.transforms`) and the transformer blocks kept in a higher
 precision (`high_precision_first` / `high_precision_last` blocks run the `high_precision` preset). `get`
@@ -60,6 +61,10 @@ class Recipe:
     high_precision_first / high_precision_last: the first / last k transformer blocks run the
         `high_precision` recipe (a preset name, default bf16) instead (NVIDIA's NVFP4 recipe keeps
         the last blocks in BF16); the embedding and head follow `high_precision_embed`.
+    dot_precision: how every float32 × float32 dot runs (unquantised GEMMs, the FP32 path on
+        dequantised operands, attention, the head): "fp32" (lax.Precision.HIGHEST, true FP32 on
+        every backend) or "tf32" (lax.Precision.DEFAULT: TF32 tensor cores on Ampere and later
+        GPUs, what most GPU users train with; FP32 on a CPU).
     """
 
     name: str = "fp32"
@@ -75,11 +80,14 @@ class Recipe:
     high_precision_first: int = 0
     high_precision_last: int = 0
     high_precision: str = "bf16"
+    dot_precision: str = "fp32"
 
     def role_bits(self, role: str) -> int:
-        """Bit width of one role's element format (32 when the role is unquantised)."""
+        """Bit width of one role's element format (unquantised: 32, or TF32's 19 where the dots run in TF32)."""
         spec = getattr(self, role)
-        return 32 if spec is None else int(formats.get(spec.format).bits)
+        if spec is None:
+            return DOT_PRECISION_BITS[self.dot_precision]
+        return int(formats.get(spec.format).bits)
 
     @property
     def bits_w(self) -> int:
@@ -114,6 +122,8 @@ class Recipe:
             high_precision_first=self.high_precision_first,
             high_precision_last=self.high_precision_last,
             kept=self.kept().structure() if self.keeps_layers else None,
+            dot_precision=self.dot_precision,
+            attention_dtype=_attention_dtype(self.attention),
         )
 
     @property
@@ -140,6 +150,8 @@ class Recipe:
         # keys added later appear only where set, so recipes without them describe (and hash) as before
         if self.hadamard:
             out["hadamard"] = self.hadamard.describe()
+        if self.dot_precision != "fp32":
+            out["dot_precision"] = self.dot_precision
         if self.keeps_layers:
             out.update(high_precision_first=self.high_precision_first, high_precision_last=self.high_precision_last,
                        high_precision=self.high_precision)
@@ -196,10 +208,31 @@ class RecipeStructure:
     high_precision_first: int = 0
     high_precision_last: int = 0
     kept: "RecipeStructure | None" = None  # the structure of the blocks kept in high precision
+    dot_precision: str = "fp32"
+    # "bfloat16" / "float16" where the attention inputs are exactly that type (the role's format,
+    # unscaled): attention then runs as a fused kernel on them (cuDNN flash attention on a GPU)
+    attention_dtype: str | None = None
 
     @property
     def quantises_gemms(self) -> bool:
         return any(getattr(self, r) is not None for r in GEMM_ROLES)
+
+    @property
+    def f32_dots(self) -> jax.lax.Precision:
+        """The lax precision of this recipe's float32 × float32 dots (see `Recipe.dot_precision`)."""
+        return DOT_PRECISIONS[self.dot_precision]
+
+
+# Explicit on every f32 dot: with no precision, JAX runs float32 dots as TF32 on Ampere and later GPUs.
+DOT_PRECISIONS = {"fp32": jax.lax.Precision.HIGHEST, "tf32": jax.lax.Precision.DEFAULT}
+DOT_PRECISION_BITS = {"fp32": 32, "tf32": 19}  # TF32: sign, 8 exponent and 10 mantissa bits
+
+
+def _attention_dtype(spec: Any) -> str | None:
+    """The dtype the attention inputs are, where rounding them to the role's format without a scale is a cast."""
+    if spec is None or spec.granularity != "none" or spec.rounding != "nearest":
+        return None
+    return {"bf16": "bfloat16", "fp16": "float16"}.get(formats.get(spec.format).name)
 
 
 def role_structure(spec: Any) -> RoleStructure:
@@ -248,6 +281,8 @@ def _preset(name: str) -> Recipe | None:
     Tseng et al. 2025 for MXFP4), since nearest rounding biases small gradient updates to zero."""
     if name == "fp32":
         return Recipe(name="fp32")
+    if name == "tf32":  # FP32 storage, every dot on TF32 tensor cores (PyTorch's allow_tf32, JAX's GPU default)
+        return Recipe(name="tf32", dot_precision="tf32")
     if name in ("bf16", "fp16"):
         fmt = name
         # fp16 gradients get a per-tensor scale: the ideal dynamic loss scale (fp16 has no range).
@@ -298,12 +333,12 @@ def _preset(name: str) -> Recipe | None:
     return None
 
 
-PRESETS = ("fp32", "bf16", "fp16", "fp8", "fp8-delayed", "fp8-blockwise", "mxfp8", "mxfp6", "mxfp4",
+PRESETS = ("fp32", "tf32", "bf16", "fp16", "fp8", "fp8-delayed", "fp8-blockwise", "mxfp8", "mxfp6", "mxfp4",
            "nvfp4", "fp6", "fp4", "nvfp4-nvidia", "quartet")
 
 _RECIPE_KEYS = ("name", "base", "weight", "activation", "grad", "attention", "forward_only",
                 "fp32_sensitive_ops", "high_precision_embed", "fast_path", "hadamard",
-                "high_precision_first", "high_precision_last", "high_precision")
+                "high_precision_first", "high_precision_last", "high_precision", "dot_precision")
 
 
 def get(value: str | Mapping[str, Any] | Recipe, *, key: str = "precision") -> Recipe:
@@ -313,7 +348,7 @@ def get(value: str | Mapping[str, Any] | Recipe, *, key: str = "precision") -> R
 
     Mapping form: {name=..., base="fp8" (optional preset to start from), weight={format=...,
     granularity=..., ...} | "none", activation=..., grad=..., attention=..., forward_only=bool,
-    fp32_sensitive_ops=bool, high_precision_embed=bool, fast_path=bool}. Role tables take the
+    fp32_sensitive_ops=bool, high_precision_embed=bool, fast_path=bool, dot_precision="fp32"|"tf32"}. Role tables take the
     QuantSpec fields; a role given as a string is a format name (per tensor, current).
     """
     if isinstance(value, Recipe):
@@ -371,6 +406,10 @@ def _from_mapping(m: Mapping[str, Any], key: str) -> Recipe:
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ConfigError(f"{key}.{count}", v, "an integer >= 0 (transformer blocks)")
             changes[count] = v
+    if "dot_precision" in m:
+        if m["dot_precision"] not in DOT_PRECISIONS:
+            raise ConfigError(f"{key}.dot_precision", m["dot_precision"], list(DOT_PRECISIONS))
+        changes["dot_precision"] = m["dot_precision"]
     if "high_precision" in m:
         if not isinstance(m["high_precision"], str) or _preset(m["high_precision"]) is None:
             raise ConfigError(f"{key}.high_precision", m["high_precision"], PRESETS)

@@ -5,9 +5,11 @@ The n_layers blocks are one Block whose variables are stacked on a leading layer
 `lax.scan` (XLA compiles one block, not n_layers copies); `layer(blocks, i)` gives layer i alone.
 A recipe that keeps its first / last k blocks in high precision runs three scans over slices of the
 same stack: the kept head and tail under the `high_precision` recipe, the middle under the recipe.
-Attention: causal multi-head with RoPE (on a CPU, unless its inputs are quantised, in cache-sized
-blocks with a flash-style backward: `_causal_attention`); MLP: SwiGLU, optionally Smooth-SwiGLU
-(Fishman et al. 2024).
+Attention: causal multi-head with RoPE, never materialising B×H×L×L scores where nothing in it is
+rounded: inputs that are bf16/fp16 run `jax.nn.dot_product_attention` (cuDNN flash attention on a
+GPU), FP32 ones the blocked flash-style `_causal_attention`; only quantised (scaled or sub-16-bit)
+inputs or softmax outputs rounded through bf16 take the dense form. Every float32 dot runs at the
+recipe's `dot_precision`. MLP: SwiGLU, optionally Smooth-SwiGLU (Fishman et al. 2024).
 Tensor names carry their shapes (nanodo style): B batch, L length, D d_model, H heads, K head_dim,
 F d_ff, V vocab.
 
@@ -63,8 +65,12 @@ class GradSink(nnx.Variable):
 
 
 def _sensitive(x: jax.Array, structure: RecipeStructure) -> jax.Array:
-    """Precision-sensitive op output: fp32, or rounded through bf16 if the recipe says so."""
-    return x if structure.fp32_sensitive_ops else x.astype(jnp.bfloat16).astype(jnp.float32)
+    """Precision-sensitive op output: fp32, or rounded to bf16 if the recipe says so. Rounded with
+    reduce_precision, not a bf16 round trip: XLA:GPU's simplifier removes a convert pair (the same
+    bits where it runs)."""
+    if structure.fp32_sensitive_ops:
+        return x
+    return jax.lax.reduce_precision(x, exponent_bits=8, mantissa_bits=7)
 
 
 class RMSNorm(nnx.Module):
@@ -153,75 +159,93 @@ def _rope(x_BxLxHxK: jax.Array, base: float) -> jax.Array:
 ATTENTION_CHUNK = 64  # query rows per block of the causal attention (`_causal_attention`)
 
 
-def _causal_attention(q_BxLxHxK: jax.Array, k_BxLxHxK: jax.Array, v_BxLxHxK: jax.Array) -> jax.Array:
+def _causal_attention(q_BxLxHxK: jax.Array, k_BxLxHxK: jax.Array, v_BxLxHxK: jax.Array,
+                      precision: jax.lax.Precision = jax.lax.Precision.HIGHEST) -> jax.Array:
     """softmax(mask(Q·Kᵀ/√K))·V in fp32, the same function as the dense form in `Attention`,
-    computed the way a CPU's caches want it (flash-attention style):
+    computed flash-attention style, with memory O(B·H·L·K) instead of the dense form's B×H×L×L:
 
-    - one batch row at a time (`lax.map`): its H×L×L scores (2 MB at size 8) stay in cache
-      instead of a B×H×L×L tensor streaming through memory;
+    - on a CPU one batch row at a time (`lax.map`): its H×L×L scores (2 MB at size 8) stay in
+      cache instead of a B×H×L×L tensor streaming through memory; elsewhere all rows at once;
     - in blocks of ATTENTION_CHUNK query rows that see only the keys up to their last row: the
       all-masked blocks above the diagonal are skipped (~40% fewer FLOPs at L = 256);
     - a custom VJP keeps only O and the softmax row max and sum, and the backward pass recomputes
       the probabilities from them: no layer's probabilities are stored, and P·V is not redone.
 
-    Masked scores contribute exact zeros, so only summation orders differ from the dense form."""
+    Masked scores contribute exact zeros, so only summation orders differ from the dense form.
+    `precision`: of its float32 dots (the recipe's `RecipeStructure.f32_dots`)."""
     t = lambda x: x.transpose(0, 2, 1, 3)  # B×L×H×K <-> B×H×L×K
-    return t(_flash(t(q_BxLxHxK), t(k_BxLxHxK), t(v_BxLxHxK)))
+    rows = 1 if jax.default_backend() == "cpu" else q_BxLxHxK.shape[0]
+    return t(_flash(t(q_BxLxHxK), t(k_BxLxHxK), t(v_BxLxHxK), _FlashStatic(precision, rows)))
+
+
+class _FlashStatic(tuple):
+    """(dot precision, batch rows per map step): static, hashable, leaf-free through the custom VJP."""
+
+    def __new__(cls, precision: jax.lax.Precision, rows: int):
+        return super().__new__(cls, (precision, rows))
+
+
+jax.tree_util.register_pytree_node(_FlashStatic, lambda s: ((), tuple(s)), lambda v, _: _FlashStatic(*v))
 
 
 def _blocks(L: int) -> list[tuple[int, int]]:
     return [(start, min(start + ATTENTION_CHUNK, L)) for start in range(0, L, ATTENTION_CHUNK)]
 
 
-def _row_scores(q_HxLxK: jax.Array, k_HxLxK: jax.Array, start: int, stop: int) -> jax.Array:
+def _row_scores(q_HxLxK: jax.Array, k_HxLxK: jax.Array, start: int, stop: int, precision) -> jax.Array:
     """Masked scores of query rows start:stop against keys 0:stop."""
     K, L = q_HxLxK.shape[2], q_HxLxK.shape[1]
-    logits_HxCxS = jnp.einsum("hlk,hmk->hlm", q_HxLxK[:, start:stop], k_HxLxK[:, :stop]) / math.sqrt(K)
+    logits_HxCxS = jnp.einsum("hlk,hmk->hlm", q_HxLxK[:, start:stop], k_HxLxK[:, :stop], precision=precision) / math.sqrt(K)
     return jnp.where(jnp.tril(jnp.ones((L, L), bool))[start:stop, :stop], logits_HxCxS, -1e30)
 
 
-def _row_forward(q_HxLxK, k_HxLxK, v_HxLxK):
+def _row_forward(q_HxLxK, k_HxLxK, v_HxLxK, precision):
     """One batch row: (O, row max, row sum of exp) with max and sum as H×L×1."""
     out, maxes, sums = [], [], []
     for start, stop in _blocks(q_HxLxK.shape[1]):
-        logits_HxCxS = _row_scores(q_HxLxK, k_HxLxK, start, stop)
+        logits_HxCxS = _row_scores(q_HxLxK, k_HxLxK, start, stop, precision)
         m_HxCx1 = jnp.max(logits_HxCxS, axis=-1, keepdims=True)
         e_HxCxS = jnp.exp(logits_HxCxS - m_HxCx1)
         s_HxCx1 = jnp.sum(e_HxCxS, axis=-1, keepdims=True)
-        out.append(jnp.einsum("hlm,hmk->hlk", e_HxCxS / s_HxCx1, v_HxLxK[:, :stop]))
+        out.append(jnp.einsum("hlm,hmk->hlk", e_HxCxS / s_HxCx1, v_HxLxK[:, :stop], precision=precision))
         maxes.append(m_HxCx1)
         sums.append(s_HxCx1)
     return jnp.concatenate(out, axis=1), jnp.concatenate(maxes, axis=1), jnp.concatenate(sums, axis=1)
 
 
-def _row_backward(q_HxLxK, k_HxLxK, v_HxLxK, o_HxLxK, m_HxLx1, s_HxLx1, do_HxLxK):
+def _row_backward(q_HxLxK, k_HxLxK, v_HxLxK, o_HxLxK, m_HxLx1, s_HxLx1, do_HxLxK, precision):
     """dQ, dK, dV of one batch row: dS = P ⊙ (dP − rowsum(dO ⊙ O)), dP = dO·Vᵀ."""
     K = q_HxLxK.shape[2]
     d_HxLx1 = jnp.sum(do_HxLxK * o_HxLxK, axis=-1, keepdims=True)
     dq, dk_HxLxK, dv_HxLxK = [], jnp.zeros_like(k_HxLxK), jnp.zeros_like(v_HxLxK)
     for start, stop in _blocks(q_HxLxK.shape[1]):
         rows = slice(start, stop)
-        p_HxCxS = jnp.exp(_row_scores(q_HxLxK, k_HxLxK, start, stop) - m_HxLx1[:, rows]) / s_HxLx1[:, rows]
-        dp_HxCxS = jnp.einsum("hlk,hmk->hlm", do_HxLxK[:, rows], v_HxLxK[:, :stop])
+        p_HxCxS = jnp.exp(_row_scores(q_HxLxK, k_HxLxK, start, stop, precision) - m_HxLx1[:, rows]) / s_HxLx1[:, rows]
+        dp_HxCxS = jnp.einsum("hlk,hmk->hlm", do_HxLxK[:, rows], v_HxLxK[:, :stop], precision=precision)
         ds_HxCxS = p_HxCxS * (dp_HxCxS - d_HxLx1[:, rows]) / math.sqrt(K)
-        dq.append(jnp.einsum("hlm,hmk->hlk", ds_HxCxS, k_HxLxK[:, :stop]))
-        dk_HxLxK = dk_HxLxK.at[:, :stop].add(jnp.einsum("hlm,hlk->hmk", ds_HxCxS, q_HxLxK[:, rows]))
-        dv_HxLxK = dv_HxLxK.at[:, :stop].add(jnp.einsum("hlm,hlk->hmk", p_HxCxS, do_HxLxK[:, rows]))
+        dq.append(jnp.einsum("hlm,hmk->hlk", ds_HxCxS, k_HxLxK[:, :stop], precision=precision))
+        dk_HxLxK = dk_HxLxK.at[:, :stop].add(jnp.einsum("hlm,hlk->hmk", ds_HxCxS, q_HxLxK[:, rows], precision=precision))
+        dv_HxLxK = dv_HxLxK.at[:, :stop].add(jnp.einsum("hlm,hlk->hmk", p_HxCxS, do_HxLxK[:, rows], precision=precision))
     return jnp.concatenate(dq, axis=1), dk_HxLxK, dv_HxLxK
 
 
 @jax.custom_vjp
-def _flash(q_BxHxLxK, k_BxHxLxK, v_BxHxLxK):
-    return jax.lax.map(lambda qkv: _row_forward(*qkv)[0], (q_BxHxLxK, k_BxHxLxK, v_BxHxLxK))
+def _flash(q_BxHxLxK, k_BxHxLxK, v_BxHxLxK, static):
+    return _flash_fwd(q_BxHxLxK, k_BxHxLxK, v_BxHxLxK, static)[0]
 
 
-def _flash_fwd(q_BxHxLxK, k_BxHxLxK, v_BxHxLxK):
-    o, m, s = jax.lax.map(lambda qkv: _row_forward(*qkv), (q_BxHxLxK, k_BxHxLxK, v_BxHxLxK))
-    return o, (q_BxHxLxK, k_BxHxLxK, v_BxHxLxK, o, m, s)
+def _flash_fwd(q_BxHxLxK, k_BxHxLxK, v_BxHxLxK, static):
+    precision, rows = static
+    o, m, s = jax.lax.map(lambda qkv: _row_forward(*qkv, precision), (q_BxHxLxK, k_BxHxLxK, v_BxHxLxK),
+                          batch_size=rows if rows > 1 else None)
+    return o, (q_BxHxLxK, k_BxHxLxK, v_BxHxLxK, o, m, s, static)
 
 
 def _flash_bwd(res, do_BxHxLxK):
-    return jax.lax.map(lambda row: _row_backward(*row), (*res, do_BxHxLxK))
+    *arrays, (precision, rows) = res
+    grads = jax.lax.map(lambda row: _row_backward(*row, precision), (*arrays, do_BxHxLxK),
+                        batch_size=rows if rows > 1 else None)
+    return (*grads, None)
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
@@ -241,23 +265,36 @@ class Attention(nnx.Module):
         q_BxLxHxK, k_BxLxHxK, v_BxLxHxK = (t.reshape(B, L, H, K) for t in jnp.split(qkv_BxLx3D, 3, axis=-1))
         q_BxLxHxK = _rope(q_BxLxHxK, self.cfg.rope_base)
         k_BxLxHxK = _rope(k_BxLxHxK, self.cfg.rope_base)
-        sat = ctx.structure.attention
+        st = ctx.structure
+        sat = st.attention
+        if st.attention_dtype is not None:  # inputs that are bf16/fp16: a fused kernel (cuDNN flash on a GPU)
+            o_BxLxHxK = _fused_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, jnp.dtype(st.attention_dtype))
+            return self.out(o_BxLxHxK.reshape(B, L, D), ctx)
         if sat is not None:  # attention matmul inputs, quantised along each matmul's reduction axis
             fa = ctx.fmt["attention"]
             q_BxLxHxK = gemm.fake_quant_along(q_BxLxHxK, sat, fa, 3, ctx.next_key())
             k_BxLxHxK = gemm.fake_quant_along(k_BxLxHxK, sat, fa, 3, ctx.next_key())
             v_BxLxHxK = gemm.fake_quant_along(v_BxLxHxK, sat, fa, 1, ctx.next_key())
-        if sat is None and ctx.structure.fp32_sensitive_ops and jax.default_backend() == "cpu":
-            o_BxLxHxK = _causal_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK)  # nothing to round or quantise in it
+        if sat is None and st.fp32_sensitive_ops:  # nothing to round or quantise in it: never L×L in memory
+            o_BxLxHxK = _causal_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, st.f32_dots)
             return self.out(o_BxLxHxK.reshape(B, L, D), ctx)
-        logits_BxHxLxL = jnp.einsum("blhk,bmhk->bhlm", q_BxLxHxK, k_BxLxHxK) / math.sqrt(K)
+        # dense: the probabilities are rounded or quantised as a whole (a per-tensor scale sees all of them)
+        logits_BxHxLxL = jnp.einsum("blhk,bmhk->bhlm", q_BxLxHxK, k_BxLxHxK, precision=st.f32_dots) / math.sqrt(K)
         causal_LxL = jnp.tril(jnp.ones((L, L), bool))
         logits_BxHxLxL = jnp.where(causal_LxL, logits_BxHxLxL, -1e30)
         probs_BxHxLxL = _sensitive(jax.nn.softmax(logits_BxHxLxL, axis=-1), ctx.structure)
         if sat is not None:
             probs_BxHxLxL = gemm.fake_quant_along(probs_BxHxLxL, sat, ctx.fmt["attention"], 3, ctx.next_key())
-        o_BxLxHxK = jnp.einsum("bhlm,bmhk->blhk", probs_BxHxLxL, v_BxLxHxK)
+        o_BxLxHxK = jnp.einsum("bhlm,bmhk->blhk", probs_BxHxLxL, v_BxLxHxK, precision=st.f32_dots)
         return self.out(o_BxLxHxK.reshape(B, L, D), ctx)
+
+
+def _fused_attention(q_BxLxHxK: jax.Array, k_BxLxHxK: jax.Array, v_BxLxHxK: jax.Array, dtype) -> jax.Array:
+    """Causal attention on Q, K, V cast to `dtype` (bf16/fp16): `jax.nn.dot_product_attention`
+    picks cuDNN's flash attention on a GPU (scores and softmax in fp32, probabilities rounded to
+    `dtype` for P·V: the attention role's rounding) and XLA's form elsewhere. Output in fp32."""
+    q, k, v = (x.astype(dtype) for x in (q_BxLxHxK, k_BxLxHxK, v_BxLxHxK))
+    return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=None).astype(jnp.float32)
 
 
 @jax.checkpoint
@@ -334,7 +371,7 @@ class Transformer(nnx.Module):
         self.embed = nnx.Param(jax.random.normal(rngs.params(), (V, d), jnp.float32))  # unit-variance rows
         self.blocks = _stack([Block(cfg, structure, rngs=rngs) for _ in range(cfg.n_layers)])
         self.final_norm = RMSNorm(d, cfg.norm_eps)
-        head_structure = structure if not structure.high_precision_embed else RecipeStructure()
+        head_structure = structure if not structure.high_precision_embed else self._head_structure()
         self.head = QDense(d, V, head_structure, std=cfg.init_std, rngs=rngs)
         for role, vec in recipe.formats().items():
             setattr(self, f"format_{role}", FormatVector(vec))
@@ -345,6 +382,10 @@ class Transformer(nnx.Module):
                                   f"{cfg.n_layers} blocks, {recipe.high_precision_first} kept first)")
             for role, vec in recipe.kept().formats().items():
                 setattr(self, f"kept_format_{role}", FormatVector(vec))
+
+    def _head_structure(self) -> RecipeStructure:
+        """The unquantised head's: FP32 operands, dots at the recipe's float32 precision."""
+        return RecipeStructure(dot_precision=self.structure.dot_precision)
 
     def formats(self, prefix: str = "format_") -> dict[str, jax.Array]:
         """The recipe's format vectors by role (prefix 'kept_format_': the kept blocks' recipe's)."""
@@ -369,7 +410,7 @@ class Transformer(nnx.Module):
         x_BxLxD = jnp.take(emb, tokens_BxL, axis=0)
         x_BxLxD, act_max, swiglu_max = self._scan_blocks(x_BxLxD, ctx, blocks_key)
         x_BxLxD = _sensitive(self.final_norm(x_BxLxD), st)
-        head_ctx = ctx if not st.high_precision_embed else _Ctx(RecipeStructure(), {}, None, False)
+        head_ctx = ctx if not st.high_precision_embed else _Ctx(self._head_structure(), {}, None, False)
         logits_BxLxV = self.head(x_BxLxD, head_ctx)
         aux = {"telemetry": ctx.telemetry, "act_max": act_max, "swiglu_max": swiglu_max}
         return logits_BxLxV, aux

@@ -6,8 +6,10 @@ per model shape and recipe structure and shared by every run in the process.
     init(model_cfg, recipe, tx, seed) -> state = {"model": ..., "optimizer": ...}
 
 The learning rate is an argument of each update, so one compiled step serves every schedule
-and WSD branch; so is `measure` (compute the quantisation telemetry: the trainer asks for it on
-its logged steps only; it is NaN on the others). The step key is fold_in(key(seed), step), so a
+and WSD branch. `measure` says whether to compute the quantisation telemetry (the trainer asks
+for it on its logged steps only; it is NaN on the others): on a CPU a runtime argument of one
+compiled step (XLA:CPU runs only the branch taken), elsewhere a choice made on the host between
+two compiled steps (XLA:GPU would read a runtime predicate on the host or compute both branches). The step key is fold_in(key(seed), step), so a
 step's randomness (stochastic rounding) depends on (seed, step) alone. scaling.train.loop drives it;
 benchmarks time it.
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 import functools
 
 import jax
+import numpy as np
 import optax
 from flax import nnx
 
@@ -66,8 +69,7 @@ def compiled():
         jax.config.update("jax_compilation_cache_dir", str(data.cache_dir() / "jax"))
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
 
-    @functools.partial(jax.jit, static_argnums=(0, 1))
-    def train_step(model_def, opt_def, state, tokens_BxL1, seed, step, lr, measure):
+    def step_fn(model_def, opt_def, state, tokens_BxL1, seed, step, lr, measure):
         model = nnx.merge(model_def, state["model"])
         optimizer = nnx.merge(opt_def, state["optimizer"])
         key = jax.random.fold_in(jax.random.key(seed), step)
@@ -75,6 +77,25 @@ def compiled():
         grad_norm = optax.tree.norm(grads)
         optimizer.update(model, grads, learning_rate=lr)
         return {"model": nnx.state(model), "optimizer": nnx.state(optimizer)}, loss, grad_norm, telemetry
+
+    one_step = jax.jit(step_fn, static_argnums=(0, 1))  # measure traced
+    logged_or_not = jax.jit(step_fn, static_argnums=(0, 1, 7))  # measure static: two programs
+
+    def program(measure):
+        """The jitted step for this backend and the form of `measure` it takes."""
+        if jax.default_backend() == "cpu":
+            return one_step, np.bool_(measure)
+        return logged_or_not, bool(measure)
+
+    def train_step(model_def, opt_def, state, tokens_BxL1, seed, step, lr, measure):
+        jitted, measure = program(measure)
+        return jitted(model_def, opt_def, state, tokens_BxL1, seed, step, lr, measure)
+
+    def lower(model_def, opt_def, state, tokens_BxL1, seed, step, lr, measure):
+        jitted, measure = program(measure)
+        return jitted.lower(model_def, opt_def, state, tokens_BxL1, seed, step, lr, measure)
+
+    train_step.lower = lower  # as a jitted function's: benchmarks and tests compile ahead of time
 
     @functools.partial(jax.jit, static_argnums=0)
     def eval_loss(model_def, model_state, tokens_BxL1):
