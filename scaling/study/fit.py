@@ -91,6 +91,7 @@ def resolve_fixed(law: laws.Law, fixed: Mapping[str, float] | None) -> dict[str,
 
 
 def _columns(law: laws.Law, df: pd.DataFrame, require_rows: bool = True) -> dict[str, np.ndarray]:
+    df = laws.with_derived_columns(df, law.columns)  # e.g. capacity_roles' errors from the telemetry SNR
     missing = [c for c in law.columns if c not in df.columns]
     if missing:
         raise ConfigError("columns", sorted(map(str, df.columns)), f"law {law.name} needs {', '.join(law.columns)} (missing {', '.join(missing)})")

@@ -28,6 +28,9 @@ from scaling.errors import ConfigError
 
 LogTerms = Callable[[Mapping[str, Any], Mapping[str, Any], Any], Sequence[Any]]
 
+# Columns that state a precision in bits: a law reading one has a bits axis (Law.bits_axis).
+BITS_COLUMNS = ("P", "P_w", "P_a", "P_g", "P_fwd", "P_bwd", "ebits", "mbits")
+
 
 @dataclass(frozen=True)
 class Law:
@@ -52,6 +55,24 @@ class Law:
     fixed: Mapping[str, float] = field(default_factory=dict)
     doc: str = ""
     varying: tuple[tuple[str, ...], ...] = ()
+
+    @property
+    def bits_axis(self) -> bool:
+        """Whether the law reads precision as bits (a column of BITS_COLUMNS), so that it can be evaluated
+        at a hypothetical precision and a compute-optimal P* is continuous. A law on quantisation errors
+        (capacity, capacity_roles) can only rank the measured recipes; chinchilla has no precision term."""
+        return bool(set(BITS_COLUMNS) & set(self.columns))
+
+    @property
+    def error_columns(self) -> tuple[str, ...]:
+        """The law's quantisation-error columns (QERR_COLUMNS or MEASURED_QERR_COLUMNS): what a measured
+        recipe supplies when the law is read at that recipe."""
+        return tuple(c for c in self.columns if c in QERR_COLUMNS + MEASURED_QERR_COLUMNS)
+
+    @property
+    def precision_axis(self) -> str | None:
+        """'bits', 'quantisation error' or None (no precision term)."""
+        return "bits" if self.bits_axis else "quantisation error" if self.error_columns else None
 
     def free_params(self, fixed: Mapping[str, float]) -> tuple[str, ...]:
         return tuple(p for p in self.params if p not in fixed)
@@ -102,6 +123,11 @@ def register(
         return fn
 
     return decorate
+
+
+def has_bits_axis(name: str) -> bool:
+    """Law.bits_axis of a registered law: whether its P* is continuous in bits."""
+    return get(name).bits_axis
 
 
 def get(name: str) -> Law:
@@ -282,6 +308,67 @@ def capacity(p, x, xp):
     its overall scale is dropped (it would only rescale A).
     """
     log_rho = sum(log_capacity(x[col], p["F"], p["C"], xp) for col in QERR_COLUMNS)
+    return [xp.log(p["E"]), xp.log(p["A"]) - p["alpha"] * (xp.log(x["N"]) + log_rho),
+            xp.log(p["B"]) - p["beta"] * xp.log(x["D"])]
+
+
+# Each role's quantisation error as measured in training: the run's telemetry logs `<role>_snr_db`
+# (10·log10 of signal over quantisation-error power on the role's tensors, results schema), so the
+# relative MSE is 10^(-SNR/10); a role the recipe leaves unquantised (P_<role> = 32) logs no SNR: 0.
+MEASURED_QERR_COLUMNS = ("qerr_train_w", "qerr_train_a", "qerr_train_g")
+_TELEMETRY_ROLE = {"w": "weight", "a": "activation", "g": "grad"}
+UNQUANTISED_BITS = 32.0
+
+
+def measured_qerr(df: Any, role: str) -> np.ndarray:
+    """Relative quantisation error of role 'w', 'a' or 'g' as measured in training, from the results
+    table `df` (pandas): 10^(-snr_db/10) from `<role>_snr_db`; 0 where the SNR is infinite (exact) or
+    where it is missing and P_<role> says the role is unquantised; NaN where it is missing otherwise
+    or not positive (an error as large as the signal)."""
+    import pandas as pd
+
+    n = len(df)
+    snr_col = f"{_TELEMETRY_ROLE[role]}_snr_db"
+    snr = pd.to_numeric(df[snr_col], errors="coerce").to_numpy(float) if snr_col in df.columns else np.full(n, np.nan)
+    bits = pd.to_numeric(df[f"P_{role}"], errors="coerce").to_numpy(float) if f"P_{role}" in df.columns else np.full(n, np.nan)
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = np.where(snr > 0, 10.0 ** (-snr / 10.0), np.nan)
+    out[np.isposinf(snr)] = 0.0
+    out[np.isnan(snr) & (bits >= UNQUANTISED_BITS)] = 0.0
+    return out
+
+
+def with_derived_columns(df: Any, columns: Iterable[str]) -> Any:
+    """df with those of `columns` that are derived from other columns (MEASURED_QERR_COLUMNS, from the
+    telemetry SNR) added where df lacks them and has a source (`<role>_snr_db` or P_<role>); df itself
+    when nothing is added. A fit or prediction calls this first, so results tables need no new columns."""
+    add = {}
+    for c in columns:
+        if c in MEASURED_QERR_COLUMNS and c not in df.columns:
+            role = c[-1]
+            if f"{_TELEMETRY_ROLE[role]}_snr_db" in df.columns or f"P_{role}" in df.columns:
+                add[c] = measured_qerr(df, role)
+    return df.assign(**add) if add else df
+
+
+@register(params=("E", "A", "B", "alpha", "beta", "F", "C", "w_w", "w_a", "w_g"),
+          positive=("E", "A", "B", "F", "C", "w_w", "w_a", "w_g"), columns=("N", "D") + MEASURED_QERR_COLUMNS,
+          init_grid={**_SMALL_CHINCHILLA_GRID, "F": [0.1, 0.3, 1.0], "C": [1.0, 2.0],
+                     "w_w": [1.0], "w_a": [1.0], "w_g": [1.0]},
+          varying=(("N",), ("D",), MEASURED_QERR_COLUMNS))
+def capacity_roles(p, x, xp):
+    """capacity on each role's quantisation error as measured in training, each role with its own weight:
+    L = E + A·(N·rho)^-alpha + B·D^-beta,
+    log rho = sum over roles r in (w, a, g) of w_r · log tanh(F·b_r^C),  b_r = log4(1 / qerr_train_r),
+    qerr_train_r = 10^(-SNR_r/10) from the run's `<role>_snr_db` telemetry (0 for an unquantised role).
+
+    capacity reads each role's error off Gaussian data, the same for every role of a format (MXFP4's
+    weights and activations alike), so it cannot say that one role costs more; here the errors are the
+    ones training saw and w_a > w_w says activations cost more capacity than weights at the same error.
+    With w_w = w_a = w_g = 1 it is capacity on the measured errors. 3 params beyond capacity. Like
+    capacity it has no bits axis: it ranks measured recipes and gives no continuous P*.
+    """
+    log_rho = sum(p[f"w_{col[-1]}"] * log_capacity(x[col], p["F"], p["C"], xp) for col in MEASURED_QERR_COLUMNS)
     return [xp.log(p["E"]), xp.log(p["A"]) - p["alpha"] * (xp.log(x["N"]) + log_rho),
             xp.log(p["B"]) - p["beta"] * xp.log(x["D"])]
 

@@ -45,17 +45,19 @@ def test_select_law_prefers_the_data_dependent_penalty():
     c = by_name(sel)
     assert sel["chosen"] == "kumar_data"
     kd, ku, free = c["kumar_data"], c["kumar"], c["kumar[kappa free]"]
-    # kumar's gap does not grow with D: leaving out the longest budget it misses by far more.
-    assert kd["heldout_gap_mae"]["D"] < 0.5 * min(ku["heldout_gap_mae"]["D"], free["heldout_gap_mae"]["D"])
+    # No budget column: the largest size's runs are held out whole; kumar's gap does not grow with D.
+    assert kd["heldout_gap_mae"]["N"] < min(ku["heldout_gap_mae"]["N"], free["heldout_gap_mae"]["N"])
     assert kd["score"] < min(ku["score"], free["score"])
     assert kd["params"]["gamma_D"] > 0  # the fitted penalty grows with D
-    # Held out: the largest size at 6 budgets x 3 low precisions; the longest budget at 4 sizes x 3.
-    assert kd["n_heldout"] == {"N": 18, "D": 12, "budget": 0} == ku["n_heldout"]
-    assert kd["heldout_notes"] == {"budget": "no budget column"}
+    # Held out: the largest size at 6 budgets x 3 low precisions.
+    assert kd["n_heldout"] == {"N": 18} == ku["n_heldout"] and sel["splits"] == ["N"]
+    assert sel["split"]["held_runs"] == 4 and sel["split"]["train_runs"] == 12
     assert (kd["n_params"], ku["n_params"], free["n_params"]) == (10, 6, 7)
     assert free["fixed"] == {} and ku["fixed"] == {"kappa": 3.0} and kd["within_noise"]
     assert kd["aic"] < ku["aic"] and kd["mare"] < ku["mare"]
-    assert sel["reference"]["recipes"] == ["fp32"]
+    assert sel["reference"]["recipes"] == ["fp32"] and sel["clustered_by"] == "recipe"
+    assert [r["recipe"] for r in sel["chosen_residuals"]] == ["fp4", "fp6", "fp8"]
+    assert all(r["n"] == 6 and r["runs"] == 1 and r["ci"] is None for r in sel["chosen_residuals"])
     json.dumps(sel)  # JSON-ready as returned
 
 
@@ -73,42 +75,113 @@ def test_law_auto_puts_p_star_within_a_bit_of_the_truth():
         assert sel["chosen"] == "kumar_data" and abs(got - want) < 1.0, (compute, got, want)
 
 
-def test_isoflop_budget_split_holds_out_the_largest_budget_and_the_reference_at_its_points(monkeypatch):
-    """In an IsoFLOP design the largest budget is left out, with the reference rows at the same (N, D) even
-    where they carry no budget of their own (the reference evaluated at another recipe's steps): the fit
-    sees no row at a held-out point, and every low-precision row of that budget is predicted."""
-    df = kumar_data_runs()
-    df["budget"] = np.where(df["D"] >= 2e10, 3e12, 1e12)
-    df.loc[(df["recipe"] == "fp32") & (df["D"] == 2e10), "budget"] = np.nan
+def isoflop_runs(seed: int = 0, offset: float = 0.05) -> pd.DataFrame:
+    """An IsoFLOP design at 1e15, 1e16 and 3e16 FLOPs over sizes 1e6 · 2^i: i in 0..4, 3..8 and 5..9.
+    A run is (size, recipe); one at a size two budgets share serves both (its evaluations at each
+    budget's tokens), and every run is also evaluated at a quarter and half of its tokens (no budget).
+    bf16 (P = 16) is the reference, int8 (P = 8) the quantised recipe; loss = kumar + a persistent
+    offset per int8 run (N(0, offset): the run's own luck, the same at every checkpoint) + 0.002 noise."""
+    rng = np.random.default_rng(seed)
+    sizes = 1e6 * 2.0 ** np.arange(10)
+    luck = offset * rng.standard_normal(len(sizes))
+    rows = []
+    for budget, idx in {1e15: range(0, 5), 1e16: range(3, 9), 3e16: range(5, 10)}.items():
+        for i, (P, recipe), frac in itertools.product(idx, ((16, "bf16"), (8, "int8")), (0.25, 0.5, 1.0)):
+            rows.append(dict(N=sizes[i], D=frac * budget / (6 * sizes[i]), P=P, recipe=recipe, seed=0,
+                             budget=budget if frac == 1 else np.nan, run_id=f"{recipe}-{i}",
+                             cell=0 if P == 16 else i + 1, luck=0.0 if P == 16 else luck[i]))
+    df = pd.DataFrame(rows)
+    x = {c: df[c].to_numpy(float) for c in ("N", "D", "P")}
+    kumar = {k: KUMAR_DATA[k] for k in ("E", "A", "B", "alpha", "beta", "gamma", "kappa")}
+    df["val_loss"] = laws.get("kumar").predict(kumar, x) + df.pop("luck") + 0.002 * rng.standard_normal(len(df))
+    return df
+
+
+@pytest.fixture
+def memo_law():
+    """A law that memorises runs: Chinchilla times exp(d_k) for the int8 run in cell k (no precision
+    term). It can only predict a run it has seen, so it wins exactly where held-out rows leak."""
+    cells = range(1, 11)
+
+    @laws.register(params=("E", "A", "B", "alpha", "beta") + tuple(f"d{k}" for k in cells),
+                   positive=("E", "A", "B"), columns=("N", "D", "cell"), name="test_memo_runs",
+                   init_grid={**{k: INIT[k] for k in ("E", "A", "B", "alpha", "beta")}, **{f"d{k}": [0.0] for k in cells}})
+    def memo(p, x, xp):
+        shift = sum(xp.where(x["cell"] == k, p[f"d{k}"], 0.0) for k in cells)
+        return [t + shift for t in (xp.log(p["E"]), xp.log(p["A"]) - p["alpha"] * xp.log(x["N"]),
+                                    xp.log(p["B"]) - p["beta"] * xp.log(x["D"]))]
+
+    yield "test_memo_runs"
+    del laws._REGISTRY["test_memo_runs"]
+
+
+@pytest.mark.slow
+def test_a_leaking_split_favours_a_law_that_memorises_runs_and_the_held_out_budget_does_not(memo_law):
+    """4 of the 5 int8 runs at the largest budget are later checkpoints of runs at 1e16. Fitted on every
+    row but the largest budget's (the leak), the memorising law predicts their gaps from the same runs'
+    earlier checkpoints and beats the true form; with those runs held out whole it cannot, and kumar wins."""
+    df = isoflop_runs()
+    top = (df["budget"] == df["budget"].max()).to_numpy()
+    measured = selection.gaps_to_reference_rows(df)
+    scored = top & measured.notna().to_numpy()
+    leaked = {}
+    for name in ("kumar", memo_law):
+        init = {k: v for k, v in INIT.items() if k in laws.get(name).params}
+        fitted = fit.fit_law(df[~top], name, loss_column="val_loss", init=init, polish=1)
+        predicted = selection.gaps_to_reference_rows(df.assign(val_loss=fitted.predict(df)))
+        leaked[name] = float(np.mean(np.abs(predicted - measured)[scored]))
+    assert leaked[memo_law] < 0.7 * leaked["kumar"]
+
+    sel = selection.select_law(df, ["kumar", memo_law], **QUICK)
+    c = by_name(sel)
+    assert sel["chosen"] == "kumar" and c[memo_law]["score"] > 1.3 * c["kumar"]["score"]
+    assert c["kumar"]["n_heldout"] == {"budget": 5} and sel["splits"] == ["budget"]
+    # left out whole: both recipes' runs at sizes 5..9 (10 runs); fitted: sizes 0..4, every checkpoint
+    # (3 each at 1e15, and sizes 3 and 4 at 1e16 too): 2 x (5 + 2) x 3 = 42 rows
+    assert sel["split"] == {"by": "budget", "value": 3e16, "held_runs": 10, "train_rows": 42, "train_runs": 10, "note": None}
+
+
+def test_the_budget_split_leaves_out_every_run_at_a_held_out_point(monkeypatch):
+    """The fit sees no row of a run that has a row at the largest budget's points, the reference
+    evaluated there included (even where its row carries no budget), and every other row."""
+    df = isoflop_runs()
+    ref_elsewhere = pd.DataFrame([{**df.iloc[0].to_dict(), "run_id": "bf16-extra", "N": 3.2e7, "D": 3e16 / (6 * 3.2e7),
+                                   "budget": np.nan}])  # the reference at a held-out point, under another run id
+    df = pd.concat([df, ref_elsewhere], ignore_index=True)
+    split = selection.heldout_split(df)
+    held = set(df.loc[~split.train, "run_id"])
+    assert held == {f"{r}-{i}" for r in ("bf16", "int8") for i in range(5, 10)} | {"bf16-extra"}
+    assert split.scored.sum() == 10 and (df.loc[split.scored, "budget"] == 3e16).all()
     seen = []
     real_fit = fit.fit_law
 
     def spy(data, *args, **kwargs):
-        seen.append(data[["N", "D"]].itertuples(index=False, name=None))
+        seen.append(set(data["run_id"]))
         return real_fit(data, *args, **kwargs)
 
     monkeypatch.setattr(fit, "fit_law", spy)
-    sel = selection.select_law(df, ["kumar"], **QUICK)
-    c = by_name(sel)["kumar"]
-    assert c["n_heldout"]["budget"] == 4 * 2 * 3  # 4 sizes x D in {2e10, 5e10} x 3 low precisions
-    assert np.isfinite(c["heldout_gap_mae"]["budget"])
-    held_points = set(df.loc[df["D"] >= 2e10, ["N", "D"]].itertuples(index=False, name=None))
-    fitted_sets = [set(rows) for rows in seen]
-    # one of the fits is the budget split's: it saw none of the held-out points, and all the others
-    assert any(not (rows & held_points) and len(rows) == 4 * 4 for rows in fitted_sets)
-    assert "budget" in sel["splits"]
+    selection.select_law(df, ["kumar"], **QUICK)
+    assert set(df["run_id"]) - held in seen  # the split's fit: exactly the runs not held out
+
+
+def test_without_a_usable_budget_the_largest_size_is_held_out_whole():
+    df = kumar_data_runs()
+    df["budget"] = np.where(df["D"] >= 2e10, 3e12, 1e12)  # every run reaches the largest budget
+    split = selection.heldout_split(df)
+    assert split.by == "N" and set(df.loc[~split.train, "N"]) == {3e8} and set(df.loc[split.train, "N"]) == {1e7, 3e7, 1e8}
+    assert "nothing left to fit on" in selection.heldout_split(df[df["N"] == 3e8])
 
 
 def test_a_split_whose_held_out_gaps_come_from_one_run_is_not_used():
-    """One run's held-out error has no standard error: its split is noted and not ranked on, so no
-    law is called worse than another on one run."""
+    """One run's held-out error has no standard error: the split is noted and not ranked on, so no
+    law is called worse than another on one run (the choice falls back to AIC)."""
     df = kumar_data_runs()
     df = df[(df["N"] < 3e8) | df["recipe"].isin(["fp32", "fp4"])]  # the largest size: fp32 and one fp4 run
     sel = selection.select_law(df, ["kumar", "kumar[kappa free]"], **QUICK)
     for c in sel["candidates"]:
         assert c["n_heldout"]["N"] == 0 and "from one run" in c["heldout_notes"]["N"], c
-        assert c["n_heldout"]["D"] > 0
-    assert sel["criterion"].endswith("largest D)")
+        assert c["score"] is None
+    assert sel["criterion"].startswith("aic") and sel["chosen_residuals"] == []
 
 
 def test_unfittable_laws_are_listed_with_the_reason():
@@ -160,25 +233,53 @@ def test_reference_recipe_and_precision_gaps():
         selection.reference_mask(df, "bf16")
 
 
-def _entry(name, mae, k=5):
-    return {"name": name, "fittable": True, "n_params": k, "aic": 0.0, "heldout_gap_mae": {"N": mae, "D": mae}}
+def _entry(name, k=5):
+    return {"name": name, "fittable": True, "n_params": k, "aic": 0.0, "heldout_gap_mae": {"budget": None}}
 
 
-def test_within_noise_is_a_paired_run_clustered_comparison():
-    # 30 runs x 2 held-out rows, the same rows for both splits. "twin" differs from the best by noise
-    # around zero, "worse" by a consistent 0.02 nats per row: only the twin is within noise.
+def test_within_noise_is_a_paired_recipe_clustered_comparison():
+    # 30 recipes x 2 held-out rows. "twin" differs from the best by noise around zero, "worse" by a
+    # consistent 0.02 nats per row: only the twin is within noise, and all within noise are listed.
     rng = np.random.default_rng(0)
     clusters = np.repeat(np.arange(30), 2)
     pos = np.arange(60)
     best = 0.01 * rng.standard_normal(60)
     errs = {"best": best, "twin": best + 0.005 * rng.standard_normal(60), "worse": np.abs(best) + 0.02}
-    entries = [_entry(n, float(np.mean(np.abs(e)))) for n, e in errs.items()]
-    errors = {(n, s): (pos, e) for n, e in errs.items() for s in ("N", "D")}
-    chosen, _ = selection._choose(entries, errors, clusters)
+    entries = [_entry(n) for n in errs]
+    chosen, _ = selection._choose(entries, {n: (pos, e) for n, e in errs.items()}, clusters)
     c = {e["name"]: e for e in entries}
     assert chosen in ("best", "twin") and c["best"]["within_noise"] and c["twin"]["within_noise"]
     assert not c["worse"]["within_noise"]
     assert c["worse"]["gap_mae_diff"]["value"] > 2 * c["worse"]["gap_mae_diff"]["se"] > 0
+
+
+def test_clustered_standard_error_by_hand():
+    # d = 1, 2, 3, 6 in clusters a, a, b, c: mean 3, deviations -2, -1, 0, 3, cluster sums -3, 0, 3;
+    # variance of the mean = G/(G-1) · sum of squared sums / n^2 = 3/2 · 18/16 = 1.6875.
+    mean, var = selection.clustered_mean_and_var(np.array([1.0, 2.0, 3.0, 6.0]), np.array(list("aabc")))
+    assert mean == 3.0 and var == pytest.approx(1.6875, rel=1e-15)
+    assert np.isnan(selection.clustered_mean_and_var(np.array([1.0, 2.0]), np.array([0, 0]))[1])
+    # In selection the clusters are the recipes: two laws' |errors| differ by d on rows of recipes a, a, b, c.
+    df = pd.DataFrame({"recipe": list("aabc"), "run_id": list("wxyz")})
+    clusters, by = selection.recipe_clusters(df)
+    assert by == "recipe" and list(clusters) == [0, 0, 1, 2]
+    entries = [_entry("best"), _entry("other")]
+    zero = np.zeros(4)
+    selection._choose(entries, {"best": (np.arange(4), zero), "other": (np.arange(4), np.array([1.0, -2.0, 3.0, 6.0]))}, clusters)
+    assert entries[1]["gap_mae_diff"] == {"value": 3.0, "se": pytest.approx(1.6875 ** 0.5, rel=1e-15)}
+    assert not entries[1]["within_noise"]  # 3.0 > 2 · 1.299
+    # Each row its own cluster instead: 4/3 · (4 + 1 + 0 + 9) / 16 = 1.1667, a narrower interval.
+    assert selection.clustered_mean_and_var(np.array([1.0, 2.0, 3.0, 6.0]), np.arange(4))[1] == pytest.approx(14 / 12, rel=1e-15)
+
+
+def test_residuals_by_recipe_by_hand():
+    df = pd.DataFrame({"recipe": ["fp8", "fp8", "fp8", "fp4"], "run_id": ["r1", "r2", "r3", "r4"]})
+    out = selection.residuals_by_recipe(df, np.arange(4), np.array([0.01, 0.03, 0.05, -0.02]))
+    fp4, fp8 = out
+    assert fp4 == {"recipe": "fp4", "n": 1, "runs": 1, "mean": -0.02, "ci": None}
+    # fp8: mean 0.03, clustered variance 3/2 · (0.02^2 + 0 + 0.02^2) / 9, t(0.975, 2 dof) = 4.303
+    half = 4.302652729911275 * (1.5 * 8e-4 / 9) ** 0.5
+    assert fp8["n"] == 3 and fp8["mean"] == pytest.approx(0.03) and fp8["ci"] == pytest.approx([0.03 - half, 0.03 + half])
 
 
 @pytest.mark.slow
@@ -197,7 +298,7 @@ def test_cli_law_auto_writes_the_chosen_fit_with_selection(tmp_path, capsys, mon
     assert result.law == "kumar_data" and result.selection["chosen"] == "kumar_data" == stored["selection"]["chosen"]
     cands = by_name(result.selection)
     assert result.params == pytest.approx(cands["kumar_data"]["params"])
-    assert not cands["sun"]["fittable"] and cands["kumar"]["heldout_gap_mae"]["D"] > 0
+    assert not cands["sun"]["fittable"] and cands["kumar"]["heldout_gap_mae"]["N"] > 0
     lines = [line for line in printed.splitlines() if line[2:].split(" ")[0] in cands]
     assert len(lines) == 3 and lines[1].startswith("* kumar_data") and "not fitted" in lines[2]
     # --fix belongs to a named law; with auto the variants are candidates.

@@ -16,6 +16,7 @@ SUN = dict(n=80.0, d=500.0, eps=1.8, alpha=0.3, beta=0.3, gamma=50.0, delta=1.0,
 KUMAR_DATA = dict(KUMAR, C_T=0.15, gamma_D=0.5, gamma_N=0.4, gamma_P=1.5)
 QUARTET = dict(E=1.8, A=400.0, B=2000.0, alpha=0.34, beta=0.36, gamma_N=2.0, gamma_D=1.5)
 CAPACITY = dict(E=1.8, A=400.0, B=2000.0, alpha=0.34, beta=0.36, F=0.3, C=1.5)
+CAPACITY_ROLES = dict(CAPACITY, w_w=0.5, w_a=2.0, w_g=1.0)
 
 
 def test_chinchilla_hand_computed():
@@ -122,6 +123,7 @@ def test_capacity_gradient_is_finite_for_unquantised_roles(x64):
     ("quartet", QUARTET, {"P_fwd": [4.0, 32.0], "P_bwd": [8.0, 32.0]}),
     ("capacity", CAPACITY, {"qerr_w": [0.015, 0.0], "qerr_a": [0.2, 1e-5], "qerr_g": [0.0, 3e-3]}),
     ("sun", SUN, {"ebits": [2.0, 5.0], "mbits": [1.0, 2.0], "block": [32.0, 1e5]}),
+    ("capacity_roles", CAPACITY_ROLES, {"qerr_train_w": [0.015, 0.0], "qerr_train_a": [0.2, 1e-5], "qerr_train_g": [0.0, 3e-3]}),
 ])
 def test_numpy_and_jax_agree(name, params, extra):
     x = {"N": [1e7, 1e9], "D": [1e9, 1e11], **extra}
@@ -201,3 +203,71 @@ def test_sun_critical_data_size_is_the_loss_minimum_over_data():
     losses = np.array([loss(d) for d in D])
     assert D[np.argmin(losses)] == pytest.approx(d_crit, rel=2e-3)  # grid spacing is 0.23%
     assert loss(d_crit * 4) > loss(d_crit) < loss(d_crit / 4)
+
+
+def test_capacity_roles_is_capacity_when_the_roles_weigh_the_same():
+    qerr = {"w": [0.015, 0.0, 2e-3], "a": [0.2, 1e-5, 0.0], "g": [0.0, 3e-3, 0.04]}
+    x = {"N": np.array([1e7, 1e8, 1e9]), "D": np.array([1e9, 1e10, 1e11])}
+    old = laws.get("capacity").predict(CAPACITY, {**x, **{f"qerr_{r}": np.array(v) for r, v in qerr.items()}})
+    equal = dict(CAPACITY, w_w=1.0, w_a=1.0, w_g=1.0)
+    new = laws.get("capacity_roles").predict(equal, {**x, **{f"qerr_train_{r}": np.array(v) for r, v in qerr.items()}})
+    np.testing.assert_allclose(new, old, rtol=1e-14)
+    # weighed differently, the same activation error costs more: rho = tanh(F·b^C)^w_a
+    heavy = laws.get("capacity_roles").predict(dict(equal, w_a=2.0), {**x, **{f"qerr_train_{r}": np.array(v) for r, v in qerr.items()}})
+    assert heavy[0] > new[0] and heavy[2] == new[2]  # the third point's activations are unquantised
+
+
+def test_capacity_roles_hand_computed():
+    N, D, qw, qa = 1e8, 2e9, 0.01, 0.04
+    rho = (math.tanh(0.3 * math.log(1 / qw, 4) ** 1.5) ** 0.5) * (math.tanh(0.3 * math.log(1 / qa, 4) ** 1.5) ** 2.0)
+    expected = 1.8 + 400 * (N * rho) ** -0.34 + 2000 * D ** -0.36
+    x = {"N": np.array([N]), "D": np.array([D]), "qerr_train_w": np.array([qw]), "qerr_train_a": np.array([qa]),
+         "qerr_train_g": np.array([0.0])}
+    assert laws.get("capacity_roles").predict(CAPACITY_ROLES, x)[0] == pytest.approx(expected, rel=1e-13)
+
+
+def test_measured_quantisation_error_from_the_telemetry_snr():
+    import pandas as pd
+
+    df = pd.DataFrame({"weight_snr_db": [20.0, np.inf, np.nan, np.nan, -1.0],
+                       "P_w": [4.0, 8.0, 32.0, 4.0, 4.0], "N": 1.0})
+    # 20 dB = error power 1% of the signal; exact (inf dB) and unquantised (no SNR, P_w = 32) are 0;
+    # no SNR for a quantised role, or an error as large as the signal, cannot be used (NaN).
+    np.testing.assert_allclose(laws.measured_qerr(df, "w"), [0.01, 0.0, 0.0, np.nan, np.nan], rtol=1e-15)
+    out = laws.with_derived_columns(df, ("N", "qerr_train_w", "qerr_train_a"))
+    assert "qerr_train_w" in out.columns and "qerr_train_a" not in out.columns  # no activation SNR or P_a
+    assert laws.with_derived_columns(df, ("N",)) is df
+
+
+def test_the_registry_says_which_laws_have_a_bits_axis():
+    axis = {name: laws.get(name).precision_axis for name in ("chinchilla", "kumar", "kumar_data", "kumar_roles",
+                                                             "quartet", "sun", "capacity", "capacity_roles")}
+    assert axis == {"chinchilla": None, "kumar": "bits", "kumar_data": "bits", "kumar_roles": "bits", "quartet": "bits",
+                    "sun": "bits", "capacity": "quantisation error", "capacity_roles": "quantisation error"}
+    assert laws.has_bits_axis("kumar") and not laws.has_bits_axis("capacity_roles")
+    assert laws.get("capacity_roles").error_columns == laws.MEASURED_QERR_COLUMNS
+    assert laws.get("capacity").error_columns == laws.QERR_COLUMNS
+
+
+@pytest.mark.slow
+def test_capacity_roles_fit_says_activations_cost_more_when_they_do():
+    """Synthetic runs whose activations truly cost more (w_a = 2, w_w = 0.5): quantising the weights alone,
+    the activations alone or both at three measured SNRs, 4 sizes x 3 token budgets. Fitted from the
+    telemetry columns as results tables carry them, the activation weight comes out above the weights'."""
+    import pandas as pd
+
+    from scaling.study import fit
+
+    recipes = [(np.nan, np.nan)] + [(w, a) for snr in (12.0, 18.0, 26.0) for w, a in ((snr, np.nan), (np.nan, snr), (snr, snr))]
+    rows = [{"N": n, "D": d, "weight_snr_db": w, "activation_snr_db": a, "P_w": 32.0 if np.isnan(w) else 4.0,
+             "P_a": 32.0 if np.isnan(a) else 4.0, "P_g": 32.0}
+            for n in (1e7, 3e7, 1e8, 3e8) for d in (1e9, 3e9, 1e10) for w, a in recipes]
+    df = pd.DataFrame(rows)
+    x = laws.with_derived_columns(df, laws.MEASURED_QERR_COLUMNS)
+    truth = laws.get("capacity_roles").predict(CAPACITY_ROLES, {c: x[c].to_numpy(float) for c in ("N", "D") + laws.MEASURED_QERR_COLUMNS})
+    df["loss"] = truth * np.exp(0.002 * np.random.default_rng(0).standard_normal(len(df)))
+    init = {"E": [2.0], "A": [100.0, 1e3], "B": [1e3, 1e4], "alpha": [0.3], "beta": [0.3], "F": [0.1, 1.0], "C": [1.0, 2.0]}
+    result = fit.fit_law(df, "capacity_roles", init=init, polish=2)
+    w_a, w_w = result.params["w_a"], result.params["w_w"]
+    # the weights' scale trades off against F and C; their ratio (4 in truth) is what the data fix
+    assert w_a > 2 * w_w and w_a / w_w == pytest.approx(4.0, rel=0.25)
