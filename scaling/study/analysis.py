@@ -189,7 +189,7 @@ def isoflop(df: pd.DataFrame, budget: float, cost: compute_lib.CostModel | str =
     any: a sigma well above it is lack of fit), sigma_parabolas (scatter about the parabolas alone),
     shape_share (the share of that scatter the shape effects explain), shape_effects [{shape, N, effect,
     recipes}] (empty without shapes shared by enough recipes), recipes: [{recipe, bits_eff, P, runs,
-    sizes, interpolated, N_opt, loss, ci, inside, p_best, parabola (shape-adjusted: loss = c0 + c1·ln N +
+    sizes, interpolated, N_opt, D_opt (tokens there), loss, ci, inside, p_best, parabola (shape-adjusted: loss = c0 + c1·ln N +
     c2·ln² N at the shapes' common curve)}], best, runner_up, diff (runner-up minus best) with diff_ci,
     winner (or None) and reason. noise: (sum of squares, dof) of seed replicates (replicate_noise).
     shape_term=False fits the parabolas alone."""
@@ -203,7 +203,7 @@ def isoflop(df: pd.DataFrame, budget: float, cost: compute_lib.CostModel | str =
     for recipe, g in pts.groupby("recipe", sort=True):
         out["recipes"].append({"recipe": recipe, "bits_eff": float(g["bits_eff"].iloc[0]), "P": float(g["P"].iloc[0]),
                                "runs": int(len(g)), "sizes": int(g["N"].nunique()),
-                               "interpolated": int(g["interpolated"].sum()), "N_opt": None, "loss": None,
+                               "interpolated": int(g["interpolated"].sum()), "N_opt": None, "D_opt": None, "loss": None,
                                "ci": None, "inside": None, "p_best": None, "parabola": None})
     fitted = [e for e in out["recipes"] if e["sizes"] >= MIN_SIZES]
     if len(fitted) < 2:
@@ -234,6 +234,10 @@ def isoflop(df: pd.DataFrame, budget: float, cost: compute_lib.CostModel | str =
             on = sorted(set(pts.loc[pts["shape"] == shape, "recipe"]))
             out["shape_effects"].append({"shape": str(shape), "N": float(math.exp(sx)), "effect": float(u), "recipes": on})
     for j, e in enumerate(fitted):
+        mine = pts[pts["recipe"] == e["recipe"]].sort_values("N")
+        # the tokens at the optimum: log D interpolated in log N between the recipe's runs (D ~ C / N)
+        e["D_opt"] = float(np.exp(np.interp(res["x_opt"][0, j], np.log(mine["N"].to_numpy(float)),
+                                            np.log(mine["D"].to_numpy(float)))))
         e.update(N_opt=float(math.exp(res["x_opt"][0, j])), loss=float(res["loss"][0, j]), inside=bool(res["inside"][0, j]),
                  parabola=[float(c) for c in res["coef"][0, 3 * j:3 * j + 3]], ci=[float(c) for c in res["ci"][0, j]],
                  p_best=float(res["p_best"][0, j]))

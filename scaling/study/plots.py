@@ -288,8 +288,10 @@ def _count_label(value: float, _pos: object = None) -> str:
 
 def isoflop_profiles(points: Sequence[tuple[dict, pd.DataFrame]], stem: str | Path, unit: str = "nats/token") -> Figure:
     """Figure 1: per budget (a study.isoflop entry and its study.points_at rows), each recipe's loss
-    against N, its parabola in log N and its minimum with the bootstrap CI."""
-    fig, axes = plt.subplots(1, len(points), figsize=(5.2 * len(points), 4.4), squeeze=False)
+    against N (less its shape's shared effect), its shape-adjusted parabola in log N and its minimum with
+    the bootstrap CI; where shapes are shared, a last panel with the shape effects."""
+    shaped = any(entry.get("shape_effects") for entry, _ in points)
+    fig, axes = plt.subplots(1, len(points) + shaped, figsize=(5.2 * (len(points) + shaped), 4.4), squeeze=False)
     recipes = sorted({e["recipe"] for entry, _ in points for e in entry["recipes"]})
     colours = dict(zip(recipes, sns.color_palette("colorblind", len(recipes))))
     captions = []
@@ -297,7 +299,10 @@ def isoflop_profiles(points: Sequence[tuple[dict, pd.DataFrame]], stem: str | Pa
         for e in entry["recipes"]:
             g = pts[pts["recipe"] == e["recipe"]]
             colour = colours[e["recipe"]]
-            ax.scatter(g["N"], g["loss"], s=28, color=colour, edgecolor="k", lw=0.5, zorder=3,
+            # points with their shape's shared effect removed, on the same footing as the adjusted parabola
+            effect = {s["shape"]: s["effect"] for s in entry.get("shape_effects") or []}
+            shift = g["shape"].map(effect).fillna(0.0) if "shape" in g.columns else 0.0
+            ax.scatter(g["N"], g["loss"] - shift, s=28, color=colour, edgecolor="k", lw=0.5, zorder=3,
                        label=f"{e['recipe']} ({e['bits_eff']:.3g} bits, {e['runs']} runs)")
             if e["parabola"] is None:
                 continue
@@ -305,8 +310,10 @@ def isoflop_profiles(points: Sequence[tuple[dict, pd.DataFrame]], stem: str | Pa
             c0, c1, c2 = e["parabola"]
             ax.plot(np.exp(x), c0 + c1 * x + c2 * x * x, color=colour, lw=1.4)
             lo, hi = e["ci"] if e["ci"] else (e["loss"], e["loss"])
-            ax.errorbar([e["N_opt"]], [e["loss"]], yerr=[[e["loss"] - lo], [hi - e["loss"]]], fmt="*", ms=13,
-                        mfc=colour, mec="k", ecolor=colour, capsize=4, zorder=4)
+            # the CI as a thick bar drawn over the star, so an interval narrower than the marker still shows
+            ax.scatter([e["N_opt"]], [e["loss"]], marker="*", s=160, color=colour, edgecolor="k", zorder=4)
+            ax.errorbar([e["N_opt"]], [e["loss"]], yerr=[[e["loss"] - lo], [hi - e["loss"]]], fmt="none",
+                        ecolor="k", elinewidth=2.2, capsize=5, capthick=1.6, zorder=5)
         ax.set_xscale("log")
         # ticks at 1, 2 and 5 per decade, labelled 20k / 100k / 2M: a profile spans less than a decade
         ax.xaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
@@ -319,7 +326,11 @@ def isoflop_profiles(points: Sequence[tuple[dict, pd.DataFrame]], stem: str | Pa
         if len(recipes) <= SHARED_LEGEND_FROM:
             ax.legend(fontsize=7, loc="upper left")
         captions.append(f"at C = {_fmt(entry['budget'])}: {entry['reason'] or 'no analysis'}")
-    fig.suptitle(f"{TITLES[1]}\nstars: each recipe's minimum with its 95% bootstrap CI", fontsize=10)
+    if shaped:
+        _shape_effects_panel(axes[0][-1], [entry for entry, _ in points], unit)
+    level = next((entry.get("level") for entry, _ in points if entry.get("level")), 0.95)
+    fig.suptitle(f"{TITLES[1]}\nstars: each recipe's shape-adjusted minimum, black bars its {level:.0%} bootstrap CI",
+                 fontsize=10)
     if len(recipes) > SHARED_LEGEND_FROM:  # one legend under the panels: inside, it would cover the points
         bits = {e["recipe"]: e["bits_eff"] for entry, _ in points for e in entry["recipes"]}
         handles = [matplotlib.lines.Line2D([], [], color=colours[r], marker="o", mec="k", mew=0.5, lw=1.4,
@@ -329,6 +340,27 @@ def isoflop_profiles(points: Sequence[tuple[dict, pd.DataFrame]], stem: str | Pa
     else:
         fig.tight_layout()
     return _figure(1, Path(stem), fig, "; ".join(captions) + ".")
+
+
+def _shape_effects_panel(ax: Any, entries: Sequence[dict], unit: str) -> None:
+    """Figure 1's last panel: per budget, each shared shape's effect on the loss against its N, labelled."""
+    for entry, marker in zip(entries, "osD^v"):
+        effects = sorted(entry.get("shape_effects") or [], key=lambda e: e["N"])
+        if not effects:
+            continue
+        ax.plot([e["N"] for e in effects], [e["effect"] for e in effects], marker=marker, lw=0.8, mec="k", mew=0.5,
+                label=f"C = {_fmt(entry['budget'])}")
+        for e in effects:
+            ax.annotate(e["shape"], (e["N"], e["effect"]), fontsize=6, xytext=(3, 3), textcoords="offset points")
+    ax.axhline(0, color="0.5", lw=0.6)
+    ax.set_xscale("log")
+    ax.xaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(_count_label))
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.set_xlabel("non-embedding parameters N")
+    ax.set_ylabel(f"shape effect ({unit})")
+    ax.set_title("shape effects shared by every recipe\n(departure from a curve smooth in N)", fontsize=9)
+    ax.legend(fontsize=7)
 
 
 def iso_loss(fit: Any, compute: float, stem: str | Path, cost: Any = None, unit: str = "nats/token") -> Figure:

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from scaling.study import fit, plots, analysis as study
+from scaling.study import fit, laws, plots, analysis as study
 from scaling.study import findings as findings_lib
 from scaling._io import atomic_write_json, atomic_write_text
 from scaling.errors import ConfigError
@@ -125,7 +125,10 @@ def fitted_law(fit: Any) -> str:
 
 
 def selection_text(selection: dict) -> str:
-    """How the law was chosen (selection.select_law): each candidate's held-out error on the precision gaps."""
+    """How the law was chosen (selection.select_law): each candidate's held-out error on the precision gaps,
+    the laws within noise of the best, and the chosen law's held-out errors per recipe."""
+    if selection.get("split"):
+        return _heldout_budget_selection_text(selection)
     rows = []
     for c in selection["candidates"]:
         gap = c.get("heldout_gap_mae") or {}
@@ -157,6 +160,64 @@ def selection_text(selection: dict) -> str:
             + "\n\n" + _markdown(pd.DataFrame(rows)))
 
 
+def _heldout_budget_selection_text(selection: dict) -> str:
+    """selection_text for a selection scored on one held-out split with whole runs left out (selection.Split)."""
+    split, chosen = selection["split"], selection["chosen"]
+    ref = ", ".join(selection.get("reference", {}).get("recipes", []) or ["reference"])
+    clustered = f"standard errors clustered by {selection.get('clustered_by', 'run')}"
+    rows = []
+    for c in selection["candidates"]:
+        diff = c.get("gap_mae_diff") or {}
+        rows.append({"candidate": c["name"] + (" (chosen)" if c["name"] == chosen else ""),
+                     "params": c.get("n_params"), "bits axis": "yes" if laws.has_bits_axis(c["law"]) else "no",
+                     "held-out gap MAE": c.get("score"),
+                     "excess over best": (None if not diff or c["name"] == chosen else
+                                          f"{diff['value']:+.4f} ± {diff['se']:.4f}" if diff.get("se") is not None
+                                          else f"{diff['value']:+.4f}"),
+                     "within noise": "yes" if c.get("within_noise") else ("not fitted" if not c.get("fittable", True) else "no")})
+    if split.get("by") is None:
+        how = f"No held-out split could be made ({split.get('note')}), so the law with the lowest AIC was taken."
+    else:
+        where = (f"the largest compute budget (C = {_fmt(split['value'])})" if split["by"] == "budget"
+                 else f"the largest size (N = {_fmt(split['value'])})")
+        n = max((next(iter((c.get("n_heldout") or {0: 0}).values())) for c in selection["candidates"]), default=0)
+        how = (f"Laws are compared on the precision gaps (loss minus the same-size, same-tokens {ref} run's, nats) at "
+               f"{where}: each is fitted without every run that has a point there ({split['held_runs']} runs left out "
+               f"whole, {split['train_runs']} fitted), so no held-out gap is a later checkpoint of a fitted run, and "
+               f"predicts the {n} gaps it did not see.")
+    close = [c["name"] for c in selection["candidates"] if c.get("within_noise")]
+    if len(close) > 1:
+        bits = [n for n in close if laws.has_bits_axis(next(c["law"] for c in selection["candidates"] if c["name"] == n))]
+        verdict = (f" Within noise of the best ({selection.get('noise_se', 2):g} {clustered}): "
+                   + ", ".join(f"`{n}`" for n in close) + ". These data do not pick one law among them; the fit below "
+                   f"is `{chosen}`, the lowest held-out error" + (
+                       f", and a continuous P* comes only from those with a bits axis ({', '.join(f'`{n}`' for n in bits)})."
+                       if bits else ", and none of them has a bits axis, so there is no continuous P*."))
+    elif selection.get("criterion", "").startswith("heldout"):
+        verdict = (f" Only `{chosen}` is within noise ({selection.get('noise_se', 2):g} {clustered}) of the lowest "
+                   "held-out error: on these gaps the data prefer it.")
+    else:
+        verdict = ""
+    if any(c["law"] == "chinchilla" and c.get("within_noise") and c["name"] != chosen for c in selection["candidates"]):
+        verdict += (" Among them is `chinchilla`, which has no precision term: these data cannot show that a "
+                    "precision-aware law predicts the held-out gaps better than none.")
+    return how + verdict + "\n\n" + _markdown(pd.DataFrame(rows)) + _residuals_text(selection)
+
+
+def _residuals_text(selection: dict) -> str:
+    """The chosen law's held-out gap errors per recipe (selection.residuals_by_recipe) as a small table."""
+    rows = selection.get("chosen_residuals") or []
+    if not rows:
+        return ""
+    table = pd.DataFrame([{"recipe": r["recipe"], "n": r["n"], "mean residual": r["mean"],
+                           "95% CI": f"{r['ci'][0]:+.3f} to {r['ci'][1]:+.3f}" if r.get("ci") else "– (one run)"}
+                          for r in rows])
+    off = [r["recipe"] for r in rows if r.get("ci") and (r["ci"][0] > 0 or r["ci"][1] < 0)]
+    return (f"\n\nHeld-out gap errors of `{selection['chosen']}` by recipe (predicted minus measured gap, nats; "
+            "95% t interval clustered by run)" + (f"; its errors are systematic for {', '.join(off)}, whose interval "
+                                                  "excludes zero" if off else "") + ":\n\n" + _markdown(table))
+
+
 def heldout_error(fit: Any, ok: pd.DataFrame) -> tuple[str, float | None]:
     """In-sample error of the law and, when the fit ran one (`scaling fit --holdout`), its held-out
     extrapolation error: fit on the smaller runs, mean absolute relative error on the largest."""
@@ -178,7 +239,8 @@ def heldout_error(fit: Any, ok: pd.DataFrame) -> tuple[str, float | None]:
 def cost_of_precision(ok: pd.DataFrame, fit: Any) -> str:
     """Each recipe's loss minus the high-precision reference run's at the same size, tokens and seed
     (study.gaps_to_reference_recipe): its mean, and how it moves with D at a fixed size (least squares on log2 D
-    with size fixed effects), each with a 95% t interval over the matched points. Kumar et al.'s form,
+    with size fixed effects): the mean over runs with a 95% t interval over runs (a run's evaluations
+    share its noise), the slope with one over the matched points. Kumar et al.'s form,
     where precision lowers only the effective N, predicts a gap that does not move with D."""
     gaps = study.gaps_to_reference_recipe(ok)
     if gaps.empty:
@@ -187,10 +249,13 @@ def cost_of_precision(ok: pd.DataFrame, fit: Any) -> str:
     rows, grows = [], []
     for recipe, g in gaps.groupby("recipe"):
         n = len(g)
-        mean = float(g["gap"].mean())
-        half = float(stats.t.ppf(0.975, n - 1) * g["gap"].std(ddof=1) / math.sqrt(n)) if n >= 2 else math.nan
-        row = {"recipe": recipe, "points (sizes)": f"{n} ({g['N'].nunique()})", "mean gap": f"{mean:+.3f}",
-               "its 95% CI": f"{mean - half:+.3f} to {mean + half:+.3f}" if n >= 2 else "–",
+        # a run's evaluations share its noise: the interval is over runs (size and seed), not points
+        per_run = g.groupby(["N", "seed"] if "seed" in g.columns else ["N"])["gap"].mean()
+        runs = len(per_run)
+        mean = float(per_run.mean())
+        half = float(stats.t.ppf(0.975, runs - 1) * per_run.std(ddof=1) / math.sqrt(runs)) if runs >= 2 else math.nan
+        row = {"recipe": recipe, "points (runs, sizes)": f"{n} ({runs}, {g['N'].nunique()})", "mean gap": f"{mean:+.3f}",
+               "its 95% CI over runs": f"{mean - half:+.3f} to {mean + half:+.3f}" if runs >= 2 else "–",
                "change per doubling of D": "–", "95% CI": "–", "with D": "cannot tell"}
         centred = g.assign(log_d=np.log2(g["D"]))
         centred[["log_d", "gap"]] -= centred.groupby("N")[["log_d", "gap"]].transform("mean")
@@ -237,11 +302,25 @@ def findings_section(f: dict) -> str:
             at = _fmt(e["N_opt"]) + ("" if e["inside"] else " (edge)")
             p_best = f"{e['p_best']:.2f}" if e["p_best"] is not None else "–"
             lines.append(f"| {e['recipe']} | {e['bits_eff']:.3g} | {e['runs']} ({e['sizes']}) | {e['loss']:.4g} | {ci} | {at} | {p_best} |")
+        lines += _shape_effects_table(b, unit)
     interp = sum(e["interpolated"] for b in f["budgets"] for e in b["recipes"])
     if interp:
         lines += ["", f"{interp} of the points were interpolated between a run's WSD cooldown evaluations (log loss "
                   "linear in log D): these runs were not designed to land on the budgets."]
     return "\n".join(lines)
+
+
+def _shape_effects_table(b: dict, unit: str) -> list[str]:
+    """The shape effects shared by every recipe at one budget (study.isoflop's shape_effects), or none."""
+    if not b.get("shape_effects"):
+        return []
+    share = f", {b['shape_share']:.0%} of the scatter about the parabolas" if b.get("shape_share") is not None else ""
+    lines = ["", f"Shape effects shared by every recipe ({unit}: a shape's departure from a curve smooth in N common to "
+             f"all recipes{share}); the minima above are compared with them removed:", "",
+             "| shape | N | effect | recipes measured on it |", "| --- | --- | --- | --- |"]
+    for e in sorted(b["shape_effects"], key=lambda e: e["N"]):
+        lines.append(f"| {e['shape']} | {_fmt(e['N'])} | {e['effect']:+.3f} | {len(e['recipes'])} |")
+    return lines
 
 
 def integer_arm_section(f: dict) -> str:
@@ -349,8 +428,9 @@ def _noise_text(b: dict, unit: str) -> str:
         seeds = f"; seed replicates alone: {b['seed_sigma']:.3f} on {b['seed_dof']} dof"
         if b["sigma"] > 1.2 * b["seed_sigma"]:
             seeds += ", the excess is the parabolas' lack of fit"
-    return (f" Noise about the profiles {b['sigma']:.3f} {unit} on {b['dof']} dof (parabola residuals and seed "
-            f"replicates pooled{seeds}).")
+    source = ("the scatter about the joint fit of every recipe's parabola and the shape effects, seed replicates "
+              "included" if b.get("noise_source", "joint fit") == "joint fit" else "seed replicates alone: the profiles leave no dof")
+    return f" Noise about the profiles {b['sigma']:.3f} {unit} on {b['dof']} dof ({source}{seeds})."
 
 
 def pstar_section(f: dict) -> str:
@@ -386,10 +466,7 @@ def pstar_section(f: dict) -> str:
                 text += (f". Across its {len(e['specifications'])} specifications (cost model{' and the within-noise laws whose axis is bits' if any(r['spec'].split(' ')[0] != law for r in e['specifications']) else ''}) "
                          f"the chosen bits span {rng[0]:.3g}–{rng[1]:.3g}")
             text += _measured_text(e, ranked[0]["recipe"] if ranked else None)
-            lo, hi = e["interval"]
-            span = f"{lo:.3g} bits" if f"{lo:.3g}" == f"{hi:.3g}" else f"{lo:.3g}–{hi:.3g} bits"
-            lines.append(text + f". Taking these together ({span}; a choice among the measured recipes, not a "
-                         f"continuous optimum): {verdicts}.")
+            lines.append(text + ". " + _menu_text(e, law) + ".")
             continue
         ci = f"bootstrap 95% CI {e['P_ci'][0]:.3g}–{e['P_ci'][1]:.3g}" if e.get("P_ci") else "no bootstrap CI"
         rng = e.get("P_range")
@@ -405,6 +482,34 @@ def pstar_section(f: dict) -> str:
         lines += [f"| {r['spec']} | {r['cost_model']} | " + (f"{r['P']:.3g} | {_fmt(r['N'])} | {_fmt(r['D'])} |"
                   if "P" in r else f"{r.get('error', '–')} | – | – |") for r in spec]
     return "\n".join(lines)
+
+
+def _menu_text(e: dict, law: str) -> str:
+    """For a law without a bits axis: the best measured recipe(s), named with their bits, as a choice among
+    recipes (not an interval of P*), and which of them each published range contains; a continuous P* only
+    from the within-noise laws with a bits axis, if any."""
+    named: dict[str, float] = {}
+    for r in e.get("recipes") or []:
+        if r.get("best") or (r.get("p_best") or 0) > 0:
+            named[r["recipe"]] = float(r["bits"])
+    for m in e.get("measured") or []:
+        named.setdefault(m["recipe"], float(m["bits"]))
+    if not named:
+        return "No measured recipe can be named best"
+    menu = sorted(named.items(), key=lambda kv: kv[1])
+    listed = ", ".join(f"{r} ({b:.3g} bits)" for r, b in menu)
+    text = (f"The best measured recipe{'s' if len(menu) > 1 else ''} (the law's choice in any bootstrap resample and "
+            f"those the measurement cannot rule out): {listed}; a choice among measured recipes, not an interval of P*")
+    bits_specs = [r["P"] for r in e.get("specifications") or [] if "P" in r and not r["spec"].startswith(law)]
+    if bits_specs:
+        lo, hi = min(bits_specs), max(bits_specs)
+        text += (f". The within-noise laws with a bits axis put a continuous P* at "
+                 + (f"{lo:.3g} bits" if f"{lo:.3g}" == f"{hi:.3g}" else f"{lo:.3g}–{hi:.3g} bits"))
+    ranges = []
+    for name, (a, b) in _published().items():
+        inside = [r for r, bits in menu if a <= bits <= b]
+        ranges.append(f"{name}'s {a:g}–{b:g} bits contains " + (", ".join(inside) if inside else "none of them"))
+    return text + ". " + "; ".join(ranges)
 
 
 def _measured_text(e: dict, law_choice: str | None) -> str:
@@ -425,6 +530,16 @@ def _published() -> dict:
     return findings_lib.PUBLISHED
 
 
+def _optima_ratio_text(budgets: Sequence[dict]) -> str:
+    """Where the IsoFLOP minima inside their sizes sit in tokens per parameter, per budget ('' if none)."""
+    spans = []
+    for b in budgets:
+        ratios = [e["D_opt"] / e["N_opt"] for e in b["recipes"] if e.get("D_opt") and e.get("inside")]
+        if ratios:
+            spans.append(f"{min(ratios):.3g}–{max(ratios):.3g} tokens per parameter at C = {_fmt(b['budget'])}")
+    return f" The measured IsoFLOP optima (inside their sizes) sit at {'; '.join(spans)}." if spans else ""
+
+
 def limitations(ok: pd.DataFrame, fit: Any | None, found: list[dict], heldout: float | None,
                 budgets: Sequence[dict] = ()) -> str:
     """A paragraph written from the data's spans: what the measurements can and cannot support.
@@ -440,7 +555,7 @@ def limitations(ok: pd.DataFrame, fit: Any | None, found: list[dict], heldout: f
         side = "below" if ratio < CHINCHILLA_TOKENS_PER_PARAM / 2 else "above" if ratio > 2 * CHINCHILLA_TOKENS_PER_PARAM else "near"
         sentences.append(f"The median tokens-per-parameter ratio is {ratio:.3g}, {side} Chinchilla's compute-optimal "
                          f"≈{CHINCHILLA_TOKENS_PER_PARAM:g}; Kumar et al. find the cost of low precision grows with D/N, so "
-                         "the sweet spot depends on where the runs sit on this axis.")
+                         "the sweet spot depends on where the runs sit on this axis." + _optima_ratio_text(budgets))
     last = ok[ok["D"] == ok["D"].max()]
     biggest = last[last["N"] == last["N"].max()].groupby("recipe")["val_loss"].mean()
     best = last.groupby(["recipe", "N"])["val_loss"].mean().groupby("recipe").min()
@@ -456,6 +571,13 @@ def limitations(ok: pd.DataFrame, fit: Any | None, found: list[dict], heldout: f
         sentences.append(f"At C = {where} the IsoFLOP profiles scatter about their parabolas more than seeds do: "
                          "at fixed compute the loss depends on a model's shape (width against depth), not on N "
                          "alone, and that lack of fit is part of every CI above.")
+    shaped = [b for b in budgets if (b.get("shape_share") or 0) >= 0.2]
+    if shaped:
+        where = ", ".join(f"{_fmt(b['budget'])} ({b['shape_share']:.0%})" for b in shaped)
+        sentences.append(f"A model's shape, not N alone, moves its loss: shape effects shared by every recipe explain "
+                         f"part of the scatter about the IsoFLOP profiles at C = {where}; recipes measured on different "
+                         "shapes are compared with those effects removed, and a minimum at the edge of a recipe's "
+                         "shapes names no winner.")
     bits = sorted(ok["P"].dropna().unique())
     sentences.append(f"{len(bits)} distinct precision{'s' if len(bits) != 1 else ''} were measured "
                      f"({', '.join(f'{b:g}' for b in bits)} bits)" + (

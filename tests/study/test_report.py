@@ -128,7 +128,7 @@ def test_cost_of_precision_pairs_runs_with_the_reference_and_measures_the_trend_
     text = report.cost_of_precision(ok, law)
     assert "minus the bf16 run's" in text
     line = {r.split("|")[1].strip(): [c.strip() for c in r.split("|")[1:-1]] for r in text.splitlines() if r.startswith("| ")}
-    assert line["mxfp4"][1] == "6 (2)" and float(line["mxfp4"][2]) == pytest.approx(0.08, abs=0.005)
+    assert line["mxfp4"][1] == "6 (2, 2)" and float(line["mxfp4"][2]) == pytest.approx(0.08, abs=0.005)
     # +0.05 per doubling of D at either size: grows, with a CI above zero; fp8's constant gap does not move
     assert float(line["mxfp4"][4]) == pytest.approx(0.05, abs=0.005) and line["mxfp4"][6] == "grows"
     assert line["fp8"][6] == "cannot tell" and float(line["fp8"][2]) == pytest.approx(0.004, abs=0.003)
