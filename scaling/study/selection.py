@@ -48,12 +48,14 @@ class Candidate:
 class Split:
     """The held-out split: `by` ('budget' or 'N'), the rows whose gaps are scored (`scored`: rows at the
     largest `by`), and the rows the law is fitted on (`train`: every row of every run with no row at a
-    held-out point, the reference evaluated there included). `held_runs`: how many runs are left out."""
+    held-out point, the reference evaluated there included). `held_runs`: how many runs are left out;
+    `note`: why an earlier split (the budget) could not be used, or None."""
 
     by: str
     scored: np.ndarray
     train: np.ndarray
     held_runs: int
+    note: str | None = None
 
 
 def parse_candidate(spec: str) -> Candidate:
@@ -180,7 +182,7 @@ def heldout_split(df: pd.DataFrame, ids: np.ndarray | None = None) -> Split | st
         if held.all():
             reasons.append(f"every run has a row at the largest {by}'s points: nothing left to fit on")
             continue
-        return Split(by, scored, ~held, int(len(np.unique(runs[held]))))
+        return Split(by, scored, ~held, int(len(np.unique(runs[held]))), "; ".join(reasons) or None)
     return "; ".join(reasons)
 
 
@@ -312,7 +314,7 @@ def _describe_split(df: pd.DataFrame, split: Split | str) -> dict[str, Any]:
     value = pd.to_numeric(df[split.by], errors="coerce").max()
     return {"by": split.by, "value": float(value), "held_runs": split.held_runs,
             "train_rows": int(split.train.sum()), "train_runs": int(len(np.unique(_run_ids(df)[split.train]))),
-            "note": None}
+            "note": split.note}
 
 
 def _choose(entries: list[dict[str, Any]], errors: Mapping[str, tuple[np.ndarray, np.ndarray]],

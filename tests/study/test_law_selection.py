@@ -169,6 +169,8 @@ def test_without_a_usable_budget_the_largest_size_is_held_out_whole():
     df["budget"] = np.where(df["D"] >= 2e10, 3e12, 1e12)  # every run reaches the largest budget
     split = selection.heldout_split(df)
     assert split.by == "N" and set(df.loc[~split.train, "N"]) == {3e8} and set(df.loc[split.train, "N"]) == {1e7, 3e7, 1e8}
+    assert split.note == "every run has a row at the largest budget's points: nothing left to fit on"
+    assert selection.heldout_split(kumar_data_runs()).note == "no budget column"
     assert "nothing left to fit on" in selection.heldout_split(df[df["N"] == 3e8])
 
 
