@@ -179,7 +179,7 @@ def _heldout_budget_selection_text(selection: dict) -> str:
         how = f"No held-out split could be made ({split.get('note')}), so the law with the lowest AIC was taken."
     else:
         where = (f"the largest compute budget (C = {_fmt(split['value'])})" if split["by"] == "budget"
-                 else f"the largest size (N = {_fmt(split['value'])})")
+                 else f"the largest size (N = {_fmt(split['value'])}; no budget split: {split.get('note')})")
         n = max((next(iter((c.get("n_heldout") or {0: 0}).values())) for c in selection["candidates"]), default=0)
         how = (f"Laws are compared on the precision gaps (loss minus the same-size, same-tokens {ref} run's, nats) at "
                f"{where}: each is fitted without every run that has a point there ({split['held_runs']} runs left out "
@@ -189,8 +189,8 @@ def _heldout_budget_selection_text(selection: dict) -> str:
     if len(close) > 1:
         bits = [n for n in close if laws.has_bits_axis(next(c["law"] for c in selection["candidates"] if c["name"] == n))]
         verdict = (f" Within noise of the best ({selection.get('noise_se', 2):g} {clustered}): "
-                   + ", ".join(f"`{n}`" for n in close) + ". These data do not pick one law among them; the fit below "
-                   f"is `{chosen}`, the lowest held-out error" + (
+                   + ", ".join(f"`{n}`" for n in close) + ". These data do not pick one law among them; the fit reported "
+                   f"here is `{chosen}`, the lowest held-out error" + (
                        f", and a continuous P* comes only from those with a bits axis ({', '.join(f'`{n}`' for n in bits)})."
                        if bits else ", and none of them has a bits axis, so there is no continuous P*."))
     elif selection.get("criterion", "").startswith("heldout"):
@@ -522,7 +522,7 @@ def _measured_text(e: dict, law_choice: str | None) -> str:
             ", ".join(f"{m['recipe']} ({m['bits']:.3g} bits, P(best) {m['p_best']:.2f})" for m in measured))
     if law_choice and law_choice not in {m["recipe"] for m in measured}:
         text += (f", so it disagrees with the law's {law_choice} (see the law's residuals by recipe, figure 9), and "
-                 "both enter the interval")
+                 "both are named below")
     return text
 
 

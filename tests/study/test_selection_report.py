@@ -1,0 +1,64 @@
+"""The report's law-selection paragraph (held-out budget, within-noise set, the chosen law's residuals per
+recipe) and its P* sentence for a law without a bits axis (a menu of measured recipes, not an interval)."""
+
+from scaling.study import findings as findings_lib, report
+
+
+def _selection(close: bool) -> dict:
+    return {
+        "chosen": "capacity", "criterion": "heldout_gap_mae (fitted without the runs at the largest budget, scored on its gaps)",
+        "reference": {"recipes": ["bf16"]}, "noise_se": 2.0, "clustered_by": "recipe", "splits": ["budget"],
+        "split": {"by": "budget", "value": 3e12, "held_runs": 111, "train_rows": 126, "train_runs": 87, "note": None},
+        "within_noise": ["capacity", "kumar_roles"] if close else ["capacity"],
+        "chosen_residuals": [
+            {"recipe": "int4-fwd", "n": 11, "runs": 11, "mean": 0.05, "ci": [0.03, 0.07]},
+            {"recipe": "fp8", "n": 11, "runs": 11, "mean": 0.001, "ci": [-0.01, 0.012]},
+            {"recipe": "nvfp4", "n": 1, "runs": 1, "mean": -0.02, "ci": None}],
+        "candidates": [
+            {"name": "capacity", "law": "capacity", "fittable": True, "n_params": 7, "score": 0.024,
+             "n_heldout": {"budget": 93}, "gap_mae_diff": {"value": 0.0, "se": 0.0}, "within_noise": True},
+            {"name": "kumar_roles", "law": "kumar_roles", "fittable": True, "n_params": 8, "score": 0.031,
+             "n_heldout": {"budget": 93}, "gap_mae_diff": {"value": 0.007, "se": 0.004 if close else 0.002},
+             "within_noise": close},
+            {"name": "sun", "law": "sun", "fittable": False, "within_noise": False}]}
+
+
+def test_the_selection_paragraph_names_the_held_out_budget_the_within_noise_set_and_the_residuals():
+    text = report.selection_text(_selection(close=True))
+    assert "largest compute budget (C = 3e12)" in text and "111 runs left out whole, 87 fitted" in text
+    assert "no held-out gap is a later checkpoint of a fitted run" in text and "predicts the 93 gaps" in text
+    assert "Within noise of the best (2 standard errors clustered by recipe): `capacity`, `kumar_roles`" in text
+    assert "These data do not pick one law among them; the fit reported here is `capacity`" in text and "bits axis (`kumar_roles`)" in text
+    assert "| kumar_roles | 8 | yes | 0.031 | +0.0070 ± 0.0040 | yes |" in text
+    assert "| sun | – | yes | – | – | not fitted |" in text
+    # the chosen law's residuals per recipe: systematic where the interval excludes zero
+    assert "| int4-fwd | 11 | 0.05 | +0.030 to +0.070 |" in text and "| nvfp4 | 1 | -0.02 | – (one run) |" in text
+    assert "systematic for int4-fwd, whose interval excludes zero" in text
+    alone = report.selection_text(_selection(close=False))
+    assert "Only `capacity` is within noise (2 standard errors clustered by recipe)" in alone and "do not pick" not in alone
+
+
+def test_a_law_without_a_bits_axis_names_recipes_not_an_interval():
+    entry = {"compute": 1e12, "P": None, "P_ci": None, "no_bits_axis": "capacity",
+             "recipes": [{"recipe": "mxfp6", "bits": 6.25, "N": 1e5, "D": 1e6, "loss": 1.60, "best": True, "p_best": 0.7,
+                          "bits_ci": [6.25, 8.0]},
+                         {"recipe": "fp8", "bits": 8.0, "N": 1e5, "D": 1e6, "loss": 1.61, "best": False, "p_best": 0.3,
+                          "bits_ci": []},
+                         {"recipe": "mxfp4", "bits": 4.25, "N": 1e5, "D": 1e6, "loss": 1.70, "best": False, "p_best": 0.0,
+                          "bits_ci": []}],
+             "measured": [{"recipe": "fp8", "bits": 8.0, "P": 8.0, "p_best": 0.6}], "interval": [6.25, 8.0],
+             "published": {n: "cannot tell" for n in findings_lib.PUBLISHED}}
+    text = report.pstar_section({"P_star": [entry], "law": {"name": "capacity"}})
+    assert "mxfp6 (6.25 bits), fp8 (8 bits); a choice among measured recipes, not an interval of P*" in text
+    assert "mxfp4 (4.25 bits)" not in text  # never the law's best: not on the menu
+    for name, (a, b) in findings_lib.PUBLISHED.items():
+        inside = [r for r, bits in (("mxfp6", 6.25), ("fp8", 8.0)) if a <= bits <= b]
+        assert f"{name}'s {a:g}–{b:g} bits contains {', '.join(inside) or 'none of them'}" in text
+    assert "Taking these together" not in text
+
+
+def test_without_budgets_the_paragraph_says_the_largest_size_was_held_out_and_why():
+    sel = _selection(close=False)
+    sel["split"] = {"by": "N", "value": 3e8, "held_runs": 4, "train_rows": 72, "train_runs": 12, "note": "no budget column"}
+    text = report.selection_text(sel)
+    assert "at the largest size (N = 3e08; no budget split: no budget column)" in text and "4 runs left out whole" in text
