@@ -3,7 +3,7 @@
     pip install -e '.[gpu]' torch        # torch for the reference only; never a dependency
     python benchmarks/bench_gpu.py [--params 20e6,100e6 | --sizes 14,24] [--seq-len 1024] [--batch 16]
         [--steps 20] [--warmup 3] [--recipes bf16,fp8,mxfp6,mxfp4,nvfp4] [--gpu auto|h100|h200|b200|a100]
-        [--torch auto|compile|eager|off]
+        [--torch auto|compile|eager|off] [--pilot [EXPERIMENT.toml]]
     python benchmarks/bench_gpu.py --sizes 1 --seq-len 64 --batch 4 --steps 3 --warmup 1   # CPU smoke run
 
 Per ladder size (the one whose non-embedding N is nearest each --params target, ladder.param_counts),
@@ -16,6 +16,11 @@ utilisation = ladder.flops_per_token x tokens/s / the GPU's dense bf16 peak (sca
 "-" on a device the table lacks, unless --gpu names one). Ratios: our bf16 tokens/s over PyTorch's
 (target >= 0.8), and each simulated recipe's step time over our bf16's (target <= 1.3).
 The first line is host.describe() and host.process_env_status(): timings hold for that machine only.
+
+--pilot (default experiments/gpu_pilot.toml) also measures an experiment's own runs: each distinct
+model shape, batch and sequence length of its expanded grid (scaling.study.sweep.expand, the IsoFLOP
+design placed) with the recipes it trains, then the experiment's training time at those speeds
+(its tokens over each run's measured tokens/s; evaluations and compiles not included).
 """
 
 from __future__ import annotations
@@ -122,9 +127,10 @@ def time_torch(cfg: ladder.ModelConfig, tokens: np.ndarray, steps: int, warmup: 
     return f"pytorch bf16 ({label}, torch {torch.__version__})", compile_s, (time.perf_counter() - started) / steps
 
 
-def main() -> None:
-    # the header names the machine and the allocator setting: timings hold for those only
-    print(f"{host.describe()}; {host.process_env_status()}", flush=True)
+PILOT = Path(__file__).resolve().parents[1] / "experiments" / "gpu_pilot.toml"
+
+
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--params", default="20e6,100e6", help="non-embedding parameter targets; nearest ladder sizes")
     ap.add_argument("--sizes", default=None, help="ladder sizes instead of --params (e.g. 1 for a CPU smoke run)")
@@ -136,11 +142,71 @@ def main() -> None:
     ap.add_argument("--gpu", default="auto", help="GPUS entry whose dense bf16 peak MFU divides by (auto: by device kind)")
     ap.add_argument("--torch", choices=["auto", "compile", "eager", "off"], default="auto",
                     help="PyTorch reference: torch.compile where it compiles (auto), forced, eager, or none")
+    ap.add_argument("--pilot", nargs="?", const=str(PILOT), default=None, metavar="EXPERIMENT",
+                    help=f"also time an experiment's own shapes and recipes (default {PILOT.relative_to(PILOT.parents[1])})")
+    return ap
+
+
+def pilot_shapes(experiment: str | Path) -> dict[tuple, dict]:
+    """{(model config, batch): {"recipes": [recipe names], "tokens": {recipe: tokens over its runs}}}
+    of an experiment's expanded runs, in grid order."""
+    from scaling.study import sweep
+
+    shapes: dict[tuple, dict] = {}
+    for spec in sweep.expand(experiment):
+        cfg = spec.config
+        entry = shapes.setdefault((cfg.model.shape(), cfg.train.batch_size), {"recipes": [], "tokens": {}})
+        name = cfg.recipe.name
+        if name not in entry["recipes"]:
+            entry["recipes"].append(name)
+        entry["tokens"][name] = entry["tokens"].get(name, 0) + cfg.train.tokens
+    return shapes
+
+
+def bench_shape(cfg: ladder.ModelConfig, batch: int, recipes: list[str], args: argparse.Namespace,
+                peak: float | None) -> dict[str, float]:
+    """Time the PyTorch reference and our step per recipe at one shape, print the table; returns
+    {recipe: tokens/s} of ours."""
+    tokens = data.batch(data.synthetic_corpus().train, 0, 0, batch, cfg.seq_len)
+    n_tok = batch * cfg.seq_len
+    flops_step = ladder.flops_per_token(cfg) * n_tok
+    print(f"d_model {cfg.d_model}, {cfg.n_layers} layers, d_ff {cfg.d_ff}, "
+          f"N {ladder.param_counts(cfg)['non_embedding'] / 1e6:.2f}M non-embedding; "
+          f"batch {batch} x {cfg.seq_len} = {n_tok} tokens; {ladder.flops_per_token(cfg) / 1e6:,.2f} MFLOP/token")
+    rows = {}
+    if args.torch != "off":
+        try:
+            label, compile_s, step_s = time_torch(cfg, tokens, args.steps, args.warmup, args.torch)
+            rows[label] = (compile_s, step_s)
+        except ImportError:
+            print("PyTorch is not installed: no reference row (pip install torch)")
+    for name in recipes:
+        rows[f"ours {name}"] = time_ours(cfg, name, tokens, args.steps, args.warmup)
+    torch_label = next((label for label in rows if label.startswith("pytorch")), None)
+    ours_bf16 = rows["ours bf16"][1] if "ours bf16" in rows else None
+    print(f"{'implementation':52s} {'compile s':>9s} {'step ms':>9s} {'tokens/s':>11s} {'MFU':>6s}  ratio")
+    for label, (compile_s, step_s) in rows.items():
+        mfu = f"{flops_step / step_s / peak:6.3f}" if peak else f"{'-':>6s}"
+        if label == "ours bf16" and torch_label:
+            ratio = f"{rows[torch_label][1] / step_s:.2f} tokens/s vs PyTorch (target >= {TORCH_VS_OURS_TARGET})"
+        elif label.startswith("ours") and label != "ours bf16" and ours_bf16:
+            ratio = f"{step_s / ours_bf16:.2f} step time vs our bf16 (target <= {RECIPE_VS_BF16_TARGET})"
+        else:
+            ratio = ""
+        print(f"{label:52s} {compile_s:9.1f} {step_s * 1e3:9.2f} {n_tok / step_s:11,.0f} {mfu}  {ratio}")
+    return {label[len("ours "):]: n_tok / step_s for label, (_, step_s) in rows.items() if label.startswith("ours ")}
+
+
+def main() -> None:
+    # the header names the machine and the allocator setting: timings hold for those only
+    print(f"{host.describe()}; {host.process_env_status()}", flush=True)
+    ap = build_parser()
     args = ap.parse_args()
     recipes = args.recipes.split(",")
     if "bf16" not in recipes:
         ap.error("--recipes must include bf16 (the reference of the recipe ratios)")
     device = jax.local_devices()[0]
+    print(f"JAX backend {jax.default_backend()}, device {device.device_kind}", flush=True)
     gpu = hardware.gpu_key(device.device_kind) if args.gpu == "auto" and device.platform == "gpu" else (
         None if args.gpu == "auto" else args.gpu)
     peak = hardware.get_gpu(gpu).peak("bf16") if gpu else None
@@ -151,34 +217,16 @@ def main() -> None:
     sizes = ([int(s) for s in args.sizes.split(",")] if args.sizes
              else [size_near(float(p)) for p in args.params.split(",")])
     for size in sizes:
-        cfg = ladder.config_for_size(size, seq_len=args.seq_len)
-        tokens = data.batch(data.synthetic_corpus().train, 0, 0, args.batch, args.seq_len)
-        n_tok = args.batch * args.seq_len
-        flops_step = ladder.flops_per_token(cfg) * n_tok
-        print(f"\nsize {size}: d_model {cfg.d_model}, {cfg.n_layers} layers, d_ff {cfg.d_ff}, "
-              f"N {ladder.param_counts(cfg)['non_embedding'] / 1e6:.2f}M non-embedding; "
-              f"batch {args.batch} x {args.seq_len} = {n_tok} tokens; {ladder.flops_per_token(cfg) / 1e6:,.2f} MFLOP/token")
-        rows = {}
-        if args.torch != "off":
-            try:
-                label, compile_s, step_s = time_torch(cfg, tokens, args.steps, args.warmup, args.torch)
-                rows[label] = (compile_s, step_s)
-            except ImportError:
-                print("PyTorch is not installed: no reference row (pip install torch)")
-        for name in recipes:
-            rows[f"ours {name}"] = time_ours(cfg, name, tokens, args.steps, args.warmup)
-        torch_label = next((label for label in rows if label.startswith("pytorch")), None)
-        ours_bf16 = rows["ours bf16"][1]
-        print(f"{'implementation':52s} {'compile s':>9s} {'step ms':>9s} {'tokens/s':>11s} {'MFU':>6s}  ratio")
-        for label, (compile_s, step_s) in rows.items():
-            mfu = f"{flops_step / step_s / peak:6.3f}" if peak else f"{'-':>6s}"
-            if label == "ours bf16" and torch_label:
-                ratio = f"{rows[torch_label][1] / step_s:.2f} tokens/s vs PyTorch (target >= {TORCH_VS_OURS_TARGET})"
-            elif label.startswith("ours") and label != "ours bf16":
-                ratio = f"{step_s / ours_bf16:.2f} step time vs our bf16 (target <= {RECIPE_VS_BF16_TARGET})"
-            else:
-                ratio = ""
-            print(f"{label:52s} {compile_s:9.1f} {step_s * 1e3:9.2f} {n_tok / step_s:11,.0f} {mfu}  {ratio}")
+        print(f"\nsize {size}: ", end="")
+        bench_shape(ladder.config_for_size(size, seq_len=args.seq_len), args.batch, recipes, args, peak)
+    if args.pilot:
+        seconds = 0.0
+        for (cfg, batch), entry in pilot_shapes(args.pilot).items():
+            print(f"\n{Path(args.pilot).name}: ", end="")
+            speed = bench_shape(cfg, batch, entry["recipes"], args, peak)
+            seconds += sum(tokens / speed[name] for name, tokens in entry["tokens"].items())
+        print(f"\n{Path(args.pilot).name}: {seconds / 60:.1f} min of training steps at these speeds "
+              "(evaluations and compiles not included)")
 
 
 if __name__ == "__main__":

@@ -292,8 +292,16 @@ class Attention(nnx.Module):
 def _fused_attention(q_BxLxHxK: jax.Array, k_BxLxHxK: jax.Array, v_BxLxHxK: jax.Array, dtype) -> jax.Array:
     """Causal attention on Q, K, V cast to `dtype` (bf16/fp16): `jax.nn.dot_product_attention`
     picks cuDNN's flash attention on a GPU (scores and softmax in fp32, probabilities rounded to
-    `dtype` for P·V: the attention role's rounding) and XLA's form elsewhere. Output in fp32."""
+    `dtype` for P·V: the attention role's rounding) and XLA's form elsewhere. Output in fp32.
+    XLA:CPU has no fp16 dot accumulating in fp32: there fp16 runs the same computation written out."""
     q, k, v = (x.astype(dtype) for x in (q_BxLxHxK, k_BxLxHxK, v_BxLxHxK))
+    if dtype == jnp.float16 and jax.default_backend() == "cpu":
+        K, L = q.shape[3], q.shape[1]
+        logits = jnp.einsum("blhk,bmhk->bhlm", q, k, preferred_element_type=jnp.float32) / math.sqrt(K)
+        probs = jax.nn.softmax(jnp.where(jnp.tril(jnp.ones((L, L), bool)), logits, -1e30), axis=-1)
+        o = jnp.einsum("bhlm,bmhk->blhk", probs.astype(dtype).astype(jnp.float32), v.astype(jnp.float32),
+                       precision=jax.lax.Precision.HIGHEST)
+        return o.astype(dtype).astype(jnp.float32)
     return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=None).astype(jnp.float32)
 
 

@@ -373,3 +373,47 @@ def test_tensorboard_after_a_resume_holds_each_step_once(tmp_path, monkeypatch):
     assert [step for _, step, _ in logged] == list(range(1, 26)) + list(range(21, 41))  # 21..25 twice
     assert len(list((out / "tensorboard").iterdir())) == 2  # one event file per attempt
     assert tensorboard_scalars(out / "tensorboard")["loss"] == sorted({(s, x) for _, s, x in logged})
+
+
+# ---------------------------------------------------------------- telemetry only on logged steps
+
+
+def _step_ops(measure: bool) -> "collections.Counter[str]":
+    """StableHLO op counts of the lowered train step of a tiny MXFP4 model (telemetry on every
+    quantised operand), logged (`measure`) or not."""
+    import collections
+    import re
+
+    import jax
+
+    from scaling.numerics import precision
+
+    cfg = ladder.ModelConfig(d_model=32, n_layers=2, n_heads=2, d_ff=64, vocab=64, seq_len=16)
+    train_step, _, init = step_lib.compiled()
+    tx = step_lib.optimizer_tx(1.0, 0.1)
+    recipe = precision.get("mxfp4")
+    model_def, opt_def = step_lib.graph_defs(cfg, recipe, tx, 0)
+    state = jax.eval_shape(lambda: init(cfg, recipe, tx, 0))
+    tokens = jax.ShapeDtypeStruct((2, cfg.seq_len + 1), np.int32)
+    text = train_step.lower(model_def, opt_def, state, tokens, 0, 0, np.float32(1e-3), measure).as_text()
+    return collections.Counter(re.findall(r"= \"?(stablehlo\.\w+)", text))
+
+
+def test_an_unlogged_step_on_a_gpu_computes_no_telemetry(monkeypatch):
+    """Off a CPU the host picks the logged or the unlogged program (no conditional for XLA:GPU to
+    read on the host, no telemetry computed and masked): the unlogged one is smaller by the
+    telemetry of every quantised operand."""
+    import jax
+
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    unlogged, logged = _step_ops(False), _step_ops(True)
+    for ops in (unlogged, logged):
+        assert ops["stablehlo.case"] == ops["stablehlo.if"] == 0
+    assert sum(unlogged.values()) < 0.9 * sum(logged.values()), (sum(unlogged.values()), sum(logged.values()))
+    assert unlogged["stablehlo.log"] < logged["stablehlo.log"]  # the SNR in dB: telemetry only
+
+
+def test_on_a_cpu_one_program_serves_logged_and_unlogged_steps():
+    """XLA:CPU runs only the branch taken: one compile, the telemetry a runtime condition."""
+    unlogged, logged = _step_ops(False), _step_ops(True)
+    assert unlogged == logged and unlogged["stablehlo.case"] + unlogged["stablehlo.if"] > 0
