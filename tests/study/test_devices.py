@@ -1,0 +1,95 @@
+"""The GPU take-off check, on a CPU with stand-in devices: one that computes float32 dots like TF32,
+one that is slow against its peers, one far under its kind's datasheet peak. Each is left out with
+one line saying why; with no usable device the sweep stops (ConfigError)."""
+
+from __future__ import annotations
+
+import jax
+import pytest
+
+from scaling.errors import ConfigError
+from scaling.study import devices
+
+SMALL = {"n": 128, "repeats": 3}  # the speed probe's matmul on a CPU
+
+
+class TF32(devices.Target):
+    """Float32 dots on inputs rounded to TF32's 10 mantissa bits, as Ampere's tensor cores do."""
+
+    def f32_dot(self, a, b):
+        tf32 = lambda x: jax.lax.reduce_precision(x, exponent_bits=8, mantissa_bits=10)
+        return super().f32_dot(tf32(a), tf32(b))
+
+
+class Slow(devices.Target):
+    """A thousand times slower than the same CPU (a slow node)."""
+
+    def time_matmul(self, n, repeats):
+        return 1000 * super().time_matmul(n, repeats)
+
+
+def _cpu(cls=devices.Target, name="cpu", kind=None):
+    return cls(jax.devices("cpu")[0], name=name, kind=kind)
+
+
+def test_a_sound_device_passes_every_probe():
+    result = devices.probe(_cpu(), **SMALL)
+    assert result.problems == [] and result.flops_per_s > 0 and result.peak_flops_per_s is None
+
+
+def test_a_tf32_device_a_slow_one_and_one_under_its_datasheet_peak_are_each_left_out_with_a_line():
+    good = [_cpu(name="a"), _cpu(name="b")]
+    tf32, slow = _cpu(TF32, "tf32"), _cpu(Slow, "slow")
+    h100 = _cpu(name="h100", kind="NVIDIA H100 80GB HBM3")  # this CPU is far under 989 TFLOP/s
+    lines = []
+    usable = devices.check([good[0], tf32, slow, h100, good[1]], echo=lines.append, **SMALL)
+    assert usable == good
+    assert len(lines) == 3 and all("\n" not in line for line in lines)
+    by_device = {line.split()[1]: line for line in lines}
+    assert "computes like TF32" in by_device["tf32"] and "float32 dot at HIGHEST" in by_device["tf32"]
+    assert "peers' median" in by_device["slow"]
+    assert "datasheet peak 989 TFLOP/s" in by_device["h100"]
+
+
+def test_no_usable_device_stops_the_sweep_before_training():
+    lines = []
+    with pytest.raises(ConfigError, match="take-off: got 'tf32'; allowed: at least one device that passes"):
+        devices.check([_cpu(TF32, "tf32")], echo=lines.append, **SMALL)
+    assert len(lines) == 1 and "tf32" in lines[0]
+
+
+def test_a_lone_device_has_no_peers_to_be_slow_against():
+    usable, lines = devices.judge([devices.Probe(name="only", kind="cpu", flops_per_s=1.0)])
+    assert [p.name for p in usable] == ["only"] and lines == []
+
+
+def test_gpu_children_must_start_on_cuda_with_deterministic_ops():
+    pin = devices.gpu_pin({"CUDA_VISIBLE_DEVICES": "3"}, environ={"XLA_FLAGS": "--xla_dump_to=/tmp/x"})
+    assert pin == {"CUDA_VISIBLE_DEVICES": "3", "JAX_PLATFORMS": "cuda",
+                   "XLA_FLAGS": "--xla_dump_to=/tmp/x --xla_gpu_deterministic_ops=true"}
+    mine = "--xla_gpu_deterministic_ops=false"  # the user's own choice is kept
+    assert devices.gpu_pin({}, environ={"XLA_FLAGS": mine, "JAX_PLATFORMS": "rocm"}) == {
+        "JAX_PLATFORMS": "rocm", "XLA_FLAGS": mine}
+
+
+def test_the_parent_starts_jax_without_preallocating_and_restores_the_environment():
+    environ = {"XLA_PYTHON_CLIENT_ALLOCATOR": "bfc"}
+    with devices.parent_allocation(environ):
+        assert environ == {"XLA_PYTHON_CLIENT_PREALLOCATE": "false", "XLA_PYTHON_CLIENT_ALLOCATOR": "platform"}
+    assert environ == {"XLA_PYTHON_CLIENT_ALLOCATOR": "bfc"}
+
+
+def test_gpus_per_run_where_jax_is_not_on_a_gpu_is_refused_in_one_line():
+    devices.require_gpu_backend("gpu")
+    with pytest.raises(ConfigError, match=r"^--gpus-per-run: got \"> 0 with JAX's backend 'cpu'\"; allowed: 0, or") as e:
+        devices.require_gpu_backend("cpu")
+    assert "\n" not in str(e.value)
+
+
+def test_a_gpu_slot_whose_jax_cannot_start_cuda_is_left_out():
+    """On this machine a child pinned to a GPU (JAX_PLATFORMS=cuda) cannot start: the CUDA install a
+    run would silently have trained on the CPU without."""
+    lines = []
+    with pytest.raises(ConfigError, match="take-off"):
+        devices.check_gpu_pins([{"CUDA_VISIBLE_DEVICES": "0"}], echo=lines.append, timeout=120)
+    assert len(lines) == 1 and lines[0].startswith("device CUDA_VISIBLE_DEVICES=0 left out: JAX did not start on CUDA")
