@@ -247,17 +247,15 @@ def require_gpu_backend(backend: str) -> None:
                           "JAX_PLATFORMS=cuda python -c 'import jax; jax.devices()' shows why it does not")
 
 
-def check_gpu_pins(pins: list[dict[str, str]], *, echo: Callable[[str], None] = print,
-                   timeout: float = PROBE_TIMEOUT_S) -> list[dict[str, str]]:
-    """Probe each GPU slot in a child process with its runs' environment (all at once, one per GPU);
-    the usable slots' pins (with `gpu_pin`'s settings), one line per slot left out; ConfigError
-    when none is usable."""
-    from scaling.study import sweep
-
+def check_gpu_pins(pins: list[dict[str, str]], child_env: Callable[[Mapping[str, str]], dict[str, str]], *,
+                   echo: Callable[[str], None] = print, timeout: float = PROBE_TIMEOUT_S) -> list[dict[str, str]]:
+    """Probe each GPU slot in a child process with its runs' environment (`child_env(pin)`: the
+    sweep's `worker_env`), all at once, one per GPU; the usable slots' pins (with `gpu_pin`'s
+    settings), one line per slot left out; ConfigError when none is usable."""
     pinned = [gpu_pin(pin) for pin in pins]
     with tempfile.TemporaryDirectory(prefix="devices-") as tmp:
         outs = [Path(tmp) / f"{i}.json" for i in range(len(pinned))]
-        procs = [subprocess.Popen([sys.executable, "-m", "scaling.study.devices", str(out)], env=sweep.worker_env(pin),
+        procs = [subprocess.Popen([sys.executable, "-m", "scaling.study.devices", str(out)], env=child_env(pin),
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for pin, out in zip(pinned, outs)]
         probes = [_landed(proc, out, pin, timeout) for proc, out, pin in zip(procs, outs, pinned)]
     usable = _usable_or_stop(probes, echo)

@@ -450,6 +450,10 @@ def run_sweep(specs: list[RunSpec], out_root: str | Path, *, executor: str = "lo
     Local: `gpu_pins` (gpu_slots) runs one child per pin; Ray: each run reserves `gpus_per_run` GPUs."""
     if executor not in ("local", "ray"):
         raise ConfigError("executor", executor, ["local", "ray"])
+    if executor == "local" and gpu_pins:  # GPU take-off: each slot probed as its runs will see it
+        from scaling.study import devices
+
+        gpu_pins = devices.check_gpu_pins(gpu_pins, worker_env)
     out_root = Path(out_root)
     counts = {s: 0 for s in (*runs.STATUSES, "skipped")}
     owned: list[RunSpec] = []

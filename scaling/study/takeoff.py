@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from scaling.study import sweep
+from scaling.study import devices, sweep
 from scaling.study.sweep import RunSpec
 from scaling.train import data, ladder
 from scaling._io import atomic_write_json
@@ -35,19 +35,14 @@ TAKEOFF_STEPS = 2
 def fly_probes_on_one_gpu() -> None:
     """Start this process's JAX backend on its first GPU only, with memory allocated as needed and
     given back (XLA would otherwise preallocate 75% of every visible GPU here, where the runs need
-    it); the environment is restored afterwards, for the runs and a Ray cluster started from here."""
+    it); the environment is restored afterwards, for the runs and a Ray cluster started from here.
+    ConfigError if JAX's backend is not a GPU (`devices.require_gpu_backend`)."""
     import jax
 
     jax.config.update("jax_cuda_visible_devices", "0")
-    saved = os.environ.get("XLA_PYTHON_CLIENT_ALLOCATOR")
-    os.environ["XLA_PYTHON_CLIENT_ALLOCATOR"] = "platform"
-    try:
+    with devices.parent_allocation():  # no preallocation, memory given back; restored for the runs
         jax.devices()
-    finally:
-        if saved is None:
-            del os.environ["XLA_PYTHON_CLIENT_ALLOCATOR"]
-        else:
-            os.environ["XLA_PYTHON_CLIENT_ALLOCATOR"] = saved
+    devices.require_gpu_backend(jax.default_backend())  # a broken CUDA install: refused, not trained on the CPU
 
 
 

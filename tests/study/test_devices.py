@@ -8,7 +8,7 @@ import jax
 import pytest
 
 from scaling.errors import ConfigError
-from scaling.study import devices
+from scaling.study import devices, sweep
 
 SMALL = {"n": 128, "repeats": 3}  # the speed probe's matmul on a CPU
 
@@ -91,5 +91,5 @@ def test_a_gpu_slot_whose_jax_cannot_start_cuda_is_left_out():
     run would silently have trained on the CPU without."""
     lines = []
     with pytest.raises(ConfigError, match="take-off"):
-        devices.check_gpu_pins([{"CUDA_VISIBLE_DEVICES": "0"}], echo=lines.append, timeout=120)
+        devices.check_gpu_pins([{"CUDA_VISIBLE_DEVICES": "0"}], sweep.worker_env, echo=lines.append, timeout=120)
     assert len(lines) == 1 and lines[0].startswith("device CUDA_VISIBLE_DEVICES=0 left out: JAX did not start on CUDA")
