@@ -328,3 +328,47 @@ def test_the_gemm_path_follows_the_hardware_unless_the_recipe_says(monkeypatch):
         assert gemm.uses_bf16_dots(recipe) is native
         assert gemm.uses_bf16_dots(dataclasses.replace(recipe, fast_path=False)) is False
         assert gemm.uses_bf16_dots(dataclasses.replace(recipe, fast_path=True)) is True
+
+
+def _dot_precisions(jaxpr) -> list[tuple[str, object]]:
+    """(operand dtype, precision) of every dot_general in a jaxpr, nested ones included."""
+    found = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dot_general":
+            found.append((str(eqn.invars[0].aval.dtype), eqn.params["precision"]))
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (list, tuple)) else [value]:
+                sub = getattr(sub, "jaxpr", sub)  # a ClosedJaxpr's Jaxpr
+                if hasattr(sub, "eqns"):
+                    found += _dot_precisions(sub)
+    return found
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_f32_dots_carry_the_recipes_precision_and_bf16_dots_none(fast):
+    """All three GEMMs: float32 operands at the recipe's precision (HIGHEST, or DEFAULT for tf32),
+    the fast path's bf16 operands without one (their products are exact either way)."""
+    x, w, g = _operands()
+    for dots, want in (("fp32", jax.lax.Precision.HIGHEST), ("tf32", jax.lax.Precision.DEFAULT)):
+        recipe = precision.get({"base": "mxfp8", "fast_path": fast, "dot_precision": dots})
+        jaxpr = jax.make_jaxpr(lambda x, w: jax.vjp(lambda x, w: gemm.qdot(x, w, recipe), x, w)[1](g))(x, w)
+        found = _dot_precisions(jaxpr.jaxpr)
+        assert len(found) == 3, found
+        for dtype, p in found:
+            assert p == ((None if dtype == "bfloat16" else (want, want))), (dots, dtype, p)
+        assert {d for d, _ in found} == ({"bfloat16"} if fast else {"float32"})
+
+
+def test_a_host_side_measure_traces_no_telemetry_where_false():
+    """`measure` as a Python bool (the trainer's choice off a CPU): false leaves the telemetry out of
+    the program, not masked or branched, with the same product and histories."""
+    recipe = precision.get("fp8-delayed")
+    x, w, _ = _operands()
+    run = lambda m: gemm.qdot_apply(x, w, recipe.structure(), gemm.qdot_state(recipe), None, None, m)
+    size = lambda m: len(str(jax.make_jaxpr(lambda: run(m))()).splitlines())
+    assert size(False) < size(True) and "cond[" not in str(jax.make_jaxpr(lambda: run(False))())
+    (y_off, tel_off, hist_off), (y_on, tel_on, hist_on) = run(False), run(jnp.asarray(True))
+    np.testing.assert_array_equal(y_off, y_on)
+    jax.tree.map(np.testing.assert_array_equal, hist_off, hist_on)
+    assert all(np.isnan(np.asarray(v)).all() for v in tel_off.values())
+    assert all(np.isfinite(np.asarray(v)).all() for v in tel_on.values())
