@@ -86,6 +86,7 @@ def test_gpus_per_run_where_jax_is_not_on_a_gpu_is_refused_in_one_line():
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.skipif(jax.default_backend() == "gpu", reason="here CUDA starts")
 def test_a_gpu_slot_whose_jax_cannot_start_cuda_is_left_out():
     """On this machine a child pinned to a GPU (JAX_PLATFORMS=cuda) cannot start: the CUDA install a
     run would silently have trained on the CPU without."""

@@ -179,15 +179,16 @@ def test_blocks_kept_in_high_precision_run_the_kept_recipe():
 
 def test_sensitive_ops_round_to_bf16_with_an_op_a_gpu_compiler_keeps():
     """`fp32_sensitive_ops = false` rounds with lax.reduce_precision (XLA:GPU's simplifier removes a
-    bf16 convert pair, not this): the same bits as the round trip where both run, here on every
-    kind of float32 (ties, subnormals, overflow to inf, NaN), and present in the traced step."""
+    bf16 convert pair, not this): the same bits as a bf16 round trip on the host, on every kind of
+    float32 (ties, subnormals, overflow to inf, NaN), and present in the traced step."""
     bits = np.random.default_rng(0).integers(0, 2**32, 200_000, dtype=np.uint64).astype(np.uint32)
     special = np.array([0x3F808000, 0x3F818000, 0x00000001, 0x00008000, 0x80400000, 0x7F7FFFFF, 0x7F800000,
                         0xFF800000, 0x7FC00000], np.uint32)  # ties to even, subnormals, max, infs, NaN
     x = jnp.asarray(np.concatenate([bits, special]).view(np.float32))
     structure = precision.get({"base": "fp8", "fp32_sensitive_ops": False}).structure()
     got = np.asarray(jax.jit(lambda v: model._sensitive(v, structure))(x))
-    want = np.asarray(jax.jit(lambda v: v.astype(jnp.bfloat16).astype(jnp.float32))(x))
+    with np.errstate(invalid="ignore"):  # NaN payloads cast
+        want = np.asarray(x).astype(jnp.bfloat16).astype(np.float32)  # ml_dtypes on the host: nothing to simplify
     finite = ~np.isnan(want)
     np.testing.assert_array_equal(got.view(np.uint32)[finite], want.view(np.uint32)[finite])
     assert np.isnan(got[~finite]).all()
