@@ -209,7 +209,7 @@ def _residuals_text(selection: dict) -> str:
     rows = selection.get("chosen_residuals") or []
     if not rows:
         return ""
-    table = pd.DataFrame([{"recipe": r["recipe"], "n": r["n"], "mean residual": r["mean"],
+    table = pd.DataFrame([{"recipe": r["recipe"], "n": r["n"], "mean residual": f"{r['mean']:+.3f}",
                            "95% CI": f"{r['ci'][0]:+.3f} to {r['ci'][1]:+.3f}" if r.get("ci") else "– (one run)"}
                           for r in rows])
     off = [r["recipe"] for r in rows if r.get("ci") and (r["ci"][0] > 0 or r["ci"][1] < 0)]
@@ -457,14 +457,10 @@ def pstar_section(f: dict) -> str:
                 top = ranked[0]
                 share = f", best in {top['p_best']:.0%} of bootstrap resamples" if top.get("p_best") is not None else ""
                 ci = (f"; the best recipe's effective bits over the resamples span {top['bits_ci'][0]:.3g}–"
-                      f"{top['bits_ci'][1]:.3g}" if top.get("bits_ci") else "")
+                      f"{top['bits_ci'][1]:.3g}" if top.get("bits_ci") and top["bits_ci"][0] != top["bits_ci"][1] else "")
                 text += (f". Read at each measured recipe's own quantisation errors, it prefers {top['recipe']} "
                          f"({top['bits']:.3g} effective bits{share}; N = {_fmt(top['N'])}, D = {_fmt(top['D'])}), then "
                          + ", ".join(f"{r['recipe']} (+{r['loss'] - top['loss']:.3g} nats)" for r in ranked[1:4]) + ci)
-            rng = e.get("P_range")
-            if rng:
-                text += (f". Across its {len(e['specifications'])} specifications (cost model{' and the within-noise laws whose axis is bits' if any(r['spec'].split(' ')[0] != law for r in e['specifications']) else ''}) "
-                         f"the chosen bits span {rng[0]:.3g}–{rng[1]:.3g}")
             text += _measured_text(e, ranked[0]["recipe"] if ranked else None)
             lines.append(text + ". " + _menu_text(e, law) + ".")
             continue

@@ -32,7 +32,7 @@ def test_the_selection_paragraph_names_the_held_out_budget_the_within_noise_set_
     assert "| kumar_roles | 8 | yes | 0.031 | +0.0070 ± 0.0040 | yes |" in text
     assert "| sun | – | yes | – | – | not fitted |" in text
     # the chosen law's residuals per recipe: systematic where the interval excludes zero
-    assert "| int4-fwd | 11 | 0.05 | +0.030 to +0.070 |" in text and "| nvfp4 | 1 | -0.02 | – (one run) |" in text
+    assert "| int4-fwd | 11 | +0.050 | +0.030 to +0.070 |" in text and "| nvfp4 | 1 | -0.020 | – (one run) |" in text
     assert "systematic for int4-fwd, whose interval excludes zero" in text
     alone = report.selection_text(_selection(close=False))
     assert "Only `capacity` is within noise (2 standard errors clustered by recipe)" in alone and "do not pick" not in alone
