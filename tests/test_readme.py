@@ -44,17 +44,22 @@ def test_readme_findings_block_is_generated_from_the_committed_findings():
     assert f"`{findings['law']['name']}`" in block
 
 
-def test_findings_block_states_a_winner_and_a_continuous_pstar():
+def test_findings_block_states_each_verdict_and_pstar_as_its_law_allows():
     findings = json.loads((ROOT / "paper_figures" / "findings.json").read_text(encoding="utf-8"))
-    budget = findings["budgets"][0]
-    assert budget["winner"], "the committed study has a winner at its first budget"
     text = readme.findings_markdown(findings)
-    assert f"C = 1e12: **{budget['winner']}**" in text
-    assert "C = 3e12: **cannot tell**" in text
+    for budget in findings["budgets"]:  # a winner where the data tell, else "cannot tell"
+        verdict = budget["winner"] or "cannot tell"
+        assert f"C = {readme._num(budget['budget'])}: **{verdict}**" in text
     # a law with a bits axis: P* with its bootstrap CI
     entry = {**findings["P_star"][0], "no_bits_axis": None, "P": 5.5, "P_ci": [4.8, 6.6], "interval": [4.8, 6.6]}
     text = readme.findings_markdown({**findings, "P_star": [entry]})
     assert "**4.8–6.6 bits** (the law's P\\* 5.5 bits, bootstrap 95% CI 4.8–6.6" in text
+    # a law without one: the measured recipes it chooses among, never an interval of bits
+    entry = {**findings["P_star"][0], "no_bits_axis": "capacity", "interval": [6.25, 8.0],
+             "recipes": [{"recipe": "mxfp6", "bits": 6.25}], "measured": [{"recipe": "fp8", "bits": 8.0}]}
+    text = readme.findings_markdown({**findings, "P_star": [entry]})
+    assert "**mxfp6 (6.25 bits), fp8 (8 bits)**: a choice among measured recipes, not an interval" in text
+    assert "6.25–8 bits" not in text
 
 
 def test_with_findings_replaces_only_between_the_markers_and_needs_both():

@@ -83,7 +83,7 @@ def _print_selection(law_choice: Mapping[str, Any]) -> None:
     """One line per candidate law: the chosen one starred, unfittable ones with the reason."""
     ref = law_choice["reference"]
     print(f"law selection: held-out precision-gap MAE (nats) vs the reference ({', '.join(ref.get('recipes', [])) or ref}), "
-          f"leaving out the largest N / D / budget; within noise: excess over the best <= {law_choice['noise_se']:g} SE")
+          f"fitted without the runs at the largest budget (or size), SEs clustered by recipe; within noise: excess over the best <= {law_choice['noise_se']:g} SE")
     width = max(len(c["name"]) for c in law_choice["candidates"])
     print(f"  {'law':<{width}}  {'k':>2}  {'AIC(runs)':>10}  {'MARE':>7}  {'gap|N':>8}  {'gap|D':>8}  {'gap|C':>8}"
           f"  {'vs best':>18}")

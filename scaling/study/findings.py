@@ -121,7 +121,7 @@ def _has_bits(law: str) -> bool:
     """Whether a law's precision axis is bits, which P* optimises over: not chinchilla (no precision
     term: the cost alone would pick the fewest bits) nor capacity (precision as each role's
     quantisation error, with no map from a hypothetical P to that error)."""
-    return bool({"P", "P_w", "P_a", "P_g", "P_fwd", "P_bwd", "ebits", "mbits"} & set(laws.get(law).columns))
+    return laws.has_bits_axis(law)
 
 
 def integer_arm(df: pd.DataFrame) -> pd.DataFrame:
@@ -301,7 +301,9 @@ def recipe_optima(df: pd.DataFrame, fit: Any, compute: float, cost: optimal.Cost
     in which the recipe is the law's best) and bits_ci (the best recipe's bits over the resamples, on
     the best recipe's row only; `bootstrap=False` skips the resamples). Recipes with no quantisation
     error recorded are left out."""
-    cols = [c for c in laws.QERR_COLUMNS if c in df.columns]
+    law = laws.get(fit.law)
+    df = laws.with_derived_columns(df, law.error_columns)
+    cols = [c for c in law.error_columns if c in df.columns]
     if not cols or "recipe" not in df.columns:
         return []
     runs = with_cost(df, cost_model).dropna(subset=cols)

@@ -242,7 +242,7 @@ def precision_term(fit: Any) -> bool:
 
 def no_bits_reason(law: str) -> str:
     """Why a law without a bits axis locates no sweet spot over bits."""
-    if {"qerr_w", "qerr_a", "qerr_g"} & set(laws.get(law).columns):
+    if laws.get(law).error_columns:
         return (f"the {law} law prices precision by measured quantisation error, not bits, so it has no "
                 "loss at a hypothetical P")
     return f"the {law} law has no precision term"

@@ -89,7 +89,7 @@ def _law(law: dict) -> list[str]:
         if close:
             text += f"; within noise of it: {', '.join(f'`{n}`' for n in close)}"
         if far:
-            text += (f"; worse by more than {selection['noise_se']:g} run-clustered standard errors: "
+            text += (f"; worse by more than {selection['noise_se']:g} {selection.get('clustered_by', 'run')}-clustered standard errors: "
                      + ", ".join(far))
     if {"alpha", "beta"} <= set(params):
         a, b = params["alpha"], params["beta"]
@@ -112,9 +112,14 @@ def _pstar(f: dict) -> list[str]:
             lines.append(head + f"no P\\* ({e['error']}).")
             continue
         if e.get("no_bits_axis"):
+            # a law on quantisation errors ranks the measured recipes: a choice among them, not an interval
             ranked = e.get("recipes") or []
-            law_choice = f"; the law prefers {ranked[0]['recipe']}, {ranked[0]['bits']:.3g} effective bits" if ranked else ""
-            text = f"**{_bits(e['interval'])}** (`{e['no_bits_axis']}` has no bits axis{law_choice}"
+            choice = [ranked[0]] if ranked else []
+            choice += [m for m in e.get("measured") or [] if m["recipe"] not in {c["recipe"] for c in choice}]
+            names = ", ".join(f"{c['recipe']} ({c['bits']:.3g} bits)" for c in choice) or "none"
+            law_choice = f"; the law prefers {ranked[0]['recipe']}" if ranked else ""
+            text = (f"**{names}**: a choice among measured recipes, not an interval of P\* "
+                    f"(`{e['no_bits_axis']}` has no bits axis{law_choice}")
         else:
             ci = f", bootstrap 95% CI {e['P_ci'][0]:.3g}–{e['P_ci'][1]:.3g}" if e.get("P_ci") else ""
             text = f"**{_bits(e['interval'])}** (the law's P\\* {e['P']:.3g} bits{ci}"
