@@ -91,9 +91,7 @@ def test_the_reference_study_on_common_shapes_reuses_every_landed_run():
     rows = pd.read_csv(ROOT / "results" / "isoflop.csv")
     landed = rows[rows["sweep"] == "isoflop"]
     _, base, points, design = sweep.experiment_points(ROOT / "experiments" / "isoflop.toml")
-    assert design.shapes == "per_recipe"
-    design = design_lib.Design.from_table({**sweep.load_experiment(ROOT / "experiments" / "isoflop.toml")["isoflop"],
-                                           "shapes": "common"})
+    assert design.shapes == "common"
     cfgs, vocab = [c for _, c in points], sweep._vocab(base)
     designed = design_lib.extend_edges(cfgs, design_lib.design_runs(cfgs, design, vocab), design, landed, vocab)
     ids = {c.run_id for runs in designed for c in runs} | {c.run_id for c in design_lib.replicates(designed, design, landed)}
