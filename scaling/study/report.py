@@ -7,7 +7,7 @@ the data's own spans (sizes, tokens, points per parameter, precisions measured).
 made by `scaling.study.plots.make_figures` into the same directory and embedded by relative path;
 figures whose inputs are absent are listed with the reason. The file is written atomically.
 
-One module (about 640 lines): the sentences of each section and `write_report`, which orders them,
+One module (about 760 lines): the sentences of each section and `write_report`, which orders them,
 change together whenever the report says something new.
 """
 
