@@ -55,7 +55,8 @@ from scaling.study.analysis import study_part  # noqa: E402
 from scaling.study.findings import final_rows  # noqa: E402  (each figure reads its own study part)
 
 PRECISION_ORDER = ("FP32", "BF16", "FP16", "FP8", "FP6", "FP4")
-PALETTE = dict(zip(PRECISION_ORDER, sns.color_palette("colorblind", len(PRECISION_ORDER))))
+# colorblind-safe; BF16 (the reference) grey, so it is never mistaken for FP8's vermillion
+PALETTE = dict(zip(PRECISION_ORDER, [sns.color_palette("colorblind", 10)[i] for i in (0, 7, 2, 3, 4, 5)]))
 GRANULARITY_ORDER = ("tensor", "channel", "block", "block2d", "mx", "nvfp4")
 # The continuous precision grid of the law's curves (bits, log-spaced).
 P_GRID = np.geomspace(3.0, 32.0, 48)
@@ -484,6 +485,8 @@ def residuals(rows: pd.DataFrame, by_recipe: pd.DataFrame, fit: Any, stem: str |
         left.scatter(part["N"], part["residual"], s=16, alpha=0.7, color=colours[recipe], label=recipe)
     left.axhline(0, color="0.3", lw=1)
     left.set_xscale("log")
+    left.xaxis.set_major_locator(matplotlib.ticker.LogLocator(base=10, subs=(1, 2, 5)))
+    left.xaxis.set_major_formatter(matplotlib.ticker.EngFormatter(sep=""))  # 20k, 50k, 100k: the sizes read off
     left.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     left.set_xlabel("non-embedding parameters N")
     left.set_ylabel(f"observed - fitted loss ({unit})")

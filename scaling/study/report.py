@@ -14,6 +14,7 @@ change together whenever the report says something new.
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -476,8 +477,19 @@ def pstar_section(f: dict) -> str:
                   "quantisation errors, the bits of its best recipe):", "",
                   "| specification | cost model | P* | N | D |", "| --- | --- | --- | --- | --- |"]
         lines += [f"| {r['spec']} | {r['cost_model']} | " + (f"{r['P']:.3g} | {_fmt(r['N'])} | {_fmt(r['D'])} |"
-                  if "P" in r else f"{r.get('error', '–')} | – | – |") for r in spec]
+                  if "P" in r else f"{_not_evaluated(r.get('error'))} | – | – |") for r in spec]
     return "\n".join(lines)
+
+
+def _not_evaluated(error: str | None) -> str:
+    """A sentence for a specification that cannot be optimised, not its raw error: a ConfigError's
+    'key: got value; allowed: what' becomes 'not evaluated: it needs what' (e.g. the sun law read at a
+    hypothetical P has no scale block size)."""
+    if not error:
+        return "–"
+    allowed = error.split("allowed: ", 1)[1] if "allowed: " in error else ""
+    allowed = re.sub(r"\s*\(e\.g\..*\)$", "", allowed).strip()
+    return f"not evaluated: it needs {allowed}" if allowed else "not evaluated"
 
 
 def _menu_text(e: dict, law: str) -> str:
