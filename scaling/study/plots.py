@@ -287,6 +287,16 @@ def _count_label(value: float, _pos: object = None) -> str:
     return f"{value:g}"
 
 
+def _log_n_axis(ax: Any) -> None:
+    """A log N x-axis with ticks at 1, 2 and 5 per decade labelled 20k / 100k / 2M: a profile spans
+    less than a decade, so the default decade ticks would leave it unlabelled."""
+    ax.set_xscale("log")
+    ax.xaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(_count_label))
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.set_xlabel("non-embedding parameters N")
+
+
 def isoflop_profiles(points: Sequence[tuple[dict, pd.DataFrame]], stem: str | Path, unit: str = "nats/token") -> Figure:
     """Figure 1: per budget (a study.isoflop entry and its study.points_at rows), each recipe's loss
     against N (less its shape's shared effect), its shape-adjusted parabola in log N and its minimum with
@@ -315,12 +325,7 @@ def isoflop_profiles(points: Sequence[tuple[dict, pd.DataFrame]], stem: str | Pa
             ax.scatter([e["N_opt"]], [e["loss"]], marker="*", s=160, color=colour, edgecolor="k", zorder=4)
             ax.errorbar([e["N_opt"]], [e["loss"]], yerr=[[e["loss"] - lo], [hi - e["loss"]]], fmt="none",
                         ecolor="k", elinewidth=2.2, capsize=5, capthick=1.6, zorder=5)
-        ax.set_xscale("log")
-        # ticks at 1, 2 and 5 per decade, labelled 20k / 100k / 2M: a profile spans less than a decade
-        ax.xaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
-        ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(_count_label))
-        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-        ax.set_xlabel("non-embedding parameters N")
+        _log_n_axis(ax)
         ax.set_ylabel(f"validation loss ({unit})")
         verdict = f"winner: {entry['winner']}" if entry["winner"] else "no winner"
         ax.set_title(f"C = {_fmt(entry['budget'])} ({entry['cost_model']} cost model)\n{verdict}", fontsize=9)
@@ -354,11 +359,7 @@ def _shape_effects_panel(ax: Any, entries: Sequence[dict], unit: str) -> None:
         for e in effects:
             ax.annotate(e["shape"], (e["N"], e["effect"]), fontsize=6, xytext=(3, 3), textcoords="offset points")
     ax.axhline(0, color="0.5", lw=0.6)
-    ax.set_xscale("log")
-    ax.xaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
-    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(_count_label))
-    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-    ax.set_xlabel("non-embedding parameters N")
+    _log_n_axis(ax)
     ax.set_ylabel(f"shape effect ({unit})")
     ax.set_title("shape effects shared by every recipe\n(departure from a curve smooth in N)", fontsize=9)
     ax.legend(fontsize=7)
@@ -484,11 +485,7 @@ def residuals(rows: pd.DataFrame, by_recipe: pd.DataFrame, fit: Any, stem: str |
         part = rows[rows["recipe"] == recipe]
         left.scatter(part["N"], part["residual"], s=16, alpha=0.7, color=colours[recipe], label=recipe)
     left.axhline(0, color="0.3", lw=1)
-    left.set_xscale("log")
-    left.xaxis.set_major_locator(matplotlib.ticker.LogLocator(base=10, subs=(1, 2, 5)))
-    left.xaxis.set_major_formatter(matplotlib.ticker.EngFormatter(sep=""))  # 20k, 50k, 100k: the sizes read off
-    left.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-    left.set_xlabel("non-embedding parameters N")
+    _log_n_axis(left)
     left.set_ylabel(f"observed - fitted loss ({unit})")
     left.legend(fontsize=7)
     y = np.arange(len(recipes))
