@@ -118,7 +118,7 @@ def _pstar(f: dict) -> list[str]:
             choice += [m for m in e.get("measured") or [] if m["recipe"] not in {c["recipe"] for c in choice}]
             names = ", ".join(f"{c['recipe']} ({c['bits']:.3g} bits)" for c in choice) or "none"
             law_choice = f"; the law prefers {ranked[0]['recipe']}" if ranked else ""
-            text = (f"**{names}**: a choice among measured recipes, not an interval of P\* "
+            text = (f"**{names}**: a choice among measured recipes, not an interval of P\\* "
                     f"(`{e['no_bits_axis']}` has no bits axis{law_choice}")
         else:
             ci = f", bootstrap 95% CI {e['P_ci'][0]:.3g}–{e['P_ci'][1]:.3g}" if e.get("P_ci") else ""
