@@ -11,6 +11,7 @@ from pathlib import Path
 
 from scaling.errors import ConfigError
 from scaling.study import design_checks, sweep, takeoff
+from scaling.study.summary import Summary
 from scaling.train import runs
 
 
@@ -33,6 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dry-run", action="store_true", help="print the expanded runs and an ETA, run nothing")
     parser.add_argument("--keep-going", action="store_true",
                         help="skip runs that fail the take-off checks instead of refusing to start")
+    parser.add_argument("--summary", default=None, metavar="CSV",
+                        help="the sweep's committed summary: runs in it have landed (not trained again) and it is "
+                             "rewritten, with its _curves.parquet, as runs land (default <out>/<sweep>.csv)")
     parser.add_argument("--no-progress", action="store_true")
 
 
@@ -49,6 +53,12 @@ def _gpu_pins(args: argparse.Namespace) -> list[dict[str, str]] | None:
     return pins
 
 
+def _todo(specs: list, out_root: Path, committed: Summary | None = None) -> list:
+    """The specs neither landed under out_root nor in the committed summary."""
+    landed = committed.landed_ids() if committed else set()
+    return [s for s in specs if s.run_id not in landed and not runs.finished(s.out_dir(out_root))]
+
+
 def main(args: argparse.Namespace) -> int:
     if args.workers is not None and args.workers < 0:
         raise ConfigError("--workers", args.workers, "an integer >= 0")
@@ -56,8 +66,13 @@ def main(args: argparse.Namespace) -> int:
         raise ConfigError("--hang-timeout", args.hang_timeout, "seconds > 0")
     pins = _gpu_pins(args)
     out_root = Path(args.out)
-    specs = sweep.expand(args.experiment, args.set, landed=out_root)
-    todo = [s for s in specs if not runs.finished(s.out_dir(out_root))]
+    name = sweep.experiment_points(args.experiment, args.set)[0]
+    committed = Summary(Path(args.summary)) if args.summary else Summary.of(out_root, name)
+    specs = sweep.expand(args.experiment, args.set, landed=out_root, summary=committed)
+    todo = _todo(specs, out_root, committed)
+    if committed.path.is_file():
+        reused = committed.landed_ids() & {s.run_id for s in specs}
+        print(f"{committed.path}: {len(reused)} of these runs landed there (reused, not trained again)")
     lanes = (args.workers or 1) if args.executor == "local" else 1
     eta, timed, shapes = takeoff.eta_seconds(todo, out_root, lanes)
     source = (f", {timed} of {shapes} shapes timed by take-off probes" if timed else
@@ -67,7 +82,7 @@ def main(args: argparse.Namespace) -> int:
     if args.dry_run:
         for spec in specs:
             print(f"  {spec.run_id}  {'done' if spec not in todo else 'todo'}  {sweep.describe(spec.config)}")
-        notes, warnings = design_checks.check(args.experiment, args.set, out_root)
+        notes, warnings = design_checks.check(args.experiment, args.set, out_root, committed)
         for line in notes:
             print(f"  {line}")
         for line in warnings:
@@ -85,13 +100,14 @@ def main(args: argparse.Namespace) -> int:
                                  workers=1 if args.workers is None else args.workers,
                                  hang_timeout=args.hang_timeout, ray_address=args.ray_address,
                                  cpus_per_run=args.cpus_per_run, gpus_per_run=args.gpus_per_run, gpu_pins=pins,
-                                 progress=not args.no_progress)
+                                 progress=not args.no_progress,
+                                 on_landed=lambda: committed.update(out_root / name))
         for key, n in report["counts"].items():
             counts[key] = counts.get(key, 0) + n
         slow += report["slow_runs"]
         tried = {s.run_id for s in specs}
-        specs = sweep.expand(args.experiment, args.set, landed=out_root)
-        todo = [s for s in specs if s.run_id not in tried and not runs.finished(s.out_dir(out_root))]
+        specs = sweep.expand(args.experiment, args.set, landed=out_root, summary=committed)
+        todo = [s for s in _todo(specs, out_root, committed) if s.run_id not in tried]
         if todo:
             print(f"replicates: {len(todo)} runs at the landed IsoFLOP minima and their neighbours")
     print("landed: " + ", ".join(f"{k} {v}" for k, v in counts.items()))

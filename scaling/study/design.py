@@ -29,7 +29,9 @@ class Design:
     parameter at that budget are closest to `tokens_per_param` (the expected optimum), among `sizes`
     that give at least `min_steps` steps. Each (point, size) is one run, trained to the longest budget
     it serves, with a WSD cooldown branch ending on the step nearest each other budget. `reference`:
-    a recipe also evaluated at the other recipes' steps (see `design_runs`).
+    a recipe also evaluated at the other recipes' steps (see `design_runs`); `reference_for`: those
+    recipes only (default: all). Its runs' ids depend on those steps, so a recipe added to a landed
+    study and left out of `reference_for` leaves them, and every landed run, as they are.
 
     A shape is a ladder size (`3`) or a size at another depth (`{size = 1, n_layers = 4}`: the
     size's width, scaling.train.ladder.config_for_size); `sizes` holds (size, n_layers or None) pairs.
@@ -58,6 +60,7 @@ class Design:
     tokens_per_param: float = 20.0
     min_steps: int = 50
     reference: str | None = None
+    reference_for: tuple[str, ...] | None = None
     replicates: tuple[int, ...] = ()
     extend_edges: bool = False
     shapes: str = "common"
@@ -89,6 +92,7 @@ class Design:
                                                                     table.get("tokens_per_param", cls.tokens_per_param)),
                    min_steps=config._integer(1)("isoflop.min_steps", table.get("min_steps", cls.min_steps)),
                    reference=config._name("isoflop.reference", table["reference"]) if "reference" in table else None,
+                   reference_for=_names("isoflop.reference_for", table["reference_for"]) if "reference_for" in table else None,
                    replicates=_seeds(table.get("replicates", [])),
                    extend_edges=_flag("isoflop.extend_edges", table.get("extend_edges", cls.extend_edges)),
                    shapes=_choice("isoflop.shapes", table.get("shapes", cls.shapes), SHAPE_RULES))
@@ -107,6 +111,12 @@ def _flag(key: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise ConfigError(key, value, "true or false")
     return value
+
+
+def _names(key: str, value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list) or not value:
+        raise ConfigError(key, value, "a list of recipe names")
+    return tuple(config._name(key, v) for v in value)
 
 
 def _seeds(value: Any) -> tuple[int, ...]:
@@ -145,13 +155,17 @@ def design_runs(points: Sequence[dict], design: Design, vocab: int = 256) -> lis
     names = [b.recipe.name for b in bases]
     if design.reference and design.reference not in names:
         raise ConfigError("isoflop.reference", design.reference, f"a recipe of the grid ({', '.join(dict.fromkeys(names))})")
+    unknown = [r for r in design.reference_for or () if r not in names]
+    if unknown:
+        raise ConfigError("isoflop.reference_for", unknown[0], f"recipes of the grid ({', '.join(dict.fromkeys(names))})")
+    matched = set(design.reference_for or names)
     served = [_served(base, design, vocab) for base in bases]  # per point: size -> {steps: budget}
     if design.reference:
         siblings = [json.dumps({k: v for k, v in p.items() if k != "precision"}, sort_keys=True, default=str) for p in points]
         for i, name in enumerate(names):
             if name != design.reference:
                 continue
-            for j in (j for j, key in enumerate(siblings) if key == siblings[i] and j != i):
+            for j in (j for j, key in enumerate(siblings) if key == siblings[i] and j != i and names[j] in matched):
                 for size, at in served[j].items():
                     if size in served[i]:  # sizes the reference runs anyway; their budgets stay its own
                         for steps in at:

@@ -26,10 +26,12 @@ PART_FAMILIES = {"projections": ("fprop", "dgrad", "wgrad", "kept_fprop", "kept_
                  "rotations": ("rotations",)}
 
 
-def check(path: str | Path, overrides: Sequence[str] = (), landed_root: str | Path | None = None) -> tuple[list[str], list[str]]:
+def check(path: str | Path, overrides: Sequence[str] = (), landed_root: str | Path | None = None,
+          summary=None) -> tuple[list[str], list[str]]:
     """(notes, warnings) of an experiment file: the bracket of each recipe's minimum per budget (notes,
     or a warning where it cannot be bracketed), too few points for noise, unquantised FLOPs that
-    dominate. `landed_root`: the results root whose landed runs say where the minima are."""
+    dominate. `landed_root`: the results root whose landed runs say where the minima are, with
+    those of the sweep's committed `summary` (scaling.study.summary.Summary)."""
     name, base, points, design = sweep.experiment_points(path, list(overrides))
     vocab = sweep._vocab(base)
     cfgs = [c for _, c in points]
@@ -37,11 +39,9 @@ def check(path: str | Path, overrides: Sequence[str] = (), landed_root: str | Pa
                               [r for runs in design_lib.design_runs(cfgs, design, vocab) for r in runs], vocab)
     if design is None:
         return [], warnings
-    landed = pd.DataFrame()
-    if landed_root is not None and (Path(landed_root) / name).is_dir():
-        from scaling.study import results
+    from scaling.study.summary import landed_rows
 
-        landed = results.load(Path(landed_root) / name)
+    landed = landed_rows(Path(landed_root) / name if landed_root is not None else None, summary)
     designed = design_lib.extend_edges(cfgs, design_lib.design_runs(cfgs, design, vocab), design, landed, vocab)
     labels = [_label(point) for point, _ in points]
     notes, unbracketed = bracket_lines(cfgs, labels, designed, design, landed, vocab)

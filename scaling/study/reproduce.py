@@ -9,7 +9,8 @@ Everything lands under --out (default runs/<preset>/) in the repository's own la
 runs/ (one directory per run), results/<sweep>.csv and results/<sweep>_curves.parquet (small
 summaries), fits/<sweep>.json, and paper_figures/ (figures, REPORT.md, findings.json). So
 `scaling reproduce --preset full --out .` regenerates the reference study (hours on 2 cores). A
-second run of the same command reuses every finished run and only refits and redraws.
+second run of the same command reuses every finished run and only refits and redraws; runs in the
+committed summary (results/<sweep>.csv, scaling.study.summary) count as finished on any machine.
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ import time
 from pathlib import Path
 from typing import Callable
 
-import pandas as pd
 
-from scaling.study import curves, fit, report, results, analysis as study, selection, sweep, takeoff
+from scaling.study import curves, fit, report, analysis as study, selection, sweep, takeoff
+from scaling.study.summary import Summary
 from scaling.train import runs
 from scaling.errors import ConfigError
 
@@ -36,9 +37,6 @@ STUDY_PRESETS = {
 # grid can identify (kappa free and fixed at 2 and 4 enter P*'s specification range in the report);
 # full has recipes that quantise weights or activations alone, so every law (`scaling fit --law auto`).
 CANDIDATES = {"quick": ("chinchilla", "kumar", "kumar_data"), "full": None}
-# per run in the committed curves: the full study's 238 runs at 85 points are 1.8 MiB (200 made 2.7 MiB
-# for 187 runs; the repository keeps files under 2 MiB)
-CURVE_POINTS = 85
 WORKERS = min(4, os.cpu_count() or 1)  # small models leave cores idle: 2 runs on 2 cores took 4 min, not 8
 
 
@@ -55,11 +53,19 @@ def reproduce(preset: str, out: str | Path, *, bootstrap: int = 100, workers: in
     missing = [str(p) for p in experiments if not p.is_file()]
     if missing:
         raise ConfigError("--preset", preset, f"a preset whose experiment files exist (missing {missing[0]})")
+    # the preset's committed summary (results/<first sweep>.csv, all its sweeps' rows): what it holds
+    # has landed, on this machine or another, and it is rewritten as runs land
+    committed = Summary.of(out / "results", sweep.experiment_points(experiments[0])[0])
+
     def expand():  # validate everything first; a design's replicates follow its landed runs
-        return [spec for path in experiments for spec in sweep.expand(path, landed=out / "runs")]
+        return [spec for path in experiments for spec in sweep.expand(path, landed=out / "runs", summary=committed)]
+
+    def unlanded(specs):
+        landed = committed.landed_ids()
+        return [s for s in specs if s.run_id not in landed and not runs.finished(s.out_dir(out / "runs"))]
 
     specs = expand()
-    todo = [s for s in specs if not runs.finished(s.out_dir(out / "runs"))]
+    todo = unlanded(specs)
     echo(f"{preset}: {len(specs)} runs, {len(specs) - len(todo)} already landed")
     while todo:
         lanes = takeoff.takeoff_lanes(workers)
@@ -68,16 +74,20 @@ def reproduce(preset: str, out: str | Path, *, bootstrap: int = 100, workers: in
         echo(f"take-off ok: {len(flights)} shapes in {time.perf_counter() - phase:.0f} s; "
              f"measured ETA {takeoff.measured_seconds(todo, flights, lanes) / 60:.1f} min")
         phase = time.perf_counter()
-        sweep.run_sweep(todo, out / "runs", workers=workers, hang_timeout=hang_timeout, progress=progress)
+        ids = {s.run_id for s in specs}
+        sweep.run_sweep(todo, out / "runs", workers=workers, hang_timeout=hang_timeout, progress=progress,
+                        on_landed=lambda: committed.update(out / "runs", only=ids))
         echo(f"{len(todo)} runs in {time.perf_counter() - phase:.0f} s")
-        tried = {s.run_id for s in specs}
         specs = expand()
-        todo = [s for s in specs if s.run_id not in tried and not runs.finished(s.out_dir(out / "runs"))]
+        todo = [s for s in unlanded(specs) if s.run_id not in ids]
 
     studied = specs[0].sweep
     phase = time.perf_counter()
     # the preset's own runs only: a run left in the same folder by an older grid is not part of the study
-    df = _landed(out, specs)
+    ids = {s.run_id for s in specs}
+    committed.update(out / "runs", only=ids)
+    df = committed.rows()
+    df = df[df["run_id"].isin(ids)].reset_index(drop=True)
     rows = study.ok_rows(df[df["sweep"] == studied])
     law_choice, fits = selection.select(rows, CANDIDATES.get(preset), loss_column="val_loss")  # None: every law
     if law_choice["chosen"] is None:
@@ -90,17 +100,10 @@ def reproduce(preset: str, out: str | Path, *, bootstrap: int = 100, workers: in
     if rows["N"].nunique() > 1:  # figure 3: what the law predicts for the largest size, fitted without it
         result.heldout = fit.holdout_error(rows, result.law, by="N", fixed=result.fixed, loss_column="val_loss")
     result.to_json(out / "fits" / f"{studied}.json")
-    results.export(df, out / "results" / f"{studied}.csv")
-    run_curves = curves.load_curves(out / "runs")
-    run_curves = run_curves[run_curves["run_id"].isin({s.run_id for s in specs})].reset_index(drop=True)
-    curves.export_curves(run_curves, out / "results" / f"{studied}_curves.parquet", max_points=CURVE_POINTS)
+    run_curves = curves.load_curves(committed.curves_path)
+    run_curves = run_curves[run_curves["run_id"].isin(ids)].reset_index(drop=True)
     path = report.write_report(df, result, out / "paper_figures", curves=run_curves)
     end = time.perf_counter()
     echo(f"{preset}: {len(df)} rows, fit and report in {end - phase:.0f} s ({end - started:.0f} s in all) -> {path}")
     return path
 
-
-def _landed(out: Path, specs: list) -> pd.DataFrame:
-    """The results table of these specs' landed runs (one row per run and evaluated budget)."""
-    df = results.load(out / "runs")
-    return df[df["run_id"].isin({s.run_id for s in specs})].reset_index(drop=True)

@@ -50,7 +50,7 @@ import time
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
@@ -59,6 +59,9 @@ from scaling import host
 from scaling._io import atomic_write_json, atomic_write_text
 from scaling.train.config import set_dotted
 from scaling.errors import ConfigError
+
+if TYPE_CHECKING:
+    from scaling.study import summary as summary_lib
 
 # JAX (train, the machine probes) and Ray are imported where a run or a cluster starts: planning a
 # sweep (--dry-run, --help) never loads them.
@@ -133,14 +136,16 @@ def load_experiment(path: str | Path) -> dict:
         raise ConfigError("experiment", str(path), f"valid TOML ({e})") from None
 
 
-def expand(path: str | Path, overrides: list[str] = (), landed: str | Path | None = None) -> list[RunSpec]:
+def expand(path: str | Path, overrides: list[str] = (), landed: str | Path | None = None,
+           summary: "summary_lib.Summary | None" = None) -> list[RunSpec]:
     """Expand an experiment file into validated RunSpecs (unique by run id, in grid order).
 
     `overrides` are `key=value` strings applied to the base config (as `scaling train --set`).
     Every point is validated before anything runs: a bad value anywhere is a ConfigError.
     `landed`: the results root the sweep writes to; an IsoFLOP design with `extend_edges` or
     `replicates` adds the edge and replicate runs its landed runs there call for
-    (scaling.study.design.extend_edges, scaling.study.design.replicates).
+    (scaling.study.design.extend_edges, scaling.study.design.replicates), and those in the sweep's
+    committed `summary` (scaling.study.summary) count as landed too.
     """
     sweep, base, points, design = experiment_points(path, overrides)
     if design:
@@ -158,10 +163,10 @@ def expand(path: str | Path, overrides: list[str] = (), landed: str | Path | Non
             raise ConfigError(e.key, e.value, f"{e.allowed} (grid point {where})") from None
         for cfg in cfgs:
             specs.setdefault(cfg.run_id, RunSpec(run_id=cfg.run_id, sweep=sweep, config=cfg))
-    if design and (design.replicates or design.extend_edges) and landed is not None and (Path(landed) / sweep).is_dir():
-        from scaling.study import results
+    if design and (design.replicates or design.extend_edges) and (landed is not None or summary is not None):
+        from scaling.study.summary import landed_rows
 
-        rows = results.load(Path(landed) / sweep)
+        rows = landed_rows(Path(landed) / sweep if landed is not None else None, summary)
         designed = design_lib.extend_edges([c for _, c in points], designed, design, rows, _vocab(base))
         for cfg in [c for cfgs in designed for c in cfgs] + design_lib.replicates(designed, design, rows):
             specs.setdefault(cfg.run_id, RunSpec(run_id=cfg.run_id, sweep=sweep, config=cfg))
@@ -445,9 +450,10 @@ def _run_ray(specs, out_root, hang_timeout, address, cpus_per_run, gpus_per_run,
 def run_sweep(specs: list[RunSpec], out_root: str | Path, *, executor: str = "local", workers: int = 1,
               hang_timeout: float = 600.0, ray_address: str | None = None, cpus_per_run: float = 1,
               gpus_per_run: float = 0, gpu_pins: list[dict[str, str]] | None = None,
-              progress: bool = True) -> dict[str, Any]:
+              progress: bool = True, on_landed: Callable[[], None] | None = None) -> dict[str, Any]:
     """Run every spec not yet landed; returns and writes <out>/<sweep>/sweep.json (counts, slow runs).
-    Local: `gpu_pins` (gpu_slots) runs one child per pin; Ray: each run reserves `gpus_per_run` GPUs."""
+    Local: `gpu_pins` (gpu_slots) runs one child per pin; Ray: each run reserves `gpus_per_run` GPUs.
+    `on_landed`: called as each run lands (the sweep's committed summary is rewritten there)."""
     if executor not in ("local", "ray"):
         raise ConfigError("executor", executor, ["local", "ray"])
     if executor == "local" and gpu_pins:  # GPU take-off: each slot probed as its runs will see it
@@ -464,6 +470,8 @@ def run_sweep(specs: list[RunSpec], out_root: str | Path, *, executor: str = "lo
                 owned.append(spec)
                 return
             counts[status if status in counts else "failed"] += 1
+            if on_landed is not None and status != "skipped":
+                on_landed()
             bar.update(task_id, advance=_tokens(spec),
                        description=" ".join(f"{k} {v}" for k, v in counts.items() if v))
 

@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from scaling.study import results, sweep, takeoff
@@ -255,3 +256,26 @@ def test_reproduce_runs_an_isoflop_study_reuses_landed_runs_and_reports_only_the
     assert [b["budget"] for b in findings["budgets"]] == [1.5e10, 3e10]
     assert all(len(b["recipes"]) == 2 for b in findings["budgets"])
     assert report == out / "paper_figures" / "REPORT.md" and "Findings" in report.read_text()
+
+
+def test_the_sweep_keeps_a_summary_and_a_machine_without_the_run_directories_reuses_it(smoke_results, tmp_path):
+    out, _ = smoke_results
+    specs = sweep.expand(SMOKE)
+    summary = pd.read_csv(out / "smoke_sweep.csv")
+    assert set(summary.run_id) == {s.run_id for s in specs} and len(summary) == 3 * 2
+    assert set(pd.read_parquet(out / "smoke_sweep_curves.parquet").run_id) == set(summary.run_id)
+    # another machine: the committed summary, no run directories, one run's rows missing
+    fresh, dropped = tmp_path / "results", specs[1].run_id
+    fresh.mkdir()
+    summary[summary.run_id != dropped].to_csv(fresh / "smoke_sweep.csv", index=False)
+    proc = scaling_cli("sweep", SMOKE, "--out", fresh, "--dry-run")
+    assert proc.returncode == 0 and "2 landed, 1 to run" in proc.stdout, proc.stdout + proc.stderr
+    proc = scaling_cli("sweep", SMOKE, "--out", fresh, "--no-progress")
+    assert proc.returncode == 0 and "ok 1" in proc.stdout, proc.stdout + proc.stderr
+    assert [p.name for p in (fresh / "smoke_sweep").iterdir() if p.is_dir()] == [dropped]  # only it trained
+    after = pd.read_csv(fresh / "smoke_sweep.csv")
+    assert len(after) == 3 * 2 and set(after.run_id) == set(summary.run_id)
+    kept = summary[summary.run_id != dropped].set_index(["run_id", "D"]).sort_index()
+    again = after[after.run_id != dropped].set_index(["run_id", "D"]).sort_index()
+    assert (again["val_loss"] == kept["val_loss"]).all()  # the committed rows as they were
+    assert set(pd.read_parquet(fresh / "smoke_sweep_curves.parquet").run_id) == {dropped}
