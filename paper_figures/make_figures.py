@@ -6,7 +6,7 @@
 
 The defaults are the committed reference study (`scaling reproduce --preset full --out .`):
 results/isoflop.csv (the IsoFLOP design plus the granularity and outlier sweeps), its curves and
-fits/isoflop.json.
+fits/isoflop.json, and the held-out budget's prediction (results/isoflop_prediction.json) once made.
 
 Same as `scaling figures` with the committed files as defaults. Without curves or a fit, the figures
 that need them are listed as skipped in REPORT.md; missing results, or any malformed input, is an
@@ -36,6 +36,7 @@ DEFAULTS = {
     "results": ROOT / "results" / "isoflop.csv",
     "curves": ROOT / "results" / "isoflop_curves.parquet",
     "fit": ROOT / "fits" / "isoflop.json",
+    "prediction": ROOT / "results" / "isoflop_prediction.json",
     "out": ROOT / "paper_figures",
 }
 
@@ -45,7 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     figures.add_arguments(parser)
     parser.set_defaults(results=str(DEFAULTS["results"]), out=str(DEFAULTS["out"]),
                         curves=str(DEFAULTS["curves"]) if DEFAULTS["curves"].exists() else None,
-                        fit=str(DEFAULTS["fit"]) if DEFAULTS["fit"].exists() else None)
+                        fit=str(DEFAULTS["fit"]) if DEFAULTS["fit"].exists() else None,
+                        prediction=str(DEFAULTS["prediction"]) if DEFAULTS["prediction"].exists() else None)
     parser.add_argument("--readme-only", action="store_true",
                         help="only rewrite README.md's findings block from the committed paper_figures/findings.json")
     args = parser.parse_args(argv)

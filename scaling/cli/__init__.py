@@ -18,6 +18,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "train": ("scaling.cli.train", "train one run from a TOML config"),
     "sweep": ("scaling.cli.sweep", "run a grid of runs from an experiment TOML (an [isoflop] table makes it an IsoFLOP design)"),
     "fit": ("scaling.cli.fit", "fit a scaling law to results (--law auto: chosen by held-out precision gaps)"),
+    "predict": ("scaling.cli.predict", "predict a held-out IsoFLOP budget from the lower ones, before it is trained"),
     "optimal": ("scaling.cli.optimal", "compute-optimal (N, D, P) from a fitted law, with CI and specification range"),
     "figures": ("scaling.cli.figures", "regenerate figures, REPORT.md and findings.json from results/ and fits/"),
     "reproduce": ("scaling.cli.reproduce", "the main job: IsoFLOP sweep, law selection, findings, figures, report"),

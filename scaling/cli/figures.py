@@ -10,6 +10,7 @@ from pathlib import Path
 
 from scaling.errors import ConfigError
 from scaling.study import curves as curves_lib
+from scaling.study import predict
 from scaling.study import results as results_lib
 from scaling.study.report import load_fit, write_report
 
@@ -23,6 +24,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(default: the --results directory's own metrics.jsonl files)")
     parser.add_argument("--fit", help="fitted law JSON (fits/NAME.json); without it figures 1-3 are skipped")
     parser.add_argument("--compute", nargs="+", help="compute budgets C in 16-bit FLOPs (default: from the results)")
+    parser.add_argument("--prediction", help="a held-out budget's prediction JSON (`scaling predict`): REPORT sets "
+                        "it against what that budget measured")
     parser.add_argument("--out", default="paper_figures", help="output directory for the figures and REPORT.md")
 
 
@@ -50,6 +53,7 @@ def main(args: argparse.Namespace) -> int:
             if not (math.isfinite(value) and value > 0):
                 raise ConfigError("compute", text, "a positive number of FLOPs, e.g. 1e18")
             computes.append(value)
-    path = write_report(results, fit, args.out, curves=curves, compute=computes)
+    prediction = predict.load(args.prediction) if args.prediction else None
+    path = write_report(results, fit, args.out, curves=curves, compute=computes, prediction=prediction)
     print(f"wrote {path}")
     return 0

@@ -24,6 +24,7 @@ from scipy import stats
 
 from scaling.study import fit, laws, plots, analysis as study
 from scaling.study import findings as findings_lib
+from scaling.study import predict as predict_lib
 from scaling._io import atomic_write_json, atomic_write_text
 from scaling.errors import ConfigError
 
@@ -659,14 +660,18 @@ INTRODUCTION = ["# Precision-aware scaling: report",
 
 
 def write_report(results_df: pd.DataFrame, fit_result: Any, out_dir: str | Path, *, curves: pd.DataFrame | None = None,
-                 plan_table: pd.DataFrame | None = None, compute: float | Sequence[float] | None = None) -> Path:
+                 plan_table: pd.DataFrame | None = None, compute: float | Sequence[float] | None = None,
+                 prediction: dict | None = None) -> Path:
     """Make every figure into `out_dir` and write out_dir/findings.json and out_dir/REPORT.md; returns
-    the report's path."""
+    the report's path. `prediction`: a held-out budget's prediction (scaling.study.predict), set
+    against what that budget measured once it has landed."""
     out_dir = Path(out_dir)
     ok = plots.validate_results(results_df)
     fitted = study.study_part(ok, "main")
     budgets = ([compute] if isinstance(compute, (int, float)) else list(compute)) if compute is not None else None
     facts = report_facts(results_df, ok, fitted, fit_result, budgets)
+    if prediction is not None:
+        facts["prediction"] = prediction_facts(prediction, facts)
     table = plan_table if plan_table is not None else plots.cluster_time_table(fit_result)
     figures = plots.make_figures(results_df, fit_result, out_dir, curves=curves, facts=facts, plan_table=table)
     atomic_write_json(out_dir / "findings.json", facts)
@@ -692,10 +697,58 @@ def report_facts(results_df: pd.DataFrame, ok: pd.DataFrame, fitted: pd.DataFram
     return facts
 
 
+def prediction_facts(prediction: dict, facts: dict) -> dict:
+    """findings.json's `prediction`: what was predicted (per recipe) and, once its budget has been
+    measured, the score (scaling.study.predict.score)."""
+    measured = next((b for b in facts.get("budgets", []) if np.isclose(b["budget"], prediction["budget"], rtol=1e-9)), None)
+    keep = ("budget", "cost_model", "level", "fitted_on", "chosen_law", "draws", "sigma_measurement",
+            "sigma_lack_of_fit", "recipes", "best", "runner_up", "diff", "diff_pi", "winner", "reason")
+    return {**{k: prediction.get(k) for k in keep}, "laws": [e["name"] for e in prediction.get("laws", [])],
+            "score": predict_lib.score(prediction, measured) if measured else None}
+
+
+def prediction_section(p: dict, unit: str) -> str:
+    """The held-out budget: predicted before it was trained, against what it measured (once landed)."""
+    fitted = p["fitted_on"]
+    lines = [f"The minimum of every recipe's IsoFLOP profile at C = {_fmt(p['budget'])} was predicted from the runs at "
+             f"C = {', '.join(_fmt(b) for b in fitted['budgets'])} alone ({fitted['runs']} runs), before any run at "
+             f"C = {_fmt(p['budget'])} was trained; the prediction file's git history shows when. The {p['level']:.0%} "
+             f"prediction intervals pool {len(p['laws'])} laws the held-out precision gaps cannot tell apart "
+             f"({', '.join(p['laws'])}; {p['draws']} draws of refitted resamples), the measured minimum's own noise "
+             f"(σ {p['sigma_measurement']:.3g}) and the laws' miss of the lower budgets' minima beyond it "
+             f"(σ {p['sigma_lack_of_fit']:.3g}). Loss in {unit}.", ""]
+    score = p.get("score")
+    if not score:
+        lines += ["| recipe | predicted minimum | 95% PI | at N (95% PI) | P(best) |", "| --- | --- | --- | --- | --- |"]
+        for e in sorted(p["recipes"], key=lambda e: e["loss"]):
+            lines.append(f"| {e['recipe']} | {e['loss']:.4g} | {e['loss_pi'][0]:.4g}–{e['loss_pi'][1]:.4g} | "
+                         f"{_fmt(e['N_opt'])} ({_fmt(e['N_pi'][0])}–{_fmt(e['N_pi'][1])}) | {e['p_best']:.2f} |")
+        lines += ["", f"Predicted: {p['reason']}. Not measured yet: none of this budget's runs has landed."]
+        return "\n".join(lines)
+    lines += ["| recipe | predicted minimum | 95% PI | measured | measured 95% CI | error | inside | N predicted (95% PI) | N measured |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in score["recipes"]:
+        if r.get("measured") is None:
+            lines.append(f"| {r['recipe']} | – | – | not measured | – | – | – | – | – |")
+            continue
+        ci = f"{r['measured_ci'][0]:.4g}–{r['measured_ci'][1]:.4g}" if r.get("measured_ci") else "–"
+        n_measured = _fmt(r["N_measured"]) + (" (edge)" if r["measured_at_edge"] else "") if r["N_measured"] else "–"
+        lines.append(f"| {r['recipe']} | {r['predicted']:.4g} | {r['pi'][0]:.4g}–{r['pi'][1]:.4g} | {r['measured']:.4g} | "
+                     f"{ci} | {r['error']:+.4f} | {'yes' if r['inside'] else 'no'} | {_fmt(r['N_predicted'])} "
+                     f"({_fmt(r['N_pi'][0])}–{_fmt(r['N_pi'][1])}) | {n_measured} |")
+    lines += ["", f"{score['inside']} of {score['n']} measured minima fell inside their 95% prediction intervals "
+                  f"({score['N_inside']} of {score['n']} for N at the minimum); mean error {score['mean_error']:+.4f}, "
+                  f"mean absolute error {score['mean_abs_error']:.4f}. Predicted: {p['reason']}. "
+                  f"Measured: {score['measured_reason'] or 'no verdict'}."]
+    return "\n".join(lines)
+
+
 def _findings_sections(facts: dict) -> list[str]:
     """The measured sweet spot, P*, and the sections of the arms and purpose sweeps that were run."""
-    head = ["## Findings: the sweet spot, measured (IsoFLOP profiles)", "", findings_section(facts), "",
-            "## P*: the law's compute-optimal precision, with its uncertainty", "", pstar_section(facts), ""]
+    head = ["## Findings: the sweet spot, measured (IsoFLOP profiles)", "", findings_section(facts), ""]
+    if facts.get("prediction"):
+        head += ["## A budget predicted before it was trained", "", prediction_section(facts["prediction"], facts["loss_unit"]), ""]
+    head += ["## P*: the law's compute-optimal precision, with its uncertainty", "", pstar_section(facts), ""]
     if facts.get("integer_arm"):
         head += ["## Like for like with Kumar et al.: the forward-only integer arm", "", integer_arm_section(facts), ""]
     if facts["granularity"]:

@@ -1,0 +1,142 @@
+"""A budget predicted before it is trained (scaling.study.predict, `scaling predict`), on the committed
+quick study: fitted on its two budgets, predicted at a third the design places, scored against a
+stand-in measurement."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from scaling.errors import ConfigError
+from scaling.study import predict, report, results, sweep
+from scaling.train import compute as compute_lib
+
+ROOT = Path(__file__).resolve().parents[2]
+QUICK = ROOT / "experiments" / "quick.toml"
+HELD = 6e11  # 3x the quick study's largest budget
+LAWS = ["kumar", "chinchilla"]
+
+
+def _held_out(tmp_path: Path, budget: float = HELD) -> Path:
+    """quick.toml at one larger budget: the held-out design."""
+    text = QUICK.read_text().replace("budgets = [1e11, 2e11]", f"budgets = [{budget:g}]")
+    path = tmp_path / "quick_heldout.toml"
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return results.load(ROOT / "results" / "quick.csv")
+
+
+@pytest.fixture(scope="module")
+def line(tmp_path_factory):
+    specs = sweep.expand(_held_out(tmp_path_factory.mktemp("design")))
+    return predict.design_line([s.config for s in specs], HELD)
+
+
+@pytest.fixture(scope="module")
+def found(rows, line):
+    return predict.predict(rows, line, HELD, bootstrap=4, candidates=LAWS)
+
+
+def test_the_design_line_lands_on_the_budget_even_for_the_reference_that_trains_on(line, tmp_path):
+    specs = sweep.expand(_held_out(tmp_path))
+    assert set(line["recipe"]) == {"fp32", "fp8", "mxfp4"} and (line.groupby("recipe").size() >= 4).all()
+    cost = compute_lib.get("bits")
+    by = {(s.config.recipe.name, compute_lib.run_row(s.config)["N"]): s.config for s in specs}
+    longer = 0
+    for r in line.itertuples():
+        cfg = by[(r.recipe, r.N)]
+        row = pd.DataFrame([{**compute_lib.run_row(cfg), "D": r.D}])
+        assert float(cost.compute(row)[0]) == pytest.approx(HELD, rel=0.03)  # the budget's step, not the run's end
+        longer += cfg.train.tokens > r.D * 1.05
+    assert longer >= 1  # fp32 is the reference: some of its runs train on past this budget
+
+
+def test_a_prediction_names_every_recipe_with_an_interval_and_says_cannot_tell_when_it_cannot(found, rows):
+    assert [e["recipe"] for e in found["recipes"]] == ["fp32", "fp8", "mxfp4"]
+    assert found["fitted_on"]["budgets"] == [1e11, 2e11] and found["fitted_on"]["runs"] == rows["run_id"].nunique()
+    assert math.isclose(sum(e["p_best"] for e in found["recipes"]), 1.0)
+    measured_2e11 = rows[np.isclose(rows["budget"].astype(float), 2e11)].groupby("recipe")["val_loss"].min()
+    for e in found["recipes"]:
+        assert e["loss_pi"][0] < e["loss"] < e["loss_pi"][1]
+        assert min(e["shapes"]) <= e["N_opt"] <= max(e["shapes"])
+        assert e["loss"] < measured_2e11[e["recipe"]]  # more compute, lower loss: the laws extrapolate downwards
+    assert found["sigma_measurement"] > 0 and found["draws"] >= 4
+    best = min(found["recipes"], key=lambda e: e["loss"])["recipe"]
+    assert found["best"] == best
+    assert (found["winner"] is None) == (found["diff_pi"][0] <= 0) and ("cannot tell" in found["reason"]) == (found["winner"] is None)
+
+
+def test_the_interval_widens_with_the_law_form_and_the_noise(rows, line):
+    one = predict.predict(rows, line, HELD, bootstrap=4, candidates=["kumar"])
+    width = lambda f: np.mean([e["loss_pi"][1] - e["loss_pi"][0] for e in f["recipes"]])
+    noise = 2 * predict._z(0.95) * math.hypot(one["sigma_measurement"], one["sigma_lack_of_fit"])
+    assert width(one) == pytest.approx(noise, rel=0.6)  # one law, few resamples: mostly the noise terms
+
+
+def test_a_budget_the_fit_has_seen_is_refused(rows, line):
+    with pytest.raises(ConfigError, match="budget.*above every fitted one"):
+        predict.predict(rows, line, 2e11, bootstrap=0, candidates=LAWS)
+
+
+def test_score_counts_the_measured_minima_inside_their_intervals(found):
+    measured = {"winner": None, "reason": "cannot tell: stand-in", "recipes": [
+        {"recipe": e["recipe"], "loss": e["loss"] + (0.0 if i else 10.0), "ci": [0, 1], "N_opt": e["N_opt"], "inside": True}
+        for i, e in enumerate(found["recipes"])]}
+    scored = predict.score(found, measured)
+    assert scored["n"] == 3 and scored["inside"] == 2 and scored["N_inside"] == 3
+    assert scored["mean_error"] == pytest.approx(10 / 3)
+    assert [r["inside"] for r in scored["recipes"]] == [False, True, True]
+
+
+def test_the_cli_refuses_a_design_whose_runs_have_landed_and_never_overwrites(tmp_path):
+    held = _held_out(tmp_path, 2e11)  # one budget of the quick study's, as a design of its own: other run ids
+    out = tmp_path / "p.json"
+    out.write_text("{}")
+    proc = subprocess.run([sys.executable, "-m", "scaling.cli", "predict", str(held), "--results",
+                           str(ROOT / "results" / "quick.csv"), "-o", str(out)], capture_output=True, text=True)
+    assert proc.returncode == 2 and "never replaced" in proc.stderr and out.read_text() == "{}"
+    # a design whose runs are in the results: refused, nothing written
+    summary = tmp_path / "quick.csv"
+    rows = pd.read_csv(ROOT / "results" / "quick.csv")
+    specs = sweep.expand(held)
+    rows = pd.concat([rows, rows.iloc[:1].assign(run_id=specs[0].run_id)])
+    rows.to_csv(summary, index=False)
+    out = tmp_path / "q.json"
+    proc = subprocess.run([sys.executable, "-m", "scaling.cli", "predict", str(held), "--results", str(summary),
+                           "-o", str(out)], capture_output=True, text=True)
+    assert proc.returncode == 2 and "1 of" in proc.stderr and "before its data" in proc.stderr and not out.exists()
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_load_refuses_what_is_not_a_prediction(tmp_path, found):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"budget": 1}))
+    with pytest.raises(ConfigError, match="prediction"):
+        predict.load(bad)
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(found))
+    assert predict.load(good)["budget"] == HELD
+
+
+def test_report_shows_the_prediction_then_predicted_against_measured(found):
+    unit = "nats per byte"
+    before = report.prediction_section(report.prediction_facts({**found, "laws": found["laws"]}, {"budgets": []}), unit)
+    assert "Not measured yet" in before and before.count("\n| ") == 2 + 3  # header, rule, three recipes
+    measured = {"budget": HELD, "winner": None, "reason": "cannot tell: stand-in", "recipes": [
+        {"recipe": e["recipe"], "loss": e["loss_pi"][1] + 1 if e["recipe"] == "fp8" else e["loss"], "ci": [0, 1],
+         "N_opt": e["N_opt"], "inside": True} for e in found["recipes"]]}
+    facts = report.prediction_facts(found, {"budgets": [measured]})
+    after = report.prediction_section(facts, unit)
+    assert "2 of 3 measured minima fell inside their 95% prediction intervals" in after
+    assert "| fp8 |" in after and "| no |" in after and "Measured: cannot tell: stand-in" in after
