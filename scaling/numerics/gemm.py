@@ -1,6 +1,6 @@
 """The quantised GEMMs of a training step, run on a precision recipe's structure.
 
-`qdot(x_MxK, w_KxN, recipe)` is a `jax.custom_vjp` matmul that simulates all three GEMMs of a
+`qdot_apply(x_MxK, w_KxN, structure, state)` is a `jax.custom_vjp` matmul that simulates all three GEMMs of a
 dense layer:
 
     fprop  Y  = Q(X; along K) · Q(W; along K)
@@ -408,15 +408,6 @@ def qdot_apply(x_MxK: jax.Array, w_KxN: jax.Array, structure: RecipeStructure, s
     flag = _Static(bool(measure)) if isinstance(measure, (bool, np.bool_)) else jnp.asarray(measure, bool)
     y, telem, new_hist = _qdot(x2, w, state, key_data, smooth, flag, _Static(structure))
     return y.reshape(*lead, w.shape[-1]), telem, new_hist
-
-
-def qdot(x_MxK: jax.Array, w_KxN: jax.Array, recipe: Recipe | str | Mapping, *, key: jax.Array | None = None) -> jax.Array:
-    """Quantised matmul with all three GEMMs simulated, for a standalone call (fresh state: a
-    delayed-scaling recipe uses the current amax, as on its first step; the model keeps the
-    histories, see `scaling.train.model`). `key` feeds stochastic rounding."""
-    recipe = precision.get(recipe)
-    structure = recipe.structure()
-    return qdot_apply(x_MxK, w_KxN, structure, qdot_state(recipe, structure), key)[0]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -128,12 +128,12 @@ def numerics_problems(target: Target) -> list[str]:
         if not np.array_equal(got, want):
             problems.append(f"subnormals lost in a {what} round trip")
     # 3. the quantised GEMM's bf16 fast path against its FP32 path: equal products, summed in another order
-    from scaling.numerics import gemm, precision
+    from scaling.numerics import layers, precision
 
     keys = jax.random.split(jax.random.key(0), 2)
     x, w = (np.asarray(jax.random.normal(k, s, jnp.float32)) for k, s in zip(keys, ((64, 256), (256, 64))))
     paths = {fast: precision.get({"base": "mxfp8", "fast_path": fast}) for fast in (True, False)}
-    fast, fp32 = (target.run(lambda x, w, r=paths[f]: gemm.qdot(x, w, r), x, w) for f in (True, False))
+    fast, fp32 = (target.run(lambda x, w, r=paths[f]: layers.qdot(x, w, r), x, w) for f in (True, False))
     scale = float(np.max(np.abs(fp32))) or 1.0
     if not np.allclose(fast, fp32, rtol=1e-5, atol=1e-5 * scale):
         problems.append(f"quantised GEMM's bf16 fast path differs from its FP32 path by up to "

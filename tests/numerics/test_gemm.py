@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from scaling.numerics import gemm, precision, quant
+from scaling.numerics import gemm, layers, precision, quant
 from scaling.train import ladder, model
 
 
@@ -28,7 +28,7 @@ def _operands(m=48, k=80, n=40, seed=0):
 
 @jax.jit
 def _vjp_jit(recipe_box, x, w, dy, key):
-    y, pullback = jax.vjp(lambda a, b: gemm.qdot(a, b, recipe_box.value, key=key), x, w)
+    y, pullback = jax.vjp(lambda a, b: layers.qdot(a, b, recipe_box.value, key=key), x, w)
     return (y, *pullback(dy))
 
 
@@ -151,8 +151,8 @@ def test_fast_path_agrees_with_fp32_path(name):
 
 def test_batched_inputs_flatten():
     x, w, _ = _operands(m=48)
-    y3 = gemm.qdot(x.reshape(4, 12, -1), w, "fp8")
-    np.testing.assert_array_equal(y3.reshape(48, -1), gemm.qdot(x, w, "fp8"))
+    y3 = layers.qdot(x.reshape(4, 12, -1), w, "fp8")
+    np.testing.assert_array_equal(y3.reshape(48, -1), layers.qdot(x, w, "fp8"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -351,7 +351,7 @@ def test_f32_dots_carry_the_recipes_precision_and_bf16_dots_none(fast):
     x, w, g = _operands()
     for dots, want in (("fp32", jax.lax.Precision.HIGHEST), ("tf32", jax.lax.Precision.DEFAULT)):
         recipe = precision.get({"base": "mxfp8", "fast_path": fast, "dot_precision": dots})
-        jaxpr = jax.make_jaxpr(lambda x, w: jax.vjp(lambda x, w: gemm.qdot(x, w, recipe), x, w)[1](g))(x, w)
+        jaxpr = jax.make_jaxpr(lambda x, w: jax.vjp(lambda x, w: layers.qdot(x, w, recipe), x, w)[1](g))(x, w)
         found = _dot_precisions(jaxpr.jaxpr)
         assert len(found) == 3, found
         for dtype, p in found:

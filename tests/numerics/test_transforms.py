@@ -11,7 +11,7 @@ import pytest
 from flax import nnx
 
 from scaling.errors import ConfigError
-from scaling.numerics import formats, gemm, precision, quant, transforms
+from scaling.numerics import formats, gemm, layers, precision, quant, transforms
 from scaling.numerics.quant import QuantSpec
 from scaling.train import ladder, model
 
@@ -44,7 +44,7 @@ def test_rotating_both_operands_keeps_the_product():
     # through qdot: an fp32 recipe with every GEMM rotated is the plain matmul, and so are its gradients
     recipe = precision.get({"base": "bf16", "weight": "fp32", "activation": "fp32", "grad": "fp32",
                             "hadamard": {"fprop": 16, "dgrad": 32, "wgrad": 16}})
-    f = lambda a, b: jnp.sum(jnp.sin(gemm.qdot(a, b, recipe, key=jax.random.key(1))))
+    f = lambda a, b: jnp.sum(jnp.sin(layers.qdot(a, b, recipe, key=jax.random.key(1))))
     ref = lambda a, b: jnp.sum(jnp.sin(a @ b))
     np.testing.assert_allclose(f(a, b), ref(a, b), rtol=1e-5)
     for got, want in zip(jax.grad(f, (0, 1))(a, b), jax.grad(ref, (0, 1))(a, b)):
