@@ -10,7 +10,7 @@ import argparse
 from pathlib import Path
 
 from scaling.errors import ConfigError
-from scaling.study import design_checks, sweep, takeoff
+from scaling.study import design_checks, devices, sweep, takeoff
 from scaling.study.summary import Summary
 from scaling.train import runs
 
@@ -88,6 +88,8 @@ def main(args: argparse.Namespace) -> int:
         for line in warnings:
             print(f"warning: {line}")
         return 0
+    if pins:  # GPU take-off, before anything compiles: each slot probed as its runs will see it
+        pins = devices.check_gpu_pins(pins, sweep.worker_env)
     counts: dict[str, int] = {}
     slow: list[dict] = []
     while todo:  # a design with replicates: the runs its landed minima call for come in the next round

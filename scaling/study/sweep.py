@@ -452,14 +452,11 @@ def run_sweep(specs: list[RunSpec], out_root: str | Path, *, executor: str = "lo
               gpus_per_run: float = 0, gpu_pins: list[dict[str, str]] | None = None,
               progress: bool = True, on_landed: Callable[[], None] | None = None) -> dict[str, Any]:
     """Run every spec not yet landed; returns and writes <out>/<sweep>/sweep.json (counts, slow runs).
-    Local: `gpu_pins` (gpu_slots) runs one child per pin; Ray: each run reserves `gpus_per_run` GPUs.
+    Local: `gpu_pins` (gpu_slots, each probed first: scaling.study.devices.check_gpu_pins) runs one
+    child per pin; Ray: each run reserves `gpus_per_run` GPUs.
     `on_landed`: called as each run lands (the sweep's committed summary is rewritten there)."""
     if executor not in ("local", "ray"):
         raise ConfigError("executor", executor, ["local", "ray"])
-    if executor == "local" and gpu_pins:  # GPU take-off: each slot probed as its runs will see it
-        from scaling.study import devices
-
-        gpu_pins = devices.check_gpu_pins(gpu_pins, worker_env)
     out_root = Path(out_root)
     counts = {s: 0 for s in (*runs.STATUSES, "skipped")}
     owned: list[RunSpec] = []

@@ -102,3 +102,27 @@ def test_a_gpu_slot_whose_jax_cannot_start_cuda_is_left_out():
     with pytest.raises(ConfigError, match="take-off"):
         devices.check_gpu_pins([{"CUDA_VISIBLE_DEVICES": "0"}], sweep.worker_env, echo=lines.append, timeout=120)
     assert len(lines) == 1 and lines[0].startswith("device CUDA_VISIBLE_DEVICES=0 left out: JAX did not start on CUDA")
+
+
+def test_the_sweep_checks_its_gpus_before_take_off_compiles_anything(monkeypatch, tmp_path):
+    """A sweep whose only GPU fails the check stops before any take-off probe compiles."""
+    from pathlib import Path
+
+    from scaling.cli import sweep as sweep_cli
+
+    checked = []
+
+    def refuse(pins, child_env, **kw):
+        checked.append(pins)
+        raise ConfigError("take-off", "CUDA_VISIBLE_DEVICES=0", "at least one device that passes")
+
+    monkeypatch.setattr(sweep_cli, "_gpu_pins", lambda args: [{"CUDA_VISIBLE_DEVICES": "0"}])
+    monkeypatch.setattr(devices, "check_gpu_pins", refuse)
+    monkeypatch.setattr(sweep_cli.takeoff, "take_off", lambda *a, **k: pytest.fail("take-off flew before the GPU check"))
+    parser = __import__("argparse").ArgumentParser()
+    sweep_cli.add_arguments(parser)
+    smoke = Path(__file__).resolve().parents[2] / "experiments" / "smoke_sweep.toml"
+    args = parser.parse_args([str(smoke), "--out", str(tmp_path), "--gpus-per-run", "1"])
+    with pytest.raises(ConfigError, match="take-off"):
+        sweep_cli.main(args)
+    assert checked == [[{"CUDA_VISIBLE_DEVICES": "0"}]]
