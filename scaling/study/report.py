@@ -737,7 +737,8 @@ def prediction_section(p: dict, unit: str) -> str:
                      f"{ci} | {r['error']:+.4f} | {'yes' if r['inside'] else 'no'} | {_fmt(r['N_predicted'])} "
                      f"({_fmt(r['N_pi'][0])}–{_fmt(r['N_pi'][1])}) | {n_measured} |")
     lines += ["", f"{score['inside']} of {score['n']} measured minima fell inside their 95% prediction intervals "
-                  f"({score['N_inside']} of {score['n']} for N at the minimum); mean error {score['mean_error']:+.4f}, "
+                  f"({score['N_inside']} of {score['n']} for N at the minimum, whose interval holds the laws' and "
+                  f"their fits' uncertainty only, not the measured vertex's); mean error {score['mean_error']:+.4f}, "
                   f"mean absolute error {score['mean_abs_error']:.4f}. Predicted: {p['reason']}. "
                   f"Measured: {score['measured_reason'] or 'no verdict'}."]
     return "\n".join(lines)
