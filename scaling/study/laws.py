@@ -348,7 +348,11 @@ def with_derived_columns(df: Any, columns: Iterable[str]) -> Any:
             role = c[-1]
             if f"{_TELEMETRY_ROLE[role]}_snr_db" in df.columns or f"P_{role}" in df.columns:
                 add[c] = measured_qerr(df, role)
-    return df.assign(**add) if add else df
+    if not add:
+        return df
+    import pandas as pd
+
+    return pd.concat([df, pd.DataFrame(add, index=df.index)], axis=1)  # one block: a wide table stays whole
 
 
 @register(params=("E", "A", "B", "alpha", "beta", "F", "C", "w_w", "w_a", "w_g"),
