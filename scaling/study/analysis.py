@@ -181,7 +181,8 @@ def replicate_noise(df: pd.DataFrame) -> tuple[float, int]:
 
 def isoflop(df: pd.DataFrame, budget: float, cost: compute_lib.CostModel | str = "bits", *,
             n_boot: int = 2000, seed: int = 0, level: float = LEVEL,
-            noise: tuple[float, int] = (0.0, 0), shape_term: bool = True) -> dict[str, Any]:
+            noise: tuple[float, int] = (0.0, 0), shape_term: bool = True,
+            pairs: Sequence[tuple[str, str]] = ()) -> dict[str, Any]:
     """The IsoFLOP analysis at one budget (see module doc and scaling.study.shapes). Returns a JSON-friendly
     dict: budget, cost_model, level, sigma (the noise the verdict resamples with: the scatter about the
     joint fit of parabolas and shape effects) and dof, noise_source ('joint fit', or 'seed replicates'
@@ -191,20 +192,24 @@ def isoflop(df: pd.DataFrame, budget: float, cost: compute_lib.CostModel | str =
     recipes}] (empty without shapes shared by enough recipes), recipes: [{recipe, bits_eff, P, runs,
     sizes, interpolated, N_opt, D_opt (tokens there), loss, ci, inside, p_best, parabola (shape-adjusted: loss = c0 + c1·ln N +
     c2·ln² N at the shapes' common curve)}], best, runner_up, diff (runner-up minus best) with diff_ci,
-    winner (or None) and reason. noise: (sum of squares, dof) of seed replicates (replicate_noise).
-    shape_term=False fits the parabolas alone."""
+    winner (or None) and reason. Each fitted recipe also carries `gap` and `gap_ci`: its minimum minus the
+    reference's (high_precision_recipe of the fitted ones), paired over the same resamples (None for the
+    reference). pairs: (a, b) recipe pairs whose paired difference a − b is wanted as well, returned as
+    `pairs` [{a, b, diff, ci, inside (both minima inside their sizes), verdict}] where both were fitted.
+    noise: (sum of squares, dof) of seed replicates (replicate_noise). shape_term=False fits the parabolas alone."""
     cost = compute_lib.get(cost)
     pts = points_at(df, budget, cost)
     out: dict[str, Any] = {"budget": float(budget), "cost_model": cost.name, "level": level, "recipes": [],
                            "sigma": None, "dof": 0, "noise_source": None, "best": None, "runner_up": None,
                            "diff": None, "seed_sigma": math.sqrt(noise[0] / noise[1]) if noise[1] else None,
                            "seed_dof": int(noise[1]), "sigma_parabolas": None, "shape_share": None,
-                           "shape_effects": [], "diff_ci": None, "winner": None, "reason": ""}
+                           "shape_effects": [], "diff_ci": None, "winner": None, "reason": "", "pairs": []}
     for recipe, g in pts.groupby("recipe", sort=True):
         out["recipes"].append({"recipe": recipe, "bits_eff": float(g["bits_eff"].iloc[0]), "P": float(g["P"].iloc[0]),
                                "runs": int(len(g)), "sizes": int(g["N"].nunique()),
                                "interpolated": int(g["interpolated"].sum()), "N_opt": None, "D_opt": None, "loss": None,
-                               "ci": None, "inside": None, "p_best": None, "parabola": None})
+                               "ci": None, "inside": None, "p_best": None, "parabola": None, "gap": None,
+                               "gap_ci": None})
     fitted = [e for e in out["recipes"] if e["sizes"] >= MIN_SIZES]
     if len(fitted) < 2:
         out["reason"] = f"fewer than two recipes with {MIN_SIZES}+ sizes reaching this budget"
@@ -241,6 +246,16 @@ def isoflop(df: pd.DataFrame, budget: float, cost: compute_lib.CostModel | str =
         e.update(N_opt=float(math.exp(res["x_opt"][0, j])), loss=float(res["loss"][0, j]), inside=bool(res["inside"][0, j]),
                  parabola=[float(c) for c in res["coef"][0, 3 * j:3 * j + 3]], ci=[float(c) for c in res["ci"][0, j]],
                  p_best=float(res["p_best"][0, j]))
+    reference = high_precision_recipe(pts[["recipe", "P"]])
+    for e in fitted:
+        if e["recipe"] != reference:
+            e["gap"], e["gap_ci"] = _paired(res, names, e["recipe"], reference, level)
+    for a, b_ in pairs:
+        if a in names and b_ in names:
+            diff, pci = _paired(res, names, a, b_, level)
+            both_inside = bool(res["inside"][0, names.index(a)] and res["inside"][0, names.index(b_)])
+            out["pairs"].append({"a": a, "b": b_, "diff": diff, "ci": pci, "inside": both_inside,
+                                 "verdict": _pair_verdict(a, b_, diff, pci, both_inside, level)})
     b, r = int(res["best"][0]), int(res["runner_up"][0])
     ci = [float(c) for c in res["diff_ci"][0]]
     out.update(best=names[b], runner_up=names[r], diff=float(res["diff"][0]), diff_ci=ci)
@@ -257,6 +272,26 @@ def isoflop(df: pd.DataFrame, budget: float, cost: compute_lib.CostModel | str =
         out["reason"] = (f"{names[b]} beats {names[r]} by {out['diff']:.3f} nats{adjusted} "
                          f"({level:.0%} CI [{ci[0]:.3f}, {ci[1]:.3f}])")
     return out
+
+
+def _paired(res: dict[str, np.ndarray], names: list[str], a: str, b: str, level: float) -> tuple[float, list[float]]:
+    """Minimum of a minus minimum of b at one budget, with the CI of that difference over the same
+    bootstrap resamples (paired: the shared noise of the joint fit cancels)."""
+    i, j = names.index(a), names.index(b)
+    tail = 100 * (1 - level) / 2
+    ci = np.percentile(res["boot_min"][0, :, i] - res["boot_min"][0, :, j], [tail, 100 - tail])
+    return float(res["loss"][0, i] - res["loss"][0, j]), [float(c) for c in ci]
+
+
+def _pair_verdict(a: str, b: str, diff: float, ci: Sequence[float], inside: bool, level: float) -> str:
+    """One sentence: which of a and b is lower at a budget, or "cannot tell" and why."""
+    if ci[0] <= 0 <= ci[1]:
+        return f"cannot tell: {a} − {b} = {diff:+.3f} nats, {level:.0%} CI [{ci[0]:+.3f}, {ci[1]:+.3f}] includes zero"
+    if not inside:
+        return (f"cannot tell: {a} − {b} = {diff:+.3f} nats ({level:.0%} CI [{ci[0]:+.3f}, {ci[1]:+.3f}]), but a "
+                "minimum lies at the edge of its sizes")
+    lower, higher = (a, b) if diff < 0 else (b, a)
+    return f"{lower} lower than {higher} by {abs(diff):.3f} nats ({level:.0%} CI of {a} − {b} [{ci[0]:+.3f}, {ci[1]:+.3f}])"
 
 
 def analyse(df: pd.DataFrame, budgets: Sequence[float] | None = None, cost: compute_lib.CostModel | str = "bits",

@@ -69,6 +69,9 @@ def residuals_by_recipe(df: pd.DataFrame, fit: Any, level: float = LEVEL,
 
 
 PUBLISHED = {"Kumar et al. 2024": (7.0, 8.0), "Sun et al. 2025": (4.0, 8.0)}
+# The published FP4 training recipes (scaling.numerics.precision presets) and the plain format each
+# builds on: NVIDIA's NVFP4 recipe on NVFP4, Quartet's QuEST-style MXFP4 on MXFP4.
+FP4_PUBLISHED = {"nvfp4-nvidia": "nvfp4", "quartet": "mxfp4"}
 KAPPAS = (2.0, 4.0)  # fixed-kappa alternatives to a kumar-family fit's kappa = 3 (plus kappa fitted)
 
 
@@ -147,6 +150,7 @@ def findings(df: pd.DataFrame, fit: Any | None, *, cost: str = "bits", budgets: 
     (across specification_fits x optimal.cost_models) and the verdict against each published range.
     `integer_arm`: the same IsoFLOP analysis over the forward-only integer recipes and the reference
     alone (`integer_arm`), the comparison like for like with Kumar et al.; [] without that arm.
+    `fp4_arm`: the FP4 recipes' gaps to the reference, with and without the published recipes (fp4_arm).
     noise_rows: the table whose seed replicates measure run-to-run noise (default df); level: the
     confidence level of every IsoFLOP verdict and interval."""
     cost_model = compute_lib.get(cost)
@@ -156,6 +160,7 @@ def findings(df: pd.DataFrame, fit: Any | None, *, cost: str = "bits", budgets: 
     if not budgets:
         budgets = default_budgets(main, cost_model) if costable else []
     out = _measured_findings(df, main, budgets, cost_model, n_boot, noise_rows, costable, level)
+    out["fp4_arm"] = fp4_arm(out["budgets"])
     if costable:
         out["integer_arm"] = _integer_arm_findings(main, noise_rows, budgets, cost_model, n_boot, level)
     if fit is None:
@@ -191,12 +196,29 @@ def _measured_findings(df: pd.DataFrame, main: pd.DataFrame, budgets: Sequence[f
         "loss_unit": loss_unit(df), "cost_model": cost_model.describe(),
         "runs": int(main["run_id"].nunique()) if "run_id" in main.columns else len(main),
         "seeds_per_cell": _seeds_per_cell(main),
-        "budgets": analyse(main, budgets, cost_model, n_boot=n_boot, level=level,
-                           noise=replicate_noise(noise_rows)) if costable else [],
+        "budgets": analyse(main, budgets, cost_model, n_boot=n_boot, level=level, noise=replicate_noise(noise_rows),
+                           pairs=tuple(FP4_PUBLISHED.items())) if costable else [],
         "note": None if costable else "the results do not record FLOPs by part (nor size, recipe and "
                                       "flops_per_token to derive them), so no run can be placed at a budget",
         "law": None, "P_star": [], "integer_arm": [],
     }
+
+
+def fp4_arm(budgets: list[dict]) -> list[dict[str, Any]]:
+    """The FP4 arm at each budget where a published FP4 recipe was fitted: every FP4 recipe's minimum
+    against the reference's (the paired gap and its CI, with the published recipes and without), and
+    each published recipe against the plain format it builds on; [] without one."""
+    fp4 = set(FP4_PUBLISHED) | set(FP4_PUBLISHED.values())
+    out = []
+    for b in budgets:
+        fitted = {e["recipe"]: e for e in b["recipes"] if e["loss"] is not None}
+        if not set(FP4_PUBLISHED) & set(fitted):
+            continue
+        reference = next((r for r, e in fitted.items() if e["gap"] is None), None)
+        gaps = [{"recipe": r, "published": r in FP4_PUBLISHED, "gap": e["gap"], "ci": e["gap_ci"],
+                 "inside": e["inside"]} for r, e in sorted(fitted.items()) if r in fp4 and e["gap"] is not None]
+        out.append({"budget": b["budget"], "reference": reference, "gaps": gaps, "pairs": b.get("pairs", [])})
+    return out
 
 
 def _integer_arm_findings(main: pd.DataFrame, noise_rows: pd.DataFrame, budgets: Sequence[float],

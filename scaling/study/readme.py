@@ -42,6 +42,7 @@ def findings_markdown(f: dict) -> str:
     lines += _law(f.get("law") or {})
     lines += _pstar(f)
     lines += _integer_arm(f, unit)
+    lines += _fp4_arm(f)
     if f.get("granularity"):
         lines += _granularity(f["granularity"], unit)
     if f.get("outliers"):
@@ -142,6 +143,21 @@ def _integer_arm(f: dict, unit: str) -> list[str]:
             text += (f" Forward precision {_bits(b['P_interval'])}; against {name}'s "
                      f"{_bits(PUBLISHED[name])}: {b['published'][name]}.")
         lines.append(text)
+    return lines
+
+
+def _fp4_arm(f: dict) -> list[str]:
+    arm = f.get("fp4_arm") or []
+    if not arm:
+        return []
+    lines = ["- **The FP4 arm, plain and as published** (IsoFLOP minimum minus the reference's, 95% CI; "
+             "a minimum at the edge of its sizes marked):"]
+    for b in arm:
+        gaps = "; ".join(f"{g['recipe']} {g['gap']:+.3f} [{g['ci'][0]:+.3f}, {g['ci'][1]:+.3f}]"
+                         + ("" if g["inside"] else " (edge)") for g in sorted(b["gaps"], key=lambda g: g["gap"]))
+        pairs = "; ".join(p["verdict"] for p in b["pairs"])
+        pairs = f"Published against plain: {pairs}." if pairs else ""
+        lines.append(f"  - C = {_num(b['budget'])}, against {b['reference']}: {gaps}. {pairs}".rstrip())
     return lines
 
 

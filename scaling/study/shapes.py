@@ -118,7 +118,8 @@ def compare(design: JointDesign, Y: np.ndarray, *, n_boot: int, level: float, rn
             sigma: np.ndarray | None = None, dof: int | None = None) -> dict[str, np.ndarray]:
     """The verdict for every data set (row of Y): fitted minima and their bootstrap CIs, P(best), the
     best two and the CI of their paired difference, and the winner (-1 for none) with why not:
-    reason 0 named, 1 the difference's CI includes zero, 2 a minimum at the edge of its sizes.
+    reason 0 named, 1 the difference's CI includes zero, 2 a minimum at the edge of its sizes; boot_min
+    (sets, n_boot, R): the resampled minima, for other paired differences.
     sigma/dof: the noise to resample with (default: the joint fit's residual scatter and its dof)."""
     Y = np.atleast_2d(np.asarray(Y, float))
     coef, rss = fit(design, Y)
@@ -145,6 +146,6 @@ def compare(design: JointDesign, Y: np.ndarray, *, n_boot: int, level: float, rn
     winner = np.where(excludes_zero & all_inside, best, -1)
     reason = np.where(~excludes_zero, 1, np.where(~all_inside, 2, 0))
     return {"coef": coef, "rss": rss, "sigma": sigma, "dof": np.full(sets, dof), "x_opt": xs, "loss": loss,
-            "inside": inside, "ci": np.moveaxis(ci, 0, -1), "p_best": p_best, "best": best, "runner_up": runner,
+            "inside": inside, "ci": np.moveaxis(ci, 0, -1), "p_best": p_best, "boot_min": boot_min, "best": best, "runner_up": runner,
             "diff": loss[rows, runner] - loss[rows, best], "diff_ci": diff_ci, "winner": winner, "reason": reason,
             "shape_effects": shape_effects(design, coef)}

@@ -183,3 +183,29 @@ def test_make_figures_regenerates_every_committed_figure_and_the_findings_from_c
         assert new["interval"] == pytest.approx(old["interval"])
     assert made["granularity"]["rows"] == committed["granularity"]["rows"]
     assert made["outliers"] == committed["outliers"]
+
+
+def test_the_fp4_arm_states_each_gap_with_its_ci_and_the_published_recipes_against_their_formats():
+    """fp4_arm keeps the FP4 recipes (plain and published) of each budget that fitted a published one;
+    REPORT and README state every gap with its CI, mark an edge minimum and give each pair's verdict."""
+    def recipe(name, loss, gap=None, ci=None, inside=True):
+        return {"recipe": name, "loss": loss, "gap": gap, "gap_ci": ci, "inside": inside}
+    pair = {"a": "quartet", "b": "mxfp4", "diff": 0.12, "ci": [0.1, 0.15], "inside": True,
+            "verdict": "mxfp4 lower than quartet by 0.120 nats (95% CI of quartet − mxfp4 [+0.100, +0.150])"}
+    budgets = [{"budget": 1e12, "recipes": [recipe("bf16", 1.5), recipe("fp8", 1.45, -0.05, [-0.07, -0.03]),
+                                            recipe("mxfp4", 1.55, 0.05, [0.02, 0.08]),
+                                            recipe("quartet", 1.67, 0.17, [0.14, 0.2], inside=False),
+                                            recipe("nvfp4", None)], "pairs": [pair]},
+               {"budget": 3e12, "recipes": [recipe("bf16", 1.4), recipe("mxfp4", 1.42, 0.02, [0.0, 0.04])], "pairs": []}]
+    arm = findings_lib.fp4_arm(budgets)
+    assert [b["budget"] for b in arm] == [1e12] and arm[0]["reference"] == "bf16"
+    assert [(g["recipe"], g["published"], g["inside"]) for g in arm[0]["gaps"]] == [("mxfp4", False, True),
+                                                                                   ("quartet", True, False)]
+    section = report.fp4_arm_section({"fp4_arm": arm, "loss_unit": "nats/byte"})
+    assert "| mxfp4 | no | +0.050 | +0.020 to +0.080 | yes |" in section
+    assert "| quartet | yes | +0.170 | +0.140 to +0.200 | no (edge) |" in section
+    assert "- quartet against mxfp4: mxfp4 lower than quartet by 0.120 nats" in section
+    from scaling.study import readme
+    line = "\n".join(readme._fp4_arm({"fp4_arm": arm}))
+    assert "mxfp4 +0.050 [+0.020, +0.080]; quartet +0.170 [+0.140, +0.200] (edge)" in line
+    assert report.fp4_arm_section({"fp4_arm": [], "loss_unit": "nats/byte"}) == "" and readme._fp4_arm({}) == []

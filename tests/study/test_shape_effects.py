@@ -107,3 +107,24 @@ def test_more_recipes_and_a_lower_level_stay_at_or_below_their_nominal_rate():
     res = shapes.compare(design, null, n_boot=300, level=0.80, rng=np.random.default_rng(12))
     assert np.mean(res["winner"] >= 0) <= 0.22
     assert res["p_best"].shape == (400, 3) and np.allclose(res["p_best"].sum(axis=1), 1)
+
+
+def test_gaps_to_the_reference_and_pairs_are_paired_differences_of_minima():
+    """Every fitted recipe carries its minimum minus the reference's with a paired CI, and a requested pair
+    its difference and verdict: here "ref" (the one with the most bits, so made the reference by raising
+    its P) is 0.1 worse than a and b, which tie; a pair with a recipe not fitted is left out."""
+    runs = _shaped_runs(depth_effect=0.04, rng=3)
+    runs.loc[runs["recipe"] == "ref", "P"] = 32
+    res = analysis.isoflop(runs, BUDGET, "bits", pairs=[("a", "b"), ("a", "ref"), ("a", "missing")])
+    by = {e["recipe"]: e for e in res["recipes"]}
+    assert by["ref"]["gap"] is None and by["ref"]["gap_ci"] is None
+    for r in ("a", "b"):
+        lo, hi = by[r]["gap_ci"]
+        assert lo < by[r]["gap"] < hi and lo < -0.1 + 0.02 and -0.1 - 0.02 < hi < 0
+        assert by[r]["gap"] == pytest.approx(by[r]["loss"] - by["ref"]["loss"])
+    pairs = {(p["a"], p["b"]): p for p in res["pairs"]}
+    assert set(pairs) == {("a", "b"), ("a", "ref")}
+    tie, beat = pairs[("a", "b")], pairs[("a", "ref")]
+    assert tie["ci"][0] < 0 < tie["ci"][1] and tie["verdict"].startswith("cannot tell")
+    assert beat["ci"][1] < 0 and beat["verdict"].startswith("a lower than ref by")
+    assert beat["diff"] == pytest.approx(by["a"]["gap"])
