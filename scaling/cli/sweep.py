@@ -90,6 +90,8 @@ def main(args: argparse.Namespace) -> int:
         return 0
     if pins:  # GPU take-off, before anything compiles: each slot probed as its runs will see it
         pins = devices.check_gpu_pins(pins, sweep.worker_env)
+    if args.executor == "ray" and args.gpus_per_run > 0:  # the same on every GPU of the Ray cluster
+        devices.check_ray_gpus(int(sweep.start_ray(args.ray_address, args.gpus_per_run)), sweep.worker_env)
     counts: dict[str, int] = {}
     slow: list[dict] = []
     while todo:  # a design with replicates: the runs its landed minima call for come in the next round

@@ -262,6 +262,43 @@ def check_gpu_pins(pins: list[dict[str, str]], child_env: Callable[[Mapping[str,
     return [pinned[probes.index(p)] for p in usable]
 
 
+def check_ray_gpus(count: int, child_env: Callable[[Mapping[str, str]], dict[str, str]], *,
+                   echo: Callable[[str], None] = print, timeout: float = PROBE_TIMEOUT_S) -> None:
+    """The take-off check on a Ray cluster's `count` GPUs: one task reserving a GPU each, all at once,
+    probes it in a child process with its runs' environment (`child_env(gpu_pin(...))`). Ray places
+    runs on any GPU of the cluster, so none can be left out: one line per unusable GPU, then a
+    ConfigError (the sweep stops before training). A probe names its node and GPU; two on one GPU mean
+    Ray packed them (a GPU of the cluster went unprobed), which is said too."""
+    import ray
+
+    task = ray.remote(num_gpus=1, num_cpus=0, max_retries=0)(_ray_probe)
+    probes = [Probe(**p) for p in ray.get([task.remote(child_env, timeout) for _ in range(count)])]
+    usable, lines = judge(probes)
+    names = [p.name for p in probes]
+    if len(set(names)) < len(names):
+        lines.append(f"only {len(set(names))} of the cluster's {count} GPUs were probed (Ray placed two probes on one)")
+    for line in lines:
+        echo(line)
+    if lines:
+        raise ConfigError("take-off", ", ".join(sorted(set(names))),
+                          "every GPU of the Ray cluster usable and probed (Ray places runs on any of them): "
+                          "fix or remove the nodes named above")
+
+
+def _ray_probe(child_env: Callable[[Mapping[str, str]], dict[str, str]], timeout: float) -> dict[str, Any]:
+    """In a Ray task holding one GPU (Ray set CUDA_VISIBLE_DEVICES): that GPU's Probe, named by node."""
+    import ray
+
+    pin = gpu_pin({"CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "")})
+    with tempfile.TemporaryDirectory(prefix="devices-") as tmp:
+        out = Path(tmp) / "probe.json"
+        proc = subprocess.Popen([sys.executable, "-m", "scaling.study.devices", str(out)], env=child_env(pin),
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        result = _landed(proc, out, pin, timeout)
+    result.name = f"{ray.util.get_node_ip_address()} {result.name}"
+    return asdict(result)
+
+
 def _landed(proc: subprocess.Popen, out: Path, pin: Mapping[str, str], timeout: float) -> Probe:
     name = f"CUDA_VISIBLE_DEVICES={pin.get('CUDA_VISIBLE_DEVICES', '?')}"
     try:

@@ -268,6 +268,14 @@ def gpu_share(gpus_per_run: float, environ: Mapping[str, str] | None = None) -> 
     return {"XLA_PYTHON_CLIENT_MEM_FRACTION": f"{0.75 * gpus_per_run:.3f}"}
 
 
+def ray_pin(gpus_per_run: float, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """A Ray run's settings on the GPU(s) Ray reserved (Ray sets CUDA_VISIBLE_DEVICES): JAX must start
+    on CUDA with deterministic ops, as a local GPU run does (devices.gpu_pin), with its memory share."""
+    from scaling.study import devices
+
+    return devices.gpu_pin(gpu_share(gpus_per_run, environ), environ) if gpus_per_run > 0 else {}
+
+
 def check_gpus_per_run(gpus_per_run: float, executor: str, gpus: list[str]) -> None:
     """ConfigError unless --gpus-per-run fits the executor and, for the local one, this machine."""
     if not 0 <= gpus_per_run <= 1:
@@ -374,7 +382,7 @@ def _ray_task(spec: RunSpec, out_root: str, hang_timeout: float, wait: bool,
               gpus_per_run: float) -> tuple[str, dict[str, str]]:
     """One Ray task = one watched run; returns its files so the driver holds them even without shared
     storage. Ray sets the task's CUDA_VISIBLE_DEVICES to the GPUs it reserved; the child inherits it."""
-    status = execute(spec, out_root, hang_timeout, wait=wait, pin=gpu_share(gpus_per_run))
+    status = execute(spec, out_root, hang_timeout, wait=wait, pin=ray_pin(gpus_per_run))
     out_dir = spec.out_dir(out_root)
     files = {} if status == OWNED else {name: (out_dir / name).read_text() for name in RUN_FILES
                                         if (out_dir / name).exists()}
@@ -424,7 +432,8 @@ def _run_in_process(spec: RunSpec, out_root: Path, wait: bool) -> str:
         return train.run(spec.config, out_dir, lock=lock).get("status", "failed")
 
 
-def _run_ray(specs, out_root, hang_timeout, address, cpus_per_run, gpus_per_run, on_done, wait) -> None:
+def start_ray(address: str | None, gpus_per_run: float = 0) -> float:
+    """Connect to (or start) the Ray cluster; its GPU count. ConfigError if a run asks for more GPUs."""
     import ray
 
     ray.init(address=address, ignore_reinit_error=True, include_dashboard=False,
@@ -432,6 +441,13 @@ def _run_ray(specs, out_root, hang_timeout, address, cpus_per_run, gpus_per_run,
     cluster_gpus = ray.cluster_resources().get("GPU", 0)
     if gpus_per_run > cluster_gpus:
         raise ConfigError("--gpus-per-run", gpus_per_run, f"at most the Ray cluster's {cluster_gpus:g} GPUs")
+    return cluster_gpus
+
+
+def _run_ray(specs, out_root, hang_timeout, address, cpus_per_run, gpus_per_run, on_done, wait) -> None:
+    import ray
+
+    start_ray(address, gpus_per_run)
     # max_retries: a run whose worker (or node) dies is started again elsewhere; it resumes from its
     # checkpoint (the dead worker's lock died with it).
     task = ray.remote(num_cpus=cpus_per_run, num_gpus=gpus_per_run, max_retries=3)(_ray_task)

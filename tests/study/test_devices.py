@@ -126,3 +126,29 @@ def test_the_sweep_checks_its_gpus_before_take_off_compiles_anything(monkeypatch
     with pytest.raises(ConfigError, match="take-off"):
         sweep_cli.main(args)
     assert checked == [[{"CUDA_VISIBLE_DEVICES": "0"}]]
+
+
+def test_a_ray_cluster_whose_gpus_do_not_start_cuda_stops_before_training():
+    """--executor ray with GPUs: every GPU of the cluster is probed in a task reserving it, in a child with
+    its runs' environment (JAX_PLATFORMS=cuda). On this CPU machine a local Ray told it has two GPUs
+    stands in for a cluster whose CUDA is broken: each GPU gets one line naming its node and GPU, and the
+    check stops the sweep (Ray places runs on any GPU, so none can be left out)."""
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=1, num_gpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        lines: list[str] = []
+        with pytest.raises(ConfigError, match="every GPU of the Ray cluster usable"):
+            devices.check_ray_gpus(2, sweep.worker_env, echo=lines.append, timeout=120)
+    finally:
+        ray.shutdown()
+    assert len(lines) == 2 and all("JAX did not start on CUDA" in line for line in lines), lines
+    assert sorted(line.split("CUDA_VISIBLE_DEVICES=")[1][0] for line in lines) == ["0", "1"]
+
+
+def test_a_ray_run_on_a_gpu_must_start_jax_on_it():
+    """A Ray task's run gets the local GPU runs' pin: JAX_PLATFORMS=cuda (no silent CPU fallback) and
+    deterministic GPU ops, beside its memory share."""
+    pin = sweep.ray_pin(0.5, environ={})
+    assert pin["JAX_PLATFORMS"] == "cuda" and devices.DETERMINISTIC_FLAG in pin["XLA_FLAGS"]
+    assert pin["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.375" and "CUDA_VISIBLE_DEVICES" not in pin  # Ray's own
+    assert sweep.ray_pin(0, environ={}) == {}
