@@ -159,7 +159,7 @@ def selection_text(selection: dict) -> str:
                "precision-aware law predicts the held-out gaps better than none."
                if any(c["law"] == "chinchilla" and c.get("within_noise") and c["name"] != selection["chosen"]
                       for c in selection["candidates"]) else "")
-            + "\n\n" + _markdown(pd.DataFrame(rows)))
+            + _degenerate_text(selection) + "\n\n" + _markdown(pd.DataFrame(rows)))
 
 
 def _heldout_budget_selection_text(selection: dict) -> str:
@@ -192,7 +192,7 @@ def _heldout_budget_selection_text(selection: dict) -> str:
         bits = [n for n in close if laws.has_bits_axis(next(c["law"] for c in selection["candidates"] if c["name"] == n))]
         verdict = (f" Within noise of the best ({selection.get('noise_se', 2):g} {clustered}): "
                    + ", ".join(f"`{n}`" for n in close) + ". These data do not pick one law among them; the fit reported "
-                   f"here is `{chosen}`, the lowest held-out error" + (
+                   f"here is `{chosen}`, the lowest held-out error of a fit that is not degenerate" + (
                        f", and a continuous P* comes only from those with a bits axis ({', '.join(f'`{n}`' for n in bits)})."
                        if bits else ", and none of them has a bits axis, so there is no continuous P*."))
     elif selection.get("criterion", "").startswith("heldout"):
@@ -203,7 +203,16 @@ def _heldout_budget_selection_text(selection: dict) -> str:
     if any(c["law"] == "chinchilla" and c.get("within_noise") and c["name"] != chosen for c in selection["candidates"]):
         verdict += (" Among them is `chinchilla`, which has no precision term: these data cannot show that a "
                     "precision-aware law predicts the held-out gaps better than none.")
-    return how + verdict + "\n\n" + _markdown(pd.DataFrame(rows)) + _residuals_text(selection)
+    return how + verdict + _degenerate_text(selection) + "\n\n" + _markdown(pd.DataFrame(rows)) + _residuals_text(selection)
+
+
+def _degenerate_text(selection: dict) -> str:
+    """The candidates whose full-data fit is degenerate: scored, never chosen while a sound one exists."""
+    bad = [c for c in selection["candidates"] if c.get("degenerate")]
+    if not bad:
+        return ""
+    return (" Degenerate fits, scored but not chosen (no optimum is derived from them): "
+            + "; ".join(f"`{c['name']}` ({c['degenerate']})" for c in bad) + ".")
 
 
 def _residuals_text(selection: dict) -> str:

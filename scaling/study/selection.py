@@ -267,6 +267,7 @@ def _evaluate(df: pd.DataFrame, cand: Candidate, split: Split | str, loss_column
     else:
         entry["heldout_gap_mae"][by], entry["n_heldout"][by] = float(np.mean(np.abs(got[1]))), int(len(got[0]))
     entry["params"] = fitted.params
+    entry["degenerate"] = fitted.degenerate
     return entry, fitted, got
 
 
@@ -323,7 +324,8 @@ def _choose(entries: list[dict[str, Any]], errors: Mapping[str, tuple[np.ndarray
 
     For each ranked law k against the best b: d_i = |e_k,i| - |e_b,i| on the same held-out rows,
     Delta = mean d, SE = sqrt of its cluster-robust variance over `clusters` (recipes: a law's errors
-    are systematic by recipe). within_noise: Delta <= NOISE_SE · SE (the best law: Delta = 0); with a
+    are systematic by recipe). The best is the lowest among the laws whose full-data fit is not
+    degenerate (fit.degenerate_reason), unless all are; a degenerate law can still be within noise. within_noise: Delta <= NOISE_SE · SE (the best law: Delta = 0); with a
     single cluster the SE is unknown and every ranked law is within noise.
     """
     fitted = [e for e in entries if e["fittable"]]
@@ -338,7 +340,10 @@ def _choose(entries: list[dict[str, Any]], errors: Mapping[str, tuple[np.ndarray
         return best["name"], "aic (no held-out precision gap could be measured)"
     for e in ranked:
         e["score"] = float(np.mean(np.abs(errors[e["name"]][1])))
-    best = min(ranked, key=lambda e: (e["score"], e["n_params"]))
+    # a degenerate full-data fit (a param at its bound, an exponent <= 0) predicts no optimum: it is
+    # scored, but chosen only when every law is degenerate (and then nothing is derived from it)
+    sound = [e for e in ranked if not e.get("degenerate")] or ranked
+    best = min(sound, key=lambda e: (e["score"], e["n_params"]))
     pos_b, err_b = errors[best["name"]]
     for e in ranked:
         pos, err = errors[e["name"]]
@@ -399,7 +404,7 @@ def select_law(df: pd.DataFrame, candidates: Sequence[str] | None = None, loss_c
     "within_noise": [names], "chosen_residuals": [{recipe, n, runs, mean, ci}, ...],
     "candidates": [{name, law, fixed, fittable, reason, n_params, aic, mare, objective,
     heldout_gap_mae: {by}, n_heldout: {by}, heldout_notes, score, gap_mae_diff: {value, se},
-    within_noise, params}, ...]} (unfittable entries: name, law, fixed, fittable False, reason,
+    within_noise, params, degenerate (why the full-data fit is degenerate, or None)}, ...]} (unfittable entries: name, law, fixed, fittable False, reason,
     within_noise False, score None, gap_mae_diff None).
     """
     return select(df, candidates, loss_column, reference, fit_kwargs)[0]

@@ -306,3 +306,23 @@ def test_cli_law_auto_writes_the_chosen_fit_with_selection(tmp_path, capsys, mon
     # --fix belongs to a named law; with auto the variants are candidates.
     assert cli.main(argv + ["--fix", "kappa=2"]) == 2
     assert "error: --fix" in capsys.readouterr().err
+
+
+def test_a_degenerate_fit_is_scored_but_not_chosen_while_a_sound_one_exists():
+    """A law whose full-data fit is degenerate (a param at its bound) has the lowest held-out error here,
+    but no optimum may be derived from it: the best sound law is chosen, the degenerate one stays
+    scored and within noise; only when every law is degenerate is the best of them taken."""
+    rng = np.random.default_rng(1)
+    clusters, pos = np.repeat(np.arange(20), 3), np.arange(60)
+    errs = {"flat": 0.005 * rng.standard_normal(60), "sound": 0.006 * rng.standard_normal(60)}
+    entries = [_entry(n) for n in errs]
+    entries[0]["degenerate"] = "E = 1.8e-117 is at its bound 0"
+    chosen, _ = selection._choose(entries, {n: (pos, e) for n, e in errs.items()}, clusters)
+    c = {e["name"]: e for e in entries}
+    assert c["flat"]["score"] < c["sound"]["score"] and chosen == "sound"
+    assert c["flat"]["within_noise"] and c["flat"]["score"] is not None
+    entries[1]["degenerate"] = "exponent alpha = -0.01 <= 0"
+    assert selection._choose(entries, {n: (pos, e) for n, e in errs.items()}, clusters)[0] == "flat"
+    from scaling.study import report
+    text = report._degenerate_text({"candidates": entries})
+    assert "`flat` (E = 1.8e-117 is at its bound 0)" in text and "`sound` (exponent alpha" in text
