@@ -323,8 +323,9 @@ UNQUANTISED_BITS = 32.0
 def measured_qerr(df: Any, role: str) -> np.ndarray:
     """Relative quantisation error of role 'w', 'a' or 'g' as measured in training, from the results
     table `df` (pandas): 10^(-snr_db/10) from `<role>_snr_db`; 0 where the SNR is infinite (exact) or
-    where it is missing and P_<role> says the role is unquantised; NaN where it is missing otherwise
-    or not positive (an error as large as the signal)."""
+    where it is missing and P_<role> says the role is unquantised, or the run quantised no GEMM at all
+    (every block kept in high precision: the flops_fprop/dgrad/wgrad columns all 0); NaN where it is
+    missing otherwise or not positive (an error as large as the signal)."""
     import pandas as pd
 
     n = len(df)
@@ -335,6 +336,10 @@ def measured_qerr(df: Any, role: str) -> np.ndarray:
         out = np.where(snr > 0, 10.0 ** (-snr / 10.0), np.nan)
     out[np.isposinf(snr)] = 0.0
     out[np.isnan(snr) & (bits >= UNQUANTISED_BITS)] = 0.0
+    parts = [c for c in ("flops_fprop", "flops_dgrad", "flops_wgrad") if c in df.columns]
+    if parts:
+        quantised = sum(pd.to_numeric(df[c], errors="coerce").to_numpy(float) for c in parts)
+        out[np.isnan(snr) & (quantised == 0)] = 0.0
     return out
 
 

@@ -239,6 +239,10 @@ def test_measured_quantisation_error_from_the_telemetry_snr():
     out = laws.with_derived_columns(df, ("N", "qerr_train_w", "qerr_train_a"))
     assert "qerr_train_w" in out.columns and "qerr_train_a" not in out.columns  # no activation SNR or P_a
     assert laws.with_derived_columns(df, ("N",)) is df
+    # a run that quantised no GEMM (nvfp4-nvidia at one block, which it keeps in BF16: P_w says 4, no
+    # telemetry) is unquantised; one that did quantise but logged no SNR stays unusable
+    kept = df.assign(flops_fprop=[1.0, 1.0, 1.0, 0.0, 1.0], flops_dgrad=0.0, flops_wgrad=0.0)
+    np.testing.assert_allclose(laws.measured_qerr(kept, "w"), [0.01, 0.0, 0.0, 0.0, np.nan], rtol=1e-15)
 
 
 def test_the_registry_says_which_laws_have_a_bits_axis():
