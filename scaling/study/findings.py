@@ -160,7 +160,7 @@ def findings(df: pd.DataFrame, fit: Any | None, *, cost: str = "bits", budgets: 
     if not budgets:
         budgets = default_budgets(main, cost_model) if costable else []
     out = _measured_findings(df, main, budgets, cost_model, n_boot, noise_rows, costable, level)
-    out["fp4_arm"] = fp4_arm(out["budgets"])
+    out["fp4_arm"] = fp4_arm(out["budgets"], main)
     if costable:
         out["integer_arm"] = _integer_arm_findings(main, noise_rows, budgets, cost_model, n_boot, level)
     if fit is None:
@@ -204,10 +204,24 @@ def _measured_findings(df: pd.DataFrame, main: pd.DataFrame, budgets: Sequence[f
     }
 
 
-def fp4_arm(budgets: list[dict]) -> list[dict[str, Any]]:
+def kept_share(df: pd.DataFrame) -> dict[str, list[float]]:
+    """Per recipe that keeps blocks in high precision, the range over its runs of the share of linear-layer
+    GEMM FLOPs so kept (flops_kept_* over kept plus quantised); {} without those columns."""
+    kept = [f"flops_kept_{g}" for g in ("fprop", "dgrad", "wgrad")]
+    quantised = [f"flops_{g}" for g in ("fprop", "dgrad", "wgrad")]
+    if not set(kept + quantised) <= set(df.columns):
+        return {}
+    k = df[kept].apply(pd.to_numeric, errors="coerce").sum(axis=1)
+    share = k / (k + df[quantised].apply(pd.to_numeric, errors="coerce").sum(axis=1))
+    by = share[k > 0].groupby(df.loc[k > 0, "recipe"])
+    return {str(r): [float(v.min()), float(v.max())] for r, v in by}
+
+
+def fp4_arm(budgets: list[dict], df: pd.DataFrame | None = None) -> list[dict[str, Any]]:
     """The FP4 arm at each budget where a published FP4 recipe was fitted: every FP4 recipe's minimum
     against the reference's (the paired gap and its CI, with the published recipes and without), and
-    each published recipe against the plain format it builds on; [] without one."""
+    each published recipe against the plain format it builds on; [] without one. With the runs (`df`),
+    each entry also gives `kept` (kept_share of the FP4 recipes' runs at that budget)."""
     fp4 = set(FP4_PUBLISHED) | set(FP4_PUBLISHED.values())
     out = []
     for b in budgets:
@@ -217,7 +231,12 @@ def fp4_arm(budgets: list[dict]) -> list[dict[str, Any]]:
         reference = next((r for r, e in fitted.items() if e["gap"] is None), None)
         gaps = [{"recipe": r, "published": r in FP4_PUBLISHED, "gap": e["gap"], "ci": e["gap_ci"],
                  "inside": e["inside"]} for r, e in sorted(fitted.items()) if r in fp4 and e["gap"] is not None]
-        out.append({"budget": b["budget"], "reference": reference, "gaps": gaps, "pairs": b.get("pairs", [])})
+        kept = {}
+        if df is not None and "budget" in df.columns:
+            at = df[np.isclose(pd.to_numeric(df["budget"], errors="coerce"), b["budget"], rtol=1e-6)]
+            kept = {r: v for r, v in kept_share(at[at["recipe"].isin(fp4)]).items()}
+        out.append({"budget": b["budget"], "reference": reference, "gaps": gaps, "pairs": b.get("pairs", []),
+                    "kept": kept})
     return out
 
 

@@ -389,6 +389,11 @@ def fp4_arm_section(f: dict) -> str:
                          f"{g['ci'][0]:+.3f} to {g['ci'][1]:+.3f} | {'yes' if g['inside'] else 'no (edge)'} |")
         for pr in b["pairs"]:
             lines += ["", f"- {pr['a']} against {pr['b']}: {pr['verdict']}."]
+        for recipe, (lo, hi) in sorted((b.get("kept") or {}).items()):
+            span = f"{lo:.0%}" if round(lo, 2) == round(hi, 2) else f"{lo:.0%}–{hi:.0%}"
+            lines += ["", f"- {recipe} keeps {span} of its linear-layer GEMM FLOPs in high precision at these shapes "
+                          "(the blocks it keeps are a large part of models this small; at the published scale they are a small share), and "
+                          "pays for them in tokens at the same budget."]
     return "\n".join(lines)
 
 

@@ -209,3 +209,12 @@ def test_the_fp4_arm_states_each_gap_with_its_ci_and_the_published_recipes_again
     line = "\n".join(readme._fp4_arm({"fp4_arm": arm}))
     assert "mxfp4 +0.050 [+0.020, +0.080]; quartet +0.170 [+0.140, +0.200] (edge)" in line
     assert report.fp4_arm_section({"fp4_arm": [], "loss_unit": "nats/byte"}) == "" and readme._fp4_arm({}) == []
+    runs = pd.DataFrame({"recipe": ["nvfp4-nvidia", "nvfp4-nvidia", "nvfp4"], "budget": 1e12,
+                         "flops_kept_fprop": [1.0, 3.0, 0.0], "flops_kept_dgrad": [1.0, 3.0, 0.0],
+                         "flops_kept_wgrad": [1.0, 3.0, 0.0], "flops_fprop": [3.0, 0.0, 4.0],
+                         "flops_dgrad": [3.0, 0.0, 4.0], "flops_wgrad": [3.0, 0.0, 4.0]})
+    assert findings_lib.kept_share(runs) == {"nvfp4-nvidia": [0.25, 1.0]}
+    kept = findings_lib.fp4_arm(budgets, runs)[0]["kept"]
+    assert kept == {"nvfp4-nvidia": [0.25, 1.0]}
+    assert "nvfp4-nvidia keeps 25%–100% of its linear-layer GEMM FLOPs in high precision" in report.fp4_arm_section(
+        {"fp4_arm": [{**arm[0], "kept": kept}], "loss_unit": "nats/byte"})
