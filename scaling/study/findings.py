@@ -169,14 +169,18 @@ def findings(df: pd.DataFrame, fit: Any | None, *, cost: str = "bits", budgets: 
                   "heldout": fit.heldout, "selection": getattr(fit, "selection", None)}
     if not ({"P", "P_w", "P_a", "P_g", "P_fwd", "P_bwd", "ebits", "qerr_w"} & set(_law_columns(fit))):
         return out
-    fit = _with_shape(fit, main)
-    specs = specification_fits(main, fit, loss_column)
-    chosen_cost = optimal.Cost(model=cost_model, shape=optimal.shape_of(fit))
     # no IsoFLOP budget: the law is still read at the largest compute a run reached
     at = budgets or ([float(with_cost(main, cost_model)["C"].max())] if costable else [])
     # what the IsoFLOP measurement itself cannot rule out at each budget: part of every P* interval, so a
     # law that disagrees with the measurement widens the interval instead of overruling it
     measured = {float(b["budget"]): measured_choice(b, level) for b in out["budgets"]}
+    few = too_few_runs(main, fit)
+    if few:
+        out["P_star"] = [{"compute": float(c), "measured": measured.get(float(c), []), "error": few} for c in at]
+        return out
+    fit = _with_shape(fit, main)
+    specs = specification_fits(main, fit, loss_column)
+    chosen_cost = optimal.Cost(model=cost_model, shape=optimal.shape_of(fit))
     for c in at:
         if _has_bits(fit.law):
             entry = _pstar_over_bits(fit, c, specs, chosen_cost, ci_samples, measured.get(float(c), []))
@@ -185,6 +189,26 @@ def findings(df: pd.DataFrame, fit: Any | None, *, cost: str = "bits", budgets: 
                                         measured.get(float(c), []))
         out["P_star"].append(entry)
     return out
+
+
+# A bootstrap resample of n runs holds about (1 - 1/e)·n distinct ones; a law's P* and its CI need each
+# resampled fit to keep as many residual degrees of freedom as free parameters, so that many distinct
+# runs, twice the free parameters. Below it the CI cannot cover a rerun (the quick preset's 12 runs for
+# kumar's 6 parameters: a seed-1 rerun put P* at 32 bits against the committed 5.5, interval 2-10).
+DISTINCT_RUNS_PER_PARAM = 2.0
+
+
+def too_few_runs(df: pd.DataFrame, fit: Any) -> str | None:
+    """Why these runs are too few for a P* from `fit` (see DISTINCT_RUNS_PER_PARAM), or None."""
+    n = int(df["run_id"].nunique()) if "run_id" in df.columns else len(df)
+    k = len(laws.get(fit.law).free_params(fit.fixed))
+    distinct = (1 - math.exp(-1)) * n
+    if distinct >= DISTINCT_RUNS_PER_PARAM * k:
+        return None
+    return (f"too few runs for a P*: {n} runs for the {k} free parameters of `{fit.law}` (a bootstrap resample "
+            f"holds about {distinct:.0f} distinct runs; a CI that covers a rerun needs at least "
+            f"{DISTINCT_RUNS_PER_PARAM * k:.0f}, twice the parameters, so at least "
+            f"{math.ceil(DISTINCT_RUNS_PER_PARAM * k / (1 - math.exp(-1)))} runs)")
 
 
 def _measured_findings(df: pd.DataFrame, main: pd.DataFrame, budgets: Sequence[float],

@@ -218,3 +218,22 @@ def test_the_fp4_arm_states_each_gap_with_its_ci_and_the_published_recipes_again
     assert kept == {"nvfp4-nvidia": [0.25, 1.0]}
     assert "nvfp4-nvidia keeps 25%–100% of its linear-layer GEMM FLOPs in high precision" in report.fp4_arm_section(
         {"fp4_arm": [{**arm[0], "kept": kept}], "loss_unit": "nats/byte"})
+
+
+def test_too_few_runs_for_a_p_star_is_said_instead_of_one():
+    """P* needs a bootstrap resample to hold twice as many distinct runs as the law has free parameters
+    ((1 - 1/e)·n >= 2k): 19 runs carry kumar's 6 (kappa fixed), 18 do not. The committed quick study (12
+    runs; a seed-1 rerun put kumar's P* at 32 bits against 5.5 with interval 2-10) gets no P*, only why,
+    and REPORT and README print that."""
+    from scaling.study import fit as fit_lib, readme, results
+
+    law = fit_lib.FitResult.from_json(ROOT / "fits" / "quick.json")
+    assert findings_lib.too_few_runs(pd.DataFrame({"run_id": range(19)}), law) is None
+    why = findings_lib.too_few_runs(pd.DataFrame({"run_id": range(18)}), law)
+    assert why.startswith("too few runs for a P*: 18 runs for the 6 free parameters of `kumar`") and "at least 19 runs" in why
+    quick = results.load(ROOT / "results" / "quick.csv")
+    facts = findings_lib.findings(quick[quick["sweep"] == "quick"], law, n_boot=200)
+    assert [e["error"].split(":")[0] for e in facts["P_star"]] == ["too few runs for a P*"] * 2
+    assert all(e["measured"] for e in facts["P_star"])  # what the measurement cannot rule out stays
+    assert "no optimum (too few runs for a P*: 12 runs" in report.pstar_section(facts)
+    assert "no P\\* (too few runs for a P*: 12 runs" in readme.findings_markdown(facts)
