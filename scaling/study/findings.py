@@ -258,7 +258,7 @@ def fp4_arm(budgets: list[dict], df: pd.DataFrame | None = None) -> list[dict[st
         kept = {}
         if df is not None and "budget" in df.columns:
             at = df[np.isclose(pd.to_numeric(df["budget"], errors="coerce"), b["budget"], rtol=1e-6)]
-            kept = {r: v for r, v in kept_share(at[at["recipe"].isin(fp4)]).items()}
+            kept = kept_share(at[at["recipe"].isin(fp4)])
         out.append({"budget": b["budget"], "reference": reference, "gaps": gaps, "pairs": b.get("pairs", []),
                     "kept": kept})
     return out
