@@ -130,12 +130,12 @@ _SIGN_SALT = {"fprop": 2, "dgrad": 3, "wgrad": 4}  # key salts of the rotations'
 
 def _rotated(a: jax.Array, ca: int, b: jax.Array, cb: int, st: RecipeStructure, gemm: str, key_data):
     """Both operands of `gemm` rotated along their reduction axes (ca of a, cb of b) where the
-    recipe says so, with one sign vector; otherwise as they are. Returns (a, b, rotated)."""
+    recipe says so, with one sign vector; otherwise as they are. Returns (a, b, the signs or None)."""
     h = getattr(st.hadamard, gemm)
     if h is None:
-        return a, b, False
+        return a, b, None
     signs = transforms.signs_for(h, _keys(key_data, _SIGN_SALT[gemm], 1)[0])
-    return transforms.rotate(a, ca, signs), transforms.rotate(b, cb, signs), True
+    return transforms.rotate(a, ca, signs), transforms.rotate(b, cb, signs), signs
 
 
 def _saved(op: Operand | None) -> quant.Quantized | None:
@@ -304,15 +304,23 @@ def _measure(measure: "jax.Array | _Static") -> jax.Array | bool:
     return measure.value if isinstance(measure, _Static) else measure
 
 
+def _kept_mask(x: jax.Array, op: Operand | None) -> jax.Array | None:
+    """QuEST's trust mask of one forward operand: true where its quantisation did not clip x."""
+    if op is None:
+        return None
+    return ~quant.clipped(x, quant.expand_scale(op.q.scale, op.spec, x.shape), op.fmax)
+
+
 def _fprop(x, w, state: QdotState, key_data, smooth_K, measure, st: RecipeStructure):
     """Y = Q(X; along K) · Q(W; along K). Returns ((Y, telemetry by role, new forward histories),
-    the quantised operands for reuse in the backward pass). A rotated fprop quantises X·R and Rᵀ·W;
-    it has no use for Smooth-SwiGLU's channel scale (a rotation does not commute with it)."""
+    (the quantised operands for reuse in the backward pass, their trust masks where the recipe
+    asks: see `_masked`)). A rotated fprop quantises X·R and Rᵀ·W; it has no use for
+    Smooth-SwiGLU's channel scale (a rotation does not commute with it)."""
     ka, kw = _keys(key_data, 0, 2)
     sa, sw = st.activation, st.weight
     measure = _measure(measure)
-    x, w, rotated = _rotated(x, 1, w, 0, st, "fprop", key_data)
-    smooth_K = None if rotated else smooth_K
+    x, w, signs = _rotated(x, 1, w, 0, st, "fprop", key_data)
+    smooth_K = None if signs is not None else smooth_K
     a = None if sa is None else _quantise_x(x, smooth_K, st, state, ka, 1, measure)
     b = None if sw is None else quantise_operand(w, sw, state.fmt["weight"], 0, key=kw,
                                                  history=state.hist.get("weight"), measure=measure)
@@ -320,7 +328,10 @@ def _fprop(x, w, state: QdotState, key_data, smooth_K, measure, st: RecipeStruct
     ops = (("activation", a), ("weight", b))
     telem = {r: op.telemetry for r, op in ops if op is not None}
     new_hist = {r: _history(op) for r, op in ops if _history(op) is not None}
-    return (y, telem, new_hist), (a, b)
+    masks = None
+    if st.clip_mask:
+        masks = (_kept_mask(x if smooth_K is None else x * smooth_K[None, :], a), _kept_mask(w, b))
+    return (y, telem, new_hist), (a, b, masks, signs)
 
 
 @jax.custom_vjp
@@ -329,24 +340,51 @@ def _qdot(x, w, state, key_data, smooth_K, measure, box):
 
 
 def _qdot_fwd(x, w, state, key_data, smooth_K, measure, box):
-    out, (a, b) = _fprop(x, w, state, key_data, smooth_K, measure, box.value)
+    out, (a, b, masks, signs) = _fprop(x, w, state, key_data, smooth_K, measure, box.value)
     st = box.value
-    # keep the forward's quantised X / W when the backward would quantise them identically
-    a = _saved(a) if _reusable(st.activation, st, "fprop", "wgrad") else None
-    b = _saved(b) if _reusable(st.weight, st, "fprop", "dgrad") else None
-    return out, (x, w, state, key_data, smooth_K, measure, box, a, b)
+    # keep the forward's quantised X / W when the backward would quantise them identically, or
+    # quantises them again (backward_operands = "forward")
+    again = st.backward_operands == "forward"
+    a = _saved(a) if again or _reusable(st.activation, st, "fprop", "wgrad") else None
+    b = _saved(b) if again or _reusable(st.weight, st, "fprop", "dgrad") else None
+    signs = signs if again else None  # the backward leaves the fprop's rotated domain through them
+    return out, (x, w, state, key_data, smooth_K, measure, box, a, b, masks, signs)
+
+
+def _masked(dx, dw, masks, signs, k: int):
+    """The gradients of the fprop's (rotated, quantised) operands -> those of x and w: QuEST's trust
+    masks where the recipe has them, then the fprop rotation's inverse where the backward ran in its
+    domain (backward_operands = "forward": `signs` are its signs; recipes validate that a masked,
+    rotated fprop does). k: the length of the fprop's reduction axis before padding."""
+    if masks is not None:
+        mask_x, mask_w = masks
+        dx = dx if mask_x is None else jnp.where(mask_x, dx, 0.0)
+        dw = dw if mask_w is None else jnp.where(mask_w, dw, 0.0)
+    if signs is not None:
+        dx, dw = transforms.unrotate(dx, 1, signs, k), transforms.unrotate(dw, 0, signs, k)
+    return dx, dw
 
 
 def _qdot_bwd(res, cts):
-    x, w, state, key_data, smooth_K, measure, box, a_saved, b_saved = res
+    x, w, state, key_data, smooth_K, measure, box, a_saved, b_saved, masks, signs_f = res
+    k = x.shape[1]
     st: RecipeStructure = box.value
     dy = cts[0]
     measure = _measure(measure)
     zero_state = jax.tree.map(jnp.zeros_like, state)
     if st.forward_only:
-        return _dot(dy, 1, w, 1, st.f32_dots), _dot(x, 0, dy, 0, st.f32_dots), zero_state, None, None, None, None
+        dx, dw = _masked(_dot(dy, 1, w, 1, st.f32_dots), _dot(x, 0, dy, 0, st.f32_dots), masks, None, k)
+        return dx, dw, zero_state, None, None, None, None
     k_g1, k_w, k_a, k_g2 = _keys(key_data, 1, 4)
     sg, sw, sa = st.grad, st.weight, st.activation
+    again = st.backward_operands == "forward"
+    if again:  # the forward's quantised operands, in its (rotated) domain, re-quantised as gradients
+        sw = sa = sg
+        w = quant.dequantize(b_saved, st.weight.along(0))
+        x = quant.dequantize(a_saved, st.activation.along(1))
+        a_saved = b_saved = None
+    fmt_w = state.fmt["grad" if again else "weight"]
+    fmt_a = state.fmt["grad" if again else "activation"]
     sink = jnp.zeros_like(state.grad_sink)
     hist_g = state.grad_sink[TELEMETRY_SIZE:] if (sg is not None and sg.scaling == "delayed") else None
     # dgrad: dX (M×K) = Q(dY; along N) · Q(W; along N)ᵀ
@@ -357,19 +395,24 @@ def _qdot_bwd(res, cts):
         sink = sink.at[:TELEMETRY_SIZE].set(g_n.telemetry)
         if g_n.q.history is not None:
             sink = sink.at[TELEMETRY_SIZE:].set(g_n.q.history)
-    w_n = None if sw is None else _restored(b_saved, sw, state.fmt["weight"], 1)
+    w_n = None if sw is None else _restored(b_saved, sw, fmt_w, 1)
     if sw is not None and w_n is None:  # same scale as the forward (delayed: pre-update history)
-        w_n = quantise_operand(w_n_in, sw, state.fmt["weight"], 1, key=k_w, history=state.hist.get("weight"))
+        w_n = quantise_operand(w_n_in, sw, fmt_w, 1, key=k_w, history=None if again else state.hist.get("weight"))
     dx = _gemm(dy_n if g_n is None else g_n, 1, w_n_in if w_n is None else w_n, 1, _fast_ok(st, sg, sw), st.f32_dots)
     # wgrad: dW (K×N) = Q(X; along M)ᵀ · Q(dY; along M)
-    x_m_in, dy_m, rotated = _rotated(x, 0, dy, 0, st, "wgrad", key_data)
-    x_m = None if sa is None else _restored(a_saved, sa, state.fmt["activation"], 0)
+    x_m_in, dy_m, signs_m = _rotated(x, 0, dy, 0, st, "wgrad", key_data)
+    x_m = None if sa is None else _restored(a_saved, sa, fmt_a, 0)
     if sa is not None and x_m is None:
-        x_m = _quantise_x(x_m_in, None if rotated else smooth_K, st, state, k_a, 0, None)
+        if again:
+            x_m = quantise_operand(x_m_in, sa, fmt_a, 0, key=k_a)
+        else:
+            x_m = _quantise_x(x_m_in, None if signs_m is not None else smooth_K, st, state, k_a, 0, None)
     g_m = _restored(_saved(g_n), sg, state.fmt["grad"], 0) if _reusable(sg, st, "dgrad", "wgrad") else None
     if sg is not None and g_m is None:
         g_m = quantise_operand(dy_m, sg, state.fmt["grad"], 0, key=k_g2, history=hist_g)
     dw = _gemm(x_m_in if x_m is None else x_m, 0, dy_m if g_m is None else g_m, 0, _fast_ok(st, sa, sg), st.f32_dots)
+    # a rotated dgrad/wgrad pads its reduction axis, never the free axes: dx is M×K' and dw K'×N
+    dx, dw = _masked(dx, dw, masks, signs_f, k)
     return dx, dw, zero_state._replace(grad_sink=sink), None, None, None, None
 
 

@@ -58,6 +58,15 @@ class Recipe:
         than the FP32 path; true / false force it.
     hadamard: per GEMM (fprop / dgrad / wgrad), a randomised Hadamard rotation of both operands
         along the reduction axis before they are quantised (`transforms.GemmHadamard`).
+    backward_operands: where the backward GEMMs take W (dgrad) and X (wgrad) from. "inputs": quantised
+        afresh from the full-precision tensors with their own roles' specs (TransformerEngine, torchao).
+        "forward": the forward GEMM's quantised W and X, quantised again with the grad role's spec
+        along the backward GEMM's reduction axis (Quartet's backward, Castro et al. 2025, Alg. 1: an
+        unbiased estimate of the gradient of the quantised forward when that spec rounds
+        stochastically); the gradients then leave the fprop's rotated domain through its inverse.
+    clip_mask: QuEST's trust estimator (Panferov et al. 2025; Quartet): the gradient of an element of
+        W or X that the forward quantisation clipped is zero (the straight-through estimator passes
+        the rest).
     high_precision_first / high_precision_last: the first / last k transformer blocks run the
         `high_precision` recipe (a preset name, default bf16) instead (NVIDIA's NVFP4 recipe keeps
         the last blocks in BF16); the embedding and head follow `high_precision_embed`.
@@ -77,6 +86,8 @@ class Recipe:
     high_precision_embed: bool = True
     fast_path: bool | None = None
     hadamard: GemmHadamard = GemmHadamard()
+    backward_operands: str = "inputs"
+    clip_mask: bool = False
     high_precision_first: int = 0
     high_precision_last: int = 0
     high_precision: str = "bf16"
@@ -119,6 +130,8 @@ class Recipe:
             high_precision_embed=self.high_precision_embed,
             fast_path=self.fast_path,
             hadamard=self.hadamard,
+            backward_operands=self.backward_operands,
+            clip_mask=self.clip_mask,
             high_precision_first=self.high_precision_first,
             high_precision_last=self.high_precision_last,
             kept=self.kept().structure() if self.keeps_layers else None,
@@ -150,6 +163,10 @@ class Recipe:
         # keys added later appear only where set, so recipes without them describe (and hash) as before
         if self.hadamard:
             out["hadamard"] = self.hadamard.describe()
+        if self.backward_operands != "inputs":
+            out["backward_operands"] = self.backward_operands
+        if self.clip_mask:
+            out["clip_mask"] = True
         if self.dot_precision != "fp32":
             out["dot_precision"] = self.dot_precision
         if self.keeps_layers:
@@ -205,6 +222,8 @@ class RecipeStructure:
     high_precision_embed: bool = True
     fast_path: bool | None = None
     hadamard: GemmHadamard = GemmHadamard()
+    backward_operands: str = "inputs"
+    clip_mask: bool = False
     high_precision_first: int = 0
     high_precision_last: int = 0
     kept: "RecipeStructure | None" = None  # the structure of the blocks kept in high precision
@@ -325,6 +344,16 @@ def _preset(name: str) -> Recipe | None:
                       grad=_spec("fp4_e2m1", "mx", rounding="stochastic", scale_rounding="ceil"),
                       hadamard=GemmHadamard(fprop=transforms.Hadamard(32, signs="fixed"),
                                             dgrad=transforms.Hadamard(32), wgrad=transforms.Hadamard(32)))
+    if name == "quartet-full":
+        # Quartet as its code trains (IST-DASLab/Quartet, main_setup.sh: QuestMXFP4Quantizer forward,
+        # AlbertTsengQuantizer gradients, backward scheme "Q(E)Q(Wt)t_Q(Et)Q(Xt)t"): the `quartet`
+        # preset plus the two parts it leaves out. The backward GEMMs take the forward's quantised W
+        # and X and round them again stochastically along their own reduction axes, rotated with the
+        # gradients' fresh signs; QuEST's trust mask zeroes the gradient of every element the forward
+        # clipped. Kept apart from the paper: gradient scales are true E8M0 (the one that never
+        # clips; Quartet's kernel multiplies a power of two by 4/3), forward scales from the block
+        # RMS rather than its standard deviation, and the fprop rotation has random signs.
+        return dataclasses.replace(_preset("quartet"), name=name, backward_operands="forward", clip_mask=True)
     if name == "fp8-blockwise":
         # DeepSeek-V3: 1×128 tiles for activations and gradients, 128×128 blocks for weights.
         return Recipe(name=name, weight=_spec("fp8_e4m3", "block2d", block=128),
@@ -334,11 +363,13 @@ def _preset(name: str) -> Recipe | None:
 
 
 PRESETS = ("fp32", "tf32", "bf16", "fp16", "fp8", "fp8-delayed", "fp8-blockwise", "mxfp8", "mxfp6", "mxfp4",
-           "nvfp4", "fp6", "fp4", "nvfp4-nvidia", "quartet")
+           "nvfp4", "fp6", "fp4", "nvfp4-nvidia", "quartet", "quartet-full")
 
 _RECIPE_KEYS = ("name", "base", "weight", "activation", "grad", "attention", "forward_only",
                 "fp32_sensitive_ops", "high_precision_embed", "fast_path", "hadamard",
-                "high_precision_first", "high_precision_last", "high_precision", "dot_precision")
+                "high_precision_first", "high_precision_last", "high_precision", "dot_precision",
+                "backward_operands", "clip_mask")
+BACKWARD_OPERANDS = ("inputs", "forward")
 
 
 def get(value: str | Mapping[str, Any] | Recipe, *, key: str = "precision") -> Recipe:
@@ -393,7 +424,7 @@ def _from_mapping(m: Mapping[str, Any], key: str) -> Recipe:
     for role in ROLES:
         if role in m:
             changes[role] = _role_spec(m[role], f"{key}.{role}")
-    for flag in ("forward_only", "fp32_sensitive_ops", "high_precision_embed", "fast_path"):
+    for flag in ("forward_only", "fp32_sensitive_ops", "high_precision_embed", "fast_path", "clip_mask"):
         if flag in m:
             if not isinstance(m[flag], bool):
                 raise ConfigError(f"{key}.{flag}", m[flag], "true or false")
@@ -406,6 +437,10 @@ def _from_mapping(m: Mapping[str, Any], key: str) -> Recipe:
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ConfigError(f"{key}.{count}", v, "an integer >= 0 (transformer blocks)")
             changes[count] = v
+    if "backward_operands" in m:
+        if m["backward_operands"] not in BACKWARD_OPERANDS:
+            raise ConfigError(f"{key}.backward_operands", m["backward_operands"], BACKWARD_OPERANDS)
+        changes["backward_operands"] = m["backward_operands"]
     if "dot_precision" in m:
         if m["dot_precision"] not in DOT_PRECISIONS:
             raise ConfigError(f"{key}.dot_precision", m["dot_precision"], list(DOT_PRECISIONS))
@@ -457,5 +492,18 @@ def _validate(recipe: Recipe, key: str) -> None:
         if all(getattr(recipe, r) is None for r in roles):
             raise ConfigError(f"{key}.hadamard.{gemm}", getattr(recipe.hadamard, gemm).block,
                               f"none unless {roles[0]} or {roles[1]} is quantised")
+    if recipe.backward_operands == "forward":
+        missing = [r for r in GEMM_ROLES if getattr(recipe, r) is None]
+        if missing or recipe.forward_only:
+            raise ConfigError(f"{key}.backward_operands", "forward", "'inputs' unless weight, activation and grad "
+                              "are all quantised and forward_only is false")
+        if recipe.grad.scaling == "delayed":
+            raise ConfigError(f"{key}.backward_operands", "forward", "'inputs' with a delayed grad scale")
+    if recipe.clip_mask:
+        if recipe.weight is None and recipe.activation is None:
+            raise ConfigError(f"{key}.clip_mask", True, "false unless weight or activation is quantised")
+        if recipe.hadamard.fprop is not None and recipe.backward_operands != "forward":
+            raise ConfigError(f"{key}.clip_mask", True, "false with a rotated fprop unless backward_operands = "
+                              "'forward' (the mask lives in the fprop's rotated domain)")
     if recipe.keeps_layers and recipe.kept().keeps_layers:
         raise ConfigError(f"{key}.high_precision", recipe.high_precision, "a preset that keeps no layers itself")

@@ -463,6 +463,17 @@ TELEMETRY_BLOCK = 32  # block amax statistics use 32-wide blocks along the reduc
 _SATURATION_SLACK = 1.0 + 2.0**-22
 
 
+def clipped(x: jax.Array, scale: jax.Array, fmax: jax.Array) -> jax.Array:
+    """Where x was clipped at ±max by its quantisation: |x · fl(1/scale)| > max · (1 + 2^-22)
+    (`_SATURATION_SLACK`); `scale` is x's scale broadcast to x's shape (`expand_scale`). A zero
+    scale (a block NVFP4 flushed) clips nothing. Telemetry's frac_saturated is its mean; QuEST's
+    trust mask its negation."""
+    x = jnp.asarray(x, jnp.float32)
+    live = scale > 0
+    inv = jnp.where(live, 1.0 / jnp.where(live, scale, 1.0), 0.0)
+    return jnp.abs(x * inv) > jnp.asarray(fmax, jnp.float32) * _SATURATION_SLACK
+
+
 def telemetry_vector(x: jax.Array, xhat: jax.Array, scale: jax.Array, amax: jax.Array, fmax: jax.Array,
                      axis: int = -1) -> jax.Array:
     """float32 [TELEMETRY_FIELDS] of one quantisation of x (x may be a subsample of the tensor's rows,
@@ -482,9 +493,7 @@ def telemetry_vector(x: jax.Array, xhat: jax.Array, scale: jax.Array, amax: jax.
     `scale` is x's scale broadcast to x's shape (`expand_scale`), `fmax` the element format's max.
     """
     x = jnp.asarray(x, jnp.float32)
-    live = scale > 0
-    inv = jnp.where(live, 1.0 / jnp.where(live, scale, 1.0), 0.0)
-    saturated = jnp.mean((jnp.abs(x * inv) > jnp.asarray(fmax, jnp.float32) * _SATURATION_SLACK).astype(jnp.float32))
+    saturated = jnp.mean(clipped(x, scale, fmax).astype(jnp.float32))
     nonzero = x != 0
     underflow = jnp.sum(nonzero & (xhat == 0)) / jnp.maximum(jnp.sum(nonzero), 1)
     ok = (amax > 0) & jnp.isfinite(amax)
@@ -541,4 +550,4 @@ def _telemetry(x, q, spec: QuantSpec, history, fmt_params) -> jax.Array:
 __all__ = ["QuantSpec", "Quantized", "GRANULARITIES", "SCALINGS", "SCALE_ROUNDINGS",
            "DEFAULT_BLOCK", "TELEMETRY_FIELDS", "TELEMETRY_BLOCK", "init_history", "quantize", "dequantize",
            "expand_scale", "repeat_blocks", "is_square", "SCALE_FROM", "QUEST_CLIP", "nvfp4_tensor_scale", "fake_quant", "fake_quant_with_history",
-           "telemetry", "telemetry_vector"]
+           "telemetry", "telemetry_vector", "clipped"]

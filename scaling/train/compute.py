@@ -14,7 +14,9 @@ A recipe that keeps blocks in high precision (`high_precision_first` / `_last`) 
 blocks' projections as parts of their own (kept_fprop, kept_dgrad, kept_wgrad: the same FLOPs per
 layer, the kept recipe's bits), and one that rotates GEMM operands (`hadamard`) adds `rotations`:
 2·b FLOPs per rotated element (a b×b product per block, run in BF16 on a GPU's tensor cores) over
-both operands of every rotated GEMM. These `EXTRA_PARTS` are absent from older results tables,
+both operands of every rotated GEMM (and, where the backward re-quantises the forward's operands,
+`backward_operands = "forward"`, the inverse fprop rotation of dX and dW; there W and X enter
+dgrad and wgrad with the grad role's bits). These `EXTRA_PARTS` are absent from older results tables,
 where they count as zero.
 
 Each part has two operands, and each operand a tensor role of the recipe (fprop: activation,
@@ -127,6 +129,8 @@ def parts(cfg: Any, recipe: Any, tokens_per_step: int) -> list[Part]:
     L, T, d, V = cfg.n_layers, cfg.seq_len, cfg.d_model, cfg.vocab
     w, a, g = recipe.weight, recipe.activation, recipe.grad
     bwd_g, bwd_w, bwd_a = (None, None, None) if recipe.forward_only else (g, w, a)
+    if recipe.backward_operands == "forward":  # the forward's W and X re-quantised as gradients
+        bwd_w = bwd_a = g
     proj = _projections(cfg)
     # (flops weight, K) per projection for each GEMM: fprop reduces over d_in, dgrad over d_out, wgrad over tokens
     fprop_k = [(i * o, i) for i, o in proj]
@@ -180,6 +184,8 @@ def rotation_flops(recipe: Any, proj: Sequence[tuple[int, int]], tokens_per_step
     for i, o in proj:
         w = i * o / tokens_per_step  # a weight's elements per token
         per_gemm = {"fprop": i + w, "dgrad": o + w, "wgrad": i + o}  # (X or dY) + (W or dY) per token
+        if recipe.backward_operands == "forward":  # dX and dW leave the fprop's rotated domain
+            per_gemm["fprop"] += i + w
         for gemm, elements in per_gemm.items():
             total += elements * transforms.flops_per_element(getattr(recipe.hadamard, gemm))
     return total

@@ -181,7 +181,8 @@ def test_quartet_forward_quantiser_matches_a_numpy_reference():
 # ------------------------------------------------------------------ fresh random draws
 
 
-def test_random_draws_differ_between_steps_layers_and_gemms(monkeypatch):
+@pytest.mark.parametrize("base,rounded", [("quartet", 2), ("quartet-full", 4)])
+def test_random_draws_differ_between_steps_layers_and_gemms(monkeypatch, base, rounded):
     """Every stochastic rounding and every 'fresh' sign vector of a train step draws from its own
     key: distinct across the two steps, the layers, the projections and the three GEMMs. A constant
     key (or one not folded per layer or GEMM) repeats and fails."""
@@ -198,7 +199,7 @@ def test_random_draws_differ_between_steps_layers_and_gemms(monkeypatch):
     monkeypatch.setattr(transforms, "random_signs", spy("signs", transforms.random_signs))
     jax.clear_caches()
     cfg = ladder.ModelConfig(d_model=32, n_layers=2, n_heads=2, d_ff=64, vocab=64, seq_len=16)
-    recipe = precision.get({"base": "quartet", "hadamard": {"fprop": 32, "dgrad": 32, "wgrad": 32}})
+    recipe = precision.get({"base": base, "hadamard": {"fprop": 32, "dgrad": 32, "wgrad": 32}})
     m = model.Transformer(cfg, recipe, rngs=nnx.Rngs(0))
     tokens = jax.random.randint(jax.random.key(0), (2, cfg.seq_len + 1), 0, cfg.vocab)
     step = jax.jit(lambda state, key: model.grad_step(nnx.merge(graphdef, state), tokens, key)[0])
@@ -210,8 +211,9 @@ def test_random_draws_differ_between_steps_layers_and_gemms(monkeypatch):
     per_step_layer = 4  # projections: qkv, out, up_gate, down
     rounding = [k for kind, k in seen if kind == "rounding"]
     signs = [k for kind, k in seen if kind == "signs"]
-    # per projection: dY stochastically rounded for dgrad and again for wgrad; signs for 3 GEMMs
-    assert len(rounding) == 2 * cfg.n_layers * per_step_layer * 2
+    # per projection: dY stochastically rounded for dgrad and again for wgrad (quartet-full: the
+    # forward's W and X too); signs for 3 GEMMs
+    assert len(rounding) == 2 * cfg.n_layers * per_step_layer * rounded
     assert len(signs) == 2 * cfg.n_layers * per_step_layer * 3
     assert len(set(rounding)) == len(rounding)
     assert len(set(signs)) == len(signs)
@@ -238,3 +240,76 @@ def test_hadamard_recipe_keys_are_validated():
     # recipes without the newer keys describe (and so hash into run ids) as before
     assert "hadamard" not in precision.get("nvfp4").describe()
     assert "square_blocks" not in precision.get("nvfp4").describe()["weight"]
+
+
+# ------------------------------------------------------------------ quartet-full's backward
+
+
+def _quest_clipped(x):
+    """Where `_quest_mx_reference` clips x (|x| > 6 · 2^e of its 1×32 block)."""
+    out = np.zeros(x.shape, bool)
+    for i in range(x.shape[0]):
+        for j in range(0, x.shape[1], 32):
+            blk = x[i, j:j + 32].astype(np.float64)
+            t = np.float32(np.float32(np.sqrt(np.mean(blk ** 2))) * np.float32(np.float32(2.92247856) / np.float32(6)))
+            out[i, j:j + 32] = np.abs(x[i, j:j + 32]) > 6 * 2.0 ** np.floor(np.log2(t))
+    return out
+
+
+def test_quartet_full_backward_is_the_masked_gradient_of_the_quantised_forward():
+    """With the gradients left exact (an FP32 grad role), quartet-full's backward is the straight-through
+    gradient of its quantised forward in the rotated domain, QuEST's mask applied, rotated back:
+    dX = (dY · Q(Rᵀ·W)ᵀ ⊙ kept(X·R)) · Rᵀ and dW = R · (Q(X·R)ᵀ · dY ⊙ kept(Rᵀ·W))."""
+    recipe = precision.get({"base": "quartet-full", "grad": {"format": "fp32", "granularity": "none"}})
+    x, w = _operand(20, (48, 64)), _operand(21, (64, 40)) * 0.1
+    c = np.asarray(jax.random.normal(jax.random.key(22), (48, 40)), np.float32)
+    dx, dw = jax.grad(lambda x, w: jnp.sum(layers.qdot(x, w, recipe, key=jax.random.key(1)) * c), (0, 1))(x, w)
+    signs = transforms.signs_for(recipe.hadamard.fprop, None)
+    r = np.asarray(transforms.rotation(signs), np.float64)
+    blockdiag = np.kron(np.eye(2), r)  # K = 64: two 32-blocks
+    xr, wr = x @ blockdiag, blockdiag.T @ w
+    xq, wq = _quest_mx_reference(xr.astype(np.float32)), _quest_mx_reference(wr.T.astype(np.float32)).T
+    kept_x, kept_w = ~_quest_clipped(xr.astype(np.float32)), ~_quest_clipped(wr.T.astype(np.float32)).T
+    assert 0 < (~kept_x).mean() < 0.2 and 0 < (~kept_w).mean() < 0.2  # the mask is doing something
+    want_dx = ((c @ wq.T) * kept_x) @ blockdiag.T
+    want_dw = blockdiag @ ((xq.T @ c) * kept_w)
+    np.testing.assert_allclose(dx, want_dx, rtol=2e-5, atol=2e-5 * np.abs(want_dx).max())
+    np.testing.assert_allclose(dw, want_dw, rtol=2e-5, atol=2e-5 * np.abs(want_dw).max())
+    # without the mask it is the plain straight-through gradient (and differs)
+    plain = precision.get({"base": "quartet-full", "clip_mask": False, "grad": {"format": "fp32", "granularity": "none"}})
+    dx_plain = jax.grad(lambda x: jnp.sum(layers.qdot(x, w, plain, key=jax.random.key(1)) * c))(x)
+    np.testing.assert_allclose(dx_plain, (c @ wq.T) @ blockdiag.T, rtol=2e-5, atol=2e-5 * np.abs(want_dx).max())
+    assert not np.allclose(dx_plain, want_dx, atol=1e-3 * np.abs(want_dx).max())
+
+
+def test_quartet_full_stochastic_backward_is_unbiased_for_the_masked_gradient():
+    """Re-rounding dY, the forward's W and X stochastically after fresh rotations leaves the mean of
+    many draws on the exact-gradient version (|z| < 5 over every element); `quartet`, whose backward
+    W and X are QuEST-clipped and rounded to nearest, is not on it."""
+    x, w = _operand(23, (32, 64)), _operand(24, (64, 32)) * 0.1
+    c = np.asarray(jax.random.normal(jax.random.key(25), (32, 32)), np.float32)
+    exact = precision.get({"base": "quartet-full", "grad": {"format": "fp32", "granularity": "none"}})
+    loss = lambda recipe: (lambda x, w, k: jnp.sum(layers.qdot(x, w, recipe, key=k) * c))
+    want = jax.grad(loss(exact), (0, 1))(x, w, jax.random.key(0))
+    n = 400
+    keys = jax.random.split(jax.random.key(26), n)
+    for name, unbiased in (("quartet-full", True), ("quartet", False)):
+        draws = jax.vmap(lambda k: jax.grad(loss(precision.get(name)), (0, 1))(x, w, k))(keys)
+        for d, t in zip(draws, want):
+            mean, se = np.asarray(jnp.mean(d, 0)), np.asarray(jnp.std(d, 0)) / np.sqrt(n) + 1e-12
+            z = np.abs(mean - np.asarray(t)) / se
+            assert (np.max(z) < 5.0) == unbiased, (name, np.max(z))
+
+
+def test_backward_operand_keys_are_validated():
+    with pytest.raises(ConfigError, match="precision.backward_operands"):
+        precision.get({"base": "quartet", "backward_operands": "saved"})
+    with pytest.raises(ConfigError, match="precision.backward_operands"):
+        precision.get({"base": "mxfp4", "grad": "none", "backward_operands": "forward"})
+    with pytest.raises(ConfigError, match="precision.clip_mask"):
+        precision.get({"base": "quartet", "clip_mask": True})  # rotated fprop, backward from the inputs
+    with pytest.raises(ConfigError, match="precision.clip_mask"):
+        precision.get({"base": "mxfp4", "clip_mask": 1})
+    r = precision.get({"base": "mxfp4", "clip_mask": True})
+    assert r.describe()["clip_mask"] is True and "backward_operands" not in r.describe()
+    assert "clip_mask" not in precision.get("quartet").describe()  # older recipes hash as before
