@@ -354,6 +354,18 @@ def _preset(name: str) -> Recipe | None:
         # clips; Quartet's kernel multiplies a power of two by 4/3), forward scales from the block
         # RMS rather than its standard deviation, and the fprop rotation has random signs.
         return dataclasses.replace(_preset("quartet"), name=name, backward_operands="forward", clip_mask=True)
+    if name == "mxfp4-rht":
+        # Tseng, Yu & Park, "Training LLMs with MXFP4" (2025): the forward in BF16, the backward GEMMs
+        # (dgrad, wgrad) in MXFP4 with every operand (dY, W, X) rounded stochastically after a random
+        # Hadamard transform along the GEMM's reduction axis, so the gradient is unbiased and the
+        # transform bounds the rounding's variance. Transform size 32 and a scale that never clips,
+        # as Quartet's code reimplements it (AlbertTsengQuantizer: 3/4 of the amax scale; here the
+        # E8M0 scale rounded up).
+        bf16 = _spec("bf16", "none")
+        return Recipe(name=name, weight=bf16, activation=bf16,
+                      grad=_spec("fp4_e2m1", "mx", rounding="stochastic", scale_rounding="ceil"),
+                      hadamard=GemmHadamard(dgrad=transforms.Hadamard(32), wgrad=transforms.Hadamard(32)),
+                      backward_operands="forward")
     if name == "fp8-blockwise":
         # DeepSeek-V3: 1×128 tiles for activations and gradients, 128×128 blocks for weights.
         return Recipe(name=name, weight=_spec("fp8_e4m3", "block2d", block=128),
@@ -363,7 +375,8 @@ def _preset(name: str) -> Recipe | None:
 
 
 PRESETS = ("fp32", "tf32", "bf16", "fp16", "fp8", "fp8-delayed", "fp8-blockwise", "mxfp8", "mxfp6", "mxfp4",
-           "nvfp4", "fp6", "fp4", "nvfp4-nvidia", "quartet", "quartet-full")
+           "nvfp4", "fp6", "fp4", "nvfp4-nvidia", "quartet", "quartet-full",
+           "mxfp4-rht")
 
 _RECIPE_KEYS = ("name", "base", "weight", "activation", "grad", "attention", "forward_only",
                 "fp32_sensitive_ops", "high_precision_embed", "fast_path", "hadamard",

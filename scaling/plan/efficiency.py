@@ -33,6 +33,9 @@ class StepRecipe:
       this rate take a transposed operand (weight_copies);
     rms_scales: the forward roles' (weights' and activations') scales come from the block RMS
       (QuEST): a sum of squares, 2 FLOPs per element, fused in the quantiser (no bytes, no time);
+    unrotated_grads: the backward runs in the fprop's rotated domain (Quartet's code: the forward's
+      quantised W and X are re-quantised for dgrad and wgrad), so dX and dW leave it through the
+      inverse rotation: 2 * rotation_block FLOPs and a BF16 read and write per element of each;
     kept_first / kept_last: shares of the transformer layers, first and last, whose GEMMs stay in BF16
       (priced at the BF16 rate with no quantise passes; kept_layers).
     """
@@ -46,6 +49,7 @@ class StepRecipe:
     fused_rotations: tuple[str, ...] = ()
     weight_tile: int = 0
     rms_scales: bool = False
+    unrotated_grads: bool = False
     kept_first: float = 0.0
     kept_last: float = 0.0
 
@@ -115,6 +119,11 @@ RECIPES: dict[str, StepRecipe] = {
     # backward rotations (fresh signs) are priced as passes of their own, a BF16 read and write.
     "quartet": StepRecipe("fp4", 0.5 + 1 / 32, "mxfp4", blocks=True, rotated=ROTATED_GEMMS, rotation_block=32,
                           fused_rotations=("fprop",), rms_scales=True),
+    # Quartet as its code trains (scaling.numerics.precision's `quartet-full`): `quartet` plus the
+    # inverse fprop rotation of dX and dW (QuEST's backward: (dX ⊙ mask)·Hᵀ, a pass of its own in
+    # Quartet's code); its trust mask is 1 bit per element of X and W, not priced
+    "quartet-full": StepRecipe("fp4", 0.5 + 1 / 32, "mxfp4", blocks=True, rotated=ROTATED_GEMMS, rotation_block=32,
+                               fused_rotations=("fprop",), rms_scales=True, unrotated_grads=True),
     # FP32 GEMMs on TF32 tensor cores (what cuBLAS and XLA do by default): priced as BF16 inputs
     # cast to FP32 per GEMM; the activations, norms and collectives stay priced in BF16
     "tf32": StepRecipe("tf32", 4.0),

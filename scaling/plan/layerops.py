@@ -347,8 +347,11 @@ def _rotation_ops(c: Ctx, quantised: list[tuple[float, float]]) -> list[Op]:
     out = []
     for suffix, gemms in ((" fwd", ("fprop",)), (" bwd", ("dgrad", "wgrad"))):
         flops = sum(r.rotation_flops(g) * elements[g] for g in gemms)
+        nbytes = sum(r.rotation_bytes(g) * elements[g] for g in gemms)
+        if suffix == " bwd" and r.unrotated_grads:  # dX back from the fprop's rotated domain, a pass of its own
+            flops += r.rotation_flops("fprop") * elements["fprop"]
+            nbytes += 4.0 * elements["fprop"]
         if flops:
-            nbytes = sum(r.rotation_bytes(g) * elements[g] for g in gemms)
             out.append(Op("hadamard" + suffix, "memory", c.hbm_seconds(nbytes), overhead_flops=flops))
     return out
 

@@ -224,8 +224,12 @@ def _weight_work(c: Ctx, stage: int) -> tuple[dict[str, float], dict[str, float]
     seconds = {"quantise weights": c.hbm_seconds(cast * (2 + r.weight_copies(c.gpu) * r.bytes))}
     flops = {"quantise weights": 2.0 * r.weight_copies(c.gpu) * layers if r.rms_scales else 0.0,
              "hadamard weights": sum(r.rotation_flops(g) for g in ("fprop", "dgrad")) * layers}
+    weight_bytes = sum(r.rotation_bytes(g) for g in ("fprop", "dgrad"))
+    if r.unrotated_grads:  # dW back from the fprop's rotated domain: a BF16 read and write
+        flops["hadamard weights"] += r.rotation_flops("fprop") * layers
+        weight_bytes += 4.0
     if flops["hadamard weights"]:
-        seconds["hadamard weights"] = c.hbm_seconds(sum(r.rotation_bytes(g) for g in ("fprop", "dgrad")) * layers)
+        seconds["hadamard weights"] = c.hbm_seconds(weight_bytes * layers)
     return seconds, {k: v for k, v in flops.items() if v}
 
 

@@ -181,7 +181,7 @@ def test_quartet_forward_quantiser_matches_a_numpy_reference():
 # ------------------------------------------------------------------ fresh random draws
 
 
-@pytest.mark.parametrize("base,rounded", [("quartet", 2), ("quartet-full", 4)])
+@pytest.mark.parametrize("base,rounded", [("quartet", 2), ("quartet-full", 4), ("mxfp4-rht", 4)])
 def test_random_draws_differ_between_steps_layers_and_gemms(monkeypatch, base, rounded):
     """Every stochastic rounding and every 'fresh' sign vector of a train step draws from its own
     key: distinct across the two steps, the layers, the projections and the three GEMMs. A constant
@@ -284,16 +284,18 @@ def test_quartet_full_backward_is_the_masked_gradient_of_the_quantised_forward()
 
 def test_quartet_full_stochastic_backward_is_unbiased_for_the_masked_gradient():
     """Re-rounding dY, the forward's W and X stochastically after fresh rotations leaves the mean of
-    many draws on the exact-gradient version (|z| < 5 over every element); `quartet`, whose backward
-    W and X are QuEST-clipped and rounded to nearest, is not on it."""
+    many draws on the exact straight-through gradient of the quantised forward, masked (|z| < 5 over
+    every element); `quartet`, whose backward quantises W and X afresh with QuEST's clipping scale
+    and rounds them to nearest, is off its own target (the same, unmasked)."""
     x, w = _operand(23, (32, 64)), _operand(24, (64, 32)) * 0.1
     c = np.asarray(jax.random.normal(jax.random.key(25), (32, 32)), np.float32)
-    exact = precision.get({"base": "quartet-full", "grad": {"format": "fp32", "granularity": "none"}})
+    fp32_grads = {"grad": {"format": "fp32", "granularity": "none"}}
     loss = lambda recipe: (lambda x, w, k: jnp.sum(layers.qdot(x, w, recipe, key=k) * c))
-    want = jax.grad(loss(exact), (0, 1))(x, w, jax.random.key(0))
     n = 400
     keys = jax.random.split(jax.random.key(26), n)
-    for name, unbiased in (("quartet-full", True), ("quartet", False)):
+    for name, mask, unbiased in (("quartet-full", True, True), ("quartet", False, False)):
+        exact = precision.get({"base": "quartet-full", "clip_mask": mask, **fp32_grads})
+        want = jax.grad(loss(exact), (0, 1))(x, w, jax.random.key(0))
         draws = jax.vmap(lambda k: jax.grad(loss(precision.get(name)), (0, 1))(x, w, k))(keys)
         for d, t in zip(draws, want):
             mean, se = np.asarray(jnp.mean(d, 0)), np.asarray(jnp.std(d, 0)) / np.sqrt(n) + 1e-12
@@ -313,3 +315,22 @@ def test_backward_operand_keys_are_validated():
     r = precision.get({"base": "mxfp4", "clip_mask": True})
     assert r.describe()["clip_mask"] is True and "backward_operands" not in r.describe()
     assert "clip_mask" not in precision.get("quartet").describe()  # older recipes hash as before
+
+
+def test_mxfp4_rht_is_a_bf16_forward_with_an_unbiased_mxfp4_backward():
+    """Tseng et al.'s recipe: the forward is the BF16 product exactly; the backward's mean over many
+    draws is the gradient of that BF16 forward (|z| < 5 everywhere), and one draw is not it."""
+    r = precision.get("mxfp4-rht")
+    assert (r.bits, r.bits_g) == (16, 4)
+    x, w = _operand(27, (32, 64)), _operand(28, (64, 32)) * 0.1
+    c = np.asarray(jax.random.normal(jax.random.key(29), (32, 32)), np.float32)
+    bf = lambda v: np.asarray(v, np.float32).astype(ml_dtypes.bfloat16).astype(np.float64)
+    np.testing.assert_allclose(layers.qdot(x, w, r, key=jax.random.key(0)), bf(x) @ bf(w), rtol=1e-5, atol=1e-5)
+    want = (c @ bf(w).T, bf(x).T @ c)
+    loss = lambda x, w, k: jnp.sum(layers.qdot(x, w, r, key=k) * c)
+    n = 400
+    draws = jax.vmap(lambda k: jax.grad(loss, (0, 1))(x, w, k))(jax.random.split(jax.random.key(30), n))
+    for d, t in zip(draws, want):
+        mean, se = np.asarray(jnp.mean(d, 0)), np.asarray(jnp.std(d, 0)) / np.sqrt(n) + 1e-12
+        assert np.max(np.abs(mean - t) / se) < 5.0
+        assert not np.allclose(d[0], t, rtol=0.05)

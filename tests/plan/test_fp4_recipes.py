@@ -55,6 +55,12 @@ def test_rotation_flops_are_2b_per_rotated_element_by_hand():
     # RMS scales: 2 FLOPs per element of X's and W's two MXFP4 copies each
     rms = sum(2 * 2 * (i * tokens + i * o) for i, o in proj) * 8
     assert quartet["quantise"] + quartet["quantise weights"] == pytest.approx(rms, rel=1e-12)
+    # quartet-full adds dX and dW back through the fprop rotation: (d_in + d_in d_out / T) more elements
+    full = stepmodel.step(model, "b200", layout, "quartet-full", seq_len=512)
+    unrotate = sum(2 * 32 * (i + i * o / tokens) for i, o in proj)
+    added = full.overhead_flops["hadamard"] + full.overhead_flops["hadamard weights"] - quartet["hadamard"] - quartet["hadamard weights"]
+    assert added == pytest.approx(8 * tokens * unrotate, rel=1e-12)
+    assert full.step_seconds > stepmodel.step(model, "b200", layout, "quartet", seq_len=512).step_seconds
     # nvfp4-nvidia: wgrad only, block 16, and not in the last of 8 layers (round(8 x 8/62) = 1 kept, none first)
     nvidia = stepmodel.step(model, "b200", layout, "nvfp4-nvidia", seq_len=512).overhead_flops
     assert efficiency.RECIPES["nvfp4-nvidia"].kept_layers(8) == (0, 1)
