@@ -70,8 +70,11 @@ def residuals_by_recipe(df: pd.DataFrame, fit: Any, level: float = LEVEL,
 
 PUBLISHED = {"Kumar et al. 2024": (7.0, 8.0), "Sun et al. 2025": (4.0, 8.0)}
 # The published FP4 training recipes (scaling.numerics.precision presets) and the plain format each
-# builds on: NVIDIA's NVFP4 recipe on NVFP4, Quartet's QuEST-style MXFP4 on MXFP4.
-FP4_PUBLISHED = {"nvfp4-nvidia": "nvfp4", "quartet": "mxfp4"}
+# builds on: NVIDIA's NVFP4 recipe on NVFP4, Quartet's QuEST-style MXFP4 (simplified and as its code
+# trains) and Tseng et al.'s MXFP4 backward on MXFP4. FP4_PAIRS adds Quartet in full against its
+# simplification.
+FP4_PUBLISHED = {"nvfp4-nvidia": "nvfp4", "quartet": "mxfp4", "quartet-full": "mxfp4", "mxfp4-rht": "mxfp4"}
+FP4_PAIRS = tuple(FP4_PUBLISHED.items()) + (("quartet-full", "quartet"),)
 KAPPAS = (2.0, 4.0)  # fixed-kappa alternatives to a kumar-family fit's kappa = 3 (plus kappa fitted)
 
 
@@ -221,7 +224,7 @@ def _measured_findings(df: pd.DataFrame, main: pd.DataFrame, budgets: Sequence[f
         "runs": int(main["run_id"].nunique()) if "run_id" in main.columns else len(main),
         "seeds_per_cell": _seeds_per_cell(main),
         "budgets": analyse(main, budgets, cost_model, n_boot=n_boot, level=level, noise=replicate_noise(noise_rows),
-                           pairs=tuple(FP4_PUBLISHED.items())) if costable else [],
+                           pairs=FP4_PAIRS) if costable else [],
         "note": None if costable else "the results do not record FLOPs by part (nor size, recipe and "
                                       "flops_per_token to derive them), so no run can be placed at a budget",
         "law": None, "P_star": [], "integer_arm": [],

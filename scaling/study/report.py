@@ -372,14 +372,19 @@ def fp4_arm_section(f: dict) -> str:
     arm, unit = f.get("fp4_arm") or [], f["loss_unit"]
     if not arm:
         return ""
-    plain = ", ".join(f"`{p}` on `{b}`" for p, b in findings_lib.FP4_PUBLISHED.items())
+    present = {g["recipe"] for b in arm for g in b["gaps"]}
+    plain = ", ".join(f"`{p}` on `{b}`" for p, b in findings_lib.FP4_PUBLISHED.items() if p in present)
     lines = ["The FP4 recipes as they are trained today (" + plain + ": Hadamard rotations, square weight tiles, "
              "stochastic rounding of gradients, blocks kept in BF16 where the recipe says) against plain MXFP4 and "
              "NVFP4, each at its IsoFLOP minimum on the same shapes at the same budget. A gap is the recipe's "
              f"minimum minus the reference's ({unit}, shape-adjusted, paired over the same resamples); a minimum "
-             "at the edge of its sizes is an upper bound on the recipe's best, so a gap there is no verdict. Where "
-             "`quartet` simplifies the paper (W and X keep their forward rounding in the backward GEMMs, no "
-             "clipped-element gradient mask) is in docs/precision.md: its gaps are this implementation's."]
+             "at the edge of its sizes is an upper bound on the recipe's best, so a gap there is no verdict."]
+    if "quartet" in present:
+        lines[0] += (" `quartet` simplifies the paper: its backward GEMMs quantise W and X afresh with QuEST's "
+                     "clipping scale, rounded to nearest (a biased gradient), and apply no trust mask "
+                     "(docs/precision.md); its gaps are this implementation's" +
+                     (", and `quartet-full` adds both parts." if "quartet-full" in present else
+                      "; `quartet-full`, which adds both parts, is not in these results."))
     for b in arm:
         lines += ["", f"**C = {_fmt(b['budget'])}**, reference {b['reference']}:", "",
                   "| recipe | published recipe | gap to the reference | 95% CI | minimum inside its sizes |",
