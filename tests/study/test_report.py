@@ -205,6 +205,14 @@ def test_the_fp4_arm_states_each_gap_with_its_ci_and_the_published_recipes_again
     assert "| mxfp4 | no | +0.050 | +0.020 to +0.080 | yes |" in section
     assert "| quartet | yes | +0.170 | +0.140 to +0.200 | no (edge) |" in section
     assert "- quartet against mxfp4: mxfp4 lower than quartet by 0.120 nats" in section
+    # only the published recipes in the results are named, and what `quartet` leaves out is said
+    assert "(`quartet` on `mxfp4`:" in section and "`quartet-full` on" not in section
+    assert "`quartet-full`, which adds both parts, is not in these results" in section
+    full = [{**budgets[0], "recipes": budgets[0]["recipes"] + [recipe("quartet-full", 1.6, 0.1, [0.08, 0.12])]}]
+    full_section = report.fp4_arm_section({"fp4_arm": findings_lib.fp4_arm(full), "loss_unit": "nats/byte"})
+    assert "`quartet` on `mxfp4`, `quartet-full` on `mxfp4`" in full_section
+    assert "and `quartet-full` adds both parts." in full_section
+    assert ("quartet-full", "quartet") in findings_lib.FP4_PAIRS
     from scaling.study import readme
     line = "\n".join(readme._fp4_arm({"fp4_arm": arm}))
     assert "mxfp4 +0.050 [+0.020, +0.080]; quartet +0.170 [+0.140, +0.200] (edge)" in line
