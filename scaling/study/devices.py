@@ -223,11 +223,14 @@ PARENT_ALLOCATION = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false", "XLA_PYTHON_CLIEN
 
 @contextlib.contextmanager
 def parent_allocation(environ: dict[str, str] | None = None):
-    """PARENT_ALLOCATION while this process starts JAX's backend, the environment restored after
+    """PARENT_ALLOCATION while this process starts JAX's backend, with the runs' XLA_FLAGS (the
+    take-off probes compiled here fill the persistent compilation cache, whose key holds the flags:
+    with the user's flags instead, every run would compile again); the environment restored after
     (the runs and a Ray cluster started from here get the user's settings)."""
     environ = os.environ if environ is None else environ
-    saved = {k: environ.get(k) for k in PARENT_ALLOCATION}
-    environ.update(PARENT_ALLOCATION)
+    settings = {**PARENT_ALLOCATION, "XLA_FLAGS": gpu_pin({}, environ)["XLA_FLAGS"]}
+    saved = {k: environ.get(k) for k in settings}
+    environ.update(settings)
     try:
         yield
     finally:

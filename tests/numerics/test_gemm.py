@@ -95,7 +95,7 @@ def test_three_gemms_match_hand_written_reference(recipe):
 @functools.partial(jax.jit, static_argnums=(2, 3))
 def _fq_dot_t(a, b, spec_a, spec_b):
     """fake_quant(a) · fake_quant(b)ᵀ."""
-    return jnp.dot(quant.fake_quant(a, spec_a), quant.fake_quant(b, spec_b).T)
+    return jnp.dot(quant.fake_quant(a, spec_a), quant.fake_quant(b, spec_b).T, precision=jax.lax.Precision.HIGHEST)
 
 
 def test_wrong_axis_would_be_caught():
@@ -134,7 +134,7 @@ def test_stochastic_rounding_uses_explicit_keys():
     np.testing.assert_array_equal(a[0], c[0])  # forward roles round to nearest
     # unbiased: the mean over keys approaches the nearest-free product better than one draw
     draws = jnp.stack([_vjp(r, x, w, dy, key=jax.random.key(i))[2] for i in range(16)])
-    exact = jnp.dot(quant.fake_quant(x, dataclasses.replace(r.activation, axis=0)).T, dy)
+    exact = jnp.dot(quant.fake_quant(x, dataclasses.replace(r.activation, axis=0)).T, dy, precision=jax.lax.Precision.HIGHEST)
     assert float(jnp.abs(draws.mean(0) - exact).mean()) < 0.5 * float(jnp.abs(draws[0] - exact).mean())
 
 
@@ -283,8 +283,9 @@ def test_telemetry_is_skipped_at_run_time_without_changing_the_step(name, backen
     """`measure` is a runtime bool of one compiled step: false gives NaN telemetry and the very
     same loss, gradients and amax histories (delayed scaling, stochastic rounding) as true. On a
     CPU the telemetry is a skipped branch, on an accelerator a masked one (traced here as if)."""
-    real = jax.default_backend()
-    monkeypatch.setattr(gemm.jax, "default_backend", lambda: backend if backend != "cpu" else real)
+    real = jax.default_backend()  # "cpu": the backend the test runs on, which is a GPU on a GPU machine
+    backend = real if backend == "cpu" else backend
+    monkeypatch.setattr(gemm.jax, "default_backend", lambda: backend)
     recipe = precision.get(name)
     x, w, _ = _operands()
     jaxpr = str(jax.make_jaxpr(lambda m: gemm.qdot_apply(x, w, recipe.structure(), gemm.qdot_state(recipe), None,

@@ -3,6 +3,8 @@ quantisers against a numpy reference, and fresh random draws per step, layer and
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import ml_dtypes
@@ -37,15 +39,16 @@ def test_rotating_both_operands_keeps_the_product():
     signs = transforms.random_signs(jax.random.key(6), 16)
     a = jax.random.normal(jax.random.key(7), (24, 80))
     b = jax.random.normal(jax.random.key(8), (80, 12))
-    got = transforms.rotate(a, 1, signs) @ transforms.rotate(b, 0, signs)
-    np.testing.assert_allclose(got, a @ b, rtol=1e-5, atol=2e-5)
+    dot = functools.partial(jnp.dot, precision=jax.lax.Precision.HIGHEST)  # FP32, not a GPU's TF32
+    got = dot(transforms.rotate(a, 1, signs), transforms.rotate(b, 0, signs))
+    np.testing.assert_allclose(got, dot(a, b), rtol=1e-5, atol=2e-5)
     # a rotation of one operand alone would not
     assert not np.allclose(transforms.rotate(a, 1, signs)[:, :80] @ b, a @ b, atol=1e-2)
     # through qdot: an fp32 recipe with every GEMM rotated is the plain matmul, and so are its gradients
     recipe = precision.get({"base": "bf16", "weight": "fp32", "activation": "fp32", "grad": "fp32",
                             "hadamard": {"fprop": 16, "dgrad": 32, "wgrad": 16}})
     f = lambda a, b: jnp.sum(jnp.sin(layers.qdot(a, b, recipe, key=jax.random.key(1))))
-    ref = lambda a, b: jnp.sum(jnp.sin(a @ b))
+    ref = lambda a, b: jnp.sum(jnp.sin(dot(a, b)))
     np.testing.assert_allclose(f(a, b), ref(a, b), rtol=1e-5)
     for got, want in zip(jax.grad(f, (0, 1))(a, b), jax.grad(ref, (0, 1))(a, b)):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)

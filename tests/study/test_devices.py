@@ -81,10 +81,17 @@ def test_gpu_children_must_start_on_cuda_with_deterministic_ops():
 
 
 def test_the_parent_starts_jax_without_preallocating_and_restores_the_environment():
+    """The parent's JAX starts with the runs' XLA_FLAGS, so its take-off compiles are the cache entries
+    the runs load (on an H200 a run then compiled in 2 s)."""
     environ = {"XLA_PYTHON_CLIENT_ALLOCATOR": "bfc"}
     with devices.parent_allocation(environ):
-        assert environ == {"XLA_PYTHON_CLIENT_PREALLOCATE": "false", "XLA_PYTHON_CLIENT_ALLOCATOR": "platform"}
+        assert environ == {"XLA_PYTHON_CLIENT_PREALLOCATE": "false", "XLA_PYTHON_CLIENT_ALLOCATOR": "platform",
+                           "XLA_FLAGS": devices.gpu_pin({}, {})["XLA_FLAGS"]}
     assert environ == {"XLA_PYTHON_CLIENT_ALLOCATOR": "bfc"}
+    environ = {"XLA_FLAGS": "--xla_dump_to=/tmp/x"}
+    with devices.parent_allocation(environ):
+        assert environ["XLA_FLAGS"] == "--xla_dump_to=/tmp/x --xla_gpu_deterministic_ops=true"
+    assert environ == {"XLA_FLAGS": "--xla_dump_to=/tmp/x"}
 
 
 def test_gpus_per_run_where_jax_is_not_on_a_gpu_is_refused_in_one_line():
