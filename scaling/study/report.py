@@ -307,7 +307,8 @@ def findings_section(f: dict) -> str:
                   "| --- | --- | --- | --- | --- | --- | --- |"]
         for e in sorted(b["recipes"], key=lambda e: (e["loss"] is None, e["loss"] or 0)):
             if e["loss"] is None:
-                lines.append(f"| {e['recipe']} | {e['bits_eff']:.3g} | {e['runs']} ({e['sizes']}) | too few sizes | – | – | – |")
+                why = "too few sizes" if e["sizes"] < study.MIN_SIZES else "not fitted (above)"
+                lines.append(f"| {e['recipe']} | {e['bits_eff']:.3g} | {e['runs']} ({e['sizes']}) | {why} | – | – | – |")
                 continue
             ci = f"{e['ci'][0]:.4g}–{e['ci'][1]:.4g}" if e["ci"] else "–"
             at = _fmt(e["N_opt"]) + ("" if e["inside"] else " (edge)")
@@ -319,6 +320,20 @@ def findings_section(f: dict) -> str:
         lines += ["", f"{interp} of the points were interpolated between a run's WSD cooldown evaluations (log loss "
                   "linear in log D): these runs were not designed to land on the budgets."]
     return "\n".join(lines)
+
+
+def gpu_pilot_facts(rows: pd.DataFrame) -> dict[str, Any]:
+    """findings.json's `gpu_pilot`: a GPU pilot's IsoFLOP findings by the main study's rules, on its own
+    runs alone (its corpus is the GPU machine's, so no comparison with the main study is made)."""
+    return {**findings_lib.findings(plots.validate_results(rows), None), "corpus": _corpus(rows)}
+
+
+def gpu_pilot_section(g: dict) -> str:
+    """The GPU pilot beside the CPU study: its own IsoFLOP profiles and verdicts, or why it has none."""
+    corpus = f" ({g['corpus']})" if g.get("corpus") else ""
+    return "\n".join([f"The runs of `experiments/gpu_pilot.toml` on a GPU (docs/gpu.md names it and its speeds), on that "
+                      f"machine's corpus{corpus}. Its corpus is not the one above, so its losses are compared only with "
+                      "each other, by the same rules.", "", findings_section(g)])
 
 
 def _shape_effects_table(b: dict, unit: str) -> list[str]:
@@ -706,10 +721,11 @@ INTRODUCTION = ["# Precision-aware scaling: report",
 
 def write_report(results_df: pd.DataFrame, fit_result: Any, out_dir: str | Path, *, curves: pd.DataFrame | None = None,
                  plan_table: pd.DataFrame | None = None, compute: float | Sequence[float] | None = None,
-                 prediction: dict | None = None) -> Path:
+                 prediction: dict | None = None, gpu_pilot: pd.DataFrame | None = None) -> Path:
     """Make every figure into `out_dir` and write out_dir/findings.json and out_dir/REPORT.md; returns
     the report's path. `prediction`: a held-out budget's prediction (scaling.study.predict), set
-    against what that budget measured once it has landed."""
+    against what that budget measured once it has landed. `gpu_pilot`: a GPU pilot's results, reported
+    on their own beside the main study."""
     out_dir = Path(out_dir)
     ok = plots.validate_results(results_df)
     fitted = study.study_part(ok, "main")
@@ -717,6 +733,8 @@ def write_report(results_df: pd.DataFrame, fit_result: Any, out_dir: str | Path,
     facts = report_facts(results_df, ok, fitted, fit_result, budgets)
     if prediction is not None:
         facts["prediction"] = prediction_facts(prediction, facts)
+    if gpu_pilot is not None:
+        facts["gpu_pilot"] = gpu_pilot_facts(gpu_pilot)
     table = plan_table if plan_table is not None else plots.cluster_time_table(fit_result)
     figures = plots.make_figures(results_df, fit_result, out_dir, curves=curves, facts=facts, plan_table=table)
     atomic_write_json(out_dir / "findings.json", facts)
@@ -803,6 +821,8 @@ def _findings_sections(facts: dict) -> list[str]:
         head += ["## Scaling granularity and scale timing", "", granularity_section(facts["granularity"], facts["loss_unit"]), ""]
     if facts["outliers"]:
         head += ["## Outliers: Smooth-SwiGLU", "", outliers_section(facts["outliers"], facts["loss_unit"]), ""]
+    if facts.get("gpu_pilot"):
+        head += ["## The GPU pilot", "", gpu_pilot_section(facts["gpu_pilot"]), ""]
     return head
 
 

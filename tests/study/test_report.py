@@ -245,3 +245,26 @@ def test_too_few_runs_for_a_p_star_is_said_instead_of_one():
     assert all(e["measured"] for e in facts["P_star"])  # what the measurement cannot rule out stays
     assert "no optimum (too few runs for a P*: 12 runs" in report.pstar_section(facts)
     assert "no P\\* (too few runs for a P*: 12 runs" in readme.findings_markdown(facts)
+
+
+def test_the_gpu_pilot_is_reported_on_its_own_runs_by_the_main_studys_rules():
+    """REPORT's GPU pilot section: its corpus named, its own IsoFLOP findings by the same code as the
+    main study's, and why there is no verdict where its runs cannot give one."""
+    from scaling.study import plots
+
+    rows = fake_results().assign(corpus="pysrc gpu")
+    section = report.gpu_pilot_section(report.gpu_pilot_facts(rows))
+    assert "on that machine's corpus (pysrc gpu)" in section
+    assert section.endswith(report.findings_section(findings_lib.findings(plots.validate_results(rows), None)))
+    alone = rows[rows["recipe"] == "bf16"]
+    assert "so the data cannot tell which precision is best" in report.gpu_pilot_section(report.gpu_pilot_facts(alone))
+    # a budget reached by one recipe's 4 sizes and another's 1 (the pilot's first runs): nothing is
+    # fitted, and the table says which recipe had too few sizes and which was left unfitted
+    entry = lambda r, bits, runs, sizes: {"recipe": r, "bits_eff": bits, "runs": runs, "sizes": sizes,  # noqa: E731
+                                          "loss": None, "interpolated": 0}
+    first = {"loss_unit": "nats/byte", "cost_model": "bits", "runs": 5, "seeds_per_cell": [1, 1], "corpus": "pysrc gpu",
+             "budgets": [{"budget": 3e14, "recipes": [entry("bf16", 16.0, 4, 4), entry("fp8", 8.0, 1, 1)], "winner": None,
+                          "sigma": None, "reason": "fewer than two recipes with 3+ sizes reaching this budget"}]}
+    budget = report.gpu_pilot_section(first)
+    assert "**C = 3e14.** No winner. Fewer than two recipes with 3+ sizes reaching this budget." in budget
+    assert "| bf16 | 16 | 4 (4) | not fitted (above) |" in budget and "| fp8 | 8 | 1 (1) | too few sizes |" in budget
