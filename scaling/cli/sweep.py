@@ -28,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cpus-per-run", type=float, default=1, help="ray: CPUs reserved per run")
     parser.add_argument("--gpus-per-run", type=float, default=0,
                         help="GPUs per run: ray reserves this many (a fraction shares a GPU); local: 1 pins each "
-                             "run to its own GPU, one run per GPU (default 0: no GPU reserved)")
+                             "run to its own GPU, 1/k puts k runs on each GPU (default 0: no GPU reserved)")
     parser.add_argument("--hang-timeout", type=float, default=600,
                         help="seconds without a metrics heartbeat before a run is stopped as hung")
     parser.add_argument("--dry-run", action="store_true", help="print the expanded runs and an ETA, run nothing")
@@ -45,7 +45,7 @@ def _gpu_pins(args: argparse.Namespace) -> list[dict[str, str]] | None:
     With GPUs, this process's JAX starts on the first one only (the take-off probes fly there)."""
     gpus = sweep.visible_gpus() if args.gpus_per_run else []
     sweep.check_gpus_per_run(args.gpus_per_run, args.executor, gpus)
-    pins = sweep.gpu_slots(gpus, args.workers) if args.executor == "local" and args.gpus_per_run else None
+    pins = sweep.gpu_slots(gpus, args.workers, args.gpus_per_run) if args.executor == "local" and args.gpus_per_run else None
     if pins == []:
         raise ConfigError("--workers", args.workers, "at least 1 with --gpus-per-run (each run a child on its GPU)")
     if gpus:

@@ -252,17 +252,20 @@ def require_gpu_backend(backend: str) -> None:
 
 def check_gpu_pins(pins: list[dict[str, str]], child_env: Callable[[Mapping[str, str]], dict[str, str]], *,
                    echo: Callable[[str], None] = print, timeout: float = PROBE_TIMEOUT_S) -> list[dict[str, str]]:
-    """Probe each GPU slot in a child process with its runs' environment (`child_env(pin)`: the
-    sweep's `worker_env`), all at once, one per GPU; the usable slots' pins (with `gpu_pin`'s
-    settings), one line per slot left out; ConfigError when none is usable."""
+    """Probe each GPU in a child process with its runs' environment (`child_env(pin)`: the sweep's
+    `worker_env`), all at once, one probe per GPU (slots sharing a GPU share its verdict: probes
+    sharing it would time each other); the usable slots' pins (with `gpu_pin`'s settings), one line
+    per GPU left out; ConfigError when none is usable."""
     pinned = [gpu_pin(pin) for pin in pins]
+    gpu = lambda pin: pin.get("CUDA_VISIBLE_DEVICES")  # noqa: E731
+    first = [pin for i, pin in enumerate(pinned) if gpu(pin) not in {gpu(p) for p in pinned[:i]}]  # a slot per GPU
     with tempfile.TemporaryDirectory(prefix="devices-") as tmp:
-        outs = [Path(tmp) / f"{i}.json" for i in range(len(pinned))]
+        outs = [Path(tmp) / f"{i}.json" for i in range(len(first))]
         procs = [subprocess.Popen([sys.executable, "-m", "scaling.study.devices", str(out)], env=child_env(pin),
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for pin, out in zip(pinned, outs)]
-        probes = [_landed(proc, out, pin, timeout) for proc, out, pin in zip(procs, outs, pinned)]
-    usable = _usable_or_stop(probes, echo)
-    return [pinned[probes.index(p)] for p in usable]
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for pin, out in zip(first, outs)]
+        probes = [_landed(proc, out, pin, timeout) for proc, out, pin in zip(procs, outs, first)]
+    usable = {gpu(first[probes.index(p)]) for p in _usable_or_stop(probes, echo)}
+    return [pin for pin in pinned if gpu(pin) in usable]
 
 
 def check_ray_gpus(count: int, child_env: Callable[[Mapping[str, str]], dict[str, str]], *,

@@ -20,8 +20,8 @@ has finished. Layout: <out>/<sweep>/<run_id>/{config.json, metrics.jsonl, summar
 
 GPUs (`--gpus-per-run G`): the Ray executor reserves G GPUs per run (a fraction packs runs onto one
 GPU, each child given that share of its memory); the local executor pins each run's child process
-to one GPU (CUDA_VISIBLE_DEVICES), at most one run per GPU, one concurrent run per visible GPU
-unless --workers says fewer. GPUs are found without JAX (CUDA_VISIBLE_DEVICES, else
+to one GPU (CUDA_VISIBLE_DEVICES), at most 1/G runs per GPU (G = 1 or 1/k, each child given that
+share of its memory), as many concurrent runs as that allows unless --workers says fewer. GPUs are found without JAX (CUDA_VISIBLE_DEVICES, else
 `nvidia-smi -L`); the take-off probes (scaling.study.takeoff) fly on the first one, allocating
 memory as needed and giving it back, so the runs find their GPUs free.
 
@@ -38,6 +38,7 @@ import contextlib
 import copy
 import ctypes
 import itertools
+import math
 import json
 import os
 import queue
@@ -252,11 +253,14 @@ def visible_gpus(environ: Mapping[str, str] | None = None, listing: str | None =
     return re.findall(r"^GPU (\d+):", listing, flags=re.MULTILINE)
 
 
-def gpu_slots(gpus: list[str], workers: int | None) -> list[dict[str, str]]:
+def gpu_slots(gpus: list[str], workers: int | None, gpus_per_run: float = 1) -> list[dict[str, str]]:
     """The local executor's concurrent runs with --gpus-per-run: one child process per slot, each
-    pinned to its own GPU; `workers` None = one slot per GPU, else at most that many."""
-    count = len(gpus) if workers is None else min(workers, len(gpus))
-    return [{"CUDA_VISIBLE_DEVICES": gpu} for gpu in gpus[:count]]
+    pinned to its GPU; 1/k GPUs per run gives each GPU k slots with 1/k of XLA's default memory share
+    (gpu_share). Slots go round the GPUs, so fewer `workers` spread over as many GPUs as they can;
+    `workers` None = every slot, else at most that many."""
+    share = gpu_share(gpus_per_run)
+    slots = [{"CUDA_VISIBLE_DEVICES": gpu, **share} for _ in range(round(1 / gpus_per_run)) for gpu in gpus]
+    return slots if workers is None else slots[:workers]
 
 
 def gpu_share(gpus_per_run: float, environ: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -280,9 +284,9 @@ def check_gpus_per_run(gpus_per_run: float, executor: str, gpus: list[str]) -> N
     """ConfigError unless --gpus-per-run fits the executor and, for the local one, this machine."""
     if not 0 <= gpus_per_run <= 1:
         raise ConfigError("--gpus-per-run", gpus_per_run, "a number in [0, 1]: a run trains on one device")
-    if executor == "local" and gpus_per_run not in (0, 1):
-        raise ConfigError("--gpus-per-run", gpus_per_run, "0 or 1 with the local executor (one GPU per run); "
-                          "fractions with --executor ray")
+    if executor == "local" and gpus_per_run and not math.isclose(1 / gpus_per_run, round(1 / gpus_per_run), rel_tol=1e-6):
+        raise ConfigError("--gpus-per-run", gpus_per_run, "0, 1 or 1/k with the local executor (k runs share "
+                          "each GPU, e.g. 0.5 or 0.25); other fractions with --executor ray")
     if executor == "local" and gpus_per_run and not gpus:
         raise ConfigError("--gpus-per-run", gpus_per_run, "0 on a machine without GPUs (CUDA_VISIBLE_DEVICES "
                           "names none and `nvidia-smi -L` lists none)")

@@ -106,9 +106,31 @@ def test_a_gpu_slot_whose_jax_cannot_start_cuda_is_left_out():
     """On this machine a child pinned to a GPU (JAX_PLATFORMS=cuda) cannot start: the CUDA install a
     run would silently have trained on the CPU without."""
     lines = []
-    with pytest.raises(ConfigError, match="take-off"):
-        devices.check_gpu_pins([{"CUDA_VISIBLE_DEVICES": "0"}], sweep.worker_env, echo=lines.append, timeout=120)
+    with pytest.raises(ConfigError, match="take-off"):  # two slots sharing GPU 0: one probe, one line
+        devices.check_gpu_pins(sweep.gpu_slots(["0"], None, 0.5), sweep.worker_env, echo=lines.append, timeout=120)
     assert len(lines) == 1 and lines[0].startswith("device CUDA_VISIBLE_DEVICES=0 left out: JAX did not start on CUDA")
+
+
+def test_slots_sharing_a_gpu_are_probed_once_and_share_its_verdict(monkeypatch):
+    """Probes sharing a GPU would time each other: one probe per GPU, and every slot of a GPU that
+    passed is kept (here GPU 1 fails its numerics)."""
+    started = []
+
+    class Child:
+        def __init__(self, argv, env, **kw):
+            started.append(env["CUDA_VISIBLE_DEVICES"])
+
+    def landed(proc, out, pin, timeout):
+        gpu = pin["CUDA_VISIBLE_DEVICES"]
+        return devices.Probe(name=f"gpu{gpu}", problems=["TF32 dot"] if gpu == "1" else [], flops_per_s=5e14)
+
+    monkeypatch.setattr(devices.subprocess, "Popen", Child)
+    monkeypatch.setattr(devices, "_landed", landed)
+    lines = []
+    kept = devices.check_gpu_pins(sweep.gpu_slots(["0", "1"], None, 0.5), lambda pin: dict(pin), echo=lines.append)
+    assert started == ["0", "1"] and len(lines) == 1 and "gpu1" in lines[0]
+    assert [pin["CUDA_VISIBLE_DEVICES"] for pin in kept] == ["0", "0"]
+    assert all(pin["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.375" and pin["JAX_PLATFORMS"] == "cuda" for pin in kept)
 
 
 def test_the_sweep_checks_its_gpus_before_take_off_compiles_anything(monkeypatch, tmp_path):

@@ -96,6 +96,12 @@ def test_each_worker_is_pinned_to_its_own_gpu():
     assert sweep.gpu_slots(["0", "1"], workers=8) == pins[:2]  # never two runs on one GPU
     assert sweep.gpu_slots([], workers=None) == []
     assert sweep.worker_env(pins[1])["CUDA_VISIBLE_DEVICES"] == "1"
+    # 1/k GPUs per run: k slots per GPU, each with 1/k of XLA's default 75%, going round the GPUs first
+    half = {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.375"}
+    shared = [{"CUDA_VISIBLE_DEVICES": g, **half} for g in ("0", "1", "0", "1")]
+    assert sweep.gpu_slots(["0", "1"], workers=None, gpus_per_run=0.5) == shared
+    assert sweep.gpu_slots(["0", "1"], workers=3, gpus_per_run=0.5) == shared[:3]
+    assert len(sweep.gpu_slots(["0"], workers=None, gpus_per_run=0.25)) == 4
 
 
 def test_run_processes_start_with_the_process_env_unless_the_user_set_their_own(monkeypatch):
@@ -116,7 +122,7 @@ def test_a_gpu_fraction_shares_memory_unless_the_user_set_it():
 
 @pytest.mark.parametrize("gpus_per_run, executor, gpus, allowed", [
     (1, "local", [], "0 on a machine without GPUs"),
-    (0.5, "local", ["0"], "0 or 1 with the local executor"),
+    (0.3, "local", ["0"], "0, 1 or 1/k with the local executor"),
     (2, "ray", ["0"], "a number in [0, 1]"),
     (-1, "local", ["0"], "a number in [0, 1]"),
 ])
@@ -126,6 +132,8 @@ def test_gpus_per_run_that_cannot_be_met_is_one_line(gpus_per_run, executor, gpu
     assert allowed in err.value.allowed
     sweep.check_gpus_per_run(0, "local", [])
     sweep.check_gpus_per_run(1, "local", ["0"])
+    sweep.check_gpus_per_run(0.25, "local", ["0"])  # 4 runs share the GPU
+    sweep.check_gpus_per_run(1 / 3, "local", ["0"])
     sweep.check_gpus_per_run(0.5, "ray", [])  # a Ray cluster's GPUs may be on other machines
 
 
