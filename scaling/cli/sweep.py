@@ -73,7 +73,7 @@ def main(args: argparse.Namespace) -> int:
     if committed.path.is_file():
         reused = committed.landed_ids() & {s.run_id for s in specs}
         print(f"{committed.path}: {len(reused)} of these runs landed there (reused, not trained again)")
-    lanes = (args.workers or 1) if args.executor == "local" else 1
+    lanes = (len(pins) if pins else args.workers or 1) if args.executor == "local" else 1
     eta, timed, shapes = takeoff.eta_seconds(todo, out_root, lanes)
     source = (f", {timed} of {shapes} shapes timed by take-off probes" if timed else
               ", from this machine's matmul speed (no take-off probe has flown yet)") if shapes else ""
@@ -95,9 +95,9 @@ def main(args: argparse.Namespace) -> int:
     counts: dict[str, int] = {}
     slow: list[dict] = []
     while todo:  # a design with replicates: the runs its landed minima call for come in the next round
-        lanes = takeoff.takeoff_lanes(args.workers or 1) if args.executor == "local" else 1
+        lanes = (len(pins) if pins else takeoff.takeoff_lanes(args.workers or 1)) if args.executor == "local" else 1
         todo, flights = takeoff.take_off(todo, out_root, keep_going=args.keep_going, hang_timeout=args.hang_timeout,
-                                         lanes=lanes, echo=print)
+                                         lanes=lanes, pins=pins, echo=print)
         print(f"take-off: {len(flights)} shapes compiled and trained {takeoff.TAKEOFF_STEPS} steps; "
               f"{len(todo)} runs cleared, measured ETA {takeoff.measured_seconds(todo, flights, lanes) / 60:.1f} min")
         report = sweep.run_sweep(todo, out_root, executor=args.executor,

@@ -48,7 +48,7 @@ def fly_probes_on_one_gpu() -> None:
 
 
 def take_off(specs: list[RunSpec], out_root: str | Path, *, keep_going: bool = False,
-             hang_timeout: float = 600.0, lanes: int = 1,
+             hang_timeout: float = 600.0, lanes: int = 1, pins: list[dict[str, str]] | None = None,
              echo: Callable[[str], None] | None = None) -> tuple[list[RunSpec], dict[str, dict]]:
     """Before anything runs: every corpus loads, the disk has room, and each distinct shape and
     recipe compiles and trains TAKEOFF_STEPS steps end to end (one probe after another, which also
@@ -57,10 +57,12 @@ def take_off(specs: list[RunSpec], out_root: str | Path, *, keep_going: bool = F
     sweep with a one-line ConfigError, unless keep_going, which drops the affected runs instead (and
     says so through `echo`).
 
-    lanes > 1 (CPU only: a GPU process would claim the device): the probes are dealt to that many
-    lanes, this process and lanes - 1 child processes flying theirs one after another. XLA keeps
-    ~1.5 cores busy compiling, so on 2 cores 2 lanes took the quick preset's 12 probes from 121 to
-    96 s (docs/performance.md).
+    lanes > 1: the probes are dealt to that many lanes, this process and lanes - 1 child processes
+    flying theirs one after another. XLA keeps ~1.5 cores busy compiling, so on 2 cores 2 lanes took
+    the quick preset's 12 probes from 121 to 96 s (docs/performance.md). `pins`: the sweep's GPU slots
+    (one lane each, this process on the first GPU's: fly_probes_on_one_gpu); child lane i starts with
+    pins[i], so it takes its slot's GPU and memory share as the runs will, and compiles there while the
+    others do (about 10 s of CPU per probe on an H200's host).
     """
     out_root = Path(out_root)
     out_root.mkdir(parents=True, exist_ok=True)
@@ -75,8 +77,9 @@ def take_off(specs: list[RunSpec], out_root: str | Path, *, keep_going: bool = F
         groups.setdefault(sweep.shape_key(spec.config), []).append(spec)
     probes = {key: _takeoff_spec(group[0]) for key, group in groups.items()}
     keys = list(probes)
-    lanes = max(1, min(lanes, len(keys)))
-    children = [_fly_in_child({k: probes[k] for k in keys[i::lanes]}, out_root, hang_timeout) for i in range(1, lanes)]
+    lanes = max(1, min(len(pins) if pins else lanes, len(keys)))
+    children = [_fly_in_child({k: probes[k] for k in keys[i::lanes]}, out_root, hang_timeout, pins[i] if pins else {})
+                for i in range(1, lanes)]
     summaries = {}
     for key in keys[::lanes]:  # this process's lane: one JAX start-up for all its probes
         summaries[key] = _fly(probes[key].config, probes[key].out_dir(out_root / ".takeoff"))
@@ -98,7 +101,8 @@ def take_off(specs: list[RunSpec], out_root: str | Path, *, keep_going: bool = F
 
 
 def takeoff_lanes(workers: int) -> int:
-    """Take-off lanes for a sweep of `workers` concurrent runs: as many, on a machine without GPUs."""
+    """Take-off lanes for a sweep of `workers` concurrent runs without GPU slots: as many, on a machine
+    without GPUs (an unpinned process there would claim every GPU). With GPU slots, take_off's `pins`."""
     return 1 if sweep.visible_gpus() else max(1, workers)
 
 
@@ -119,9 +123,9 @@ def _fly(config, out_dir: str | Path) -> dict:
         jax.clear_caches()
 
 
-def _fly_in_child(probes: dict[str, RunSpec], out_root: Path, hang_timeout: float):
-    """Start a child process flying these probes one after another; returns a function that waits
-    for it (at most hang_timeout per probe) and gives {shape key: summary}."""
+def _fly_in_child(probes: dict[str, RunSpec], out_root: Path, hang_timeout: float, pin: dict[str, str] = {}):
+    """Start a child process flying these probes one after another (`pin`: its GPU slot's settings);
+    returns a function that waits for it (at most hang_timeout per probe) and gives {shape key: summary}."""
     (out_root / ".takeoff").mkdir(parents=True, exist_ok=True)
     fd, name = tempfile.mkstemp(prefix="lane-", suffix=".json", dir=out_root / ".takeoff")
     os.close(fd)
@@ -130,7 +134,7 @@ def _fly_in_child(probes: dict[str, RunSpec], out_root: Path, hang_timeout: floa
                                for key, p in probes.items()}))
     log = open(job.with_suffix(".log"), "wb")
     proc = subprocess.Popen([sys.executable, "-m", "scaling.study.takeoff", str(job), str(os.getpid())],
-                            stdout=log, stderr=subprocess.STDOUT, env=sweep.worker_env())
+                            stdout=log, stderr=subprocess.STDOUT, env=sweep.worker_env(pin))
 
     def wait() -> dict[str, dict]:
         try:

@@ -195,3 +195,25 @@ def test_take_off_lanes_and_the_eta_they_measure(monkeypatch):
     serial = takeoff.measured_seconds(specs, flights)
     assert serial == pytest.approx(1.15 * sum(s.config.train.tokens for s in specs) / 1000.0)
     assert takeoff.measured_seconds(specs, flights, lanes=2) == pytest.approx(serial / 2)
+
+
+def test_gpu_slots_each_fly_a_take_off_lane_with_their_own_settings(monkeypatch, tmp_path):
+    """With GPU slots, take-off flies one lane per slot: this process on the first GPU, child lane i
+    started with slot i's pin (its GPU and memory share), the probes dealt round the lanes."""
+    specs = sweep.expand(Path(__file__).resolve().parents[2] / "experiments" / "smoke_sweep.toml")
+    keys = list(dict.fromkeys(sweep.shape_key(s.config) for s in specs))
+    assert len(keys) >= 3
+    flown, children = [], []
+    monkeypatch.setattr(takeoff, "_fly", lambda config, out_dir: flown.append(config) or {"status": "ok"})
+
+    def child(probes, out_root, hang_timeout, pin={}):
+        children.append((sorted(probes), pin))
+        return lambda: {k: {"status": "ok"} for k in probes}
+
+    monkeypatch.setattr(takeoff, "_fly_in_child", child)
+    pins = sweep.gpu_slots(["0", "1"], None, 0.5)
+    cleared, flights = takeoff.take_off(specs, tmp_path, lanes=1, pins=pins)
+    lanes = min(len(pins), len(keys))
+    assert [pin for _, pin in children] == pins[1:lanes]
+    assert [probes for probes, _ in children] == [sorted(keys[i::lanes]) for i in range(1, lanes)]
+    assert len(flown) == len(keys[::lanes]) and cleared == specs and set(flights) == set(keys)
