@@ -21,9 +21,10 @@ has finished. Layout: <out>/<sweep>/<run_id>/{config.json, metrics.jsonl, summar
 GPUs (`--gpus-per-run G`): the Ray executor reserves G GPUs per run (a fraction packs runs onto one
 GPU, each child given that share of its memory); the local executor pins each run's child process
 to one GPU (CUDA_VISIBLE_DEVICES), at most 1/G runs per GPU (G = 1 or 1/k, each child given that
-share of its memory), as many concurrent runs as that allows unless --workers says fewer. GPUs are found without JAX (CUDA_VISIBLE_DEVICES, else
-`nvidia-smi -L`); the take-off probes (scaling.study.takeoff) fly on the first one, allocating
-memory as needed and giving it back, so the runs find their GPUs free.
+share of its memory), as many concurrent runs as that allows unless --workers says fewer. GPUs are
+found without JAX (CUDA_VISIBLE_DEVICES, else `nvidia-smi -L`); the take-off probes
+(scaling.study.takeoff) fly one lane per slot, this process's on the first GPU allocating memory as
+needed and giving it back, so the runs find their GPUs free.
 
 Several sweeps may share an --out: each run is trained by the one process holding its lock
 (scaling.train.runs). A sweep that reaches a run another process owns moves on, and once its own runs
@@ -38,8 +39,8 @@ import contextlib
 import copy
 import ctypes
 import itertools
-import math
 import json
+import math
 import os
 import queue
 import re
@@ -284,7 +285,8 @@ def check_gpus_per_run(gpus_per_run: float, executor: str, gpus: list[str]) -> N
     """ConfigError unless --gpus-per-run fits the executor and, for the local one, this machine."""
     if not 0 <= gpus_per_run <= 1:
         raise ConfigError("--gpus-per-run", gpus_per_run, "a number in [0, 1]: a run trains on one device")
-    if executor == "local" and gpus_per_run and not math.isclose(1 / gpus_per_run, round(1 / gpus_per_run), rel_tol=1e-6):
+    runs_per_gpu = 1 / gpus_per_run if gpus_per_run else 0
+    if executor == "local" and gpus_per_run and not math.isclose(runs_per_gpu, round(runs_per_gpu), rel_tol=1e-6):
         raise ConfigError("--gpus-per-run", gpus_per_run, "0, 1 or 1/k with the local executor (k runs share "
                           "each GPU, e.g. 0.5 or 0.25); other fractions with --executor ray")
     if executor == "local" and gpus_per_run and not gpus:
