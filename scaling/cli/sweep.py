@@ -95,7 +95,7 @@ def main(args: argparse.Namespace) -> int:
     counts: dict[str, int] = {}
     slow: list[dict] = []
     while todo:  # a design with replicates: the runs its landed minima call for come in the next round
-        lanes = (len(pins) if pins else takeoff.takeoff_lanes(args.workers or 1)) if args.executor == "local" else 1
+        lanes = takeoff.takeoff_lanes(args.workers or 1, pins) if args.executor == "local" else 1
         todo, flights = takeoff.take_off(todo, out_root, keep_going=args.keep_going, hang_timeout=args.hang_timeout,
                                          lanes=lanes, pins=pins, echo=print)
         print(f"take-off: {len(flights)} shapes compiled and trained {takeoff.TAKEOFF_STEPS} steps; "

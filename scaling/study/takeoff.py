@@ -60,9 +60,9 @@ def take_off(specs: list[RunSpec], out_root: str | Path, *, keep_going: bool = F
     lanes > 1: the probes are dealt to that many lanes, this process and lanes - 1 child processes
     flying theirs one after another. XLA keeps ~1.5 cores busy compiling, so on 2 cores 2 lanes took
     the quick preset's 12 probes from 121 to 96 s (docs/performance.md). `pins`: the sweep's GPU slots
-    (one lane each, this process on the first GPU's: fly_probes_on_one_gpu); child lane i starts with
-    pins[i], so it takes its slot's GPU and memory share as the runs will, and compiles there while the
-    others do (about 10 s of CPU per probe on an H200's host).
+    (takeoff_lanes gives one lane each; this process's is on the first GPU: fly_probes_on_one_gpu);
+    child lane i starts with pins[i], so it takes its slot's GPU and memory share as the runs will, and
+    compiles there while the others do (about 10 s of CPU per probe on an H200's host).
     """
     out_root = Path(out_root)
     out_root.mkdir(parents=True, exist_ok=True)
@@ -77,7 +77,7 @@ def take_off(specs: list[RunSpec], out_root: str | Path, *, keep_going: bool = F
         groups.setdefault(sweep.shape_key(spec.config), []).append(spec)
     probes = {key: _takeoff_spec(group[0]) for key, group in groups.items()}
     keys = list(probes)
-    lanes = max(1, min(len(pins) if pins else lanes, len(keys)))
+    lanes = max(1, min(lanes, len(keys)))
     children = [_fly_in_child({k: probes[k] for k in keys[i::lanes]}, out_root, hang_timeout, pins[i] if pins else {})
                 for i in range(1, lanes)]
     summaries = {}
@@ -100,9 +100,11 @@ def take_off(specs: list[RunSpec], out_root: str | Path, *, keep_going: bool = F
     return [s for s in specs if s in cleared], flights
 
 
-def takeoff_lanes(workers: int) -> int:
-    """Take-off lanes for a sweep of `workers` concurrent runs without GPU slots: as many, on a machine
-    without GPUs (an unpinned process there would claim every GPU). With GPU slots, take_off's `pins`."""
+def takeoff_lanes(workers: int, pins: list[dict[str, str]] | None = None) -> int:
+    """Take-off lanes: one per GPU slot (`pins`); else, for a sweep of `workers` concurrent runs, as
+    many on a machine without GPUs (an unpinned process there would claim every GPU) and one with."""
+    if pins:
+        return len(pins)
     return 1 if sweep.visible_gpus() else max(1, workers)
 
 

@@ -212,7 +212,8 @@ def test_gpu_slots_each_fly_a_take_off_lane_with_their_own_settings(monkeypatch,
 
     monkeypatch.setattr(takeoff, "_fly_in_child", child)
     pins = sweep.gpu_slots(["0", "1"], None, 0.5)
-    cleared, flights = takeoff.take_off(specs, tmp_path, lanes=1, pins=pins)
+    assert takeoff.takeoff_lanes(1, pins) == 4
+    cleared, flights = takeoff.take_off(specs, tmp_path, lanes=takeoff.takeoff_lanes(1, pins), pins=pins)
     lanes = min(len(pins), len(keys))
     assert [pin for _, pin in children] == pins[1:lanes]
     assert [probes for probes, _ in children] == [sorted(keys[i::lanes]) for i in range(1, lanes)]
