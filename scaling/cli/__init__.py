@@ -20,6 +20,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "fit": ("scaling.cli.fit", "fit a scaling law to results (--law auto: chosen by held-out precision gaps)"),
     "predict": ("scaling.cli.predict", "predict a held-out IsoFLOP budget from the lower ones, before it is trained"),
     "optimal": ("scaling.cli.optimal", "compute-optimal (N, D, P) from a fitted law, with CI and specification range"),
+    "merge": ("scaling.cli.merge", "join a side summary (a held-out budget, a recipe added later) into a sweep's summary"),
     "figures": ("scaling.cli.figures", "regenerate figures, REPORT.md and findings.json from results/ and fits/"),
     "reproduce": ("scaling.cli.reproduce", "the main job: IsoFLOP sweep, law selection, findings, figures, report"),
     "plan": ("scaling.cli.plan", "training days and memory per GPU on a GPU cluster"),

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from scaling.errors import ConfigError
 from scaling.study import curves, results
 
 # per run in the committed curves: the full study's 238 runs at 85 points are 1.8 MiB (200 made 2.7 MiB
@@ -71,6 +72,30 @@ class Summary:
         if self.curves_path.is_file():
             run_curves = _replace_runs(curves.load_curves(self.curves_path), run_curves, lambda df: df)
         results.export(curves.validate_curves(run_curves), self.curves_path)
+
+    def merge(self, other: "Summary") -> tuple[int, int]:
+        """Join another summary of the same sweep (a held-out budget's, a recipe added later) into
+        this one: its rows and curves replace this summary's for the runs both hold. Returns (runs
+        added, runs replaced). Both files are written atomically; the other summary is left as it is."""
+        theirs, mine = other.rows(), self.rows()
+        if theirs.empty:
+            raise ConfigError("merge", str(other.path), "a summary with landed runs")
+        if len(mine) and "sweep" in theirs.columns and "sweep" in mine.columns:
+            foreign = set(theirs["sweep"].dropna()) - set(mine["sweep"].dropna())
+            if foreign:
+                raise ConfigError("merge", str(other.path),
+                                  f"rows of sweep {', '.join(sorted(mine['sweep'].dropna().unique()))} "
+                                  f"(it holds {', '.join(sorted(foreign))})")
+        ids, held = set(theirs["run_id"]), set(mine["run_id"]) if len(mine) else set()
+        their_curves = (curves.load_curves(other.curves_path) if other.curves_path.is_file()
+                        else pd.DataFrame(columns=list(curves.REQUIRED)))
+        merged = _replace_runs(mine, theirs, results.tidy)
+        if self.curves_path.is_file():
+            their_curves = _replace_runs(curves.load_curves(self.curves_path), their_curves, lambda df: df)
+        results.export(merged, self.path)
+        if len(their_curves):
+            results.export(curves.validate_curves(their_curves), self.curves_path)
+        return len(ids - held), len(ids & held)
 
 
 def landed_rows(run_dir: Path | None, summary: Summary | None) -> pd.DataFrame:

@@ -86,3 +86,49 @@ def test_takeoff_probes_are_not_results(tmp_path):
     atomic_write_json(tmp_path / "sw" / "aaa" / "summary.json", _summary("aaa", evals))
     atomic_write_json(tmp_path / ".takeoff" / "sw" / "probe" / "summary.json", _summary("probe", evals))
     assert results.load(tmp_path).run_id.tolist() == ["aaa"]
+
+
+def _committed(path, runs, loss, sweep="isoflop"):
+    """A committed summary (.csv) of `runs` at one eval each, with a 3-step curve per run beside it."""
+    from scaling.study import curves
+    from scaling.study.summary import Summary
+    rows = [r for run in runs for r in results.rows_from_summary(
+        _summary(run, [{"D": 100, "step": 1, "val_loss": loss, "train_loss": loss}]), run_id=run, sweep=sweep)]
+    results.export(results.tidy(pd.DataFrame(rows)), path)
+    curve = pd.DataFrame([{"run_id": run, "sweep": sweep, "step": s, "tokens": 10 * s, "loss": loss + 1 / s}
+                          for run in runs for s in (1, 2, 3)])
+    results.export(curves.validate_curves(curve), Summary(path).curves_path)
+    return Summary(path)
+
+
+def test_merge_joins_a_side_summary_rows_and_curves_and_is_idempotent(tmp_path, capsys):
+    from scaling import cli
+    from scaling.study import curves
+    main = _committed(tmp_path / "isoflop.csv", ["a", "b"], 2.0)
+    side = _committed(tmp_path / "isoflop_heldout.csv", ["b", "c"], 1.5)
+    assert cli.main(["merge", str(side.path), "--into", str(main.path)]) == 0
+    assert "1 runs added, 1 replaced" in capsys.readouterr().out
+    rows = main.rows().set_index("run_id")["val_loss"]
+    assert rows.to_dict() == {"a": 2.0, "b": 1.5, "c": 1.5}  # the side summary's b replaces the main's
+    got = curves.load_curves(main.curves_path)
+    assert sorted(got["run_id"].unique()) == ["a", "b", "c"] and len(got) == 9
+    assert got.loc[got["run_id"] == "b", "loss"].min() == pytest.approx(1.5 + 1 / 3)
+    assert side.rows()["run_id"].tolist() == ["b", "c"]  # the side summary is left as it was
+    before = main.path.read_text()
+    assert main.merge(side) == (0, 2) and main.path.read_text() == before
+
+
+def test_merge_refuses_another_sweep_or_a_bad_path_in_one_line(tmp_path, capsys):
+    from scaling import cli
+    from scaling.errors import ConfigError
+    main = _committed(tmp_path / "isoflop.csv", ["a"], 2.0)
+    other = _committed(tmp_path / "granularity.csv", ["g"], 2.0, sweep="granularity")
+    before = main.path.read_text()
+    with pytest.raises(ConfigError, match="rows of sweep isoflop"):
+        main.merge(other)
+    assert cli.main(["merge", str(tmp_path / "missing.csv"), "--into", str(main.path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "side" in err and "missing.csv" in err and "an existing summary .csv" in err
+    assert cli.main(["merge", str(main.path), "--into", str(main.path)]) == 2
+    assert "another summary than the side one" in capsys.readouterr().err
+    assert main.path.read_text() == before
