@@ -72,9 +72,12 @@ PUBLISHED = {"Kumar et al. 2024": (7.0, 8.0), "Sun et al. 2025": (4.0, 8.0)}
 # The published FP4 training recipes (scaling.numerics.precision presets) and the plain format each
 # builds on: NVIDIA's NVFP4 recipe on NVFP4, Quartet's QuEST-style MXFP4 (simplified and as its code
 # trains) and Tseng et al.'s MXFP4 backward on MXFP4. FP4_PAIRS adds Quartet in full against its
-# simplification.
+# simplification, and every published recipe against the 8- and 6-bit formats (FP4_ABOVE): does FP4
+# trained this way close the gap to them?
 FP4_PUBLISHED = {"nvfp4-nvidia": "nvfp4", "quartet": "mxfp4", "quartet-full": "mxfp4", "mxfp4-rht": "mxfp4"}
-FP4_PAIRS = tuple(FP4_PUBLISHED.items()) + (("quartet-full", "quartet"),)
+FP4_ABOVE = ("fp8", "mxfp6")
+FP4_PAIRS = (tuple(FP4_PUBLISHED.items()) + (("quartet-full", "quartet"),)
+             + tuple((p, above) for p in FP4_PUBLISHED for above in FP4_ABOVE))
 KAPPAS = (2.0, 4.0)  # fixed-kappa alternatives to a kumar-family fit's kappa = 3 (plus kappa fitted)
 
 
@@ -247,8 +250,9 @@ def kept_share(df: pd.DataFrame) -> dict[str, list[float]]:
 def fp4_arm(budgets: list[dict], df: pd.DataFrame | None = None) -> list[dict[str, Any]]:
     """The FP4 arm at each budget where a published FP4 recipe was fitted: every FP4 recipe's minimum
     against the reference's (the paired gap and its CI, with the published recipes and without), and
-    each published recipe against the plain format it builds on; [] without one. With the runs (`df`),
-    each entry also gives `kept` (kept_share of the FP4 recipes' runs at that budget)."""
+    each published recipe against the plain format it builds on (`pairs`) and against FP8 and MXFP6
+    (`above`); [] without one. With the runs (`df`), each entry also gives `kept` (kept_share of the
+    FP4 recipes' runs at that budget)."""
     fp4 = set(FP4_PUBLISHED) | set(FP4_PUBLISHED.values())
     out = []
     for b in budgets:
@@ -262,7 +266,10 @@ def fp4_arm(budgets: list[dict], df: pd.DataFrame | None = None) -> list[dict[st
         if df is not None and "budget" in df.columns:
             at = df[np.isclose(pd.to_numeric(df["budget"], errors="coerce"), b["budget"], rtol=1e-6)]
             kept = kept_share(at[at["recipe"].isin(fp4)])
-        out.append({"budget": b["budget"], "reference": reference, "gaps": gaps, "pairs": b.get("pairs", []),
+        pairs = b.get("pairs", [])
+        out.append({"budget": b["budget"], "reference": reference, "gaps": gaps,
+                    "pairs": [p for p in pairs if p["b"] not in FP4_ABOVE],
+                    "above": [p for p in pairs if p["b"] in FP4_ABOVE],
                     "kept": kept})
     return out
 

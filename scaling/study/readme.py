@@ -157,6 +157,8 @@ def _fp4_arm(f: dict) -> list[str]:
                          + ("" if g["inside"] else " (edge)") for g in sorted(b["gaps"], key=lambda g: g["gap"]))
         pairs = "; ".join(p["verdict"] for p in b["pairs"])
         pairs = f"Published against plain: {pairs}." if pairs else ""
+        above = "; ".join(p["verdict"] for p in b.get("above", []))
+        pairs += f" Published against FP8 and MXFP6: {above}." if above else ""
         lines.append(f"  - C = {_num(b['budget'])}, against {b['reference']}: {gaps}. {pairs}".rstrip())
     return lines
 

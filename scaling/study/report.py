@@ -409,6 +409,9 @@ def fp4_arm_section(f: dict) -> str:
                          f"{g['ci'][0]:+.3f} to {g['ci'][1]:+.3f} | {'yes' if g['inside'] else 'no (edge)'} |")
         for pr in b["pairs"]:
             lines += ["", f"- {pr['a']} against {pr['b']}: {pr['verdict']}."]
+        if b.get("above"):
+            lines += ["", "Does FP4 trained this way close the gap to the 8- and 6-bit formats (paired, same shapes)?", ""]
+            lines += [f"- {pr['a']} against {pr['b']}: {pr['verdict']}." for pr in b["above"]]
         for recipe, (lo, hi) in sorted((b.get("kept") or {}).items()):
             span = f"{lo:.0%}" if round(lo, 2) == round(hi, 2) else f"{lo:.0%}–{hi:.0%}"
             lines += ["", f"- {recipe} keeps {span} of its linear-layer GEMM FLOPs in high precision at these shapes "

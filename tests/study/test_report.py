@@ -214,6 +214,19 @@ def test_the_fp4_arm_states_each_gap_with_its_ci_and_the_published_recipes_again
     assert "and `quartet-full` adds both parts." in full_section
     assert ("quartet-full", "quartet") in findings_lib.FP4_PAIRS
     from scaling.study import readme
+    # the published recipes against FP8 and MXFP6 are their own list, in REPORT and README
+    assert {("quartet", "fp8"), ("nvfp4-nvidia", "mxfp6")} <= set(findings_lib.FP4_PAIRS)
+    above = {"a": "quartet", "b": "fp8", "diff": 0.22, "ci": [0.19, 0.25], "inside": True,
+             "verdict": "fp8 lower than quartet by 0.220 nats (95% CI of quartet − fp8 [+0.190, +0.250])"}
+    both = findings_lib.fp4_arm([{**budgets[0], "pairs": [pair, above]}])[0]
+    assert both["pairs"] == [pair] and both["above"] == [above]
+    both_section = report.fp4_arm_section({"fp4_arm": [both], "loss_unit": "nats/byte"})
+    assert "close the gap to the 8- and 6-bit formats" in both_section
+    assert "- quartet against fp8: fp8 lower than quartet by 0.220 nats" in both_section
+    assert "close the gap" not in section
+    both_line = "\n".join(readme._fp4_arm({"fp4_arm": [both]}))
+    assert "Published against plain: mxfp4 lower than quartet" in both_line
+    assert "Published against FP8 and MXFP6: fp8 lower than quartet by 0.220 nats" in both_line
     line = "\n".join(readme._fp4_arm({"fp4_arm": arm}))
     assert "mxfp4 +0.050 [+0.020, +0.080]; quartet +0.170 [+0.140, +0.200] (edge)" in line
     assert report.fp4_arm_section({"fp4_arm": [], "loss_unit": "nats/byte"}) == "" and readme._fp4_arm({}) == []
