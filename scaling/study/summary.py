@@ -87,14 +87,13 @@ class Summary:
                                   f"rows of sweep {', '.join(sorted(mine['sweep'].dropna().unique()))} "
                                   f"(it holds {', '.join(sorted(foreign))})")
         ids, held = set(theirs["run_id"]), set(mine["run_id"]) if len(mine) else set()
-        their_curves = (curves.load_curves(other.curves_path) if other.curves_path.is_file()
-                        else pd.DataFrame(columns=list(curves.REQUIRED)))
-        merged = _replace_runs(mine, theirs, results.tidy)
+        merged_curves = (curves.load_curves(other.curves_path) if other.curves_path.is_file()
+                         else pd.DataFrame(columns=list(curves.REQUIRED)))
         if self.curves_path.is_file():
-            their_curves = _replace_runs(curves.load_curves(self.curves_path), their_curves, lambda df: df)
-        results.export(merged, self.path)
-        if len(their_curves):
-            results.export(curves.validate_curves(their_curves), self.curves_path)
+            merged_curves = _replace_runs(curves.load_curves(self.curves_path), merged_curves, lambda df: df)
+        results.export(_replace_runs(mine, theirs, results.tidy), self.path)
+        if len(merged_curves):  # rows first: a merge cut off between the two is finished by running it again
+            results.export(curves.validate_curves(merged_curves), self.curves_path)
         return len(ids - held), len(ids & held)
 
 
