@@ -88,18 +88,22 @@ def test_an_edge_minimum_of_one_recipe_extends_the_shapes_of_all():
 
 
 def test_the_reference_study_on_common_shapes_reuses_every_landed_run():
+    """The lower budgets and the held-out budget (one sweep, two designs): every landed run is one the
+    designs expand to, and at every budget every recipe has the same shapes."""
     rows = pd.read_csv(ROOT / "results" / "isoflop.csv")
     landed = rows[rows["sweep"] == "isoflop"]
-    _, base, points, design = sweep.experiment_points(ROOT / "experiments" / "isoflop.toml")
-    assert design.shapes == "common"
-    cfgs, vocab = [c for _, c in points], sweep._vocab(base)
-    designed = design_lib.extend_edges(cfgs, design_lib.design_runs(cfgs, design, vocab), design, landed, vocab)
-    ids = {c.run_id for runs in designed for c in runs} | {c.run_id for c in design_lib.replicates(designed, design, landed)}
+    ids = set()
+    for experiment in ("isoflop.toml", "isoflop_heldout.toml"):
+        _, base, points, design = sweep.experiment_points(ROOT / "experiments" / experiment)
+        assert design.shapes == "common"
+        cfgs, vocab = [c for _, c in points], sweep._vocab(base)
+        designed = design_lib.extend_edges(cfgs, design_lib.design_runs(cfgs, design, vocab), design, landed, vocab)
+        ids |= {c.run_id for runs in designed for c in runs} | {c.run_id for c in design_lib.replicates(designed, design, landed)}
+        for budget in design.budgets:
+            sets = {frozenset((c.model.size, c.model.n_layers) for c in runs
+                              if budget in c.study.flop_budgets) for runs in designed}
+            assert len(sets) == 1
     assert set(landed["run_id"]) <= ids
-    for budget in design.budgets:
-        sets = {frozenset((c.model.size, c.model.n_layers) for c in runs
-                          if budget in c.study.flop_budgets) for runs in designed}
-        assert len(sets) == 1
 
 
 # --------------------------------------------------------------------------- before a sweep runs
