@@ -807,6 +807,22 @@ def prediction_section(p: dict, unit: str) -> str:
                   f"their fits' uncertainty only, not the measured vertex's); mean error {score['mean_error']:+.4f}, "
                   f"mean absolute error {score['mean_abs_error']:.4f}. Predicted: {p['reason']}. "
                   f"Measured: {score['measured_reason'] or 'no verdict'}."]
+    gaps = score.get("gaps") or []
+    if gaps:
+        ref = score["reference"]
+        lines += ["", f"A law can miss every minimum's level alike and still rank the precisions right, so each "
+                      f"recipe's gap to {ref} is scored too: predicted (the difference of the two predicted minima) "
+                      f"against measured (paired, shape-adjusted, with its 95% CI).", "",
+                  "| recipe | predicted gap | measured gap | measured 95% CI | error | inside the CI |",
+                  "| --- | --- | --- | --- | --- | --- |"]
+        for g in gaps:
+            lines.append(f"| {g['recipe']} | {g['predicted']:+.4f} | {g['measured']:+.4f} | "
+                         f"{g['measured_ci'][0]:+.4f} to {g['measured_ci'][1]:+.4f} | {g['error']:+.4f} | "
+                         f"{'yes' if g['inside'] else 'no'} |")
+        lines += ["", f"{score['gaps_inside']} of {len(gaps)} predicted gaps to {ref} fell inside the measured gap's 95% CI "
+                      f"(the measurement's uncertainty only: the prediction file holds no interval for gaps); mean "
+                      f"absolute gap error {score['gap_mean_abs_error']:.4f}, against {score['mean_abs_error']:.4f} "
+                      f"for the minima themselves."]
     return "\n".join(lines)
 
 

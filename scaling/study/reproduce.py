@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Callable
 
 
-from scaling.study import curves, fit, report, analysis as study, selection, sweep, takeoff
+from scaling.study import curves, fit, predict, report, analysis as study, selection, sweep, takeoff
 from scaling.study.summary import Summary
 from scaling.train import runs
 from scaling.errors import ConfigError
@@ -102,7 +102,10 @@ def reproduce(preset: str, out: str | Path, *, bootstrap: int = 100, workers: in
     result.to_json(out / "fits" / f"{studied}.json")
     run_curves = curves.load_curves(committed.curves_path)
     run_curves = run_curves[run_curves["run_id"].isin(ids)].reset_index(drop=True)
-    path = report.write_report(df, result, out / "paper_figures", curves=run_curves)
+    # a held-out budget's prediction, committed beside the results before that budget trained
+    predicted = out / "results" / f"{studied}_prediction.json"
+    path = report.write_report(df, result, out / "paper_figures", curves=run_curves,
+                               prediction=predict.load(predicted) if predicted.is_file() else None)
     end = time.perf_counter()
     echo(f"{preset}: {len(df)} rows, fit and report in {end - phase:.0f} s ({end - started:.0f} s in all) -> {path}")
     return path

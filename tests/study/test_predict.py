@@ -99,6 +99,30 @@ def test_score_counts_the_measured_minima_inside_their_intervals(found):
     assert [r["inside"] for r in scored["recipes"]] == [False, True, True]
 
 
+def test_score_sets_each_gap_to_the_reference_against_its_measured_ci(found):
+    """Every minimum measured 0.05 low (a level the law misses alike) but fp8's gap to fp32 off by 0.05
+    more: the gaps are right for mxfp4 and wrong for fp8, whatever the levels say."""
+    predicted = {e["recipe"]: e["loss"] for e in found["recipes"]}
+    shift = {"fp32": -0.05, "fp8": -0.10, "mxfp4": -0.05}
+    measured = {"recipes": []}
+    for e in found["recipes"]:
+        r = e["recipe"]
+        gap = None if r == "fp32" else (predicted[r] + shift[r]) - (predicted["fp32"] + shift["fp32"])
+        measured["recipes"].append({"recipe": r, "loss": predicted[r] + shift[r], "ci": [0, 9], "N_opt": e["N_opt"],
+                                    "inside": True, "gap": gap, "gap_ci": None if gap is None else [gap - 0.02, gap + 0.02]})
+    scored = predict.score(found, measured)
+    assert scored["reference"] == "fp32" and scored["mean_error"] == pytest.approx(-0.2 / 3)
+    gaps = {g["recipe"]: g for g in scored["gaps"]}
+    assert set(gaps) == {"fp8", "mxfp4"} and scored["gaps_inside"] == 1
+    assert gaps["fp8"]["predicted"] == pytest.approx(predicted["fp8"] - predicted["fp32"])
+    assert gaps["fp8"]["error"] == pytest.approx(-0.05) and not gaps["fp8"]["inside"]
+    assert gaps["mxfp4"]["error"] == pytest.approx(0.0, abs=1e-12) and gaps["mxfp4"]["inside"]
+    assert scored["gap_mean_abs_error"] == pytest.approx(0.025)
+    # without a measured reference there is nothing to take gaps against
+    no_ref = {"recipes": [m for m in measured["recipes"] if m["recipe"] != "fp32"]}
+    assert predict.score(found, no_ref)["gaps"] == []
+
+
 def test_the_cli_refuses_a_design_whose_runs_have_landed_and_never_overwrites(tmp_path):
     held = _held_out(tmp_path, 2e11)  # one budget of the quick study's, as a design of its own: other run ids
     out = tmp_path / "p.json"
@@ -136,7 +160,12 @@ def test_report_shows_the_prediction_then_predicted_against_measured(found):
     measured = {"budget": HELD, "winner": None, "reason": "cannot tell: stand-in", "recipes": [
         {"recipe": e["recipe"], "loss": e["loss_pi"][1] + 1 if e["recipe"] == "fp8" else e["loss"], "ci": [0, 1],
          "N_opt": e["N_opt"], "inside": True} for e in found["recipes"]]}
+    for m in measured["recipes"]:  # the analysis' gaps to the reference, fp32
+        ref = measured["recipes"][0]["loss"]
+        m["gap"] = None if m["recipe"] == "fp32" else m["loss"] - ref
+        m["gap_ci"] = None if m["gap"] is None else [m["gap"] - 0.01, m["gap"] + 0.01]
     facts = report.prediction_facts(found, {"budgets": [measured]})
     after = report.prediction_section(facts, unit)
     assert "2 of 3 measured minima fell inside their 95% prediction intervals" in after
     assert "| fp8 |" in after and "| no |" in after and "Measured: cannot tell: stand-in" in after
+    assert "1 of 2 predicted gaps to fp32 fell inside the measured gap's 95% CI" in after

@@ -239,8 +239,17 @@ def test_reproduce_runs_an_isoflop_study_reuses_landed_runs_and_reports_only_the
     (stale / "summary.json").write_text(json.dumps({**summary, "run_id": stale.name}))
     landed = {p: p.stat().st_mtime_ns for p in (out / "runs" / "repro").glob("*/summary.json") if p.parent != stale}
 
+    # a held-out budget's prediction committed beside the results: the report shows it
+    recipe = lambda r, loss: {"recipe": r, "loss": loss, "loss_pi": [loss - 0.1, loss + 0.1], "N_opt": 3e4,
+                              "N_pi": [2e4, 4e4], "p_best": 0.5}
+    (out / "results" / "repro_prediction.json").write_text(json.dumps({
+        "budget": 9e10, "level": 0.95, "fitted_on": {"budgets": [1.5e10, 3e10], "runs": 6}, "laws": [{"name": "kumar"}],
+        "draws": 8, "sigma_measurement": 0.01, "sigma_lack_of_fit": 0.0, "reason": "cannot tell: stand-in",
+        "recipes": [recipe("fp32", 3.1), recipe("fp8", 3.2)]}))
+
     report = reproduce.reproduce("repro", out, bootstrap=4, progress=False, echo=print)
     assert "repro: 6 runs, 6 already landed" in capsys.readouterr().out  # nothing retrained
+    assert "## A budget predicted before it was trained" in report.read_text()
     assert {p: p.stat().st_mtime_ns for p in landed} == landed
     table = pd.read_csv(out / "results" / "repro.csv")
     assert set(table["run_id"]) == {s.run_id for s in sweep.expand(experiments / "repro.toml")}
