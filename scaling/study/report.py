@@ -789,7 +789,8 @@ def prediction_section(p: dict, unit: str) -> str:
         for e in sorted(p["recipes"], key=lambda e: e["loss"]):
             lines.append(f"| {e['recipe']} | {e['loss']:.4g} | {e['loss_pi'][0]:.4g}–{e['loss_pi'][1]:.4g} | "
                          f"{_fmt(e['N_opt'])} ({_fmt(e['N_pi'][0])}–{_fmt(e['N_pi'][1])}) | {e['p_best']:.2f} |")
-        lines += ["", f"Predicted: {p['reason']}. Not measured yet: none of this budget's runs has landed."]
+        lines += ["", f"Predicted: {p['reason']}. Not measured yet: the results hold none of this budget's runs "
+                      "(they join them once all have landed)."]
         return "\n".join(lines)
     lines += ["| recipe | predicted minimum | 95% PI | measured | measured 95% CI | error | inside | N predicted (95% PI) | N measured |",
               "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
