@@ -224,25 +224,25 @@ def score(prediction: dict[str, Any], measured: dict[str, Any]) -> dict[str, Any
                      "measured_at_edge": m.get("inside") is False})
     scored = [r for r in rows if r.get("measured") is not None]
     errors = np.array([r["error"] for r in scored], float)
-    gaps = _gap_scores(prediction, got)
+    reference = next((r for r, m in got.items() if m.get("gap") is None), None)  # the analysis' own: no gap
+    gaps = _gap_scores(prediction, got, reference)
     gap_errors = np.array([g["error"] for g in gaps], float)
     return {"budget": prediction["budget"], "recipes": rows, "n": len(scored),
             "inside": int(sum(r["inside"] for r in scored)), "N_inside": int(sum(r["N_inside"] for r in scored)),
             "mean_error": float(errors.mean()) if len(errors) else None,
             "mean_abs_error": float(np.abs(errors).mean()) if len(errors) else None,
-            "reference": next((r for r, m in got.items() if m.get("gap") is None), None), "gaps": gaps,
+            "reference": reference, "gaps": gaps,
             "gaps_inside": int(sum(g["inside"] for g in gaps)),
             "gap_mean_abs_error": float(np.abs(gap_errors).mean()) if len(gaps) else None,
             "predicted_winner": prediction.get("winner"), "measured_winner": measured.get("winner"),
             "measured_reason": measured.get("reason", "")}
 
 
-def _gap_scores(prediction: dict[str, Any], got: dict[str, dict]) -> list[dict[str, Any]]:
-    """Each recipe's gap to the measured reference (the recipe without one), predicted (the difference
+def _gap_scores(prediction: dict[str, Any], got: dict[str, dict], reference: str | None) -> list[dict[str, Any]]:
+    """Each recipe's gap to the measured reference, predicted (the difference
     of the two predicted minima) against measured (the analysis' paired, shape-adjusted gap). `inside`:
     the predicted gap lies in the measured gap's CI; the prediction holds no interval for gaps, so
     this counts the measurement's uncertainty only."""
-    reference = next((r for r, m in got.items() if m.get("gap") is None), None)
     predicted = {e["recipe"]: e["loss"] for e in prediction["recipes"]}
     if reference not in predicted:
         return []
