@@ -256,12 +256,16 @@ def extend_edges(points: Sequence[dict], designed: Sequence[Sequence[config.RunC
     for i, point in enumerate(points):
         base = config.validate(point)
         shapes.append(_shapes(base, design, vocab))
+        # a (budget, shape) the point's own runs serve already is no edge: its run there is a design run
+        served = {(b, c.model.size, c.model.n_layers) for c in out[i] for b in c.study.flop_budgets if b}
         runs = {}  # every edge run this point could have: those landed are kept
         for shape, per_token in zip(shapes[i]["shape"], shapes[i]["per_token"]):
             for budget in design.budgets:
                 steps = int(np.round(budget / per_token / base.tokens_per_step))  # as _served rounds
                 if steps >= max(design.min_steps, base.train.warmup + 1):
-                    runs[(budget, shape)] = _run_config(point, base, shape, {steps: budget}, design.cost)
+                    run = _run_config(point, base, shape, {steps: budget}, design.cost)
+                    if (budget, run.model.size, run.model.n_layers) not in served:
+                        runs[(budget, shape)] = run
         edge_runs.append(runs)
         held = {c.run_id for c in out[i]}
         out[i] += [c for c in runs.values() if c.run_id in on_disk and c.run_id not in held]

@@ -87,6 +87,22 @@ def test_an_edge_minimum_of_one_recipe_extends_the_shapes_of_all():
     assert len(extended[0]) == len(designed[0]) and len(extended[1]) == len(designed[1]) + 1
 
 
+def test_edge_runs_never_repeat_a_budget_and_shape_a_design_run_serves():
+    """A run serving two budgets (a WSD branch at the first), or a reference run trained on to other
+    recipes' steps, already holds each (budget, shape) it serves: the edge runs a landed edge calls
+    for add new shapes only, never a second run of the same model, tokens and seed."""
+    points = _points("fp32", "mxfp4")
+    design = design_lib.Design.from_table({**TABLE, "extend_edges": True, "reference": "fp32"})
+    designed = design_lib.design_runs(points, design)
+    assert any(len([b for b in c.study.flop_budgets if b]) == 2 for c in designed[1])  # a shape serving both
+    extended = design_lib.extend_edges(points, designed, design, _landed(designed, lambda r, n: -n))
+    for before, after in zip(designed, extended):
+        served = [(b, c.model.size, c.model.n_layers) for c in after for b in c.study.flop_budgets if b]
+        assert len(served) == len(set(served))
+        largest = {b: max(sizes) for b, sizes in _shapes_by_budget(before).items()}
+        assert _shapes_by_budget([c for c in after if c not in before]) == {b: {n + 1} for b, n in largest.items()}
+
+
 def test_the_reference_study_on_common_shapes_reuses_every_landed_run():
     """The lower budgets and the held-out budget (one sweep, two designs): every landed run is one the
     designs expand to, and at every budget every recipe has the same shapes."""
