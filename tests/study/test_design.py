@@ -120,6 +120,9 @@ def test_the_reference_study_on_common_shapes_reuses_every_landed_run():
                               if budget in c.study.flop_budgets) for runs in designed}
             assert len(sets) == 1
     assert set(landed["run_id"]) <= ids
+    # one run per cell: a second run of the same model, tokens and seed would count as two observations
+    cells = landed[landed["budget"] > 0].groupby(["recipe", "N", "seed", "budget"])["run_id"].nunique()
+    assert cells.max() == 1
 
 
 # --------------------------------------------------------------------------- before a sweep runs
