@@ -67,12 +67,19 @@ def main(args: argparse.Namespace) -> int:
     pins = _gpu_pins(args)
     out_root = Path(args.out)
     name = sweep.experiment_points(args.experiment, args.set)[0]
-    committed = Summary(Path(args.summary)) if args.summary else Summary.of(out_root, name)
+    pinned = sweep.pinned_corpus(args.experiment, args.set)
+    committed = Summary(Path(args.summary), pinned) if args.summary else Summary.of(out_root, name, pinned)
     specs = sweep.expand(args.experiment, args.set, landed=out_root, summary=committed)
     todo = _todo(specs, out_root, committed)
     if committed.path.is_file():
         reused = committed.landed_ids() & {s.run_id for s in specs}
         print(f"{committed.path}: {len(reused)} of these runs landed there (reused, not trained again)")
+        elsewhere = committed.elsewhere()
+        elsewhere = elsewhere[elsewhere["run_id"].isin({s.run_id for s in specs})].drop_duplicates("run_id")
+        if len(elsewhere):
+            corpora = ", ".join(sorted(map(str, elsewhere["corpus"].fillna("no recorded corpus").unique())))
+            print(f"{committed.path}: {len(elsewhere)} of these runs trained on another corpus ({corpora}), "
+                  f"not the pinned {pinned}: trained again, their rows replaced as they land")
     lanes = (len(pins) if pins else args.workers or 1) if args.executor == "local" else 1
     eta, timed, shapes = takeoff.eta_seconds(todo, out_root, lanes)
     source = (f", {timed} of {shapes} shapes timed by take-off probes" if timed else
@@ -87,7 +94,12 @@ def main(args: argparse.Namespace) -> int:
             print(f"  {line}")
         for line in warnings:
             print(f"warning: {line}")
+        try:
+            sweep.check_corpus(todo, out_root, pinned)
+        except ConfigError as e:  # a dry run only looks: say what training here would meet
+            print(f"warning: training here would stop: {e}")
         return 0
+    sweep.check_corpus(todo, out_root, pinned)
     if pins:  # GPU take-off, before anything compiles: each slot probed as its runs will see it
         pins = devices.check_gpu_pins(pins, sweep.worker_env)
     if args.executor == "ray" and args.gpus_per_run > 0:  # the same on every GPU of the Ray cluster

@@ -179,7 +179,8 @@ def predict(rows: pd.DataFrame, line: pd.DataFrame, budget: float, *, cost: str 
                                 f"{level:.0%} PI [{diff_pi[0]:.3f}, {diff_pi[1]:.3f}] includes zero")
     return {"budget": float(budget), "cost_model": cost, "level": level,
             "fitted_on": {"budgets": lower, "runs": int(rows["run_id"].nunique()), "rows": int(len(rows)),
-                          "recipes": sorted(set(rows["recipe"]))},
+                          "recipes": sorted(set(rows["recipe"])),
+                          "run_ids": sorted(set(rows["run_id"]))},  # which runs, for a later reader
             "chosen_law": choice["chosen"], "laws": laws_used, "draws": int(len(loss)),
             "sigma_measurement": sigma_meas, "sigma_lack_of_fit": sigma_lack,
             "recipes": out_recipes, "best": recipes[b], "runner_up": recipes[r],

@@ -769,7 +769,9 @@ def prediction_facts(prediction: dict, facts: dict) -> dict:
     measured = next((b for b in facts.get("budgets", []) if np.isclose(b["budget"], prediction["budget"], rtol=1e-9)), None)
     keep = ("budget", "cost_model", "level", "fitted_on", "chosen_law", "draws", "sigma_measurement",
             "sigma_lack_of_fit", "recipes", "best", "runner_up", "diff", "diff_pi", "winner", "reason")
-    return {**{k: prediction.get(k) for k in keep}, "laws": [e["name"] for e in prediction.get("laws", [])],
+    kept = {k: prediction.get(k) for k in keep}
+    kept["fitted_on"] = {k: v for k, v in (kept["fitted_on"] or {}).items() if k != "run_ids"}  # a count will do
+    return {**kept, "laws": [e["name"] for e in prediction.get("laws", [])],
             "score": predict_lib.score(prediction, measured) if measured else None}
 
 

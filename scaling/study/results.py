@@ -26,7 +26,8 @@ COLUMNS = [
 ]
 # Run-level extras that fits and figures use (the floating-point law needs ebits/mbits/block).
 EXTRAS = ["size", "n_layers", "d_model", "lr", "tokens", "ebits", "mbits", "block", "flops_per_token", "step", "corpus", "tokenizer",
-          "val_bpb", "train_bpb"]
+          "val_bpb", "train_bpb",
+          "hardware"]  # scaling.host.describe() where it trained: the GEMM path moves a loss's last bits
 EVAL_KEYS = ("D", "step", "val_loss", "train_loss", "val_bpb", "train_bpb")  # what each evaluation row carries
 TELEMETRY_METRICS = ["amax", "frac_saturated", "frac_underflow", "snr_db"]
 
@@ -59,6 +60,15 @@ def _run_dirs(root: Path) -> list[Path]:
     """Run directories under root; dot-directories (take-off probes, temporaries) are not results."""
     return sorted(p.parent for p in root.rglob("summary.json")
                   if not any(part.startswith(".") for part in p.relative_to(root).parts))
+
+
+def on_corpus(rows: pd.DataFrame, fingerprint: str) -> pd.Series:
+    """Which rows trained on the corpus data.fingerprint pins: the `corpus` column holds its source
+    and first 12 hex digits ("pysrc e32929165c71"); a row without one is on no known corpus."""
+    if "corpus" not in rows.columns:
+        return pd.Series(False, index=rows.index)
+    digits = rows["corpus"].astype("string").str.split(" ").str[1]
+    return (digits.notna() & digits.fillna("").map(lambda d: len(d) >= 12 and fingerprint.startswith(d))).astype(bool)
 
 
 def load(path: str | Path) -> pd.DataFrame:

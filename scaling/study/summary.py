@@ -33,19 +33,30 @@ class Summary:
     """The committed summary of one sweep: `path` is its .csv, the curves sit beside it."""
 
     path: Path
+    corpus: str = ""  # data.fingerprint of the sweep: rows of runs trained on other data have not landed
 
     @classmethod
-    def of(cls, root: str | Path, sweep: str) -> "Summary":
+    def of(cls, root: str | Path, sweep: str, corpus: str = "") -> "Summary":
         """The repository's layout: <root>/<sweep>.csv (root: results/)."""
-        return cls(Path(root) / f"{sweep}.csv")
+        return cls(Path(root) / f"{sweep}.csv", corpus)
 
     @property
     def curves_path(self) -> Path:
         return self.path.with_name(f"{self.path.stem}_curves.parquet")
 
     def rows(self) -> pd.DataFrame:
-        """The committed rows (empty where there is no summary yet)."""
+        """The committed rows of runs on the pinned corpus (all where none is pinned)."""
+        rows = self.all_rows()
+        return rows[results.on_corpus(rows, self.corpus)].reset_index(drop=True) if self.corpus else rows
+
+    def all_rows(self) -> pd.DataFrame:
+        """Every committed row (empty where there is no summary yet)."""
         return results.load(self.path) if self.path.is_file() else pd.DataFrame(columns=results.COLUMNS)
+
+    def elsewhere(self) -> pd.DataFrame:
+        """Committed rows of runs trained on another corpus than the pinned one (to be trained again)."""
+        rows = self.all_rows()
+        return rows[~results.on_corpus(rows, self.corpus)] if self.corpus else rows.iloc[:0]
 
     def landed_ids(self) -> set[str]:
         """Runs the summary records as landed for good."""
@@ -66,7 +77,7 @@ class Summary:
             fresh = fresh[fresh["run_id"].isin(only)].reset_index(drop=True)
         if fresh.empty:
             return
-        results.export(_replace_runs(self.rows(), fresh, results.tidy), self.path)
+        results.export(_replace_runs(self.all_rows(), fresh, results.tidy), self.path)
         run_curves = curves.load_curves(run_dir)
         run_curves = curves.subsample(run_curves[run_curves["run_id"].isin(set(fresh["run_id"]))], CURVE_POINTS)
         if self.curves_path.is_file():
@@ -77,7 +88,7 @@ class Summary:
         """Join another summary of the same sweep (a held-out budget's, a recipe added later) into
         this one: its rows and curves replace this summary's for the runs both hold. Returns (runs
         added, runs replaced). Both files are written atomically; the other summary is left as it is."""
-        theirs, mine = other.rows(), self.rows()
+        theirs, mine = other.all_rows(), self.all_rows()
         if theirs.empty:
             raise ConfigError("merge", str(other.path), "a summary with landed runs")
         if len(mine) and "sweep" in theirs.columns and "sweep" in mine.columns:

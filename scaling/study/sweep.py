@@ -196,6 +196,33 @@ def experiment_points(path: str | Path, overrides: list[str] = ()) -> tuple[str,
     return sweep, base, points, design
 
 
+def pinned_corpus(path: str | Path, overrides: list[str] = ()) -> str:
+    """The data.fingerprint an experiment's runs pin ("": none); ConfigError where its points differ:
+    a sweep's runs are compared with each other, so they train on one corpus."""
+    pins = {str((cfg.get("data") or {}).get("fingerprint", "")) for _, cfg in experiment_points(path, overrides)[2]}
+    if len(pins) > 1:
+        raise ConfigError("data.fingerprint", sorted(pins), "one value for every run of a sweep")
+    return pins.pop() if pins else ""
+
+
+def check_corpus(specs: list[RunSpec], out_root: Path, pinned: str) -> None:
+    """Before anything trains: each source resolves here to the pinned corpus, and no run directory of
+    the sweeps (<out_root>/<sweep>/<run id>) holds a run trained on other data."""
+    if not pinned:
+        return
+    for source, tokenizer in sorted({(s.config.data.source, s.config.data.tokenizer) for s in specs}):
+        data.check_fingerprint(data.load(source, tokenizer), pinned)
+    from scaling.study import results, summary as summary_lib
+
+    for run_dir in sorted({Path(out_root) / s.sweep for s in specs}):
+        rows = summary_lib.landed_rows(run_dir, None).drop_duplicates("run_id")
+        other = rows[~results.on_corpus(rows, pinned)]
+        if len(other):
+            raise ConfigError("data.fingerprint", pinned, f"run directories of that corpus only ({len(other)} under {run_dir} "
+                              f"trained on {', '.join(sorted(map(str, other['corpus'].fillna('no recorded corpus').unique())))}, "
+                              f"e.g. {other['run_id'].iloc[0]}: move them away to train them again)")
+
+
 def _vocab(cfg: dict) -> int:
     """The vocabulary a config's corpus gives (the head's FLOPs depend on it); byte corpora: 256, BPE: V."""
     source, tokenizer = cfg.get("data", {}).get("source", "stdlib"), cfg.get("data", {}).get("tokenizer", "bytes")

@@ -147,6 +147,13 @@ def _source(key: str, value: Any) -> str:
     return value
 
 
+@_allowing('"" (any), or 12 to 64 hex digits: the start of the corpus\'s sha256 (the results\' `corpus` column)')
+def _fingerprint(key: str, value: Any) -> str:
+    if not isinstance(value, str) or not (value == "" or (12 <= len(value) <= 64 and all(c in "0123456789abcdef" for c in value))):
+        raise ConfigError(key, value, _fingerprint.allowed)
+    return value
+
+
 @_allowing(data.TOKENIZER_ALLOWED + " (a BPE for text sources only)")
 def _tokenizer(key: str, value: Any) -> str:
     vocab = data.tokenizer_vocab(value)  # raises ConfigError naming data.tokenizer
@@ -260,6 +267,10 @@ class Data:
                              "trained on the training split.")
     eval_tokens: int = setting(65536, _integer(1), "Validation tokens per evaluation, in windows spread over "
                                "the validation split.")
+    fingerprint: str = setting("", _fingerprint, "The corpus the run must train on: `pysrc` and `stdlib` are "
+                               "what this installation holds, so another venv or checkout path is other data. "
+                               "A run whose source resolves to another fingerprint stops before it trains; "
+                               "`\"\"`: any.")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -402,7 +413,9 @@ def canonical_form(cfg: RunConfig) -> dict:
     a knob since removed, is hashed at the value every run had (0). Keys added after the first ids
     enter only where they differ from what every earlier run had: model.n_layers when set,
     data.tokenizer when not "bytes", train.tracker when not empty, and [study] when it has flop
-    budgets (without them study.cost labels nothing and is left out)."""
+    budgets (without them study.cost labels nothing and is left out). data.fingerprint is never
+    hashed: it checks which data the source resolves to and is not a setting of the experiment (the
+    results rows record the corpus each run trained on)."""
     m, d, t, h, s = cfg.model, cfg.data, cfg.train, cfg.health, cfg.study
     form = {
         "name": cfg.name,

@@ -128,6 +128,14 @@ class Corpus:
         return described
 
 
+def check_fingerprint(corpus: Corpus, pinned: str) -> None:
+    """ConfigError unless the corpus is the pinned one (data.fingerprint; "" pins nothing)."""
+    if pinned and not corpus.fingerprint.startswith(pinned):
+        raise ConfigError("data.fingerprint", pinned, f"the fingerprint of the corpus data.source = {corpus.source!r} "
+                          f"resolves to here, {corpus.fingerprint[:12]} (another installation or checkout path "
+                          "is other data: train where the pinned corpus is, or pin this one)")
+
+
 def load(source: str, tokenizer: str = "bytes") -> Corpus:
     """The corpus named by `data.source`, tokenised by `data.tokenizer` (see the module docstring);
     bad values raise ConfigError."""

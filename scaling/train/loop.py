@@ -146,6 +146,7 @@ class Setup:
 def prepare(cfg: config_lib.RunConfig) -> Setup:
     """Load everything a run needs; raises ConfigError before anything is written."""
     corpus = data.load(cfg.data.source, cfg.data.tokenizer)
+    data.check_fingerprint(corpus, cfg.data.fingerprint)
     seq_len, eval_tokens = cfg.model.seq_len, cfg.data.eval_tokens
     if corpus.train.size < seq_len + 1:
         raise ConfigError("model.seq_len", seq_len, f"at most {corpus.train.size - 1} for this corpus")

@@ -65,6 +65,7 @@ def test_the_design_line_lands_on_the_budget_even_for_the_reference_that_trains_
 def test_a_prediction_names_every_recipe_with_an_interval_and_says_cannot_tell_when_it_cannot(found, rows):
     assert [e["recipe"] for e in found["recipes"]] == ["fp32", "fp8", "mxfp4"]
     assert found["fitted_on"]["budgets"] == [1e11, 2e11] and found["fitted_on"]["runs"] == rows["run_id"].nunique()
+    assert found["fitted_on"]["run_ids"] == sorted(set(rows["run_id"]))  # which runs the fit saw
     assert math.isclose(sum(e["p_best"] for e in found["recipes"]), 1.0)
     measured_2e11 = rows[np.isclose(rows["budget"].astype(float), 2e11)].groupby("recipe")["val_loss"].min()
     for e in found["recipes"]:

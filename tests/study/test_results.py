@@ -19,7 +19,7 @@ def _summary(run_id, evals, **extra):
 def test_one_row_per_run_and_budget(tmp_path):
     evals = [{"D": 100, "step": 1, "val_loss": 3.0, "train_loss": 3.1},
              {"D": 200, "step": 2, "val_loss": 2.5, "train_loss": 2.6}]
-    atomic_write_json(tmp_path / "sw" / "aaa" / "summary.json", _summary("aaa", evals))
+    atomic_write_json(tmp_path / "sw" / "aaa" / "summary.json", _summary("aaa", evals, hardware="gpu: NVIDIA H200 x1"))
     atomic_write_json(tmp_path / "sw" / "bbb" / "summary.json", _summary(
         "bbb", evals[:1], P=4, corpus={"source": "stdlib", "fingerprint": "b27681494f2ffe6815ee", "bytes": 10}))
     (tmp_path / "sw" / "ccc").mkdir()  # crashed before landing: no summary, no row
@@ -34,6 +34,8 @@ def test_one_row_per_run_and_budget(tmp_path):
     assert (df["activation_amax"] == 3.0).all()
     assert df.loc[df.run_id == "bbb", "corpus"].item() == "stdlib b27681494f2f"  # which data, for the report
     assert df.loc[df.run_id == "aaa", "corpus"].isna().all()
+    assert (df.loc[df.run_id == "aaa", "hardware"] == "gpu: NVIDIA H200 x1").all()  # where it trained, per row
+    assert df.loc[df.run_id == "bbb", "hardware"].isna().all()
 
 
 def test_bits_per_byte_and_tokenizer_are_carried(tmp_path):

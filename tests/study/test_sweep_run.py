@@ -288,3 +288,35 @@ def test_the_sweep_keeps_a_summary_and_a_machine_without_the_run_directories_reu
     again = after[after.run_id != dropped].set_index(["run_id", "D"]).sort_index()
     assert (again["val_loss"] == kept["val_loss"]).all()  # the committed rows as they were
     assert set(pd.read_parquet(fresh / "smoke_sweep_curves.parquet").run_id) == {dropped}
+
+
+def test_a_pinned_corpus_retrains_runs_landed_on_other_data_and_stops_on_the_wrong_one(smoke_results, tmp_path):
+    out, _ = smoke_results
+    specs = sweep.expand(SMOKE)
+    summary = pd.read_csv(out / "smoke_sweep.csv")
+    real = summary["corpus"].iloc[0].split(" ")[1]  # synthetic's first 12 hex digits
+    fresh, moved = tmp_path / "results", specs[2].run_id
+    fresh.mkdir()
+    # one run's rows say it trained on other data (another venv's pysrc, say)
+    summary.loc[summary.run_id == moved, "corpus"] = "pysrc 0123456789ab"
+    summary.to_csv(fresh / "smoke_sweep.csv", index=False)
+    unpinned = scaling_cli("sweep", SMOKE, "--out", fresh, "--dry-run")
+    assert "3 landed, 0 to run" in unpinned.stdout, unpinned.stdout + unpinned.stderr
+    pinned = ["--set", f"data.fingerprint={real}"]
+    proc = scaling_cli("sweep", SMOKE, "--out", fresh, *pinned, "--dry-run")
+    assert proc.returncode == 0 and "2 landed, 1 to run" in proc.stdout, proc.stdout + proc.stderr
+    assert "1 of these runs trained on another corpus (pysrc 0123456789ab)" in proc.stdout
+    assert specs[2].run_id == sweep.expand(SMOKE, [f"data.fingerprint={real}"])[2].run_id  # the pin is no part of the run id
+    # the wrong corpus here: a dry run says so, a sweep stops before it writes anything
+    wrong = ["--set", "data.fingerprint=" + "f" * 12]
+    proc = scaling_cli("sweep", SMOKE, "--out", fresh, *wrong, "--dry-run")
+    assert proc.returncode == 0 and "warning: training here would stop: data.fingerprint" in proc.stdout
+    proc = scaling_cli("sweep", SMOKE, "--out", fresh, *wrong, "--no-progress")
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [proc.stderr.strip()], proc.stderr
+    assert f"resolves to here, {real}" in proc.stderr and not (fresh / "smoke_sweep").exists()
+    # the right one: only the run on other data trains again, and its rows are replaced
+    proc = scaling_cli("sweep", SMOKE, "--out", fresh, *pinned, "--no-progress")
+    assert proc.returncode == 0 and "ok 1" in proc.stdout, proc.stdout + proc.stderr
+    assert [p.name for p in (fresh / "smoke_sweep").iterdir() if p.is_dir()] == [moved]
+    after = pd.read_csv(fresh / "smoke_sweep.csv")
+    assert set(after["corpus"].str.split(" ").str[1]) == {real} and len(after) == 3 * 2

@@ -268,3 +268,12 @@ def test_eval_windows_span_the_split_without_overlap():
         data.eval_windows(tokens, eval_tokens=2000, seq_len=16)
     sample = data.train_sample(tokens, 64, 16)
     assert np.array_equal(sample, data.train_sample(tokens, 64, 16)) and sample.shape == (4, 17)
+
+
+def test_a_pinned_fingerprint_names_the_corpus_the_source_resolves_to():
+    corpus = data.synthetic_corpus()
+    data.check_fingerprint(corpus, "")  # pins nothing
+    data.check_fingerprint(corpus, corpus.fingerprint[:12])
+    data.check_fingerprint(corpus, corpus.fingerprint)
+    with pytest.raises(ConfigError, match=f"data.fingerprint: got '0{{12}}'.*resolves to here, {corpus.fingerprint[:12]}"):
+        data.check_fingerprint(corpus, "0" * 12)
