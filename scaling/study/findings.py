@@ -409,6 +409,19 @@ def _law_columns(fit: Any) -> tuple[str, ...]:
     return laws.get(fit.law).columns
 
 
+def corpora(df: pd.DataFrame, budget: float | None = None) -> dict[str, dict[str, int]]:
+    """{corpus: {recipe: runs}} of the rows (at `budget` where given), most runs first: which data each
+    recipe trained on (`pysrc` is what the training venv holds, so runs from two venvs differ in data)."""
+    if "corpus" not in df.columns or df.empty:
+        return {}
+    if budget is not None and "budget" in df.columns:
+        df = df[np.isclose(pd.to_numeric(df["budget"], errors="coerce"), budget, rtol=1e-6)]
+    runs = df.drop_duplicates("run_id").assign(corpus=lambda d: d["corpus"].fillna("not recorded").astype(str))
+    counts = runs.groupby(["corpus", "recipe"]).size()
+    order = runs["corpus"].value_counts().index
+    return {c: {str(r): int(n) for r, n in counts[c].items()} for c in order}
+
+
 def _seeds_per_cell(df: pd.DataFrame) -> list[int]:
     """[min, max] number of seeds per (sweep, recipe, N, D) cell."""
     if df.empty or "seed" not in df.columns:

@@ -38,6 +38,7 @@ def findings_markdown(f: dict) -> str:
              f"{f['runs']} IsoFLOP runs ({_span(f['seeds_per_cell'])} seeds per size, recipe and token count). "
              f"Loss in {unit}; compute in 16-bit FLOP units under the `{cost}` cost model: {_after_colon(f['cost_model'])}.",
              ""]
+    lines += _corpora(f)
     lines += _budgets(f, unit)
     lines += _law(f.get("law") or {})
     lines += _pstar(f)
@@ -48,6 +49,27 @@ def findings_markdown(f: dict) -> str:
     if f.get("outliers"):
         lines += _outliers(f["outliers"], unit)
     return "\n".join(lines) + "\n"
+
+
+def _corpora(f: dict) -> list[str]:
+    """Where a budget's runs trained on more than one corpus: the recipes wholly off the main one."""
+    mixed = [b for b in f["budgets"] if len(b.get("corpora") or {}) > 1]
+    if not mixed:
+        return []
+    names = sorted({c for b in mixed for c in b["corpora"]})
+    main = max(names, key=lambda c: sum(sum(b["corpora"].get(c, {}).values()) for b in mixed))
+    off: dict[str, set[str]] = {}
+    for b in mixed:
+        for c, recipes in b["corpora"].items():
+            for r in recipes:
+                if c != main and not b["corpora"].get(main, {}).get(r):
+                    off.setdefault(r, set()).add(c)
+    wholly = "; ".join(f"{r} ({', '.join(sorted(cs))})" for r, cs in sorted(off.items()))
+    return [f"- **Not one corpus.** These runs trained on {len(names)} corpora ({', '.join(names)}; `pysrc` is what "
+            f"the training venv holds, so two venvs or checkout paths give two corpora), most on {main}. "
+            + (f"Recipes with no run on {main}: {wholly}. " if wholly else "")
+            + "Every verdict below between recipes that trained on different corpora confounds the data with the "
+              "precision; REPORT's findings list which recipe trained on which."]
 
 
 def _budgets(f: dict, unit: str) -> list[str]:

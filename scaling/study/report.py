@@ -314,6 +314,7 @@ def findings_section(f: dict) -> str:
             at = _fmt(e["N_opt"]) + ("" if e["inside"] else " (edge)")
             p_best = f"{e['p_best']:.2f}" if e["p_best"] is not None else "–"
             lines.append(f"| {e['recipe']} | {e['bits_eff']:.3g} | {e['runs']} ({e['sizes']}) | {e['loss']:.4g} | {ci} | {at} | {p_best} |")
+        lines += _corpora_lines(b.get("corpora") or {})
         lines += _shape_effects_table(b, unit)
     interp = sum(e["interpolated"] for b in f["budgets"] for e in b["recipes"])
     if interp:
@@ -472,6 +473,22 @@ def _not_ok_lines(not_ok: dict, what: str) -> list[str]:
 
 def _range_text(r: Sequence[int]) -> str:
     return f"{r[0]}" if r[0] == r[1] else f"{r[0]}-{r[1]}"
+
+
+def _corpora_lines(corpora: dict[str, dict[str, int]]) -> list[str]:
+    """Where a budget's runs trained on more than one corpus: which recipe on which, since a comparison
+    of runs on different data is not like with like (the data's effect is confounded with the recipe's)."""
+    if len(corpora) < 2:
+        return []
+    names = list(corpora)
+    recipes = sorted({r for per in corpora.values() for r in per})
+    lines = ["", f"Not one corpus: these runs trained on {len(names)} ({', '.join(f'{c}: {sum(corpora[c].values())} runs' for c in names)}). "
+                 "A corpus is what the training installation holds (`pysrc`: its venv's packages and checkout path), "
+                 "so a comparison of recipes whose runs trained on different corpora is not like with like: every "
+                 "verdict above between such recipes confounds the data with the precision.", "",
+             "| recipe | " + " | ".join(f"runs on {c}" for c in names) + " |", "| --- |" + " --- |" * len(names)]
+    lines += [f"| {r} | " + " | ".join(str(corpora[c].get(r, 0)) for c in names) + " |" for r in recipes]
+    return lines
 
 
 def _verdict_sentence(b: dict, unit: str) -> str:
@@ -686,7 +703,10 @@ def limitations(ok: pd.DataFrame, fit: Any | None, found: list[dict], heldout: f
 def _corpus(results: pd.DataFrame) -> str | None:
     for column in ("corpus", "corpus_source", "data_source"):
         if column in results.columns and results[column].notna().any():
-            return ", ".join(sorted(map(str, results[column].dropna().unique())))
+            runs = results.drop_duplicates("run_id")[column].dropna().astype(str).value_counts()
+            if len(runs) == 1:
+                return runs.index[0]
+            return ", ".join(f"{c} ({n} runs)" for c, n in runs.items()) + " (not one corpus: see the findings)"
     return None
 
 
@@ -758,6 +778,8 @@ def report_facts(results_df: pd.DataFrame, ok: pd.DataFrame, fitted: pd.DataFram
     # FP4 recipe there is noisy in its own way)
     facts = findings_lib.findings(fitted if not fitted.empty else ok, fit_result, budgets=budgets,
                            noise_rows=study.study_part(ok, "law"))
+    for b in facts.get("budgets", []):
+        b["corpora"] = findings_lib.corpora(fitted if not fitted.empty else ok, b["budget"])
     facts["granularity"] = findings_lib.scheme_effects(findings_lib.purpose_rows(results_df, "granularity"))
     facts["outliers"] = findings_lib.smooth_swiglu_effect(findings_lib.purpose_rows(results_df, "outliers"))
     return facts
@@ -771,6 +793,10 @@ def prediction_facts(prediction: dict, facts: dict) -> dict:
             "sigma_lack_of_fit", "recipes", "best", "runner_up", "diff", "diff_pi", "winner", "reason")
     kept = {k: prediction.get(k) for k in keep}
     kept["fitted_on"] = {k: v for k, v in (kept["fitted_on"] or {}).items() if k != "run_ids"}  # a count will do
+    lower = [b for b in facts.get("budgets", []) if any(np.isclose(b["budget"], f, rtol=1e-9)
+                                                         for f in (kept["fitted_on"].get("budgets") or []))]
+    kept["corpora"] = {"fitted": sorted({c for b in lower for c in (b.get("corpora") or {})}),
+                       "measured": sorted((measured or {}).get("corpora") or {})}
     return {**kept, "laws": [e["name"] for e in prediction.get("laws", [])],
             "score": predict_lib.score(prediction, measured) if measured else None}
 
@@ -810,6 +836,12 @@ def prediction_section(p: dict, unit: str) -> str:
                   f"their fits' uncertainty only, not the measured vertex's); mean error {score['mean_error']:+.4f}, "
                   f"mean absolute error {score['mean_abs_error']:.4f}. Predicted: {p['reason']}. "
                   f"Measured: {score['measured_reason'] or 'no verdict'}."]
+    corpora = p.get("corpora") or {}
+    if corpora.get("measured") and corpora["measured"] != corpora.get("fitted"):
+        lines += ["", f"Not the same data: the lower budgets' runs trained on {', '.join(corpora['fitted'])}, this "
+                      f"budget's on {', '.join(corpora['measured'])}, so each error above holds the difference of "
+                      "the corpora as well as the law's (a recipe's gap to the reference is free of it only where "
+                      "both trained on one corpus)."]
     gaps = score.get("gaps") or []
     if gaps:
         ref = score["reference"]

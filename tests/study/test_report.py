@@ -281,3 +281,37 @@ def test_the_gpu_pilot_is_reported_on_its_own_runs_by_the_main_studys_rules():
     budget = report.gpu_pilot_section(first)
     assert "**C = 3e14.** No winner. Fewer than two recipes with 3+ sizes reaching this budget." in budget
     assert "| bf16 | 16 | 4 (4) | not fitted (above) |" in budget and "| fp8 | 8 | 1 (1) | too few sizes |" in budget
+
+
+def test_runs_on_more_than_one_corpus_are_named_per_recipe_and_budget():
+    """A budget whose runs trained on two corpora says which recipe trained on which, and a scored
+    prediction whose budget trained on other data than its fit says its errors hold that too."""
+    rows = pd.DataFrame({"run_id": ["a", "a", "b", "c", "d"], "recipe": ["bf16", "bf16", "bf16", "fp8", "fp8"],
+                         "budget": [1e12, 3e12, 1e12, 1e12, 3e12],
+                         "corpus": ["pysrc 000000000001"] * 3 + ["pysrc 000000000002", None]})
+    low = findings_lib.corpora(rows, 1e12)
+    assert low == {"pysrc 000000000001": {"bf16": 2}, "pysrc 000000000002": {"fp8": 1}}
+    assert findings_lib.corpora(rows, 3e12) == {"pysrc 000000000001": {"bf16": 1}, "not recorded": {"fp8": 1}}
+    lines = report._corpora_lines(low)
+    assert "Not one corpus: these runs trained on 2 (pysrc 000000000001: 2 runs, pysrc 000000000002: 1 runs)" in lines[1]
+    assert lines[-2:] == ["| bf16 | 2 | 0 |", "| fp8 | 0 | 1 |"]
+    assert report._corpora_lines({"pysrc 000000000001": {"bf16": 2, "fp8": 2}}) == []  # one corpus: nothing to say
+    from scaling.study import readme
+
+    (bullet,) = readme._corpora({"budgets": [{"corpora": low}, {"corpora": {"pysrc 000000000001": {"bf16": 1, "fp8": 1}}}]})
+    assert "most on pysrc 000000000001. Recipes with no run on pysrc 000000000001: fp8 (pysrc 000000000002)." in bullet
+    assert readme._corpora({"budgets": [{"corpora": {"pysrc 000000000001": {"bf16": 1, "fp8": 1}}}]}) == []
+    facts = {"budgets": [{"budget": 1e12, "corpora": low}, {"budget": 1e13, "corpora": {"pysrc 000000000003": {"bf16": 1}}}]}
+    import json
+
+    committed = json.loads((ROOT / "results" / "isoflop_prediction.json").read_text())
+    p = report.prediction_facts({**committed, "fitted_on": {"budgets": [1e12], "runs": 3, "run_ids": ["a"]}}, facts)
+    assert p["corpora"] == {"fitted": ["pysrc 000000000001", "pysrc 000000000002"], "measured": ["pysrc 000000000003"]}
+    assert "run_ids" not in p["fitted_on"]
+    measured = [{"recipe": e["recipe"], "loss": e["loss"] + 0.01, "N_opt": e["N_opt"]} for e in committed["recipes"]]
+    facts["budgets"][1].update(recipes=measured, reason="cannot tell")
+    scored = report.prediction_section(report.prediction_facts(committed | {"fitted_on": {"budgets": [1e12], "runs": 3}}, facts), "nats")
+    assert "Not the same data: the lower budgets' runs trained on pysrc 000000000001, pysrc 000000000002, this budget's on pysrc 000000000003" in scored
+    facts["budgets"][1]["corpora"] = low
+    same = report.prediction_section(report.prediction_facts(committed | {"fitted_on": {"budgets": [1e12], "runs": 3}}, facts), "nats")
+    assert "Not the same data" not in same and f"{len(measured)} of {len(measured)} measured minima fell inside" in same
