@@ -136,13 +136,15 @@ def finished(run_dir: str | Path, config: config_lib.RunConfig | None = None) ->
     """The summary of a run landed for good (`ok` or `diverged`: not to be re-run), else None.
 
     With `config`, a directory holding another run is refused (it would mix two runs' logs): one
-    whose config.json differs, or one with other files and no config.json.
+    whose config.json is another run id's, or one with other files and no config.json.
     """
     run_dir = Path(run_dir)
     if config is not None:
         config_file = run_dir / "config.json"
         if config_file.is_file():
-            mismatch = _resolved(json.loads(config_file.read_text())) != config
+            stored = _resolved(json.loads(config_file.read_text()))
+            # the same run is the same run id: a check added later (data.fingerprint) is no other run
+            mismatch = stored is None or stored.run_id != config.run_id
         else:
             # dot-files are the lock and another process's atomic writes in flight (.config.json.*.tmp)
             mismatch = run_dir.exists() and any(not p.name.startswith(".") for p in run_dir.iterdir())

@@ -107,6 +107,7 @@ def test_finished_is_a_landed_ok_or_diverged_run_of_this_config(tmp_path):
     runs.begin(run, seed0)
     with pytest.raises(ConfigError, match="--out"):
         runs.finished(run, seed1)
+    assert runs.finished(run, seed0.replace(**{"data.fingerprint": "0123456789ab"})) is None  # pinned later: the same run
     for status, done in [("failed", False), ("hung", False), ("diverged", True), ("ok", True)]:
         runs.land(run, {"status": status})
         assert (runs.finished(run) is not None) == done and runs.summary(run)["status"] == status
