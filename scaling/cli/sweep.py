@@ -68,7 +68,7 @@ def main(args: argparse.Namespace) -> int:
     out_root = Path(args.out)
     name = sweep.experiment_points(args.experiment, args.set)[0]
     pinned = sweep.pinned_corpus(args.experiment, args.set)
-    committed = Summary(Path(args.summary), pinned) if args.summary else Summary.of(out_root, name, pinned)
+    committed = Summary(Path(args.summary), {name: pinned}) if args.summary else Summary.of(out_root, name, {name: pinned})
     specs = sweep.expand(args.experiment, args.set, landed=out_root, summary=committed)
     todo = _todo(specs, out_root, committed)
     if committed.path.is_file():
@@ -95,11 +95,11 @@ def main(args: argparse.Namespace) -> int:
         for line in warnings:
             print(f"warning: {line}")
         try:
-            sweep.check_corpus(todo, out_root, pinned)
+            sweep.check_corpus(todo, out_root)
         except ConfigError as e:  # a dry run only looks: say what training here would meet
             print(f"warning: training here would stop: {e}")
         return 0
-    sweep.check_corpus(todo, out_root, pinned)
+    sweep.check_corpus(todo, out_root)
     if pins:  # GPU take-off, before anything compiles: each slot probed as its runs will see it
         pins = devices.check_gpu_pins(pins, sweep.worker_env)
     if args.executor == "ray" and args.gpus_per_run > 0:  # the same on every GPU of the Ray cluster

@@ -55,11 +55,12 @@ def reproduce(preset: str, out: str | Path, *, bootstrap: int = 100, workers: in
         raise ConfigError("--preset", preset, f"a preset whose experiment files exist (missing {missing[0]})")
     # the preset's committed summary (results/<first sweep>.csv, all its sweeps' rows): what it holds
     # has landed, on this machine or another, and it is rewritten as runs land
-    pinned = {sweep.pinned_corpus(path) for path in experiments}
-    if len(pinned) > 1:
-        raise ConfigError("data.fingerprint", sorted(pinned), f"one value for every experiment of preset {preset!r}")
-    pinned = pinned.pop()
-    committed = Summary.of(out / "results", sweep.experiment_points(experiments[0])[0], pinned)
+    pins: dict[str, str] = {}  # sweep -> its corpus: one sweep's experiments (a held-out budget's too) share it
+    for path in experiments:
+        name, pin = sweep.experiment_points(path)[0], sweep.pinned_corpus(path)
+        if pins.setdefault(name, pin) != pin:
+            raise ConfigError("data.fingerprint", [pins[name], pin], f"one value for every experiment of sweep {name!r}")
+    committed = Summary.of(out / "results", sweep.experiment_points(experiments[0])[0], pins)
 
     def expand():  # validate everything first; a design's replicates follow its landed runs
         return [spec for path in experiments for spec in sweep.expand(path, landed=out / "runs", summary=committed)]
@@ -70,7 +71,7 @@ def reproduce(preset: str, out: str | Path, *, bootstrap: int = 100, workers: in
 
     specs = expand()
     todo = unlanded(specs)
-    sweep.check_corpus(todo, out / "runs", pinned)  # only what trains here must find its corpus here
+    sweep.check_corpus(todo, out / "runs")  # only what trains here must find its corpus here
     echo(f"{preset}: {len(specs)} runs, {len(specs) - len(todo)} already landed")
     while todo:
         lanes = takeoff.takeoff_lanes(workers)

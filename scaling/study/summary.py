@@ -14,8 +14,9 @@ gone, which runs have landed:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Mapping
 
 import pandas as pd
 
@@ -33,30 +34,39 @@ class Summary:
     """The committed summary of one sweep: `path` is its .csv, the curves sit beside it."""
 
     path: Path
-    corpus: str = ""  # data.fingerprint of the sweep: rows of runs trained on other data have not landed
+    corpus: Mapping[str, str] = field(default_factory=dict)  # sweep -> its data.fingerprint: rows of
+    # its runs trained on other data have not landed (a sweep without a pin takes every row)
 
     @classmethod
-    def of(cls, root: str | Path, sweep: str, corpus: str = "") -> "Summary":
+    def of(cls, root: str | Path, sweep: str, corpus: Mapping[str, str] | None = None) -> "Summary":
         """The repository's layout: <root>/<sweep>.csv (root: results/)."""
-        return cls(Path(root) / f"{sweep}.csv", corpus)
+        return cls(Path(root) / f"{sweep}.csv", dict(corpus or {}))
 
     @property
     def curves_path(self) -> Path:
         return self.path.with_name(f"{self.path.stem}_curves.parquet")
 
     def rows(self) -> pd.DataFrame:
-        """The committed rows of runs on the pinned corpus (all where none is pinned)."""
+        """The committed rows, of runs on their sweep's pinned corpus."""
         rows = self.all_rows()
-        return rows[results.on_corpus(rows, self.corpus)].reset_index(drop=True) if self.corpus else rows
+        return rows[self._pinned(rows)].reset_index(drop=True)
 
     def all_rows(self) -> pd.DataFrame:
         """Every committed row (empty where there is no summary yet)."""
         return results.load(self.path) if self.path.is_file() else pd.DataFrame(columns=results.COLUMNS)
 
     def elsewhere(self) -> pd.DataFrame:
-        """Committed rows of runs trained on another corpus than the pinned one (to be trained again)."""
+        """Committed rows of runs trained on another corpus than their sweep pins (to be trained again)."""
         rows = self.all_rows()
-        return rows[~results.on_corpus(rows, self.corpus)] if self.corpus else rows.iloc[:0]
+        return rows[~self._pinned(rows)]
+
+    def _pinned(self, rows: pd.DataFrame) -> pd.Series:
+        keep = pd.Series(True, index=rows.index)
+        for sweep, pin in self.corpus.items():
+            if pin and len(rows):
+                mine = rows["sweep"] == sweep if "sweep" in rows.columns else keep
+                keep &= ~mine | results.on_corpus(rows, pin)
+        return keep
 
     def landed_ids(self) -> set[str]:
         """Runs the summary records as landed for good."""

@@ -205,20 +205,21 @@ def pinned_corpus(path: str | Path, overrides: list[str] = ()) -> str:
     return pins.pop() if pins else ""
 
 
-def check_corpus(specs: list[RunSpec], out_root: Path, pinned: str) -> None:
-    """Before anything trains: each source resolves here to the pinned corpus, and no run directory of
-    the sweeps (<out_root>/<sweep>/<run id>) holds a run trained on other data."""
-    if not pinned:
-        return
-    for source, tokenizer in sorted({(s.config.data.source, s.config.data.tokenizer) for s in specs}):
-        data.check_fingerprint(data.load(source, tokenizer), pinned)
+def check_corpus(specs: list[RunSpec], out_root: Path) -> None:
+    """Before anything trains: each pinned source (data.fingerprint) resolves here to its corpus, and
+    no run directory of a pinned sweep (<out_root>/<sweep>/<run id>) holds a run on other data."""
+    pins = {(s.config.data.source, s.config.data.tokenizer, s.config.data.fingerprint) for s in specs
+            if s.config.data.fingerprint}
+    for source, tokenizer, pin in sorted(pins):
+        data.check_fingerprint(data.load(source, tokenizer), pin)
     from scaling.study import results, summary as summary_lib
 
-    for run_dir in sorted({Path(out_root) / s.sweep for s in specs}):
+    for sweep, pin in sorted({(s.sweep, s.config.data.fingerprint) for s in specs if s.config.data.fingerprint}):
+        run_dir = Path(out_root) / sweep
         rows = summary_lib.landed_rows(run_dir, None).drop_duplicates("run_id")
-        other = rows[~results.on_corpus(rows, pinned)]
+        other = rows[~results.on_corpus(rows, pin)]
         if len(other):
-            raise ConfigError("data.fingerprint", pinned, f"run directories of that corpus only ({len(other)} under {run_dir} "
+            raise ConfigError("data.fingerprint", pin, f"run directories of that corpus only ({len(other)} under {run_dir} "
                               f"trained on {', '.join(sorted(map(str, other['corpus'].fillna('no recorded corpus').unique())))}, "
                               f"e.g. {other['run_id'].iloc[0]}: move them away to train them again)")
 

@@ -134,3 +134,19 @@ def test_merge_refuses_another_sweep_or_a_bad_path_in_one_line(tmp_path, capsys)
     assert cli.main(["merge", str(main.path), "--into", str(main.path)]) == 2
     assert "another summary than the side one" in capsys.readouterr().err
     assert main.path.read_text() == before
+
+
+def test_a_summary_takes_each_sweeps_rows_on_the_corpus_that_sweep_pins(tmp_path):
+    from scaling.study.summary import Summary
+
+    rows = pd.DataFrame({"run_id": ["a", "b", "g", "h"], "sweep": ["isoflop", "isoflop", "granularity", "granularity"],
+                         "D": 100, "val_loss": 2.0, "status": "ok",
+                         "corpus": ["pysrc 0123456789ab", "pysrc ffffffffffff", "pysrc ffffffffffff", None]})
+    path = tmp_path / "isoflop.csv"
+    rows.to_csv(path, index=False)
+    assert set(Summary(path).landed_ids()) == {"a", "b", "g", "h"}  # nothing pinned: every row
+    pinned = Summary(path, {"isoflop": "0123456789abcdef", "outliers": "ffffffffffff"})
+    assert pinned.landed_ids() == {"a", "g", "h"}  # isoflop's b is on other data; granularity pins nothing
+    assert pinned.elsewhere()["run_id"].tolist() == ["b"] and len(pinned.all_rows()) == 4
+    both = Summary(path, {"isoflop": "0123456789ab", "granularity": "ffffffffffff"})
+    assert both.landed_ids() == {"a", "g"}  # a row with no recorded corpus is on no pinned one
