@@ -180,7 +180,8 @@ def predict(rows: pd.DataFrame, line: pd.DataFrame, budget: float, *, cost: str 
     return {"budget": float(budget), "cost_model": cost, "level": level,
             "fitted_on": {"budgets": lower, "runs": int(rows["run_id"].nunique()), "rows": int(len(rows)),
                           "recipes": sorted(set(rows["recipe"])),
-                          "run_ids": sorted(set(rows["run_id"]))},  # which runs, for a later reader
+                          "run_ids": sorted(set(rows["run_id"])),  # which runs, for a later reader
+                          "corpora": sorted(map(str, rows["corpus"].dropna().unique())) if "corpus" in rows else []},
             "chosen_law": choice["chosen"], "laws": laws_used, "draws": int(len(loss)),
             "sigma_measurement": sigma_meas, "sigma_lack_of_fit": sigma_lack,
             "recipes": out_recipes, "best": recipes[b], "runner_up": recipes[r],

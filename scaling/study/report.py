@@ -793,9 +793,8 @@ def prediction_facts(prediction: dict, facts: dict) -> dict:
             "sigma_lack_of_fit", "recipes", "best", "runner_up", "diff", "diff_pi", "winner", "reason")
     kept = {k: prediction.get(k) for k in keep}
     kept["fitted_on"] = {k: v for k, v in (kept["fitted_on"] or {}).items() if k != "run_ids"}  # a count will do
-    lower = [b for b in facts.get("budgets", []) if any(np.isclose(b["budget"], f, rtol=1e-9)
-                                                         for f in (kept["fitted_on"].get("budgets") or []))]
-    kept["corpora"] = {"fitted": sorted({c for b in lower for c in (b.get("corpora") or {})}),
+    # which data the fit saw is the prediction's to say (the lower budgets' rows may since have changed)
+    kept["corpora"] = {"fitted": kept["fitted_on"].get("corpora"),
                        "measured": sorted((measured or {}).get("corpora") or {})}
     return {**kept, "laws": [e["name"] for e in prediction.get("laws", [])],
             "score": predict_lib.score(prediction, measured) if measured else None}
@@ -837,11 +836,16 @@ def prediction_section(p: dict, unit: str) -> str:
                   f"mean absolute error {score['mean_abs_error']:.4f}. Predicted: {p['reason']}. "
                   f"Measured: {score['measured_reason'] or 'no verdict'}."]
     corpora = p.get("corpora") or {}
-    if corpora.get("measured") and corpora["measured"] != corpora.get("fitted"):
-        lines += ["", f"Not the same data: the lower budgets' runs trained on {', '.join(corpora['fitted'])}, this "
-                      f"budget's on {', '.join(corpora['measured'])}, so each error above holds the difference of "
-                      "the corpora as well as the law's (a recipe's gap to the reference is free of it only where "
-                      "both trained on one corpus)."]
+    if corpora.get("measured") and corpora.get("fitted") is None:
+        lines += ["", f"This budget's runs trained on {', '.join(corpora['measured'])}. The prediction file does not "
+                      "record which corpora its fit's runs trained on (the results it was fitted on are those committed "
+                      "with it, in its commit), so whether each error above holds a difference of data as well as "
+                      "the law's is not told here."]
+    elif corpora.get("measured") and corpora["measured"] != corpora["fitted"]:
+        lines += ["", f"Not the same data: the prediction's fit saw runs on {', '.join(corpora['fitted'])}, this "
+                      f"budget's runs trained on {', '.join(corpora['measured'])}, so each error above holds the "
+                      "difference of the corpora as well as the law's (a recipe's gap to the reference is free of it "
+                      "only where both trained on one corpus)."]
     gaps = score.get("gaps") or []
     if gaps:
         ref = score["reference"]

@@ -66,6 +66,7 @@ def test_a_prediction_names_every_recipe_with_an_interval_and_says_cannot_tell_w
     assert [e["recipe"] for e in found["recipes"]] == ["fp32", "fp8", "mxfp4"]
     assert found["fitted_on"]["budgets"] == [1e11, 2e11] and found["fitted_on"]["runs"] == rows["run_id"].nunique()
     assert found["fitted_on"]["run_ids"] == sorted(set(rows["run_id"]))  # which runs the fit saw
+    assert found["fitted_on"]["corpora"] == ["stdlib b27681494f2f"]  # the data the fit saw (quick.csv: one corpus)
     assert math.isclose(sum(e["p_best"] for e in found["recipes"]), 1.0)
     measured_2e11 = rows[np.isclose(rows["budget"].astype(float), 2e11)].groupby("recipe")["val_loss"].min()
     for e in found["recipes"]:

@@ -305,13 +305,18 @@ def test_runs_on_more_than_one_corpus_are_named_per_recipe_and_budget():
     import json
 
     committed = json.loads((ROOT / "results" / "isoflop_prediction.json").read_text())
-    p = report.prediction_facts({**committed, "fitted_on": {"budgets": [1e12], "runs": 3, "run_ids": ["a"]}}, facts)
+    fitted_on = {"budgets": [1e12], "runs": 3, "run_ids": ["a"], "corpora": list(low)}
+    p = report.prediction_facts({**committed, "fitted_on": fitted_on}, facts)
     assert p["corpora"] == {"fitted": ["pysrc 000000000001", "pysrc 000000000002"], "measured": ["pysrc 000000000003"]}
     assert "run_ids" not in p["fitted_on"]
     measured = [{"recipe": e["recipe"], "loss": e["loss"] + 0.01, "N_opt": e["N_opt"]} for e in committed["recipes"]]
     facts["budgets"][1].update(recipes=measured, reason="cannot tell")
-    scored = report.prediction_section(report.prediction_facts(committed | {"fitted_on": {"budgets": [1e12], "runs": 3}}, facts), "nats")
-    assert "Not the same data: the lower budgets' runs trained on pysrc 000000000001, pysrc 000000000002, this budget's on pysrc 000000000003" in scored
-    facts["budgets"][1]["corpora"] = low
-    same = report.prediction_section(report.prediction_facts(committed | {"fitted_on": {"budgets": [1e12], "runs": 3}}, facts), "nats")
-    assert "Not the same data" not in same and f"{len(measured)} of {len(measured)} measured minima fell inside" in same
+    section = lambda fitted: report.prediction_section(report.prediction_facts(committed | {"fitted_on": fitted}, facts), "nats")
+    assert ("Not the same data: the prediction's fit saw runs on pysrc 000000000001, pysrc 000000000002, this "
+            "budget's runs trained on pysrc 000000000003") in section(fitted_on)
+    # a prediction that does not record its fit's corpora (made before it did) is not said to match
+    assert "The prediction file does not record which corpora" in section({"budgets": [1e12], "runs": 3})
+    facts["budgets"][1]["corpora"] = {"pysrc 000000000001": {"bf16": 1}}
+    same = section({**fitted_on, "corpora": ["pysrc 000000000001"]})
+    assert "Not the same data" not in same and "does not record" not in same
+    assert f"{len(measured)} of {len(measured)} measured minima fell inside" in same
