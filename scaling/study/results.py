@@ -68,7 +68,7 @@ def on_corpus(rows: pd.DataFrame, fingerprint: str) -> pd.Series:
     if "corpus" not in rows.columns:
         return pd.Series(False, index=rows.index)
     digits = rows["corpus"].astype("string").str.split(" ").str[1]
-    return (digits.notna() & digits.fillna("").map(lambda d: len(d) >= 12 and fingerprint.startswith(d))).astype(bool)
+    return digits.fillna("").map(lambda d: len(d) >= 12 and fingerprint.startswith(d)).astype(bool)
 
 
 def load(path: str | Path) -> pd.DataFrame:
