@@ -6,8 +6,8 @@
 
 The defaults are the committed reference study (`scaling reproduce --preset full --out .`):
 results/isoflop.csv (the IsoFLOP design plus the granularity and outlier sweeps), its curves and
-fits/isoflop.json, the held-out budget's prediction (results/isoflop_prediction.json) once made, and
-the GPU pilot's runs (results/gpu_pilot.csv) where any have landed.
+fits/isoflop.json, the held-out budget's prediction (results/isoflop_prediction.json) once made, its
+post-hoc re-prediction (results/isoflop_prediction_posthoc.json) if one was made, and the GPU pilot's runs (results/gpu_pilot.csv) where any have landed.
 
 Same as `scaling figures` with the committed files as defaults. Without curves or a fit, the figures
 that need them are listed as skipped in REPORT.md; missing results, or any malformed input, is an
@@ -38,6 +38,7 @@ DEFAULTS = {
     "curves": ROOT / "results" / "isoflop_curves.parquet",
     "fit": ROOT / "fits" / "isoflop.json",
     "prediction": ROOT / "results" / "isoflop_prediction.json",
+    "posthoc_prediction": ROOT / "results" / "isoflop_prediction_posthoc.json",
     "gpu_pilot": ROOT / "results" / "gpu_pilot.csv",
     "out": ROOT / "paper_figures",
 }
@@ -50,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
                         curves=str(DEFAULTS["curves"]) if DEFAULTS["curves"].exists() else None,
                         fit=str(DEFAULTS["fit"]) if DEFAULTS["fit"].exists() else None,
                         prediction=str(DEFAULTS["prediction"]) if DEFAULTS["prediction"].exists() else None,
+                        posthoc_prediction=(str(DEFAULTS["posthoc_prediction"])
+                                            if DEFAULTS["posthoc_prediction"].exists() else None),
                         gpu_pilot=str(DEFAULTS["gpu_pilot"]) if DEFAULTS["gpu_pilot"].exists() else None)
     parser.add_argument("--readme-only", action="store_true",
                         help="only rewrite README.md's findings block from the committed paper_figures/findings.json")

@@ -26,6 +26,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compute", nargs="+", help="compute budgets C in 16-bit FLOPs (default: from the results)")
     parser.add_argument("--prediction", help="a held-out budget's prediction JSON (`scaling predict`): REPORT sets "
                         "it against what that budget measured")
+    parser.add_argument("--posthoc-prediction", help="the same budget predicted again after its runs existed "
+                        "(`scaling predict`, say on lower budgets retrained on its corpus): REPORT scores it beside "
+                        "--prediction, labelled post hoc")
     parser.add_argument("--gpu-pilot", help="a GPU pilot's results (.csv): REPORT gives its own IsoFLOP findings "
                         "beside the main study's")
     parser.add_argument("--out", default="paper_figures", help="output directory for the figures and REPORT.md")
@@ -56,8 +59,9 @@ def main(args: argparse.Namespace) -> int:
                 raise ConfigError("compute", text, "a positive number of FLOPs, e.g. 1e18")
             computes.append(value)
     prediction = predict.load(args.prediction) if args.prediction else None
+    posthoc = predict.load(args.posthoc_prediction) if args.posthoc_prediction else None
     gpu_pilot = results_lib.load(args.gpu_pilot) if args.gpu_pilot else None
     path = write_report(results, fit, args.out, curves=curves, compute=computes, prediction=prediction,
-                        gpu_pilot=gpu_pilot)
+                        posthoc=posthoc, gpu_pilot=gpu_pilot)
     print(f"wrote {path}")
     return 0

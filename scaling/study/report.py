@@ -744,11 +744,14 @@ INTRODUCTION = ["# Precision-aware scaling: report",
 
 def write_report(results_df: pd.DataFrame, fit_result: Any, out_dir: str | Path, *, curves: pd.DataFrame | None = None,
                  plan_table: pd.DataFrame | None = None, compute: float | Sequence[float] | None = None,
-                 prediction: dict | None = None, gpu_pilot: pd.DataFrame | None = None) -> Path:
+                 prediction: dict | None = None, posthoc: dict | None = None,
+                 gpu_pilot: pd.DataFrame | None = None) -> Path:
     """Make every figure into `out_dir` and write out_dir/findings.json and out_dir/REPORT.md; returns
     the report's path. `prediction`: a held-out budget's prediction (scaling.study.predict), set
-    against what that budget measured once it has landed. `gpu_pilot`: a GPU pilot's results, reported
-    on their own beside the main study."""
+    against what that budget measured once it has landed. `posthoc`: the same budget predicted again
+    after its runs existed (say, from lower budgets retrained on its corpus), scored beside it and
+    labelled as made after the fact. `gpu_pilot`: a GPU pilot's results, reported on their own beside
+    the main study."""
     out_dir = Path(out_dir)
     ok = plots.validate_results(results_df)
     fitted = study.study_part(ok, "main")
@@ -756,6 +759,8 @@ def write_report(results_df: pd.DataFrame, fit_result: Any, out_dir: str | Path,
     facts = report_facts(results_df, ok, fitted, fit_result, budgets)
     if prediction is not None:
         facts["prediction"] = prediction_facts(prediction, facts)
+    if posthoc is not None:
+        facts["prediction_posthoc"] = prediction_facts(posthoc, facts)
     if gpu_pilot is not None:
         facts["gpu_pilot"] = gpu_pilot_facts(gpu_pilot)
     table = plan_table if plan_table is not None else plots.cluster_time_table(fit_result)
@@ -800,12 +805,22 @@ def prediction_facts(prediction: dict, facts: dict) -> dict:
             "score": predict_lib.score(prediction, measured) if measured else None}
 
 
-def prediction_section(p: dict, unit: str) -> str:
-    """The held-out budget: predicted before it was trained, against what it measured (once landed)."""
+def prediction_section(p: dict, unit: str, posthoc: bool = False) -> str:
+    """The held-out budget: predicted before it was trained, against what it measured (once landed).
+    `posthoc`: a prediction made after that budget's runs existed, said so: a check of the method on
+    other data, never evidence that it predicts."""
     fitted = p["fitted_on"]
-    lines = [f"The minimum of every recipe's IsoFLOP profile at C = {_fmt(p['budget'])} was predicted from the runs at "
-             f"C = {', '.join(_fmt(b) for b in fitted['budgets'])} alone ({fitted['runs']} runs), before any run at "
-             f"C = {_fmt(p['budget'])} was trained; the prediction file's git history shows when. The {p['level']:.0%} "
+    lower = f"C = {', '.join(_fmt(b) for b in fitted['budgets'])} alone ({fitted['runs']} runs"
+    if posthoc:
+        on = f", on {', '.join(fitted['corpora'])}" if fitted.get("corpora") else ""
+        opening = (f"Post hoc, not a prediction: the same method (`scaling predict`) was run again after the runs at "
+                   f"C = {_fmt(p['budget'])} existed, from the runs at {lower}{on}), so its errors say how well the "
+                   f"law carries over to a larger budget on that data, not that it predicted one.")
+    else:
+        opening = (f"The minimum of every recipe's IsoFLOP profile at C = {_fmt(p['budget'])} was predicted from the "
+                   f"runs at {lower}), before any run at C = {_fmt(p['budget'])} was trained; the prediction file's "
+                   "git history shows when.")
+    lines = [f"{opening} The {p['level']:.0%} "
              f"prediction intervals pool {len(p['laws'])} laws the held-out precision gaps cannot tell apart "
              f"({', '.join(p['laws'])}; {p['draws']} draws of refitted resamples), the measured minimum's own noise "
              f"(σ {p['sigma_measurement']:.3g}) and the laws' miss of the lower budgets' minima beyond it "
@@ -865,11 +880,21 @@ def prediction_section(p: dict, unit: str) -> str:
     return "\n".join(lines)
 
 
+def prediction_sections(facts: dict) -> list[str]:
+    """The held-out budget's registered prediction and, where one was made, its post-hoc re-prediction."""
+    out = []
+    if facts.get("prediction"):
+        out += ["## A budget predicted before it was trained", "", prediction_section(facts["prediction"], facts["loss_unit"]), ""]
+    if facts.get("prediction_posthoc"):
+        out += ["### The same budget predicted again, post hoc", "",
+                prediction_section(facts["prediction_posthoc"], facts["loss_unit"], posthoc=True), ""]
+    return out
+
+
 def _findings_sections(facts: dict) -> list[str]:
     """The measured sweet spot, P*, and the sections of the arms and purpose sweeps that were run."""
     head = ["## Findings: the sweet spot, measured (IsoFLOP profiles)", "", findings_section(facts), ""]
-    if facts.get("prediction"):
-        head += ["## A budget predicted before it was trained", "", prediction_section(facts["prediction"], facts["loss_unit"]), ""]
+    head += prediction_sections(facts)
     head += ["## P*: the law's compute-optimal precision, with its uncertainty", "", pstar_section(facts), ""]
     if facts.get("integer_arm"):
         head += ["## Like for like with Kumar et al.: the forward-only integer arm", "", integer_arm_section(facts), ""]

@@ -109,9 +109,10 @@ def reproduce(preset: str, out: str | Path, *, bootstrap: int = 100, workers: in
     run_curves = curves.load_curves(committed.curves_path)
     run_curves = run_curves[run_curves["run_id"].isin(ids)].reset_index(drop=True)
     # a held-out budget's prediction, committed beside the results before that budget trained
-    predicted = out / "results" / f"{studied}_prediction.json"
+    predicted, posthoc = (out / "results" / f"{studied}_prediction{tail}.json" for tail in ("", "_posthoc"))
     path = report.write_report(df, result, out / "paper_figures", curves=run_curves,
-                               prediction=predict.load(predicted) if predicted.is_file() else None)
+                               prediction=predict.load(predicted) if predicted.is_file() else None,
+                               posthoc=predict.load(posthoc) if posthoc.is_file() else None)
     end = time.perf_counter()
     echo(f"{preset}: {len(df)} rows, fit and report in {end - phase:.0f} s ({end - started:.0f} s in all) -> {path}")
     return path

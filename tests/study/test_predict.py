@@ -171,3 +171,20 @@ def test_report_shows_the_prediction_then_predicted_against_measured(found):
     assert "2 of 3 measured minima fell inside their 95% prediction intervals" in after
     assert "| fp8 |" in after and "| no |" in after and "Measured: cannot tell: stand-in" in after
     assert "1 of 2 predicted gaps to fp32 fell inside the measured gap's 95% CI" in after
+
+
+def test_a_posthoc_prediction_is_scored_in_its_own_section_and_says_it_is_not_a_prediction(found, rows, tmp_path):
+    measured = {"budget": HELD, "winner": None, "reason": "cannot tell: stand-in", "corpora": {"pysrc abc": 3},
+                "recipes": [{"recipe": e["recipe"], "loss": e["loss"], "ci": [0, 9], "N_opt": e["N_opt"], "inside": True,
+                             "gap": None, "gap_ci": None} for e in found["recipes"]]}
+    posthoc = {**found, "fitted_on": {**found["fitted_on"], "corpora": ["pysrc abc"]}}
+    facts = {"budgets": [measured], "loss_unit": "nats per byte"}
+    facts["prediction"] = report.prediction_facts(found, facts)
+    facts["prediction_posthoc"] = report.prediction_facts(posthoc, facts)
+    text = "\n".join(report.prediction_sections(facts))
+    registered, after = text.split("### The same budget predicted again, post hoc")
+    assert "before any run at C = 6e11 was trained" in registered and "Post hoc" not in registered
+    assert after.lstrip().startswith("Post hoc, not a prediction") and "on pysrc abc" in after
+    assert "3 of 3 measured minima fell inside their 95% prediction intervals" in after  # measured = predicted
+    without = "\n".join(report.prediction_sections({**facts, "prediction_posthoc": None}))
+    assert "post hoc" not in without.lower()
