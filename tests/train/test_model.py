@@ -149,7 +149,7 @@ def test_recipe_switches_change_the_model():
 
 
 def test_blocks_kept_in_high_precision_run_the_kept_recipe():
-    """high_precision_first / _last: those blocks compute exactly what the bf16 recipe's blocks do,
+    """high_precision_first / _last: those blocks compute what the bf16 recipe's blocks do (to float32 rounding),
     the others what the recipe's do (checked layer by layer), without unrolling the stack."""
     cfg = dataclasses.replace(TINY, n_layers=4)
     tokens = _tokens(cfg)[:, :-1]
@@ -163,9 +163,13 @@ def test_blocks_kept_in_high_precision_run_the_kept_recipe():
         ctx = model._Ctx(r.structure(), r.formats(), None, False)
         x, _ = model.layer(m.blocks, i)(x, ctx)
     want = m.head(m.final_norm(x), model._Ctx(precision.RecipeStructure(), {}, None, False))
-    np.testing.assert_array_equal(logits, want)
+    # the same function, not always the same bits: the scanned stack and this layer-by-layer loop may
+    # block their dots differently (1-ulp differences seen on an AVX512-BF16 host, none on AVX2)
+    np.testing.assert_allclose(logits, want, rtol=1e-5, atol=1e-6)
     assert aux["telemetry"]["weight"][0].shape[0] == 1  # only the quantised block is measured
-    assert not np.array_equal(logits, model.Transformer(cfg, "nvfp4", rngs=nnx.Rngs(0))(tokens, update_state=False)[0])
+    for other in ("nvfp4", "bf16"):  # every block quantised, or none: 100x that tolerance away at least
+        theirs = model.Transformer(cfg, other, rngs=nnx.Rngs(0))(tokens, update_state=False)[0]
+        assert np.abs(np.asarray(logits) - np.asarray(theirs)).max() > 1e-4, other
     # every block kept: the bf16 model
     all_kept = precision.get({"base": "nvfp4", "high_precision_last": cfg.n_layers})
     np.testing.assert_array_equal(model.Transformer(cfg, all_kept, rngs=nnx.Rngs(0))(tokens, update_state=False)[0],
