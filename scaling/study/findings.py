@@ -412,13 +412,24 @@ def _law_columns(fit: Any) -> tuple[str, ...]:
 def corpora(df: pd.DataFrame, budget: float | None = None) -> dict[str, dict[str, int]]:
     """{corpus: {recipe: runs}} of the rows (at `budget` where given), most runs first: which data each
     recipe trained on (`pysrc` is what the training venv holds, so runs from two venvs differ in data)."""
-    if "corpus" not in df.columns or df.empty:
+    return _runs_by(df, "corpus", budget)
+
+
+def hosts(df: pd.DataFrame, budget: float | None = None) -> dict[str, dict[str, int]]:
+    """{host: {recipe: runs}}, as `corpora`: which kind of machine each recipe's runs trained on
+    (`hardware`: the CPU's GEMM-relevant flags, or the GPU). One config on two kinds gives two runs
+    whose losses differ, as two seeds' do: the GEMM paths round differently and training carries it on."""
+    return _runs_by(df, "hardware", budget)
+
+
+def _runs_by(df: pd.DataFrame, column: str, budget: float | None) -> dict[str, dict[str, int]]:
+    if column not in df.columns or df.empty:
         return {}
     if budget is not None and "budget" in df.columns:
         df = df[np.isclose(pd.to_numeric(df["budget"], errors="coerce"), budget, rtol=1e-6)]
-    runs = df.drop_duplicates("run_id").assign(corpus=lambda d: d["corpus"].fillna("not recorded").astype(str))
-    counts = runs.groupby(["corpus", "recipe"]).size()
-    order = runs["corpus"].value_counts().index
+    runs = df.drop_duplicates("run_id").assign(**{column: lambda d: d[column].fillna("not recorded").astype(str)})
+    counts = runs.groupby([column, "recipe"]).size()
+    order = runs[column].value_counts().index
     return {c: {str(r): int(n) for r, n in counts[c].items()} for c in order}
 
 

@@ -314,7 +314,7 @@ def findings_section(f: dict) -> str:
             at = _fmt(e["N_opt"]) + ("" if e["inside"] else " (edge)")
             p_best = f"{e['p_best']:.2f}" if e["p_best"] is not None else "–"
             lines.append(f"| {e['recipe']} | {e['bits_eff']:.3g} | {e['runs']} ({e['sizes']}) | {e['loss']:.4g} | {ci} | {at} | {p_best} |")
-        lines += _corpora_lines(b.get("corpora") or {})
+        lines += _corpora_lines(b.get("corpora") or {}) + _hosts_lines(b.get("hosts") or {})
         lines += _shape_effects_table(b, unit)
     interp = sum(e["interpolated"] for b in f["budgets"] for e in b["recipes"])
     if interp:
@@ -481,14 +481,29 @@ def _corpora_lines(corpora: dict[str, dict[str, int]]) -> list[str]:
     if len(corpora) < 2:
         return []
     names = list(corpora)
-    recipes = sorted({r for per in corpora.values() for r in per})
-    lines = ["", f"Not one corpus: these runs trained on {len(names)} ({', '.join(f'{c}: {sum(corpora[c].values())} runs' for c in names)}). "
-                 "A corpus is what the training installation holds (`pysrc`: its venv's packages and checkout path), "
-                 "so a comparison of recipes whose runs trained on different corpora is not like with like: every "
-                 "verdict above between such recipes confounds the data with the precision.", "",
-             "| recipe | " + " | ".join(f"runs on {c}" for c in names) + " |", "| --- |" + " --- |" * len(names)]
-    lines += [f"| {r} | " + " | ".join(str(corpora[c].get(r, 0)) for c in names) + " |" for r in recipes]
-    return lines
+    return ["", f"Not one corpus: these runs trained on {len(names)} ({', '.join(f'{c}: {sum(corpora[c].values())} runs' for c in names)}). "
+                "A corpus is what the training installation holds (`pysrc`: its venv's packages and checkout path), "
+                "so a comparison of recipes whose runs trained on different corpora is not like with like: every "
+                "verdict above between such recipes confounds the data with the precision.", ""] + _mix_table(corpora)
+
+
+def _hosts_lines(hosts: dict[str, dict[str, int]]) -> list[str]:
+    """Where a budget's runs trained on more than one kind of machine: which recipe on which."""
+    if len(hosts) < 2:
+        return []
+    names = list(hosts)
+    return ["", f"Not one host: these runs trained on {len(names)} kinds of machine "
+                f"({', '.join(f'{h}: {sum(hosts[h].values())} runs' for h in names)}). One config trained on two kinds "
+                "gives two runs whose losses differ as two seeds' do (the GEMM paths round differently and training "
+                "carries it on), so a recipe compared with another across hosts is compared through that difference "
+                "too.", ""] + _mix_table(hosts)
+
+
+def _mix_table(mix: dict[str, dict[str, int]]) -> list[str]:
+    """Runs per recipe (rows) and corpus or host (columns)."""
+    names, recipes = list(mix), sorted({r for per in mix.values() for r in per})
+    lines = ["| recipe | " + " | ".join(f"runs on {c}" for c in names) + " |", "| --- |" + " --- |" * len(names)]
+    return lines + [f"| {r} | " + " | ".join(str(mix[c].get(r, 0)) for c in names) + " |" for r in recipes]
 
 
 def _verdict_sentence(b: dict, unit: str) -> str:
@@ -785,6 +800,7 @@ def report_facts(results_df: pd.DataFrame, ok: pd.DataFrame, fitted: pd.DataFram
                            noise_rows=study.study_part(ok, "law"))
     for b in facts.get("budgets", []):
         b["corpora"] = findings_lib.corpora(fitted if not fitted.empty else ok, b["budget"])
+        b["hosts"] = findings_lib.hosts(fitted if not fitted.empty else ok, b["budget"])
     facts["granularity"] = findings_lib.scheme_effects(findings_lib.purpose_rows(results_df, "granularity"))
     facts["outliers"] = findings_lib.smooth_swiglu_effect(findings_lib.purpose_rows(results_df, "outliers"))
     return facts

@@ -284,8 +284,9 @@ def test_the_gpu_pilot_is_reported_on_its_own_runs_by_the_main_studys_rules():
 
 
 def test_runs_on_more_than_one_corpus_are_named_per_recipe_and_budget():
-    """A budget whose runs trained on two corpora says which recipe trained on which, and a scored
-    prediction whose budget trained on other data than its fit says its errors hold that too."""
+    """A budget whose runs trained on two corpora (or two kinds of machine) says which recipe trained on
+    which, and a scored prediction whose budget trained on other data than its fit says its errors hold
+    that too."""
     rows = pd.DataFrame({"run_id": ["a", "a", "b", "c", "d"], "recipe": ["bf16", "bf16", "bf16", "fp8", "fp8"],
                          "budget": [1e12, 3e12, 1e12, 1e12, 3e12],
                          "corpus": ["pysrc 000000000001"] * 3 + ["pysrc 000000000002", None]})
@@ -296,6 +297,13 @@ def test_runs_on_more_than_one_corpus_are_named_per_recipe_and_budget():
     assert "Not one corpus: these runs trained on 2 (pysrc 000000000001: 2 runs, pysrc 000000000002: 1 runs)" in lines[1]
     assert lines[-2:] == ["| bf16 | 2 | 0 |", "| fp8 | 0 | 1 |"]
     assert report._corpora_lines({"pysrc 000000000001": {"bf16": 2, "fp8": 2}}) == []  # one corpus: nothing to say
+    hw = rows.assign(hardware=["cpu: AMD EPYC (avx2; no avx512f)"] * 2 + ["cpu: AMD EPYC (avx2, avx512f)"] * 2 + [None])
+    hosts = findings_lib.hosts(hw, 1e12)
+    assert hosts == {"cpu: AMD EPYC (avx2, avx512f)": {"bf16": 1, "fp8": 1}, "cpu: AMD EPYC (avx2; no avx512f)": {"bf16": 1}}
+    host_lines = report._hosts_lines(findings_lib.hosts(hw, 1e12))
+    assert host_lines[1].startswith("Not one host: these runs trained on 2 kinds of machine (cpu: AMD EPYC (avx2, avx512f): 2 runs")
+    assert host_lines[-2:] == ["| bf16 | 1 | 1 |", "| fp8 | 1 | 0 |"]
+    assert report._hosts_lines(findings_lib.hosts(hw, 3e12)) != [] and report._hosts_lines({"gpu: H200": {"bf16": 3}}) == []
     from scaling.study import readme
 
     (bullet,) = readme._corpora({"budgets": [{"corpora": low}, {"corpora": {"pysrc 000000000001": {"bf16": 1, "fp8": 1}}}]})
