@@ -418,7 +418,7 @@ def corpora(df: pd.DataFrame, budget: float | None = None) -> dict[str, dict[str
 def hosts(df: pd.DataFrame, budget: float | None = None) -> dict[str, dict[str, int]]:
     """{host: {recipe: runs}}, as `corpora`: which kind of machine each recipe's runs trained on
     (`hardware`: the CPU's GEMM-relevant flags, or the GPU). One config on two kinds gives two runs
-    whose losses differ, as two seeds' do: the GEMM paths round differently and training carries it on."""
+    whose losses differ: the GEMM paths round differently and training carries it on."""
     return _runs_by(df, "hardware", budget)
 
 

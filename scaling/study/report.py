@@ -494,7 +494,7 @@ def _hosts_lines(hosts: dict[str, dict[str, int]]) -> list[str]:
     names = list(hosts)
     return ["", f"Not one host: these runs trained on {len(names)} kinds of machine "
                 f"({', '.join(f'{h}: {sum(hosts[h].values())} runs' for h in names)}). One config trained on two kinds "
-                "gives two runs whose losses differ as two seeds' do (the GEMM paths round differently and training "
+                "gives two runs whose losses differ (the GEMM paths round differently and training "
                 "carries it on), so a recipe compared with another across hosts is compared through that difference "
                 "too.", ""] + _mix_table(hosts)
 
