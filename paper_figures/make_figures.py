@@ -7,7 +7,8 @@
 The defaults are the committed reference study (`scaling reproduce --preset full --out .`):
 results/isoflop.csv (the IsoFLOP design plus the granularity and outlier sweeps), its curves and
 fits/isoflop.json, the held-out budget's prediction (results/isoflop_prediction.json) once made, its
-post-hoc re-prediction (results/isoflop_prediction_posthoc.json) if one was made, and the GPU pilot's runs (results/gpu_pilot.csv) where any have landed.
+post-hoc re-prediction (results/isoflop_prediction_posthoc.json) if one was made, and the GPU pilot's
+runs (results/gpu_pilot.csv) where any have landed.
 
 Same as `scaling figures` with the committed files as defaults. Without curves or a fit, the figures
 that need them are listed as skipped in REPORT.md; missing results, or any malformed input, is an

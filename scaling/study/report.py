@@ -798,9 +798,9 @@ def report_facts(results_df: pd.DataFrame, ok: pd.DataFrame, fitted: pd.DataFram
     # FP4 recipe there is noisy in its own way)
     facts = findings_lib.findings(fitted if not fitted.empty else ok, fit_result, budgets=budgets,
                            noise_rows=study.study_part(ok, "law"))
+    studied = fitted if not fitted.empty else ok
     for b in facts.get("budgets", []):
-        b["corpora"] = findings_lib.corpora(fitted if not fitted.empty else ok, b["budget"])
-        b["hosts"] = findings_lib.hosts(fitted if not fitted.empty else ok, b["budget"])
+        b["corpora"], b["hosts"] = findings_lib.corpora(studied, b["budget"]), findings_lib.hosts(studied, b["budget"])
     facts["granularity"] = findings_lib.scheme_effects(findings_lib.purpose_rows(results_df, "granularity"))
     facts["outliers"] = findings_lib.smooth_swiglu_effect(findings_lib.purpose_rows(results_df, "outliers"))
     return facts

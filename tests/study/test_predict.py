@@ -173,7 +173,7 @@ def test_report_shows_the_prediction_then_predicted_against_measured(found):
     assert "1 of 2 predicted gaps to fp32 fell inside the measured gap's 95% CI" in after
 
 
-def test_a_posthoc_prediction_is_scored_in_its_own_section_and_says_it_is_not_a_prediction(found, rows, tmp_path):
+def test_a_posthoc_prediction_is_scored_in_its_own_section_and_says_it_is_not_a_prediction(found):
     measured = {"budget": HELD, "winner": None, "reason": "cannot tell: stand-in", "corpora": {"pysrc abc": 3},
                 "recipes": [{"recipe": e["recipe"], "loss": e["loss"], "ci": [0, 9], "N_opt": e["N_opt"], "inside": True,
                              "gap": None, "gap_ci": None} for e in found["recipes"]]}

@@ -300,7 +300,7 @@ def test_runs_on_more_than_one_corpus_are_named_per_recipe_and_budget():
     hw = rows.assign(hardware=["cpu: AMD EPYC (avx2; no avx512f)"] * 2 + ["cpu: AMD EPYC (avx2, avx512f)"] * 2 + [None])
     hosts = findings_lib.hosts(hw, 1e12)
     assert hosts == {"cpu: AMD EPYC (avx2, avx512f)": {"bf16": 1, "fp8": 1}, "cpu: AMD EPYC (avx2; no avx512f)": {"bf16": 1}}
-    host_lines = report._hosts_lines(findings_lib.hosts(hw, 1e12))
+    host_lines = report._hosts_lines(hosts)
     assert host_lines[1].startswith("Not one host: these runs trained on 2 kinds of machine (cpu: AMD EPYC (avx2, avx512f): 2 runs")
     assert host_lines[-2:] == ["| bf16 | 1 | 1 |", "| fp8 | 1 | 0 |"]
     assert report._hosts_lines(findings_lib.hosts(hw, 3e12)) != [] and report._hosts_lines({"gpu: H200": {"bf16": 3}}) == []
