@@ -1,8 +1,8 @@
 """README.md's findings block: what the committed study finds, written from its findings.json.
 
 `findings_markdown(findings)` turns the dict that `scaling figures` writes to findings.json into a short
-markdown summary (the verdict per budget, the chosen law, P* against the published ranges, the integer
-arm, scaling granularity, outliers); `with_findings(readme, block)` puts it between README's markers.
+markdown summary (the verdict per budget, the held-out budget's prediction and its score, the chosen law,
+P* against the published ranges, the integer and FP4 arms, scaling granularity, outliers, the GPU pilot); `with_findings(readme, block)` puts it between README's markers.
 Both are pure: `paper_figures/make_figures.py` does the reading and writing, and a test checks that
 README.md holds exactly the block the committed findings.json gives, so no finding in README is typed.
 REPORT.md (scaling.study.report) has the tables and figures behind each line.
@@ -40,6 +40,7 @@ def findings_markdown(f: dict) -> str:
              ""]
     lines += _corpora(f)
     lines += _budgets(f, unit)
+    lines += _prediction(f, unit)
     lines += _law(f.get("law") or {})
     lines += _pstar(f)
     lines += _integer_arm(f, unit)
@@ -48,6 +49,7 @@ def findings_markdown(f: dict) -> str:
         lines += _granularity(f["granularity"], unit)
     if f.get("outliers"):
         lines += _outliers(f["outliers"], unit)
+    lines += _gpu_pilot(f.get("gpu_pilot"), unit)
     return "\n".join(lines) + "\n"
 
 
@@ -93,6 +95,66 @@ def _verdict(b: dict, unit: str) -> str:
                 f"{b['diff']:.3f} below {b['runner_up']} (95% CI of the difference {b['diff_ci'][0]:.3f}–"
                 f"{b['diff_ci'][1]:.3f}); P(best) {p_best}.")
     return f"**cannot tell**: {b['reason'].removeprefix('cannot tell: ')} (P(best) {p_best})."
+
+
+def _prediction(f: dict, unit: str) -> list[str]:
+    """The held-out budget: what was predicted before it trained and, once it is measured, the score; a
+    post-hoc re-prediction beneath it, said to be one."""
+    p = f.get("prediction")
+    if not p:
+        return []
+    lower = ", ".join(_num(b) for b in p["fitted_on"]["budgets"])
+    lines = [f"- **A budget predicted before it was trained** (C = {_num(p['budget'])}, from C = {lower} alone; "
+             f"REPORT's table per recipe): {_scored(p, unit)}"]
+    post = f.get("prediction_posthoc")
+    if post:
+        lines.append(f"  - Post hoc, not a prediction (the same method, run after this budget's runs existed, from "
+                     f"{post['fitted_on']['runs']} runs at C = {', '.join(_num(b) for b in post['fitted_on']['budgets'])}): "
+                     + _scored(post, unit))
+    return lines
+
+
+def _scored(p: dict, unit: str) -> str:
+    s = p.get("score")
+    if not s:
+        return f"Predicted: {p['reason']}; not measured yet."
+    if not s["n"]:
+        return f"Predicted: {p['reason']}; none of its recipes was measured at this budget."
+    text = (f"{s['inside']} of {s['n']} measured minima inside their {p['level']:.0%} prediction intervals, mean error "
+            f"{s['mean_error']:+.3f} {unit} (mean absolute {s['mean_abs_error']:.3f})")
+    if s.get("gaps"):
+        text += (f"; {s['gaps_inside']} of {len(s['gaps'])} predicted gaps to {s['reference']} inside the measured "
+                 f"gap's 95% CI")
+    text += f". Predicted: {p['reason']}; measured: {s['measured_reason'] or 'no verdict'}."
+    corpora = p.get("corpora") or {}
+    if corpora.get("measured") and not corpora.get("fitted"):
+        text += " Which corpora the fit's runs trained on is not recorded, so the errors may hold a difference of data."
+    elif corpora.get("measured") and corpora["measured"] != corpora["fitted"]:
+        text += (f" The fit saw {', '.join(corpora['fitted'])}, this budget trained on {', '.join(corpora['measured'])}: "
+                 "the errors hold that difference of data too.")
+    return text
+
+
+def _gpu_pilot(g: dict | None, unit: str) -> list[str]:
+    """The GPU pilot beside the CPU study: its verdict and each recipe's gap to its reference, per budget."""
+    if not g:
+        return []
+    corpus = f", on that machine's corpus ({g['corpus']})" if g.get("corpus") else ""
+    head = (f"- **The GPU pilot** ({g['runs']} runs of `experiments/gpu_pilot.toml` on a GPU{corpus}, compared only "
+            f"with each other; [docs/gpu.md](docs/gpu.md)):")
+    if not g.get("budgets"):
+        return [head + " no budget has IsoFLOP profiles yet: cannot tell."]
+    lines = [head]
+    for b in g["budgets"]:
+        text = f"  - C = {_num(b['budget'])}: {_verdict(b, unit)}"
+        reference = next((e["recipe"] for e in b["recipes"] if e.get("gap") is None and e.get("loss") is not None), None)
+        gaps = sorted((e for e in b["recipes"] if e.get("gap") is not None and e.get("gap_ci")), key=lambda e: e["gap"])
+        if reference and gaps:
+            text += (f" Against {reference} (IsoFLOP minimum minus the reference's, 95% CI): "
+                     + "; ".join(f"{e['recipe']} {e['gap']:+.3f} [{e['gap_ci'][0]:+.3f}, {e['gap_ci'][1]:+.3f}]"
+                                 + ("" if e.get("inside", True) else " (edge)") for e in gaps) + ".")
+        lines.append(text)
+    return lines
 
 
 def _law(law: dict) -> list[str]:

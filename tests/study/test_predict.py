@@ -188,3 +188,30 @@ def test_a_posthoc_prediction_is_scored_in_its_own_section_and_says_it_is_not_a_
     assert "3 of 3 measured minima fell inside their 95% prediction intervals" in after  # measured = predicted
     without = "\n".join(report.prediction_sections({**facts, "prediction_posthoc": None}))
     assert "post hoc" not in without.lower()
+
+
+def test_readme_states_the_registered_score_and_the_posthoc_beneath_it(found):
+    """README's findings line for the held-out budget: predicted only, then scored (how many minima fell
+    inside their intervals, the mean error, the verdicts), with a post-hoc re-prediction said to be one."""
+    from scaling.study import readme
+
+    unit = "nats per byte"
+    (before,) = readme._prediction({"prediction": report.prediction_facts(found, {"budgets": []})}, unit)
+    assert before.startswith("- **A budget predicted before it was trained** (C = 6e11, from C = ")
+    assert before.endswith(f"Predicted: {found['reason']}; not measured yet.")
+    measured = {"budget": HELD, "winner": None, "reason": "cannot tell: stand-in", "corpora": {"pysrc abc": 3},
+                "recipes": [{"recipe": e["recipe"], "loss": e["loss_pi"][1] + 1 if e["recipe"] == "fp8" else e["loss"],
+                             "ci": [0, 9], "N_opt": e["N_opt"], "inside": True, "gap": None, "gap_ci": None}
+                            for e in found["recipes"]]}
+    facts = {"budgets": [measured]}
+    facts["prediction"] = report.prediction_facts({**found, "fitted_on": {**found["fitted_on"], "corpora": ["pysrc old"]}},
+                                                  facts)
+    facts["prediction_posthoc"] = report.prediction_facts(
+        {**found, "fitted_on": {**found["fitted_on"], "corpora": ["pysrc abc"]}}, facts)
+    registered, posthoc = readme._prediction(facts, unit)
+    assert "2 of 3 measured minima inside their 95% prediction intervals, mean error +" in registered
+    assert registered.count("measured: cannot tell: stand-in") == 1
+    assert "The fit saw pysrc old, this budget trained on pysrc abc" in registered
+    assert posthoc.startswith("  - Post hoc, not a prediction") and "2 of 3 measured minima inside" in posthoc
+    assert "The fit saw" not in posthoc and "not recorded" not in posthoc  # its fit and the budget share pysrc abc
+    assert readme._prediction({}, unit) == []

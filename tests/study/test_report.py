@@ -283,6 +283,27 @@ def test_the_gpu_pilot_is_reported_on_its_own_runs_by_the_main_studys_rules():
     assert "| bf16 | 16 | 4 (4) | not fitted (above) |" in budget and "| fp8 | 8 | 1 (1) | too few sizes |" in budget
 
 
+def test_readme_puts_the_gpu_pilot_beside_the_study_with_its_verdict_and_each_gap_to_its_reference():
+    import json
+
+    from scaling.study import readme, results
+
+    facts = report.gpu_pilot_facts(results.load(ROOT / "results" / "gpu_pilot.csv"))  # the committed pilot
+    (head, *budgets) = readme._gpu_pilot(facts, "nats/byte")
+    assert f"({facts['runs']} runs of `experiments/gpu_pilot.toml` on a GPU, on that machine's corpus (pysrc " in head
+    assert len(budgets) == len(facts["budgets"]) and budgets
+    for line, b in zip(budgets, facts["budgets"]):
+        assert line.startswith(f"  - C = {b['budget']:.3g}: ".replace("e+", "e") + readme._verdict(b, "nats/byte"))
+        gapped = [e for e in b["recipes"] if e.get("gap") is not None and e.get("gap_ci")]
+        for e in gapped:
+            assert f"{e['recipe']} {e['gap']:+.3f} [{e['gap_ci'][0]:+.3f}, {e['gap_ci'][1]:+.3f}]" in line
+        assert ("Against bf16 (IsoFLOP minimum minus the reference's, 95% CI)" in line) == bool(gapped)
+    empty = {**facts, "budgets": []}
+    assert readme._gpu_pilot(empty, "nats/byte")[0].endswith("no budget has IsoFLOP profiles yet: cannot tell.")
+    assert readme._gpu_pilot(None, "nats/byte") == [] and "GPU pilot" not in readme.findings_markdown(
+        {k: v for k, v in json.loads((ROOT / "paper_figures" / "findings.json").read_text()).items() if k != "gpu_pilot"})
+
+
 def test_runs_on_more_than_one_corpus_are_named_per_recipe_and_budget():
     """A budget whose runs trained on two corpora (or two kinds of machine) says which recipe trained on
     which, and a scored prediction whose budget trained on other data than its fit says its errors hold
