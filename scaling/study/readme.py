@@ -2,7 +2,8 @@
 
 `findings_markdown(findings)` turns the dict that `scaling figures` writes to findings.json into a short
 markdown summary (the verdict per budget, the held-out budget's prediction and its score, the chosen law,
-P* against the published ranges, the integer and FP4 arms, scaling granularity, outliers, the GPU pilot); `with_findings(readme, block)` puts it between README's markers.
+P* against the published ranges, the integer and FP4 arms, scaling granularity, outliers, the GPU
+pilot); `with_findings(readme, block)` puts it between README's markers.
 Both are pure: `paper_figures/make_figures.py` does the reading and writing, and a test checks that
 README.md holds exactly the block the committed findings.json gives, so no finding in README is typed.
 REPORT.md (scaling.study.report) has the tables and figures behind each line.
