@@ -152,8 +152,7 @@ def _gpu_pilot(g: dict | None, unit: str) -> list[str]:
         gaps = sorted((e for e in b["recipes"] if e.get("gap") is not None and e.get("gap_ci")), key=lambda e: e["gap"])
         if reference and gaps:
             text += (f" Against {reference} (IsoFLOP minimum minus the reference's, 95% CI): "
-                     + "; ".join(f"{e['recipe']} {e['gap']:+.3f} [{e['gap_ci'][0]:+.3f}, {e['gap_ci'][1]:+.3f}]"
-                                 + ("" if e.get("inside", True) else " (edge)") for e in gaps) + ".")
+                     + "; ".join(_gap(e["recipe"], e["gap"], e["gap_ci"], e.get("inside", True)) for e in gaps) + ".")
         lines.append(text)
     return lines
 
@@ -238,14 +237,18 @@ def _fp4_arm(f: dict) -> list[str]:
     lines = ["- **The FP4 arm, plain and as published** (IsoFLOP minimum minus the reference's, 95% CI; "
              "a minimum at the edge of its sizes marked):"]
     for b in arm:
-        gaps = "; ".join(f"{g['recipe']} {g['gap']:+.3f} [{g['ci'][0]:+.3f}, {g['ci'][1]:+.3f}]"
-                         + ("" if g["inside"] else " (edge)") for g in sorted(b["gaps"], key=lambda g: g["gap"]))
+        gaps = "; ".join(_gap(g["recipe"], g["gap"], g["ci"], g["inside"]) for g in sorted(b["gaps"], key=lambda g: g["gap"]))
         pairs = "; ".join(p["verdict"] for p in b["pairs"])
         pairs = f"Published against plain: {pairs}." if pairs else ""
         above = "; ".join(p["verdict"] for p in b.get("above", []))
         pairs += f" Published against FP8 and MXFP6: {above}." if above else ""
         lines.append(f"  - C = {_num(b['budget'])}, against {b['reference']}: {gaps}. {pairs}".rstrip())
     return lines
+
+
+def _gap(recipe: str, gap: float, ci: Sequence[float], inside: bool) -> str:
+    """One recipe's gap to its reference with its 95% CI; a minimum at the edge of its sizes marked."""
+    return f"{recipe} {gap:+.3f} [{ci[0]:+.3f}, {ci[1]:+.3f}]" + ("" if inside else " (edge)")
 
 
 def _granularity(g: dict, unit: str) -> list[str]:
