@@ -31,7 +31,7 @@ EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"
 # feed their own figures.
 STUDY_PRESETS = {
     "quick": ["quick.toml"],
-    "full": ["isoflop.toml", "granularity.toml", "outliers.toml"],
+    "full": ["isoflop.toml", "isoflop_heldout.toml", "granularity.toml", "outliers.toml"],
 }
 # The laws each preset chooses among. quick ties every role to one precision, so only the laws that
 # grid can identify (kappa free and fixed at 2 and 4 enter P*'s specification range in the report);
