@@ -62,6 +62,18 @@ def test_findings_block_states_each_verdict_and_pstar_as_its_law_allows():
     assert "6.25–8 bits" not in text
 
 
+def test_never_best_counts_each_recipe_at_the_budgets_it_trained_at():
+    def entry(recipe, p_best):
+        return {"recipe": recipe, "p_best": p_best}
+    budgets = [{"budget": 1e12, "winner": None, "reason": "cannot tell: a vs b", "recipes": [
+                    entry("a", 0.6), entry("b", 0.4), entry("c", 0.0), entry("d", 0.0), entry("e", None)]},
+               {"budget": 1e13, "winner": None, "reason": "cannot tell: a vs d", "recipes": [
+                    entry("a", 0.7), entry("b", 0.0), entry("d", 0.3)]}]
+    (line,) = [x for x in readme._budgets({"budgets": budgets}, "nats/byte") if "Never best" in x]
+    # c trained at the first budget only; b and d were best somewhere; e's minimum was not measured
+    assert line.endswith("at any budget it trained at: c.")
+
+
 def test_with_findings_replaces_only_between_the_markers_and_needs_both():
     text = f"head\n{readme.BEGIN}\nold\n{readme.END}\ntail\n"
     assert readme.with_findings(text, "new") == f"head\n{readme.BEGIN}\nnew\n{readme.END}\ntail\n"

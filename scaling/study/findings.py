@@ -276,12 +276,15 @@ def fp4_arm(budgets: list[dict], df: pd.DataFrame | None = None) -> list[dict[st
 
 def _integer_arm_findings(main: pd.DataFrame, noise_rows: pd.DataFrame, budgets: Sequence[float],
                           cost_model: compute_lib.CostModel, n_boot: int, level: float = LEVEL) -> list[dict[str, Any]]:
-    """The IsoFLOP analysis of the forward-only integer arm at every budget, compared with the
+    """The IsoFLOP analysis of the forward-only integer arm at each budget where two or more of its
+    integer recipes trained (a study may train the arm at some budgets only), compared with the
     published ranges on the forward precision P (Kumar et al.'s), not effective bits; [] without the arm."""
     arm = integer_arm(main)
     if arm.empty:
         return []
+    reference = high_precision_recipe(main)
     out = analyse(arm, budgets, cost_model, n_boot=n_boot, level=level, noise=replicate_noise(integer_arm(noise_rows)))
+    out = [b for b in out if sum(e["recipe"] != reference for e in b["recipes"]) >= 2]
     for b in out:
         b["measured"] = measured_choice(b, level)
         forward = [m["P"] for m in b["measured"]]
@@ -420,6 +423,16 @@ def hosts(df: pd.DataFrame, budget: float | None = None) -> dict[str, dict[str, 
     (`hardware`: the CPU's GEMM-relevant flags, or the GPU). One config on two kinds gives two runs
     whose losses differ: the GEMM paths round differently and training carries it on."""
     return _runs_by(df, "hardware", budget)
+
+
+def other_hosts(p: dict) -> bool:
+    """Whether the fit's data are the budget's (its corpora recorded and equal, so the lower budgets in
+    these results are the rows it fitted) while its runs trained on other kinds of host."""
+    corpora, hosts = p.get("corpora") or {}, p.get("hosts") or {}
+    if not corpora.get("fitted") or sorted(corpora["fitted"]) != sorted(corpora.get("measured") or []):
+        return False
+    lower = {h for by in (hosts.get("lower") or {}).values() for h in by}
+    return bool(hosts.get("measured")) and bool(lower) and set(hosts["measured"]) != lower
 
 
 def _runs_by(df: pd.DataFrame, column: str, budget: float | None) -> dict[str, dict[str, int]]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from scaling.errors import ConfigError
-from scaling.study.findings import PUBLISHED
+from scaling.study.findings import PUBLISHED, other_hosts
 
 BEGIN = "<!-- findings:begin -->"
 END = "<!-- findings:end -->"
@@ -81,9 +81,11 @@ def _budgets(f: dict, unit: str) -> list[str]:
     lines = ["- **Which precision is best at a fixed budget** (each recipe's IsoFLOP minimum, bootstrap P(best)):"]
     for b in f["budgets"]:
         lines.append(f"  - C = {_num(b['budget'])}: {_verdict(b, unit)}")
-    never = sorted(set.intersection(*({e["recipe"] for e in b["recipes"] if e.get("p_best") == 0} for b in f["budgets"])))
+    # at each budget a recipe trained at (a study may train some recipes at some budgets only)
+    trained = {e["recipe"] for b in f["budgets"] for e in b["recipes"]}
+    never = sorted(trained - {e["recipe"] for b in f["budgets"] for e in b["recipes"] if e.get("p_best") != 0})
     if never:
-        lines.append(f"  - Never best in any bootstrap resample at any budget: {', '.join(never)}.")
+        lines.append(f"  - Never best in any bootstrap resample at any budget it trained at: {', '.join(never)}.")
     return lines
 
 
@@ -133,6 +135,8 @@ def _scored(p: dict, unit: str) -> str:
     elif corpora.get("measured") and corpora["measured"] != corpora["fitted"]:
         text += (f" The fit saw {', '.join(corpora['fitted'])}, this budget trained on {', '.join(corpora['measured'])}: "
                  "the errors hold that difference of data too.")
+    elif other_hosts(p):
+        text += " The fit's runs and this budget's trained on different kinds of host (REPORT names them): the errors hold that difference too."
     return text
 
 

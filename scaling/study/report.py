@@ -721,7 +721,12 @@ def _corpus(results: pd.DataFrame) -> str | None:
             runs = results.drop_duplicates("run_id")[column].dropna().astype(str).value_counts()
             if len(runs) == 1:
                 return runs.index[0]
-            return ", ".join(f"{c} ({n} runs)" for c, n in runs.items()) + " (not one corpus: see the findings)"
+            if "sweep" not in results.columns:
+                return ", ".join(f"{c} ({n} runs)" for c, n in runs.items()) + " (not one corpus: see the findings)"
+            by = results.drop_duplicates("run_id").groupby(column)["sweep"].agg(lambda s: ", ".join(sorted(set(s.astype(str)))))
+            mixed = results.drop_duplicates("run_id").groupby("sweep")[column].nunique().gt(1).any()
+            return (", ".join(f"{c} ({n} runs: {by[c]})" for c, n in runs.items())
+                    + (" (a sweep on more than one corpus: see the findings)" if mixed else "; each sweep on one corpus"))
     return None
 
 
@@ -817,8 +822,21 @@ def prediction_facts(prediction: dict, facts: dict) -> dict:
     # which data the fit saw is the prediction's to say (the lower budgets' rows may since have changed)
     kept["corpora"] = {"fitted": kept["fitted_on"].get("corpora"),
                        "measured": sorted((measured or {}).get("corpora") or {})}
+    kept["hosts"] = _prediction_hosts(kept["fitted_on"], measured, facts)
     return {**kept, "laws": [e["name"] for e in prediction.get("laws", [])],
             "score": predict_lib.score(prediction, measured) if measured else None}
+
+
+def _prediction_hosts(fitted_on: dict, measured: dict | None, facts: dict) -> dict:
+    """Which kinds of host the budget's runs and, in these results, the fitted recipes' runs at the
+    lower budgets trained on: {"measured": {host: runs}, "lower": {budget: {host: runs}}}."""
+    def runs(b: dict, recipes: set | None = None) -> dict[str, int]:
+        counts = {h: sum(n for r, n in by.items() if recipes is None or r in recipes) for h, by in (b.get("hosts") or {}).items()}
+        return {h: n for h, n in counts.items() if n}
+    recipes = set(fitted_on.get("recipes") or [])
+    lower = {str(b["budget"]): runs(b, recipes) for b in facts.get("budgets", [])
+             if any(np.isclose(b["budget"], x, rtol=1e-9) for x in fitted_on.get("budgets") or [])}
+    return {"measured": runs(measured or {}), "lower": lower}
 
 
 def prediction_section(p: dict, unit: str, posthoc: bool = False) -> str:
@@ -877,6 +895,15 @@ def prediction_section(p: dict, unit: str, posthoc: bool = False) -> str:
                       f"budget's runs trained on {', '.join(corpora['measured'])}, so each error above holds the "
                       "difference of the corpora as well as the law's (a recipe's gap to the reference is free of it "
                       "only where both trained on one corpus)."]
+    if findings_lib.other_hosts(p):
+        hosts = p["hosts"]
+        lower = "; ".join(f"C = {_fmt(float(b))}: " + ", ".join(f"{h} {n}" for h, n in by.items())
+                          for b, by in hosts["lower"].items())
+        lines += ["", f"Not the same hosts: this budget's runs trained on "
+                      f"{', '.join(f'{h} ({n} runs)' for h, n in hosts['measured'].items())}; the fitted recipes' runs "
+                      f"at the lower budgets on other kinds too ({lower} runs). One config trained on two kinds of host gives two runs whose "
+                      "losses differ (the GEMM paths round differently and training carries it on), so each error "
+                      "above holds that difference as well as the law's; these runs do not measure how large it is."]
     gaps = score.get("gaps") or []
     if gaps:
         ref = score["reference"]

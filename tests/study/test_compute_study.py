@@ -256,6 +256,13 @@ def test_the_forward_only_integer_arm_is_analysed_on_its_own():
     # one integer recipe is no arm
     assert findings_lib.integer_arm(runs[runs["recipe"] != "int4-fwd"]).empty
     assert findings_lib.findings(runs[runs["recipe"] != "int4-fwd"], None, budgets=[1e12])["integer_arm"] == []
+    # a budget the arm did not train at (only the reference and mxfp4 did) gets no integer-arm verdict
+    larger = _isoflop_runs({"bf16": 0.0, "mxfp4": -0.2}, noise=0.01, budget=1e13)
+    larger = larger.assign(run_id="big-" + larger["run_id"], format=larger["recipe"].map(lambda r: kind[r][0]),
+                           P=larger["recipe"].map(lambda r: kind[r][1]), P_bwd=larger["recipe"].map(lambda r: kind[r][2]))
+    both = findings_lib.findings(pd.concat([runs, larger], ignore_index=True), None, budgets=[1e12, 1e13])
+    assert [b["budget"] for b in both["budgets"]] == [1e12, 1e13]
+    assert [b["budget"] for b in both["integer_arm"]] == [1e12]
 
 
 def test_published_range_verdicts_use_the_whole_interval():

@@ -215,3 +215,35 @@ def test_readme_states_the_registered_score_and_the_posthoc_beneath_it(found):
     assert posthoc.startswith("  - Post hoc, not a prediction") and "2 of 3 measured minima inside" in posthoc
     assert "The fit saw" not in posthoc and "not recorded" not in posthoc  # its fit and the budget share pysrc abc
     assert readme._prediction({}, unit) == []
+
+
+def test_a_prediction_fitted_on_its_budgets_data_but_other_hosts_says_so(found):
+    """Same corpus, other kinds of host: REPORT names the hosts of both sides and README says the
+    errors hold that difference; one host kind on both sides, or a fit whose data are not recorded
+    (so the lower budgets in the results may not be the rows it fitted), says nothing of hosts."""
+    from scaling.study import readme
+
+    fast, slow = "cpu: fast (avx512_bf16)", "cpu: slow (avx2)"
+    lower_budgets = found["fitted_on"]["budgets"]
+    recipes = [e["recipe"] for e in found["recipes"]]
+
+    def facts_on(measured_host: str) -> dict:
+        measured = {"budget": HELD, "winner": None, "reason": "cannot tell: stand-in", "corpora": {"pysrc abc": 3},
+                    "hosts": {measured_host: {r: 2 for r in recipes}},
+                    "recipes": [{"recipe": e["recipe"], "loss": e["loss"], "ci": [0, 9], "N_opt": e["N_opt"],
+                                 "inside": True, "gap": None, "gap_ci": None} for e in found["recipes"]]}
+        lower = [{"budget": b, "hosts": {fast: {r: 3 for r in recipes}, slow: {"not-fitted": 1}}} for b in lower_budgets]
+        return {"budgets": lower + [measured]}
+
+    same_data = {**found, "fitted_on": {**found["fitted_on"], "corpora": ["pysrc abc"], "recipes": recipes}}
+    p = report.prediction_facts(same_data, facts_on(slow))
+    assert p["hosts"]["measured"] == {slow: 2 * len(recipes)}
+    assert all(by == {fast: 3 * len(recipes)} for by in p["hosts"]["lower"].values())  # the unfitted recipe left out
+    text = report.prediction_section(p, "nats/byte", posthoc=True)
+    assert f"Not the same hosts: this budget's runs trained on {slow} ({2 * len(recipes)} runs)" in text
+    assert f"{fast} {3 * len(recipes)}" in text
+    assert "kinds of host" in readme._scored(p, "nats/byte")
+    for quiet in (report.prediction_facts(same_data, facts_on(fast)),  # one kind of host on both sides
+                  report.prediction_facts(found, facts_on(slow))):     # the fit's corpora not recorded
+        assert "Not the same hosts" not in report.prediction_section(quiet, "nats/byte")
+        assert "kinds of host" not in readme._scored(quiet, "nats/byte")
