@@ -833,7 +833,7 @@ def _prediction_hosts(fitted_on: dict, measured: dict | None, facts: dict) -> di
     def runs(b: dict, recipes: set | None = None) -> dict[str, int]:
         counts = {h: sum(n for r, n in by.items() if recipes is None or r in recipes) for h, by in (b.get("hosts") or {}).items()}
         return {h: n for h, n in counts.items() if n}
-    recipes = set(fitted_on.get("recipes") or [])
+    recipes = set(fitted_on.get("recipes") or []) or None  # not recorded: every recipe
     lower = {str(b["budget"]): runs(b, recipes) for b in facts.get("budgets", [])
              if any(np.isclose(b["budget"], x, rtol=1e-9) for x in fitted_on.get("budgets") or [])}
     return {"measured": runs(measured or {}), "lower": lower}
