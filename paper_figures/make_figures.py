@@ -7,8 +7,9 @@
 The defaults are the committed reference study (`scaling reproduce --preset full --out .`):
 results/isoflop.csv (the IsoFLOP design plus the granularity and outlier sweeps), its curves and
 fits/isoflop.json, the held-out budget's prediction (results/isoflop_prediction.json) once made, its
-post-hoc re-prediction (results/isoflop_prediction_posthoc.json) if one was made, and the GPU pilot's
-runs (results/gpu_pilot.csv) where any have landed.
+post-hoc re-prediction (results/isoflop_prediction_posthoc.json) if one was made, runs trained again
+on another kind of host (results/isoflop_hosts.csv) if any were, and the GPU pilot's runs
+(results/gpu_pilot.csv) where any have landed.
 
 Same as `scaling figures` with the committed files as defaults. Without curves or a fit, the figures
 that need them are listed as skipped in REPORT.md; missing results, or any malformed input, is an
@@ -41,6 +42,7 @@ DEFAULTS = {
     "prediction": ROOT / "results" / "isoflop_prediction.json",
     "posthoc_prediction": ROOT / "results" / "isoflop_prediction_posthoc.json",
     "gpu_pilot": ROOT / "results" / "gpu_pilot.csv",
+    "hosts": ROOT / "results" / "isoflop_hosts.csv",
     "out": ROOT / "paper_figures",
 }
 
@@ -54,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
                         prediction=str(DEFAULTS["prediction"]) if DEFAULTS["prediction"].exists() else None,
                         posthoc_prediction=(str(DEFAULTS["posthoc_prediction"])
                                             if DEFAULTS["posthoc_prediction"].exists() else None),
-                        gpu_pilot=str(DEFAULTS["gpu_pilot"]) if DEFAULTS["gpu_pilot"].exists() else None)
+                        gpu_pilot=str(DEFAULTS["gpu_pilot"]) if DEFAULTS["gpu_pilot"].exists() else None,
+                        hosts=str(DEFAULTS["hosts"]) if DEFAULTS["hosts"].exists() else None)
     parser.add_argument("--readme-only", action="store_true",
                         help="only rewrite README.md's findings block from the committed paper_figures/findings.json")
     args = parser.parse_args(argv)

@@ -31,6 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "--prediction, labelled post hoc")
     parser.add_argument("--gpu-pilot", help="a GPU pilot's results (.csv): REPORT gives its own IsoFLOP findings "
                         "beside the main study's")
+    parser.add_argument("--hosts", help="runs of --results trained again on another kind of host, same configs and "
+                        "seeds (.csv): REPORT sizes how far the host moves a loss")
     parser.add_argument("--out", default="paper_figures", help="output directory for the figures and REPORT.md")
 
 
@@ -61,7 +63,8 @@ def main(args: argparse.Namespace) -> int:
     prediction = predict.load(args.prediction) if args.prediction else None
     posthoc = predict.load(args.posthoc_prediction) if args.posthoc_prediction else None
     gpu_pilot = results_lib.load(args.gpu_pilot) if args.gpu_pilot else None
+    hosts = results_lib.load(args.hosts) if args.hosts else None
     path = write_report(results, fit, args.out, curves=curves, compute=computes, prediction=prediction,
-                        posthoc=posthoc, gpu_pilot=gpu_pilot)
+                        posthoc=posthoc, gpu_pilot=gpu_pilot, hosts=hosts)
     print(f"wrote {path}")
     return 0

@@ -435,6 +435,46 @@ def other_hosts(p: dict) -> bool:
     return bool(hosts.get("measured")) and bool(lower) and set(hosts["measured"]) != lower
 
 
+def host_shift(rows: pd.DataFrame, again: pd.DataFrame | None, level: float = LEVEL) -> list[dict[str, Any]]:
+    """How far the kind of host moves a run's loss: runs of `rows` trained again, same config and seed
+    (so the same run id), on another kind of host (`again`), paired at the same IsoFLOP points (run
+    id, tokens; the points serving a budget where the rows say so). One entry per pair of host kinds:
+    the loss on the first minus on the second, its mean over runs (each run's points averaged: a run's
+    points share one trajectory) with a t interval over runs, and the points' RMS; [] without pairs."""
+    if again is None or again.empty or not {"hardware", "run_id", "D", "val_loss"} <= set(rows.columns) & set(again.columns):
+        return []
+    def points(d: pd.DataFrame) -> pd.DataFrame:
+        d = d[np.isfinite(pd.to_numeric(d["val_loss"], errors="coerce")) & d["hardware"].notna()]
+        if "budget" in d.columns:
+            d = d[d["budget"].notna()]
+        return d[["run_id", "D", "recipe", "hardware", "val_loss"]].drop_duplicates(["run_id", "D"])
+    pairs = points(rows).merge(points(again), on=["run_id", "D"], suffixes=("_a", "_b"))
+    pairs = pairs[pairs["hardware_a"] != pairs["hardware_b"]]
+    flip = pairs["hardware_a"] > pairs["hardware_b"]  # orient every pair the same way: first host by name
+    pairs = pairs.assign(first=pairs["hardware_a"].where(~flip, pairs["hardware_b"]),
+                         second=pairs["hardware_b"].where(~flip, pairs["hardware_a"]),
+                         diff=(pairs["val_loss_a"] - pairs["val_loss_b"]).where(~flip, pairs["val_loss_b"] - pairs["val_loss_a"]))
+    out = []
+    for (first, second), both in pairs.groupby(["first", "second"]):
+        per_run = both.groupby("run_id")["diff"].mean()
+        entry = {"hosts": [first, second], "runs": int(len(per_run)), "points": int(len(both)),
+                 "recipes": sorted(both["recipe_a"].astype(str).unique()), "mean": float(per_run.mean()),
+                 "rms": float(np.sqrt((both["diff"] ** 2).mean())), "ci": None}
+        if len(per_run) >= 2:
+            half = stats.t.ppf(0.5 + level / 2, len(per_run) - 1) * per_run.std(ddof=1) / math.sqrt(len(per_run))
+            entry["ci"] = [entry["mean"] - half, entry["mean"] + half]
+        out.append(entry)
+    return out
+
+
+def host_shift_between(p: dict) -> dict | None:
+    """The paired host measurement (findings.host_shift) between the kinds of host a scored prediction
+    spans, if one was made."""
+    hosts = p.get("hosts") or {}
+    spanned = set(hosts.get("measured") or {}) | {h for by in (hosts.get("lower") or {}).values() for h in by}
+    return next((s for s in p.get("host_shift") or [] if set(s["hosts"]) <= spanned and s.get("ci")), None)
+
+
 def _runs_by(df: pd.DataFrame, column: str, budget: float | None) -> dict[str, dict[str, int]]:
     if column not in df.columns or df.empty:
         return {}

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from scaling.errors import ConfigError
-from scaling.study.findings import PUBLISHED, other_hosts
+from scaling.study.findings import PUBLISHED, host_shift_between, other_hosts
 
 BEGIN = "<!-- findings:begin -->"
 END = "<!-- findings:end -->"
@@ -136,7 +136,10 @@ def _scored(p: dict, unit: str) -> str:
         text += (f" The fit saw {', '.join(corpora['fitted'])}, this budget trained on {', '.join(corpora['measured'])}: "
                  "the errors hold that difference of data too.")
     elif other_hosts(p):
-        text += " The fit's runs and this budget's trained on different kinds of host (REPORT names them): the errors hold that difference too."
+        text += " The fit's runs and this budget's trained on different kinds of host (REPORT names them): the errors hold that difference too"
+        s = host_shift_between(p)
+        text += (f"; {s['runs']} runs trained on both put it at {s['mean']:+.3f} {unit} (95% CI {s['ci'][0]:+.3f} to "
+                 f"{s['ci'][1]:+.3f})." if s else ".")
     return text
 
 

@@ -765,18 +765,21 @@ INTRODUCTION = ["# Precision-aware scaling: report",
 def write_report(results_df: pd.DataFrame, fit_result: Any, out_dir: str | Path, *, curves: pd.DataFrame | None = None,
                  plan_table: pd.DataFrame | None = None, compute: float | Sequence[float] | None = None,
                  prediction: dict | None = None, posthoc: dict | None = None,
-                 gpu_pilot: pd.DataFrame | None = None) -> Path:
+                 gpu_pilot: pd.DataFrame | None = None, hosts: pd.DataFrame | None = None) -> Path:
     """Make every figure into `out_dir` and write out_dir/findings.json and out_dir/REPORT.md; returns
     the report's path. `prediction`: a held-out budget's prediction (scaling.study.predict), set
     against what that budget measured once it has landed. `posthoc`: the same budget predicted again
     after its runs existed (say, from lower budgets retrained on its corpus), scored beside it and
     labelled as made after the fact. `gpu_pilot`: a GPU pilot's results, reported on their own beside
-    the main study."""
+    the main study. `hosts`: runs of the results trained again on another kind of host (same configs
+    and seeds), which size how far the host moves a loss (findings.host_shift)."""
     out_dir = Path(out_dir)
     ok = plots.validate_results(results_df)
     fitted = study.study_part(ok, "main")
     budgets = ([compute] if isinstance(compute, (int, float)) else list(compute)) if compute is not None else None
     facts = report_facts(results_df, ok, fitted, fit_result, budgets)
+    if hosts is not None:
+        facts["host_shift"] = findings_lib.host_shift(ok, hosts)
     if prediction is not None:
         facts["prediction"] = prediction_facts(prediction, facts)
     if posthoc is not None:
@@ -823,6 +826,7 @@ def prediction_facts(prediction: dict, facts: dict) -> dict:
     kept["corpora"] = {"fitted": kept["fitted_on"].get("corpora"),
                        "measured": sorted((measured or {}).get("corpora") or {})}
     kept["hosts"] = _prediction_hosts(kept["fitted_on"], measured, facts)
+    kept["host_shift"] = facts.get("host_shift") or []
     return {**kept, "laws": [e["name"] for e in prediction.get("laws", [])],
             "score": predict_lib.score(prediction, measured) if measured else None}
 
@@ -837,6 +841,16 @@ def _prediction_hosts(fitted_on: dict, measured: dict | None, facts: dict) -> di
     lower = {str(b["budget"]): runs(b, recipes) for b in facts.get("budgets", [])
              if any(np.isclose(b["budget"], x, rtol=1e-9) for x in fitted_on.get("budgets") or [])}
     return {"measured": runs(measured or {}), "lower": lower}
+
+
+def _host_shift_text(p: dict) -> str:
+    s = findings_lib.host_shift_between(p)
+    if s is None:
+        return "these runs do not measure how large it is"
+    return (f"{s['runs']} runs ({', '.join(s['recipes'])}) trained again on the other kind, same configs and seeds, "
+            f"measure it: {s['hosts'][0]} minus {s['hosts'][1]}, {s['mean']:+.4f} nats/byte on average over runs "
+            f"(95% CI {s['ci'][0]:+.4f} to {s['ci'][1]:+.4f}, t over runs), {s['rms']:.4f} RMS over its "
+            f"{s['points']} points")
 
 
 def prediction_section(p: dict, unit: str, posthoc: bool = False) -> str:
@@ -903,7 +917,7 @@ def prediction_section(p: dict, unit: str, posthoc: bool = False) -> str:
                       f"{', '.join(f'{h} ({n} runs)' for h, n in hosts['measured'].items())}; the fitted recipes' runs "
                       f"at the lower budgets on other kinds too ({lower} runs). One config trained on two kinds of host gives two runs whose "
                       "losses differ (the GEMM paths round differently and training carries it on), so each error "
-                      "above holds that difference as well as the law's; these runs do not measure how large it is."]
+                      f"above holds that difference as well as the law's; {_host_shift_text(p)}."]
     gaps = score.get("gaps") or []
     if gaps:
         ref = score["reference"]

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Callable
 
 
-from scaling.study import curves, fit, predict, report, analysis as study, selection, sweep, takeoff
+from scaling.study import curves, fit, predict, report, results, analysis as study, selection, sweep, takeoff
 from scaling.study.summary import Summary
 from scaling.train import runs
 from scaling.errors import ConfigError
@@ -110,9 +110,12 @@ def reproduce(preset: str, out: str | Path, *, bootstrap: int = 100, workers: in
     run_curves = run_curves[run_curves["run_id"].isin(ids)].reset_index(drop=True)
     # a held-out budget's prediction, committed beside the results before that budget trained
     predicted, posthoc = (out / "results" / f"{studied}_prediction{tail}.json" for tail in ("", "_posthoc"))
+    # runs trained again on another kind of host, committed beside the results
+    hosts = out / "results" / f"{studied}_hosts.csv"
     path = report.write_report(df, result, out / "paper_figures", curves=run_curves,
                                prediction=predict.load(predicted) if predicted.is_file() else None,
-                               posthoc=predict.load(posthoc) if posthoc.is_file() else None)
+                               posthoc=predict.load(posthoc) if posthoc.is_file() else None,
+                               hosts=results.load(hosts) if hosts.is_file() else None)
     end = time.perf_counter()
     echo(f"{preset}: {len(df)} rows, fit and report in {end - phase:.0f} s ({end - started:.0f} s in all) -> {path}")
     return path

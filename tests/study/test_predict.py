@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from scipy import stats
 
 from scaling.errors import ConfigError
 from scaling.study import predict, report, results, sweep
@@ -247,3 +248,40 @@ def test_a_prediction_fitted_on_its_budgets_data_but_other_hosts_says_so(found):
                   report.prediction_facts(found, facts_on(slow))):     # the fit's corpora not recorded
         assert "Not the same hosts" not in report.prediction_section(quiet, "nats/byte")
         assert "kinds of host" not in readme._scored(quiet, "nats/byte")
+
+
+def test_host_shift_pairs_each_run_across_hosts_and_averages_its_points_before_the_interval():
+    """findings.host_shift: the same run ids trained again on another kind of host, paired at their
+    IsoFLOP points, oriented one way, each run's points averaged (one trajectory), a t interval over runs."""
+    from scaling.study import findings as findings_lib, readme
+
+    fast, slow = "cpu: fast", "cpu: slow"
+    rows = pd.DataFrame({"run_id": ["r1", "r1", "r2", "r3", "r9"], "D": [1e6, 3e6, 1e6, 1e6, 1e6],
+                         "recipe": ["bf16", "bf16", "fp8", "fp8", "fp8"], "hardware": slow,
+                         "budget": [1e12, 3e12, 1e12, 1e12, 1e12], "val_loss": [2.0, 1.8, 2.1, 2.2, 2.3]})
+    # r1 on the fast host: +0.02 at one point, +0.04 at the other (mean +0.03); r2 -0.01, r3 +0.01;
+    # r9 is not trained again, and a point off the budgets (budget empty) is not an IsoFLOP point
+    again = pd.DataFrame({"run_id": ["r1", "r1", "r2", "r3", "r1"], "D": [1e6, 3e6, 1e6, 1e6, 2e6],
+                          "recipe": ["bf16", "bf16", "fp8", "fp8", "bf16"], "hardware": fast,
+                          "budget": [1e12, 3e12, 1e12, 1e12, None], "val_loss": [2.02, 1.84, 2.09, 2.21, 0.0]})
+    (s,) = findings_lib.host_shift(rows, again)
+    assert s["hosts"] == [fast, slow] and (s["runs"], s["points"]) == (3, 4) and s["recipes"] == ["bf16", "fp8"]
+    per_run = np.array([0.03, -0.01, 0.01])
+    assert s["mean"] == pytest.approx(per_run.mean())
+    half = stats.t.ppf(0.975, 2) * per_run.std(ddof=1) / np.sqrt(3)
+    assert s["ci"] == pytest.approx([per_run.mean() - half, per_run.mean() + half])
+    assert s["rms"] == pytest.approx(np.sqrt(np.mean(np.array([0.02, 0.04, -0.01, 0.01]) ** 2)))
+    # the other way round gives the same orientation (first host by name)
+    (back,) = findings_lib.host_shift(again.assign(hardware=slow), rows.assign(hardware=fast))
+    assert back["hosts"] == [fast, slow] and back["mean"] == pytest.approx(-s["mean"])
+    assert findings_lib.host_shift(rows, rows) == [] and findings_lib.host_shift(rows, None) == []
+
+    # a scored prediction spanning those hosts states the measured shift instead of "not measured"
+    p = {"corpora": {"fitted": ["pysrc abc"], "measured": ["pysrc abc"]},
+         "hosts": {"measured": {slow: 3}, "lower": {"1e12": {fast: 9}}}, "host_shift": [s]}
+    assert findings_lib.host_shift_between(p) == s
+    assert findings_lib.host_shift_between({**p, "host_shift": []}) is None
+    assert findings_lib.host_shift_between({**p, "hosts": {"measured": {slow: 3}, "lower": {"1e12": {"cpu: other": 9}}}}) is None
+    assert f"put it at {s['mean']:+.3f} nats/byte (95% CI {s['ci'][0]:+.3f} to {s['ci'][1]:+.3f})" in readme._scored(
+        {**p, "score": {"n": 3, "inside": 3, "mean_error": -0.04, "mean_abs_error": 0.04, "measured_reason": "x"},
+         "level": 0.95, "reason": "y"}, "nats/byte")
