@@ -431,8 +431,13 @@ def other_hosts(p: dict) -> bool:
     corpora, hosts = p.get("corpora") or {}, p.get("hosts") or {}
     if not corpora.get("fitted") or sorted(corpora["fitted"]) != sorted(corpora.get("measured") or []):
         return False
-    lower = {h for by in (hosts.get("lower") or {}).values() for h in by}
+    lower = _lower_hosts(hosts)
     return bool(hosts.get("measured")) and bool(lower) and set(hosts["measured"]) != lower
+
+
+def _lower_hosts(hosts: dict) -> set[str]:
+    """The kinds of host a scored prediction's lower budgets trained on (report.prediction_facts' `hosts`)."""
+    return {h for by in (hosts.get("lower") or {}).values() for h in by}
 
 
 def host_shift(rows: pd.DataFrame, again: pd.DataFrame | None, level: float = LEVEL) -> list[dict[str, Any]]:
@@ -471,7 +476,7 @@ def host_shift_between(p: dict) -> dict | None:
     """The paired host measurement (findings.host_shift) between the kinds of host a scored prediction
     spans, if one was made."""
     hosts = p.get("hosts") or {}
-    spanned = set(hosts.get("measured") or {}) | {h for by in (hosts.get("lower") or {}).values() for h in by}
+    spanned = set(hosts.get("measured") or {}) | _lower_hosts(hosts)
     return next((s for s in p.get("host_shift") or [] if set(s["hosts"]) <= spanned and s.get("ci")), None)
 
 

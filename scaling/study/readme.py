@@ -137,9 +137,9 @@ def _scored(p: dict, unit: str) -> str:
                  "the errors hold that difference of data too.")
     elif other_hosts(p):
         text += " The fit's runs and this budget's trained on different kinds of host (REPORT names them): the errors hold that difference too"
-        s = host_shift_between(p)
-        text += (f"; {s['runs']} runs trained on both put it at {s['mean']:+.3f} {unit} (95% CI {s['ci'][0]:+.3f} to "
-                 f"{s['ci'][1]:+.3f})." if s else ".")
+        shift = host_shift_between(p)
+        text += (f"; {shift['runs']} runs trained on both put it at {shift['mean']:+.3f} {unit} (95% CI "
+                 f"{shift['ci'][0]:+.3f} to {shift['ci'][1]:+.3f})." if shift else ".")
     return text
 
 

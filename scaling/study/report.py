@@ -723,8 +723,9 @@ def _corpus(results: pd.DataFrame) -> str | None:
                 return runs.index[0]
             if "sweep" not in results.columns:
                 return ", ".join(f"{c} ({n} runs)" for c, n in runs.items()) + " (not one corpus: see the findings)"
-            by = results.drop_duplicates("run_id").groupby(column)["sweep"].agg(lambda s: ", ".join(sorted(set(s.astype(str)))))
-            mixed = results.drop_duplicates("run_id").groupby("sweep")[column].nunique().gt(1).any()
+            each = results.drop_duplicates("run_id")
+            by = each.groupby(column)["sweep"].agg(lambda s: ", ".join(sorted(set(s.astype(str)))))
+            mixed = each.groupby("sweep")[column].nunique().gt(1).any()
             return (", ".join(f"{c} ({n} runs: {by[c]})" for c, n in runs.items())
                     + (" (a sweep on more than one corpus: see the findings)" if mixed else "; each sweep on one corpus"))
     return None
@@ -915,8 +916,8 @@ def prediction_section(p: dict, unit: str, posthoc: bool = False) -> str:
                           for b, by in hosts["lower"].items())
         lines += ["", f"Not the same hosts: this budget's runs trained on "
                       f"{', '.join(f'{h} ({n} runs)' for h, n in hosts['measured'].items())}; the fitted recipes' runs "
-                      f"at the lower budgets on other kinds too ({lower} runs). One config trained on two kinds of host gives two runs whose "
-                      "losses differ (the GEMM paths round differently and training carries it on), so each error "
+                      f"at the lower budgets on other kinds too ({lower} runs). One config trained on two kinds of "
+                      "host gives two runs whose losses differ (the GEMM paths round differently and training carries it on), so each error "
                       f"above holds that difference as well as the law's; {_host_shift_text(p)}."]
     gaps = score.get("gaps") or []
     if gaps:
