@@ -1,7 +1,9 @@
 """`scaling` command line: one verb per module, imported only when used (so `scaling plan` never loads JAX).
 
-Each verb's module defines `add_arguments(parser)` and `main(args) -> int`, and may map
-subcommand names to modules that do the same (SUBCOMMANDS: `scaling plan step`).
+Each verb's module defines `add_arguments(parser)` and `main(args) -> int`; a verb's subcommands
+(`scaling plan step`) are verbs of their own in SUBVERBS, each its own module. A verb module imports
+the library modules it runs on inside `main` (or the helpers `main` calls), so `scaling VERB --help`
+loads no numpy, pandas, scipy or JAX (tests/cli/test_help.py).
 A `ConfigError` anywhere becomes one line on stderr and exit code 2.
 """
 
@@ -25,16 +27,41 @@ VERBS: dict[str, tuple[str, str]] = {
     "reproduce": ("scaling.cli.reproduce", "the main job: IsoFLOP sweep, law selection, findings, figures, report"),
     "plan": ("scaling.cli.plan", "training days and memory per GPU on a GPU cluster"),
 }
+# "VERB SUB" -> (module defining add_arguments/main, one-line help): a verb's subcommands
+SUBVERBS: dict[str, tuple[str, str]] = {
+    "plan step": ("scaling.cli.plan_step", "one training step op by op: time, memory per GPU, breakdown"),
+    "plan validate": ("scaling.cli.plan_validate", "the step model against published runs"),
+}
+
+
+def version() -> str:
+    """The installed distribution's version (the package's own when run from a source tree)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("scaling")
+    except metadata.PackageNotFoundError:
+        from scaling import __version__
+
+        return __version__
+
+
+def _subverbs(verb: str) -> dict[str, tuple[str, str]]:
+    return {name: entry for name, entry in SUBVERBS.items() if name.split()[0] == verb}
 
 
 def _top_level_parser() -> argparse.ArgumentParser:
+    listed = {name: h for verb, entry in VERBS.items() for name, (_, h) in {verb: entry, **_subverbs(verb)}.items()}
+    width = max(map(len, listed))
     parser = argparse.ArgumentParser(
         prog="scaling",
         description="Precision-aware scaling-law toolkit.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="verbs:\n" + "\n".join(f"  {v:<10} {h}" for v, (_, h) in VERBS.items())
+        epilog="verbs:\n" + "\n".join(f"  {name:<{width}}  {h}" for name, h in listed.items())
         + "\n\nrun `scaling VERB --help` for a verb's options",
     )
+    parser.add_argument("--version", action="version", version=f"scaling {version()}",
+                        help="print the installed version and exit")
     parser.add_argument("verb", choices=list(VERBS), metavar="VERB")
     return parser
 
@@ -42,17 +69,19 @@ def _top_level_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] not in VERBS:
-        _top_level_parser().parse_args(argv[:1] or ["--help"])  # prints help or a one-line error
+        _top_level_parser().parse_args(argv[:1] or ["--help"])  # prints help, the version or a one-line error
         return 2
     verb, rest = argv[0], argv[1:]
     module_name, help_line = VERBS[verb]
+    subverbs = _subverbs(verb)
+    if rest and f"{verb} {rest[0]}" in subverbs:  # `scaling plan step`: a module of its own
+        verb, rest = f"{verb} {rest[0]}", rest[1:]
+        module_name, help_line = subverbs[verb]
+        subverbs = {}
+    epilog = ("subcommands: " + "; ".join(f"`scaling {name}` ({h})" for name, (_, h) in subverbs.items())
+              + f"; `scaling {verb} SUB --help` for their options") if subverbs else None
     module = importlib.import_module(module_name)
-    # a verb may name subcommands (`scaling plan step`) served by their own module
-    subcommands = getattr(module, "SUBCOMMANDS", {})
-    if rest and rest[0] in subcommands:
-        verb, module_name, rest = f"{verb} {rest[0]}", subcommands[rest[0]], rest[1:]
-        module = importlib.import_module(module_name)
-    parser = argparse.ArgumentParser(prog=f"scaling {verb}", description=help_line)
+    parser = argparse.ArgumentParser(prog=f"scaling {verb}", description=help_line, epilog=epilog)
     module.add_arguments(parser)
     args = parser.parse_args(rest)
     try:

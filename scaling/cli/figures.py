@@ -9,10 +9,6 @@ import math
 from pathlib import Path
 
 from scaling.errors import ConfigError
-from scaling.study import curves as curves_lib
-from scaling.study import predict
-from scaling.study import results as results_lib
-from scaling.study.report import load_fit, write_report
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -33,10 +29,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "beside the main study's")
     parser.add_argument("--hosts", help="runs of --results trained again on another kind of host, same configs and "
                         "seeds (.csv): REPORT sizes how far the host moves a loss")
-    parser.add_argument("--out", default="paper_figures", help="output directory for the figures and REPORT.md")
+    parser.add_argument("-o", "--out", default="paper_figures", help="output directory for the figures and REPORT.md")
 
 
 def main(args: argparse.Namespace) -> int:
+    from scaling.study import curves as curves_lib
+    from scaling.study import predict
+    from scaling.study import results as results_lib
+    from scaling.study.report import load_fit, write_report
+
     if not args.results:
         raise ConfigError("results", args.results, "a results directory, .csv or .parquet (--results)")
     results = results_lib.load(args.results)

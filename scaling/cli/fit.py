@@ -4,14 +4,15 @@ choose among candidate laws by held-out precision gaps (scaling.study.selection)
 from __future__ import annotations
 
 import argparse
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-import pandas as pd
-
+from scaling.cli._names import LAWS
 from scaling.errors import ConfigError
-from scaling.study import laws, results
-from scaling.study import selection
-from scaling.study.fit import FitResult, bootstrap_fit, fit_law, holdout_error
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from scaling.study.fit import FitResult
 
 
 def _runs_to_fit(df: pd.DataFrame, loss_column: str | None) -> tuple[pd.DataFrame, str]:
@@ -26,7 +27,7 @@ def _runs_to_fit(df: pd.DataFrame, loss_column: str | None) -> tuple[pd.DataFram
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("results", metavar="RESULTS", help="results .csv / .parquet file or results directory")
     parser.add_argument("--law", default="kumar",
-                        help=f"law to fit: {', '.join(laws.names())} (default kumar), or auto: fit every candidate and keep "
+                        help=f"law to fit: {', '.join(LAWS)} (default kumar), or auto: fit every candidate and keep "
                              "the one that best predicts held-out precision gaps (scaling.study.selection.select_law)")
     parser.add_argument("--candidate", action="append", default=[], metavar="LAW[VARIANT]",
                         help="with --law auto: a candidate (repeatable), e.g. kumar or 'kumar[kappa free]'; "
@@ -34,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reference", default=None, metavar="RECIPE",
                         help="with --law auto: the high-precision reference recipe (default: the rows with the largest P)")
     parser.add_argument("--sweep", default=None, help="fit only the rows of this sweep (a multi-sweep table's `sweep` column)")
-    parser.add_argument("-o", "--output", required=True, help="where to write the fit JSON, e.g. fits/NAME.json")
+    parser.add_argument("-o", "--out", required=True, help="where to write the fit JSON, e.g. fits/NAME.json")
     parser.add_argument("--bootstrap", type=int, default=0, metavar="N", help="bootstrap resamples for CIs (e.g. 1000)")
     parser.add_argument("--seed", type=int, default=0, help="bootstrap seed")
     parser.add_argument("--loss-column", default=None, help="loss column (default: loss, else val_loss)")
@@ -104,6 +105,9 @@ def _print_selection(law_choice: Mapping[str, Any]) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from scaling.study import results, selection
+    from scaling.study.fit import bootstrap_fit, fit_law, holdout_error
+
     df = results.load(args.results)
     if args.sweep is not None:
         sweeps = sorted(df["sweep"].astype(str).unique()) if "sweep" in df.columns else []
@@ -133,7 +137,7 @@ def main(args: argparse.Namespace) -> int:
         result = fit_law(df, law, fixed=fixed, loss_column=loss_column, bootstrap=args.bootstrap, seed=args.seed)
     if args.holdout:
         result.heldout = holdout_error(df, law, by=args.holdout, fixed=fixed, loss_column=loss_column)
-    result.to_json(args.output)
+    result.to_json(args.out)
     _print_fit(result)
-    print(f"wrote {args.output}")
+    print(f"wrote {args.out}")
     return 0

@@ -12,7 +12,6 @@ import argparse
 from pathlib import Path
 
 from scaling.errors import ConfigError
-from scaling.study.summary import Summary
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -21,6 +20,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from scaling.study.summary import Summary
+
     side, into = Path(args.side), Path(args.into)
     for key, path in (("side", side), ("--into", into)):
         if path.suffix != ".csv" or not path.is_file():

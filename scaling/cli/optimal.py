@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
-import pandas as pd
+from scaling.cli._names import COST_MODELS
 
-from scaling.study.fit import FitResult
-from scaling.study.optimal import (Cost, cost_models, optimal_precision, optimal_precision_ci, shape_of,
-                                   specification_range)
-from scaling.train import compute as compute_lib
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -20,7 +18,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compute", type=float, required=True, help="training compute in 16-bit FLOP units, e.g. 1e18")
     parser.add_argument("--precisions", type=float, nargs="+", default=None,
                         help="bit widths to choose from (default: continuous P in 2..32)")
-    parser.add_argument("--cost-model", default="bits", help=f"one of {', '.join(compute_lib.COST_MODELS)} "
+    parser.add_argument("--cost-model", default="bits", help=f"one of {', '.join(COST_MODELS)} "
                         "(default bits: each FLOP at its operands' bits / 16; a GPU: at that GPU's rate for the format)")
     parser.add_argument("--overhead", type=float, default=0.0, help="scale bits per element (MX: 0.25, NVFP4: 0.5)")
     parser.add_argument("--ci-samples", type=int, default=200,
@@ -39,6 +37,10 @@ def _table(df: pd.DataFrame, columns: Sequence[str]) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
+    from scaling.study.fit import FitResult
+    from scaling.study.optimal import (Cost, cost_models, optimal_precision, optimal_precision_ci, shape_of,
+                                       specification_range)
+
     fit = FitResult.from_json(args.fit)
     cost = Cost(model=args.cost_model, shape=shape_of(fit), overhead=args.overhead)
     p_range = (2.0, 32.0)

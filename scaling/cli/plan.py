@@ -1,7 +1,10 @@
 """`scaling plan`: training days, memory per GPU and failure goodput on a GPU cluster, from FLOPs and a
 model's step on the cluster, a measured MFU, or a fitted law's compute optimum (which this module loads
 and optimises with scaling.study, then prices with scaling.plan). `scaling plan step` and
-`scaling plan validate` are their own modules (SUBCOMMANDS)."""
+`scaling plan validate` are their own modules (scaling.cli.SUBVERBS).
+
+scaling.plan is pure Python (tests/test_layout.py), so this module and its subcommands' modules import it at
+the top: their --help lists its GPUs, models and recipes; the fitting stack comes in only with --fit."""
 
 from __future__ import annotations
 
@@ -34,11 +37,6 @@ from scaling.plan.reliability import (
 from scaling.plan.runplan import RunPlan, plan_run
 from scaling.plan.shapes import load_model
 from scaling.plan.stepmodel import CATEGORIES, StepResult, breakdown
-
-# `scaling plan step ...`: one training step op by op (time, memory, breakdown);
-# `scaling plan validate`: the step model against published runs
-SUBCOMMANDS = {"step": "scaling.cli.plan_step", "validate": "scaling.cli.plan_validate"}
-
 
 def _positive(key: str, text: str, kind: type = float) -> float | int:
     try:

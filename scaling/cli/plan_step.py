@@ -52,7 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--recompute", default="none", help=f"activation recompute: {', '.join(RECOMPUTE)} (default none)")
     sp = parser.add_mutually_exclusive_group()
     sp.add_argument("--sequence-parallel", dest="sp", action="store_true", default=None, help="(default when tp > 1)")
-    sp.add_argument("--no-sequence-parallel", dest="sp", action="store_false")
+    sp.add_argument("--no-sequence-parallel", dest="sp", action="store_false", help="sequence parallel off, even when tp > 1")
     parser.add_argument("--cp", help="context parallel size (or cp= in --layout)")
     parser.add_argument("--ep", help="expert parallel size (MoE models; or ep= in --layout)")
     parser.add_argument("--allow-oom", action="store_true", help="report a layout even if it does not fit in memory")

@@ -10,10 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from scaling._io import atomic_write_json
 from scaling.errors import ConfigError
-from scaling.study import predict, results, sweep
-from scaling.study.summary import Summary
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,10 +22,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bootstrap", type=int, default=50, help="resamples per law (runs resampled)")
     parser.add_argument("--candidate", action="append", default=[],
                         help="a law to choose among (repeatable; default every law)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="bootstrap seed")
 
 
 def main(args: argparse.Namespace) -> int:
+    from scaling._io import atomic_write_json
+    from scaling.study import predict, results, sweep
+    from scaling.study.summary import Summary
+
     if args.bootstrap < 0:
         raise ConfigError("--bootstrap", args.bootstrap, "an integer >= 0")
     name, _, _, design = sweep.experiment_points(args.experiment)

@@ -1,26 +1,34 @@
 """`scaling sweep EXPERIMENT.toml`: expand a grid, check take-off, run it, print what landed.
 
 The grid and executors are scaling.study.sweep, the take-off checks and ETAs scaling.study.takeoff.
-`--help` never loads JAX; the ETA measures this machine's matmul speed with it.
+The library comes in with main, not for `--help` (no pandas, no JAX); the ETA measures this machine's
+matmul speed with JAX.
 """
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from scaling._lazy import exports
 from scaling.errors import ConfigError
-from scaling.study import design_checks, devices, sweep, takeoff
-from scaling.study.summary import Summary
-from scaling.train import runs
+
+if TYPE_CHECKING:
+    from scaling.study.summary import Summary
+
+# the library modules main imports, also reachable as attributes (`sweep_cli.takeoff`), imported on first use
+__getattr__ = exports(__name__, {m: f"scaling.study.{m}" for m in ("design_checks", "devices", "sweep", "takeoff")}
+                      | {"runs": "scaling.train.runs", "Summary": "scaling.study.summary"})
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("experiment", help="experiment TOML: a base config plus [grid] axes")
-    parser.add_argument("--out", default="results", help="results root (default: results/)")
+    parser.add_argument("-o", "--out", default="results", help="results root (default: results/)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a base config key for every run (repeatable)")
-    parser.add_argument("--executor", default="local", choices=["local", "ray"])
+    parser.add_argument("--executor", default="local", choices=["local", "ray"],
+                        help="local: child processes on this machine; ray: a Ray cluster (default local)")
     parser.add_argument("--workers", type=int, default=None,
                         help="local: concurrent runs, each a watched child process; 0 = in-process, sequential "
                              "(default 1, or one per visible GPU with --gpus-per-run)")
@@ -37,12 +45,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--summary", default=None, metavar="CSV",
                         help="the sweep's committed summary: runs in it have landed (not trained again) and it is "
                              "rewritten, with its _curves.parquet, as runs land (default <out>/<sweep>.csv)")
-    parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar: one line per landed run instead")
 
 
 def _gpu_pins(args: argparse.Namespace) -> list[dict[str, str]] | None:
     """The local executor's GPU slots (None: no GPU asked for, or Ray); ConfigError if they cannot be had.
     With GPUs, this process's JAX starts on the first one only (the take-off probes fly there)."""
+    from scaling.study import sweep, takeoff
+
     gpus = sweep.visible_gpus() if args.gpus_per_run else []
     sweep.check_gpus_per_run(args.gpus_per_run, args.executor, gpus)
     pins = sweep.gpu_slots(gpus, args.workers, args.gpus_per_run) if args.executor == "local" and args.gpus_per_run else None
@@ -55,11 +65,16 @@ def _gpu_pins(args: argparse.Namespace) -> list[dict[str, str]] | None:
 
 def _todo(specs: list, out_root: Path, committed: Summary | None = None) -> list:
     """The specs neither landed under out_root nor in the committed summary."""
+    from scaling.train import runs
+
     landed = committed.landed_ids() if committed else set()
     return [s for s in specs if s.run_id not in landed and not runs.finished(s.out_dir(out_root))]
 
 
 def main(args: argparse.Namespace) -> int:
+    from scaling.study import design_checks, devices, sweep, takeoff
+    from scaling.study.summary import Summary
+
     if args.workers is not None and args.workers < 0:
         raise ConfigError("--workers", args.workers, "an integer >= 0")
     if args.hang_timeout <= 0:
@@ -85,7 +100,8 @@ def main(args: argparse.Namespace) -> int:
     source = (f", {timed} of {shapes} shapes timed by take-off probes" if timed else
               ", from this machine's matmul speed (no take-off probe has flown yet)") if shapes else ""
     print(f"{len(specs)} runs in {specs[0].sweep if specs else '-'}: {len(specs) - len(todo)} landed, "
-          f"{len(todo)} to run, estimated {eta / 60:.1f} min{source}")
+          f"{len(todo)} to run, estimated {eta / 60:.1f} min{source}; take-off and each run's start counted, "
+          f"building a corpus or tokenizer that is not cached not counted")
     if args.dry_run:
         for spec in specs:
             print(f"  {spec.run_id}  {'done' if spec not in todo else 'todo'}  {sweep.describe(spec.config)}")

@@ -10,7 +10,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", help="run config (TOML); schema in scaling/train/config.py")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a dotted key, TOML value syntax (e.g. --set precision=fp4 --set train.lr=1e-3)")
-    parser.add_argument("--out", help="run directory (default: runs/<name>/<run_id>)")
+    parser.add_argument("-o", "--out", help="run directory (default: runs/<name>/<run_id>)")
 
 
 def main(args: argparse.Namespace) -> int:

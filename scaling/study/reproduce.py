@@ -15,29 +15,23 @@ committed summary (results/<sweep>.csv, scaling.study.summary) count as finished
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 from typing import Callable
 
 
 from scaling.study import curves, fit, predict, report, results, analysis as study, selection, sweep, takeoff
+from scaling.study.presets import STUDY_PRESETS, WORKERS
 from scaling.study.summary import Summary
 from scaling.train import runs
 from scaling.errors import ConfigError
 
 EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"
-# preset -> the sweeps it runs; the first one is the IsoFLOP study the law is fitted on, the others
-# feed their own figures.
-STUDY_PRESETS = {
-    "quick": ["quick.toml"],
-    "full": ["isoflop.toml", "isoflop_heldout.toml", "granularity.toml", "outliers.toml"],
-}
+# STUDY_PRESETS (preset -> the sweeps it runs) and WORKERS: scaling.study.presets
 # The laws each preset chooses among. quick ties every role to one precision, so only the laws that
 # grid can identify (kappa free and fixed at 2 and 4 enter P*'s specification range in the report);
 # full has recipes that quantise weights or activations alone, so every law (`scaling fit --law auto`).
 CANDIDATES = {"quick": ("chinchilla", "kumar", "kumar_data"), "full": None}
-WORKERS = min(4, os.cpu_count() or 1)  # small models leave cores idle: 2 runs on 2 cores took 4 min, not 8
 
 
 def reproduce(preset: str, out: str | Path, *, bootstrap: int = 100, workers: int = WORKERS,

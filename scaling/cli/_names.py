@@ -1,0 +1,10 @@
+"""Names that verbs' --help lists but whose library home loads numpy, pandas or scipy on import.
+
+Copies, so that `scaling fit --help` and `scaling optimal --help` import none of the fitting stack;
+tests/cli/test_help.py checks each against its source.
+"""
+
+# scaling.study.laws.names(): the registered laws
+LAWS = ("capacity", "capacity_roles", "chinchilla", "kumar", "kumar_data", "kumar_roles", "quartet", "sun")
+# scaling.train.compute.COST_MODELS
+COST_MODELS = ("bits", "nominal", "h100", "b200")
