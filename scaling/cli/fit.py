@@ -20,7 +20,9 @@ def _runs_to_fit(df: pd.DataFrame, loss_column: str | None) -> tuple[pd.DataFram
     if "status" in df.columns:
         df = df[df["status"] == "ok"]
     if loss_column is None:
-        loss_column = next((c for c in ("loss", "val_loss") if c in df.columns), "loss")
+        loss_column = next((c for c in ("loss", "val_loss") if c in df.columns), None)
+        if loss_column is None:
+            raise ConfigError("--loss-column", None, "a loss column to fit: the table has neither loss nor val_loss")
     return df.reset_index(drop=True), loss_column
 
 

@@ -380,9 +380,14 @@ def _served(base: config.RunConfig, design: Design, vocab: int) -> dict[tuple, d
         steps = np.round(budget / sizes["per_token"] / tokens_per_step).astype(int)
         ok = sizes[(steps >= max(design.min_steps, base.train.warmup + 1))].index
         if len(ok) < design.sizes_per_budget:
+            least = max(design.min_steps, base.train.warmup + 1)
+            # the k-th cheapest size's least budget: every size below it trains `least` steps too
+            smallest = np.sort(sizes["per_token"].to_numpy() * tokens_per_step * least)[design.sizes_per_budget - 1]
+            digits = 10.0 ** (np.floor(np.log10(smallest)) - 2)
+            smallest = np.ceil(smallest / digits) * digits  # 3 significant digits, rounded up so it works
             raise ConfigError("isoflop.budgets", budget,
-                              f"budgets giving {design.sizes_per_budget} of the sizes {list(design.sizes)} at least "
-                              f"{design.min_steps} steps (this one gives {len(ok)})")
+                              f"at least {smallest:.3g} ({design.sizes_per_budget} sizes trained {least} steps or more; "
+                              f"this one gives {len(ok)})")
         ratio = steps[ok] * tokens_per_step / sizes.loc[ok, "N"]
         centre = int(np.argmin(np.abs(np.log(ratio / design.tokens_per_param))))
         start = min(max(0, centre - design.sizes_per_budget // 2), len(ok) - design.sizes_per_budget)

@@ -43,15 +43,15 @@ def check(path: str | Path, overrides: Sequence[str] = (), landed_root: str | Pa
 
     landed = landed_rows(Path(landed_root) / name if landed_root is not None else None, summary)
     designed = design_lib.extend_edges(cfgs, design_lib.design_runs(cfgs, design, vocab), design, landed, vocab)
-    labels = [_label(point) for point, _ in points]
+    labels = [_label(point, config.validate(cfg).recipe.name) for point, cfg in points]
     notes, unbracketed = bracket_lines(cfgs, labels, designed, design, landed, vocab)
     return notes, unbracketed + noise_warnings(labels, designed, design) + warnings
 
 
-def _label(point: dict) -> str:
-    """A grid point as the recipe it trains, with its other grid values where it has any."""
-    recipe = point.get("precision")
-    recipe = recipe.get("name", "custom") if isinstance(recipe, dict) else recipe
+def _label(point: dict, recipe: str) -> str:
+    """A grid point as the recipe it trains (by its name, whether the grid gives a preset, a table or a
+    recipe file), with its other grid values where it has any."""
+    recipe = recipe if "precision" in point else None
     rest = ", ".join(f"{k}={v}" for k, v in point.items() if k != "precision")
     return " ".join(x for x in (str(recipe) if recipe else "", f"({rest})" if rest else "") if x) or "base"
 

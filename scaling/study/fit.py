@@ -94,7 +94,7 @@ def _columns(law: laws.Law, df: pd.DataFrame, require_rows: bool = True) -> dict
     df = laws.with_derived_columns(df, law.columns)  # e.g. capacity_roles' errors from the telemetry SNR
     missing = [c for c in law.columns if c not in df.columns]
     if missing:
-        raise ConfigError("columns", sorted(map(str, df.columns)), f"law {law.name} needs {', '.join(law.columns)} (missing {', '.join(missing)})")
+        raise ConfigError("results columns", f"no {', '.join(missing)}", f"a table with {', '.join(law.columns)} (law {law.name})")
     x = {}
     for c in law.columns:
         col = pd.to_numeric(df[c], errors="coerce").to_numpy(dtype=float)
@@ -122,7 +122,9 @@ def _prepare(df: pd.DataFrame, law: str | laws.Law, fixed: Mapping[str, float] |
     fixed = resolve_fixed(law, fixed)
     x = _columns(law, df)
     if loss_column not in df.columns:
-        raise ConfigError("columns", sorted(map(str, df.columns)), f"a loss column {loss_column!r}")
+        losses = [str(c) for c in df.columns if "loss" in str(c)]
+        raise ConfigError("loss column", loss_column,
+                          f"a column of the table ({', '.join(losses[:6])})" if losses else "a column of the table (it has none named *loss*)")
     loss = pd.to_numeric(df[loss_column], errors="coerce").to_numpy(dtype=float)
     if np.isnan(loss).any():
         raise ConfigError(loss_column, f"{int(np.isnan(loss).sum())} NaN rows", "finite losses (drop failed runs first)")

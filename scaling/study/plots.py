@@ -214,7 +214,7 @@ def validate_results(df: pd.DataFrame, source: str = "results") -> pd.DataFrame:
     """Rows that landed `ok` with a finite loss; malformed tables raise ConfigError."""
     missing = [c for c in RESULTS_REQUIRED if c not in df.columns]
     if missing:
-        raise ConfigError(f"{source} columns", sorted(map(str, df.columns)), f"a results table with {', '.join(RESULTS_REQUIRED)}")
+        raise ConfigError(f"{source} columns", f"no {', '.join(missing)}", f"a results table with {', '.join(RESULTS_REQUIRED)}")
     for col in ("N", "D", "P", "val_loss"):
         if len(df) and not pd.api.types.is_numeric_dtype(df[col]):
             raise ConfigError(f"{source} column {col}", str(df[col].dtype), "numbers")
@@ -349,7 +349,9 @@ def isoflop_profiles(points: Sequence[tuple[dict, pd.DataFrame]], stem: str | Pa
 
 
 def _shape_effects_panel(ax: Any, entries: Sequence[dict], unit: str) -> None:
-    """Figure 1's last panel: per budget, each shared shape's effect on the loss against its N, labelled."""
+    """Figure 1's last panel: per budget, each shared shape's effect on the loss against its N; each shape
+    labelled once (a shape at several budgets sits at one N), labels alternately above and below."""
+    top: dict[str, dict] = {}  # shape -> its point furthest from zero, where its label goes
     for entry, marker in zip(entries, "osD^v"):
         effects = sorted(entry.get("shape_effects") or [], key=lambda e: e["N"])
         if not effects:
@@ -357,7 +359,11 @@ def _shape_effects_panel(ax: Any, entries: Sequence[dict], unit: str) -> None:
         ax.plot([e["N"] for e in effects], [e["effect"] for e in effects], marker=marker, lw=0.8, mec="k", mew=0.5,
                 label=f"C = {_fmt(entry['budget'])}")
         for e in effects:
-            ax.annotate(e["shape"], (e["N"], e["effect"]), fontsize=6, xytext=(3, 3), textcoords="offset points")
+            if abs(e["effect"]) >= abs(top.get(e["shape"], {"effect": -1.0})["effect"]):
+                top[e["shape"]] = e
+    for i, e in enumerate(sorted(top.values(), key=lambda e: e["N"])):
+        ax.annotate(e["shape"], (e["N"], e["effect"]), fontsize=6, xytext=(2, 4 if i % 2 == 0 else -9),
+                    textcoords="offset points")
     ax.axhline(0, color="0.5", lw=0.6)
     _log_n_axis(ax)
     ax.set_ylabel(f"shape effect ({unit})")

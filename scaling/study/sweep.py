@@ -511,6 +511,7 @@ def run_sweep(specs: list[RunSpec], out_root: str | Path, *, executor: str = "lo
     counts = {s: 0 for s in (*runs.STATUSES, "skipped")}
     owned: list[RunSpec] = []
     total_tokens = sum(_tokens(s) for s in specs) or 1
+    started = time.perf_counter()
     with _progress(progress, total_tokens) as (bar, task_id):
         def on_done(spec: RunSpec, status: str) -> None:
             if status == OWNED:
@@ -521,6 +522,9 @@ def run_sweep(specs: list[RunSpec], out_root: str | Path, *, executor: str = "lo
                 on_landed()
             bar.update(task_id, advance=_tokens(spec),
                        description=" ".join(f"{k} {v}" for k, v in counts.items() if v))
+            if not progress:  # no bar: a line per run, so a long sweep is never silent
+                print(f"{sum(counts.values())}/{len(specs)} {spec.run_id} {status} "
+                      f"({time.perf_counter() - started:.0f} s in all)", flush=True)
 
         def run(todo: list[RunSpec], wait: bool) -> None:
             if executor == "local":

@@ -69,7 +69,9 @@ def take_off(specs: list[RunSpec], out_root: str | Path, *, keep_going: bool = F
     free = shutil.disk_usage(out_root).free
     if free < MIN_FREE_BYTES:
         raise ConfigError("--out", str(out_root), f"a disk with at least 1 GiB free (has {free / 2**20:.0f} MiB)")
+    say = echo or (lambda line: None)
     for source, tokenizer in sorted({(s.config.data.source, s.config.data.tokenizer) for s in specs}):
+        say(f"take-off: corpus {source} ({tokenizer}), built once if not cached")
         data.load(source, tokenizer)  # raises ConfigError naming data.source; builds a BPE once, before any run
     sweep.use_compilation_cache()
     groups = {}
@@ -78,6 +80,8 @@ def take_off(specs: list[RunSpec], out_root: str | Path, *, keep_going: bool = F
     probes = {key: _takeoff_spec(group[0]) for key, group in groups.items()}
     keys = list(probes)
     lanes = max(1, min(lanes, len(keys)))
+    say(f"take-off: {len(keys)} shapes compile and train {TAKEOFF_STEPS} steps, {lanes} at a time "
+        f"(about {COMPILE_SECONDS_PER_SHAPE * len(keys) / lanes / 60:.1f} min on 2 cores)")
     children = [_fly_in_child({k: probes[k] for k in keys[i::lanes]}, out_root, hang_timeout, pins[i] if pins else {})
                 for i in range(1, lanes)]
     summaries = {}
@@ -96,7 +100,7 @@ def take_off(specs: list[RunSpec], out_root: str | Path, *, keep_going: bool = F
     for group, reason in failures:
         if not keep_going:
             raise ConfigError("take-off", group[0].run_id, f"runs that compile and train: {reason}")
-        (echo or (lambda line: None))(f"skipping {len(group)} runs that failed take-off: {reason}")
+        say(f"skipping {len(group)} runs that failed take-off: {reason}")
     return [s for s in specs if s in cleared], flights
 
 
@@ -182,14 +186,19 @@ def measured_seconds(specs: list[RunSpec], flights: dict[str, dict], lanes: int 
     for spec in specs:
         flight = flights.get(sweep.shape_key(spec.config))
         if flight and flight.get("tokens_per_s"):
-            total += 1.15 * spec.config.train.tokens / flight["tokens_per_s"]  # + WSD cooldown branches and evals
+            # + WSD cooldown branches, and each run's start (its step loaded from the cache) and evaluations
+            total += 1.15 * spec.config.train.tokens / flight["tokens_per_s"] + RUN_START_SECONDS
     return total / lanes
 
 
 # ---------------------------------------------------------------- estimates before take-off
 
 ASSUMED_MODEL_FLOPS_UTILISATION = 0.3  # of a plain fp32 matmul's FLOP/s; replaced by measured step times at take-off
-COMPILE_SECONDS_PER_SHAPE = 15.0
+# Measured on 2 cores of an AMD EPYC (the quick preset): a take-off probe compiles and flies in about 16 s
+# (12 probes in 96 s on 2 lanes), and a run spends about 26 s (17-36 s) besides its training steps:
+# its step loaded from the compilation cache, evaluations, landing.
+COMPILE_SECONDS_PER_SHAPE = 16.0
+RUN_START_SECONDS = 26.0
 
 
 def matmul_flops_per_s(n: int = 1024, repeats: int = 5) -> float:
@@ -208,14 +217,13 @@ def matmul_flops_per_s(n: int = 1024, repeats: int = 5) -> float:
 
 def estimate_seconds(specs: list[RunSpec], flops_per_s: float) -> float:
     """Training FLOPs (the head at the corpus's vocabulary) / (machine FLOP/s x assumed utilisation)
-    + one compile per distinct model shape."""
-    total, shapes = 0.0, set()
+    + each run's start and evaluations (RUN_START_SECONDS)."""
+    total = 0.0
     for spec in specs:
         m = spec.config.model
         vocab = sweep._vocab(spec.config.to_dict())
         total += ladder.flops_per_token(m.shape(vocab)) * spec.config.train.tokens
-        shapes.add((m.size, m.n_layers, m.seq_len, vocab))
-    return total / (flops_per_s * ASSUMED_MODEL_FLOPS_UTILISATION) + COMPILE_SECONDS_PER_SHAPE * len(shapes)
+    return total / (flops_per_s * ASSUMED_MODEL_FLOPS_UTILISATION) + RUN_START_SECONDS * len(specs)
 
 
 def landed_flights(specs: list[RunSpec], out_root: str | Path) -> dict[str, dict]:
@@ -245,8 +253,9 @@ def eta_seconds(specs: list[RunSpec], out_root: str | Path, lanes: int = 1,
     timed = [s for s in specs if sweep.shape_key(s.config) in flights]
     rest = [s for s in specs if sweep.shape_key(s.config) not in flights]
     seconds = measured_seconds(timed, flights, lanes)
-    if rest:
-        seconds += estimate_seconds(rest, (flops_per_s or matmul_flops_per_s)())
+    if rest:  # the runs, `lanes` at a time, and the take-off probes still to fly, as many at a time
+        seconds += estimate_seconds(rest, (flops_per_s or matmul_flops_per_s)()) / lanes
+        seconds += COMPILE_SECONDS_PER_SHAPE * len({sweep.shape_key(s.config) for s in rest}) / lanes
     return seconds, len(flights), len({sweep.shape_key(s.config) for s in specs})
 
 

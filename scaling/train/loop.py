@@ -6,7 +6,8 @@ Writes DIR/{config.json, metrics.jsonl, summary.json} (and failure.json if the r
 `ok`), with Orbax checkpoints in DIR/checkpoints/ while it runs (the latest two; removed once the
 run has landed), and live curves mirrored from metrics.jsonl if `train.tracker` names any
 (DIR/tensorboard/, DIR/wandb/; scaling.train.tracking). Nothing is written until the config, the corpus and the model are known to be
-valid; a finished run is not re-run; an interrupted run resumes from its last checkpoint. The
+valid; a finished run is not re-run; an interrupted run resumes from its last checkpoint that reads
+back (one that does not is moved to DIR/bad_checkpoints/ and the next older one restored). The
 process training a run owns its directory (scaling.train.runs: an exclusive lock), so a directory that
 another process is training is refused, not written into.
 
@@ -47,7 +48,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,6 +71,7 @@ from scaling._io import append_jsonl, read_jsonl
 from scaling.errors import ConfigError
 
 KEEP_CHECKPOINTS = 2
+BAD_CHECKPOINTS = "bad_checkpoints"  # checkpoints that did not read back, kept for inspection
 
 
 # ---------------------------------------------------------------- the schedule: steps, budgets, learning rate
@@ -264,17 +268,49 @@ class _Trainer:
             progress=ocp.args.JsonSave(dataclasses.asdict(self.progress))))
 
     def _restore(self) -> None:
-        if self.checkpoints is None or self.checkpoints.latest_step() is None:
+        """Resume from the newest checkpoint that reads back. One that does not (any error: unreadable
+        metadata, a truncated or missing file, a shape that no longer fits) is set aside in
+        DIR/bad_checkpoints/ with one line naming it, and the next older one is tried; with none
+        left the run starts again from step 0 and says so."""
+        if self.checkpoints is None:
             return
-        step = self.checkpoints.latest_step()
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, self.state)
-        restored = self.checkpoints.restore(step, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(abstract), progress=ocp.args.JsonRestore()))
-        self.state = restored.state
-        self.progress = Progress(**restored.progress)
-        self.monitor.recent.extend(self.progress.recent_losses)
-        self._log({"event": "resumed", "step": step, "tokens": step * self.schedule.tokens_per_step})
-        self.echo(f"resumed from the checkpoint at step {step}")
+        set_aside = []
+        for step in sorted(self.checkpoints.all_steps(), reverse=True):
+            try:
+                restored = self.checkpoints.restore(step, args=ocp.args.Composite(
+                    state=ocp.args.StandardRestore(abstract), progress=ocp.args.JsonRestore()))
+                progress = Progress(**restored.progress)
+                if progress.step != step:
+                    raise ValueError(f"its progress record is for step {progress.step}")
+            except Exception as error:  # noqa: BLE001 - whatever went wrong, an older checkpoint may read back
+                self._set_aside(step, error)
+                set_aside.append(step)
+                continue
+            self.state, self.progress = restored.state, progress
+            self.monitor.recent.extend(self.progress.recent_losses)
+            self._log({"event": "resumed", "step": step, "tokens": step * self.schedule.tokens_per_step,
+                       **({"set_aside": set_aside} if set_aside else {})})
+            self.echo(f"resumed from the checkpoint at step {step}")
+            return
+        if set_aside:
+            self._log({"event": "restarted", "step": 0, "tokens": 0, "set_aside": set_aside})
+            self.echo("no checkpoint reads back: the run starts again from step 0")
+
+    def _set_aside(self, step: int, error: Exception) -> None:
+        """Move checkpoint `step` out of the manager's sight (kept, not deleted) and say why."""
+        bad = self.out_dir / BAD_CHECKPOINTS
+        bad.mkdir(exist_ok=True)
+        target = bad / str(step)
+        for n in itertools.count(1):  # a step set aside before (an earlier attempt) keeps its copy
+            if not target.exists():
+                break
+            target = bad / f"{step}.{n}"
+        os.replace(self.out_dir / "checkpoints" / str(step), target)
+        self.checkpoints.close()  # a fresh manager: nothing of the failed read lingers in the old one
+        self.checkpoints = self._checkpoint_manager()
+        reason = " ".join(f"{type(error).__name__}: {error}".split())
+        self.echo(f"checkpoint at step {step} does not read back ({reason[:160]}); moved to {target}")
 
     def _elapsed(self) -> float:
         """Wall time since the last call (accumulated into progress.wall_s)."""

@@ -1,0 +1,96 @@
+"""A checkpoint that does not read back never loses the run: it is set aside and the next older one
+restores (or, with none left, the run starts again from step 0), and the losses from there on are
+an uninterrupted run's."""
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from scaling.train import loop as train
+
+from test_train import fail_batch_at, losses, tiny
+
+# After a failed read, Orbax's reads still in flight may call back into its closed asyncio loop from a
+# tensorstore thread ("Event loop is closed", an unraisable exception): theirs, harmless, not ours.
+pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+
+STEPS, EVERY, STOP = 40, 10, 35  # checkpoints at 10, 20, 30; the first attempt dies at step 35
+CFG = tiny(STEPS, train={"checkpoint_every": EVERY, "log_every": 5})
+
+
+def _garble(path: Path) -> None:
+    path.write_bytes(os.urandom(7))  # a disk or copy fault: a few random bytes where the file was
+
+
+def _files(root: Path, pattern: str) -> list[Path]:
+    found = [p for p in root.rglob(pattern) if p.is_file()]
+    assert found, f"no {pattern} under {root}: the checkpoint layout changed"
+    return found
+
+
+CORRUPTIONS = {
+    # the JSON metadata: the checkpoint's, the progress record and the array store's tree
+    "json": lambda ckpt: [_garble(p) for p in [ckpt / "_CHECKPOINT_METADATA", ckpt / "progress" / "metadata",
+                                                 ckpt / "state" / "_METADATA"]],
+    "manifest": lambda ckpt: [_garble(p) for p in _files(ckpt / "state", "manifest.ocdbt")],
+    "array": lambda ckpt: [_garble(p) for p in _files(ckpt / "state" / "ocdbt.process_0" / "d", "*")],
+    "missing": lambda ckpt: shutil.rmtree(ckpt / "state"),
+    "every file": lambda ckpt: [_garble(p) for p in _files(ckpt, "*")],
+}
+
+
+@pytest.fixture(scope="module")
+def interrupted(tmp_path_factory):
+    """A run killed at step 35 with its checkpoints at 20 and 30 on disk, and the same run uninterrupted."""
+    root = tmp_path_factory.mktemp("ckpt")
+    with pytest.MonkeyPatch.context() as mp:
+        fail_batch_at(mp, STOP, "node lost")
+        with pytest.raises(RuntimeError, match="node lost"):
+            train.run(CFG, root / "killed")
+    assert sorted(int(p.name) for p in (root / "killed" / "checkpoints").iterdir() if p.name.isdigit()) == [20, 30]
+    train.run(CFG, root / "whole")
+    return root
+
+
+def _resume(interrupted: Path, tmp_path: Path, corrupt: list[int], how) -> tuple[dict, Path, list[str]]:
+    out = tmp_path / "run"
+    shutil.copytree(interrupted / "killed", out)
+    for step in corrupt:
+        how(out / "checkpoints" / str(step))
+    lines: list[str] = []
+    return train.run(CFG, out, echo=lines.append), out, lines
+
+
+def _after(run_dir: Path, step: int) -> dict:
+    """The last logged loss of each (phase, step) after `step` (a resumed run logs some steps twice)."""
+    return {(phase, s): loss for phase, s, loss in losses(run_dir) if s > step}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", sorted(CORRUPTIONS))
+def test_a_corrupted_latest_checkpoint_falls_back_to_the_older_one(interrupted, tmp_path, kind):
+    summary, out, lines = _resume(interrupted, tmp_path, [30], CORRUPTIONS[kind])
+    assert summary["status"] == "ok"
+    whole = train.run(CFG, interrupted / "whole")  # landed: read back, not trained
+    assert summary["evals"] == whole["evals"] and summary["val_loss"] == whole["val_loss"]
+    assert _after(out, 20) == _after(interrupted / "whole", 20)
+    bad = [line for line in lines if "does not read back" in line]
+    assert len(bad) == 1 and "checkpoint at step 30" in bad[0] and len(bad[0]) < 400
+    assert "resumed from the checkpoint at step 20" in lines
+    assert (out / train.BAD_CHECKPOINTS / "30").is_dir()  # set aside, not deleted
+    assert not (out / "checkpoints").exists()  # the run landed: its checkpoints are gone
+
+
+@pytest.mark.slow
+def test_no_checkpoint_reads_back_so_the_run_starts_again(interrupted, tmp_path):
+    summary, out, lines = _resume(interrupted, tmp_path, [20, 30], CORRUPTIONS["every file"])
+    assert summary["status"] == "ok"
+    whole = train.run(CFG, interrupted / "whole")
+    assert summary["evals"] == whole["evals"] and summary["val_loss"] == whole["val_loss"]
+    assert _after(out, 0) == _after(interrupted / "whole", 0)
+    assert [line.split(" does not")[0] for line in lines if "does not read back" in line] == [
+        "checkpoint at step 30", "checkpoint at step 20"]
+    assert "no checkpoint reads back: the run starts again from step 0" in lines
+    assert sorted(p.name for p in (out / train.BAD_CHECKPOINTS).iterdir()) == ["20", "30"]
