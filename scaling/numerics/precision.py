@@ -24,9 +24,10 @@ the same granularity. `RecipeStructure` is the static, format-free part a model 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import tomllib
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -293,90 +294,169 @@ def _uniform(name: str, fmt_fwd: str, fmt_grad: str, granularity: str, grad_roun
     )
 
 
+# The preset registry: one definition per named recipe. `register_preset(name, build, doc)` (or the
+# decorator `@register_preset(name)`) adds one; `PRESETS` lists them in the order they were added.
+# Element formats of the built-in presets: FP8 = E4M3 forward / E5M2 gradients (Micikevicius et al.
+# 2022); FP6 = E2M3 forward / E3M2 gradients (more range for gradients, as in the OCP MX spec);
+# FP4 = E2M1 everywhere. 4-bit recipes round gradients stochastically (NVIDIA's NVFP4 recipe,
+# Tseng et al. 2025 for MXFP4), since nearest rounding biases small gradient updates to zero.
+_PRESETS: dict[str, Callable[[], Recipe]] = {}
+_PRESET_DOCS: dict[str, str] = {}
+PRESETS: tuple[str, ...] = ()  # the registered names, in registration order (rebound by register_preset)
+
+
+def register_preset(name: str, build: Callable[[], Recipe] | None = None, *, doc: str | None = None) -> Any:
+    """Add a named recipe: `get(name)` (and every `precision = "name"`) then builds `build()`.
+
+    `build` takes no arguments and returns a Recipe whose `name` is `name`; `doc` (default: the
+    builder's docstring) is one line saying what it is. Called without `build`, it is a decorator:
+
+        @precision.register_preset("fp8-e4m3-grads")
+        def _():
+            "FP8 with E4M3 gradients too."
+            return precision.Recipe(name="fp8-e4m3-grads", weight=..., activation=..., grad=...)
+
+    A name already registered, not a non-empty string, or ending in '.toml' (a recipe file) raises
+    ConfigError, as does a builder that does not return a Recipe of that name. Returns `build`.
+    """
+    global PRESETS
+    if not isinstance(name, str) or not name or name.endswith(".toml"):
+        raise ConfigError("preset", name, "a non-empty string not ending in '.toml'")
+    if name in _PRESETS:
+        raise ConfigError("preset", name, "a name not yet registered (taken: " + ", ".join(_PRESETS) + ")")
+    if build is None:
+        def decorate(fn: Callable[[], Recipe]) -> Callable[[], Recipe]:
+            return register_preset(name, fn, doc=doc)
+        return decorate
+    if not callable(build):
+        raise ConfigError(f"preset.{name}", build, "a function of no arguments returning a Recipe")
+    recipe = build()
+    if not isinstance(recipe, Recipe) or recipe.name != name:
+        raise ConfigError(f"preset.{name}", recipe.name if isinstance(recipe, Recipe) else recipe,
+                          f"a Recipe named {name!r}")
+    _PRESETS[name] = build
+    _PRESET_DOCS[name] = " ".join((doc if doc is not None else build.__doc__ or "").split())
+    PRESETS = tuple(_PRESETS)
+    return build
+
+
+def preset_doc(name: str) -> str:
+    """The one-line description a preset was registered with."""
+    if name not in _PRESETS:
+        raise ConfigError("preset", name, PRESETS)
+    return _PRESET_DOCS[name]
+
+
 def _preset(name: str) -> Recipe | None:
-    """Named recipes. Element formats: FP8 = E4M3 forward / E5M2 gradients (Micikevicius et al.
-    2022); FP6 = E2M3 forward / E3M2 gradients (more range for gradients, as in the OCP MX spec);
-    FP4 = E2M1 everywhere. 4-bit recipes round gradients stochastically (NVIDIA's NVFP4 recipe,
-    Tseng et al. 2025 for MXFP4), since nearest rounding biases small gradient updates to zero."""
-    if name == "fp32":
-        return Recipe(name="fp32")
-    if name == "tf32":  # FP32 storage, every dot on TF32 tensor cores (PyTorch's allow_tf32, JAX's GPU default)
-        return Recipe(name="tf32", dot_precision="tf32")
-    if name in ("bf16", "fp16"):
-        fmt = name
-        # fp16 gradients get a per-tensor scale: the ideal dynamic loss scale (fp16 has no range).
-        return Recipe(name=name, weight=_spec(fmt, "none"), activation=_spec(fmt, "none"),
-                      grad=_spec(fmt, "none" if name == "bf16" else "tensor"))
-    table = {
-        "fp8": ("fp8_e4m3", "fp8_e5m2", "tensor", "nearest", {}),
-        "fp8-delayed": ("fp8_e4m3", "fp8_e5m2", "tensor", "nearest", {"scaling": "delayed", "amax_history": 16}),
-        "mxfp8": ("fp8_e4m3", "fp8_e5m2", "mx", "nearest", {}),
-        "mxfp6": ("fp6_e2m3", "fp6_e3m2", "mx", "nearest", {}),
-        "mxfp4": ("fp4_e2m1", "fp4_e2m1", "mx", "stochastic", {}),
-        "nvfp4": ("fp4_e2m1", "fp4_e2m1", "nvfp4", "stochastic", {}),
-        "fp6": ("fp6_e2m3", "fp6_e3m2", "tensor", "nearest", {}),
-        "fp4": ("fp4_e2m1", "fp4_e2m1", "tensor", "stochastic", {}),
-    }
-    if name in table:
-        fwd, grad, gran, grad_rounding, kw = table[name]
-        return _uniform(name, fwd, grad, gran, grad_rounding, **kw)
-    if name == "nvfp4-nvidia":
-        # NVIDIA, "Pretraining Large Language Models with NVFP4" (2025), §4: 16×16 2-D block scales for
-        # weights (§4.3, W and Wᵀ quantise alike), 1×16 blocks for activations and gradients, a random
-        # Hadamard transform of size 16 on the wgrad GEMM's inputs with one fixed sign vector (§4.2),
-        # stochastic rounding on gradients only (§4.4), the last blocks in BF16 (§4.1: ~16% of the
-        # linear layers at 12B; one block is that share at this ladder's 5-10 layers).
-        return Recipe(name=name, weight=_spec("fp4_e2m1", "nvfp4", square_blocks=True),
-                      activation=_spec("fp4_e2m1", "nvfp4"),
-                      grad=_spec("fp4_e2m1", "nvfp4", rounding="stochastic"),
-                      hadamard=GemmHadamard(wgrad=transforms.Hadamard(16, signs="fixed")),
-                      high_precision_last=1)
-    if name == "quartet":
-        # Castro et al., "Quartet: Native FP4 Training Can Be Optimal for LLMs" (2025), §4 (Algorithm 1):
-        # every GEMM in MXFP4 after a Hadamard transform of the group size 32 along its reduction
-        # axis; forward QuEST-style (E8M0 scale from the block RMS with the MSE-optimal Gaussian
-        # clip, round to nearest), backward with stochastic rounding of the gradients and freshly
-        # drawn signs. Simplifications: the backward re-uses the roles' forward rounding for W and X
-        # (Quartet rounds them stochastically too), gradients take the E8M0 scale that never clips
-        # (Quartet: amax scale times 4/3) and QuEST's clipped-element gradient mask is not applied.
-        fwd = _spec("fp4_e2m1", "mx", scale_from="rms")
-        return Recipe(name=name, weight=fwd, activation=fwd,
-                      grad=_spec("fp4_e2m1", "mx", rounding="stochastic", scale_rounding="ceil"),
-                      hadamard=GemmHadamard(fprop=transforms.Hadamard(32, signs="fixed"),
-                                            dgrad=transforms.Hadamard(32), wgrad=transforms.Hadamard(32)))
-    if name == "quartet-full":
-        # Quartet as its code trains (IST-DASLab/Quartet, main_setup.sh: QuestMXFP4Quantizer forward,
-        # AlbertTsengQuantizer gradients, backward scheme "Q(E)Q(Wt)t_Q(Et)Q(Xt)t"): the `quartet`
-        # preset plus the two parts it leaves out. The backward GEMMs take the forward's quantised W
-        # and X and round them again stochastically along their own reduction axes, rotated with the
-        # gradients' fresh signs; QuEST's trust mask zeroes the gradient of every element the forward
-        # clipped. Kept apart from the paper: gradient scales are true E8M0 (the one that never
-        # clips; Quartet's kernel multiplies a power of two by 4/3), forward scales from the block
-        # RMS rather than its standard deviation, and the fprop rotation has random signs.
-        return dataclasses.replace(_preset("quartet"), name=name, backward_operands="forward", clip_mask=True)
-    if name == "mxfp4-rht":
-        # Tseng, Yu & Park, "Training LLMs with MXFP4" (2025): the forward in BF16, the backward GEMMs
-        # (dgrad, wgrad) in MXFP4 with every operand (dY, W, X) rounded stochastically after a random
-        # Hadamard transform along the GEMM's reduction axis, so the gradient is unbiased and the
-        # transform bounds the rounding's variance. Transform size 32 and a scale that never clips,
-        # as Quartet's code reimplements it (AlbertTsengQuantizer: 3/4 of the amax scale; here the
-        # E8M0 scale rounded up).
-        bf16 = _spec("bf16", "none")
-        return Recipe(name=name, weight=bf16, activation=bf16,
-                      grad=_spec("fp4_e2m1", "mx", rounding="stochastic", scale_rounding="ceil"),
-                      hadamard=GemmHadamard(dgrad=transforms.Hadamard(32), wgrad=transforms.Hadamard(32)),
-                      backward_operands="forward")
-    if name == "fp8-blockwise":
-        # DeepSeek-V3: 1×128 tiles for activations and gradients, 128×128 blocks for weights.
-        return Recipe(name=name, weight=_spec("fp8_e4m3", "block2d", block=128),
-                      activation=_spec("fp8_e4m3", "block", block=128),
-                      grad=_spec("fp8_e4m3", "block", block=128))
-    return None
+    """The recipe a registered preset builds (a fresh one each call), or None if `name` is none."""
+    build = _PRESETS.get(name)
+    return None if build is None else build()
 
 
-PRESETS = ("fp32", "tf32", "bf16", "fp16", "fp8", "fp8-delayed", "fp8-blockwise", "mxfp8", "mxfp6", "mxfp4",
-           "nvfp4", "fp6", "fp4", "nvfp4-nvidia", "quartet", "quartet-full",
-           "mxfp4-rht")
+def _register_uniform(name: str, fmt_fwd: str, fmt_grad: str, granularity: str, grad_rounding: str = "nearest", *,
+                      doc: str, **kw: Any) -> None:
+    """A preset whose three GEMM roles share a granularity (`_uniform`)."""
+    register_preset(name, functools.partial(_uniform, name, fmt_fwd, fmt_grad, granularity, grad_rounding, **kw), doc=doc)
+
+
+register_preset("fp32", lambda: Recipe(name="fp32"), doc="No role quantised; every dot in true FP32.")
+# FP32 storage, every dot on TF32 tensor cores (PyTorch's allow_tf32, JAX's GPU default)
+register_preset("tf32", lambda: Recipe(name="tf32", dot_precision="tf32"),
+                doc="No role quantised; every dot on TF32 tensor cores (the GPU default).")
+register_preset("bf16", lambda: Recipe(name="bf16", weight=_spec("bf16", "none"), activation=_spec("bf16", "none"),
+                                       grad=_spec("bf16", "none")),
+                doc="Every GEMM input cast to BF16, no scale.")
+# fp16 gradients get a per-tensor scale: the ideal dynamic loss scale (fp16 has no range).
+register_preset("fp16", lambda: Recipe(name="fp16", weight=_spec("fp16", "none"), activation=_spec("fp16", "none"),
+                                       grad=_spec("fp16", "tensor")),
+                doc="Weights and activations cast to FP16; gradients FP16 with a per-tensor scale (ideal loss scaling).")
+_register_uniform("fp8", "fp8_e4m3", "fp8_e5m2", "tensor",
+                  doc="FP8 (E4M3 forward, E5M2 gradients), per-tensor current scaling.")
+_register_uniform("fp8-delayed", "fp8_e4m3", "fp8_e5m2", "tensor", scaling="delayed", amax_history=16,
+                  doc="FP8 (E4M3 forward, E5M2 gradients), per-tensor delayed scaling (amax history 16).")
+
+
+@register_preset("fp8-blockwise")
+def _fp8_blockwise() -> Recipe:
+    """DeepSeek-V3's FP8: E4M3 everywhere, 1x128 tiles for activations and gradients, 128x128 blocks for weights."""
+    return Recipe(name="fp8-blockwise", weight=_spec("fp8_e4m3", "block2d", block=128),
+                  activation=_spec("fp8_e4m3", "block", block=128),
+                  grad=_spec("fp8_e4m3", "block", block=128))
+
+
+_register_uniform("mxfp8", "fp8_e4m3", "fp8_e5m2", "mx", doc="MXFP8 (E4M3 forward, E5M2 gradients), E8M0 scale per 32.")
+_register_uniform("mxfp6", "fp6_e2m3", "fp6_e3m2", "mx", doc="MXFP6 (E2M3 forward, E3M2 gradients), E8M0 scale per 32.")
+_register_uniform("mxfp4", "fp4_e2m1", "fp4_e2m1", "mx", "stochastic",
+                  doc="MXFP4 (E2M1), E8M0 scale per 32; gradients rounded stochastically.")
+_register_uniform("nvfp4", "fp4_e2m1", "fp4_e2m1", "nvfp4", "stochastic",
+                  doc="NVFP4 (E2M1), E4M3 scale per 16 and an FP32 tensor scale; gradients rounded stochastically.")
+_register_uniform("fp6", "fp6_e2m3", "fp6_e3m2", "tensor", doc="FP6 (E2M3 forward, E3M2 gradients), per-tensor current scaling.")
+_register_uniform("fp4", "fp4_e2m1", "fp4_e2m1", "tensor", "stochastic",
+                  doc="FP4 (E2M1), per-tensor current scaling; gradients rounded stochastically.")
+
+
+@register_preset("nvfp4-nvidia")
+def _nvfp4_nvidia() -> Recipe:
+    """NVIDIA's NVFP4 pretraining recipe: 16x16 weight tiles, a fixed 16-point Hadamard on wgrad, the last block in BF16."""
+    # NVIDIA, "Pretraining Large Language Models with NVFP4" (2025), §4: 16×16 2-D block scales for
+    # weights (§4.3, W and Wᵀ quantise alike), 1×16 blocks for activations and gradients, a random
+    # Hadamard transform of size 16 on the wgrad GEMM's inputs with one fixed sign vector (§4.2),
+    # stochastic rounding on gradients only (§4.4), the last blocks in BF16 (§4.1: ~16% of the
+    # linear layers at 12B; one block is that share at this ladder's 5-10 layers).
+    return Recipe(name="nvfp4-nvidia", weight=_spec("fp4_e2m1", "nvfp4", square_blocks=True),
+                  activation=_spec("fp4_e2m1", "nvfp4"),
+                  grad=_spec("fp4_e2m1", "nvfp4", rounding="stochastic"),
+                  hadamard=GemmHadamard(wgrad=transforms.Hadamard(16, signs="fixed")),
+                  high_precision_last=1)
+
+
+def _quartet() -> Recipe:
+    """Quartet (Castro et al. 2025): MXFP4 GEMMs after 32-point Hadamard rotations, QuEST RMS scales forward."""
+    # Castro et al., "Quartet: Native FP4 Training Can Be Optimal for LLMs" (2025), §4 (Algorithm 1):
+    # every GEMM in MXFP4 after a Hadamard transform of the group size 32 along its reduction
+    # axis; forward QuEST-style (E8M0 scale from the block RMS with the MSE-optimal Gaussian
+    # clip, round to nearest), backward with stochastic rounding of the gradients and freshly
+    # drawn signs. Simplifications: the backward re-uses the roles' forward rounding for W and X
+    # (Quartet rounds them stochastically too), gradients take the E8M0 scale that never clips
+    # (Quartet: amax scale times 4/3) and QuEST's clipped-element gradient mask is not applied.
+    fwd = _spec("fp4_e2m1", "mx", scale_from="rms")
+    return Recipe(name="quartet", weight=fwd, activation=fwd,
+                  grad=_spec("fp4_e2m1", "mx", rounding="stochastic", scale_rounding="ceil"),
+                  hadamard=GemmHadamard(fprop=transforms.Hadamard(32, signs="fixed"),
+                                        dgrad=transforms.Hadamard(32), wgrad=transforms.Hadamard(32)))
+
+
+register_preset("quartet", _quartet)
+
+
+@register_preset("quartet-full")
+def _quartet_full() -> Recipe:
+    """Quartet as its code trains: `quartet`, the backward re-rounding the forward's W and X, QuEST's trust mask."""
+    # Quartet as its code trains (IST-DASLab/Quartet, main_setup.sh: QuestMXFP4Quantizer forward,
+    # AlbertTsengQuantizer gradients, backward scheme "Q(E)Q(Wt)t_Q(Et)Q(Xt)t"): the `quartet`
+    # preset plus the two parts it leaves out. The backward GEMMs take the forward's quantised W
+    # and X and round them again stochastically along their own reduction axes, rotated with the
+    # gradients' fresh signs; QuEST's trust mask zeroes the gradient of every element the forward
+    # clipped. Kept apart from the paper: gradient scales are true E8M0 (the one that never
+    # clips; Quartet's kernel multiplies a power of two by 4/3), forward scales from the block
+    # RMS rather than its standard deviation, and the fprop rotation has random signs.
+    return dataclasses.replace(_quartet(), name="quartet-full", backward_operands="forward", clip_mask=True)
+
+
+@register_preset("mxfp4-rht")
+def _mxfp4_rht() -> Recipe:
+    """Tseng et al. 2025: the forward in BF16, the backward GEMMs in MXFP4 after random Hadamard rotations (32)."""
+    # Tseng, Yu & Park, "Training LLMs with MXFP4" (2025): the forward in BF16, the backward GEMMs
+    # (dgrad, wgrad) in MXFP4 with every operand (dY, W, X) rounded stochastically after a random
+    # Hadamard transform along the GEMM's reduction axis, so the gradient is unbiased and the
+    # transform bounds the rounding's variance. Transform size 32 and a scale that never clips,
+    # as Quartet's code reimplements it (AlbertTsengQuantizer: 3/4 of the amax scale; here the
+    # E8M0 scale rounded up).
+    bf16 = _spec("bf16", "none")
+    return Recipe(name="mxfp4-rht", weight=bf16, activation=bf16,
+                  grad=_spec("fp4_e2m1", "mx", rounding="stochastic", scale_rounding="ceil"),
+                  hadamard=GemmHadamard(dgrad=transforms.Hadamard(32), wgrad=transforms.Hadamard(32)),
+                  backward_operands="forward")
 
 _RECIPE_KEYS = ("name", "base", "weight", "activation", "grad", "attention", "forward_only",
                 "fp32_sensitive_ops", "high_precision_embed", "fast_path", "hadamard",

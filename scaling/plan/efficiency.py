@@ -1,6 +1,10 @@
 """How fast a step's kernels run: the precision recipe's GEMM rate and bytes (StepRecipe, RECIPES) and
 the calibrated fractions of the spec sheet that real kernels reach, per GPU generation (Efficiency,
-EFFICIENCY; fitted by scaling.plan.stepvalidate on scaling/plan/step_cases.json)."""
+EFFICIENCY; fitted by scaling.plan.stepvalidate on scaling/plan/step_cases.json).
+
+RECIPES names each recipe as the trainer's preset it prices (scaling.numerics.precision.PRESETS), so
+the planner prices the same names the trainer trains. PLANNER_ONLY lists the recipe names that are no
+trainer preset, each with why (none today)."""
 
 from __future__ import annotations
 
@@ -97,10 +101,17 @@ NVFP4_NVIDIA_KEPT = (2 / 62, 8 / 62)
 
 # Scale overhead per element: MX formats carry one E8M0 byte per 32 elements (OCP MX spec v1.0);
 # NVFP4 one E4M3 byte per 16 (NVIDIA); DeepSeek-V3's blockwise FP8 one FP32 per 128 (1x128 tiles).
+#
+# One word per thing: a recipe here is named as the trainer's preset it prices
+# (scaling.numerics.precision.PRESETS: `scaling plan step --precision fp8-blockwise` prices what
+# `precision = "fp8-blockwise"` trains). A recipe with no trainer preset must be listed in PLANNER_ONLY
+# (tests/plan/test_recipe_names.py checks both). A trainer preset with no recipe here is not priced
+# (`--precision` then names the allowed ones; mxfp4-rht, whose forward and backward run at different
+# rates: docs/planner.md).
 RECIPES: dict[str, StepRecipe] = {
     "bf16": StepRecipe("bf16", 2.0),
     "fp8": StepRecipe("fp8", 1.0),  # per-tensor scaling (Transformer Engine delayed/current scaling)
-    "fp8-block": StepRecipe("fp8", 1.0 + 4 / 128, blocks=True),
+    "fp8-blockwise": StepRecipe("fp8", 1.0 + 4 / 128, blocks=True),  # DeepSeek-V3 (its 128x128 weight blocks priced as 1x128 tiles)
     "mxfp8": StepRecipe("fp8", 1.0 + 1 / 32, "mxfp8", blocks=True),
     "mxfp6": StepRecipe("fp8", 0.75 + 1 / 32, "mxfp6", blocks=True),  # FP6 runs at the FP8 rate on Blackwell
     "mxfp4": StepRecipe("fp4", 0.5 + 1 / 32, "mxfp4", blocks=True),
@@ -128,6 +139,11 @@ RECIPES: dict[str, StepRecipe] = {
     # cast to FP32 per GEMM; the activations, norms and collectives stay priced in BF16
     "tf32": StepRecipe("tf32", 4.0),
 }
+
+
+# Recipes the planner prices that are no trainer preset (each with why): none today; every RECIPES
+# name is a preset of scaling.numerics.precision.
+PLANNER_ONLY: dict[str, str] = {}
 
 
 def get_recipe(precision: str, gpu: GPU) -> StepRecipe:

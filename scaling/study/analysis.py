@@ -36,7 +36,7 @@ from scaling.errors import ConfigError
 
 MATCH_RTOL = 1e-3  # an evaluation "lands on" a budget within this relative compute difference
 MIN_SIZES = 3  # a parabola needs three distinct sizes; the design asks for five
-LEVEL = 0.95
+LEVEL = 0.95  # the confidence level of the study's intervals (selection, predict and findings import it)
 # Sweeps that feed one figure each (experiments/<name>.toml; figure number); every other sweep is the
 # main study (the ladder, or quick), which the law is fitted on.
 PURPOSE_SWEEPS = {"granularity": 5, "outliers": 7, "isocompute": 1}

@@ -35,9 +35,9 @@ import pandas as pd
 
 from scaling.errors import ConfigError
 from scaling.study import analysis, fit as fit_lib, laws, selection
+from scaling.study.analysis import LEVEL
 from scaling.train import compute as compute_lib
 
-LEVEL = 0.95
 GRID = 200  # log-N points of a predicted profile
 
 

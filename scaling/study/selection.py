@@ -20,6 +20,7 @@ import pandas as pd
 from scipy import stats
 
 from scaling.study import fit, laws
+from scaling.study.analysis import LEVEL  # also the per-recipe residual intervals' level
 from scaling.study.fit import FitResult
 from scaling.errors import ConfigError
 
@@ -32,7 +33,6 @@ SELECTION_SPLITS = ("budget", "N")
 _REFERENCE_ORDER = ("P", "P_fwd", "P_w", "P_a", "P_g", "P_bwd")
 # within_noise: a law whose held-out gap error exceeds the best one's by at most this many standard errors.
 NOISE_SE = 2.0
-LEVEL = 0.95  # the per-recipe residual intervals
 
 
 @dataclass(frozen=True)

@@ -73,8 +73,8 @@ def test_quantised_copies_follow_the_gemm_layouts_the_gpu_takes():
     h100, b200 = hardware.GPUS["h100"], hardware.GPUS["b200"]
     r = efficiency.RECIPES
     assert (r["fp8"].copies(h100), r["fp8"].copies(b200)) == (2, 1)
-    assert all(r[k].copies(b200) == 2 for k in ("fp8-block", "mxfp8", "mxfp6", "mxfp4", "nvfp4"))
-    assert r["fp8-block"].copies(h100) == 2
+    assert all(r[k].copies(b200) == 2 for k in ("fp8-blockwise", "mxfp8", "mxfp6", "mxfp4", "nvfp4"))
+    assert r["fp8-blockwise"].copies(h100) == 2
     assert r["tf32"].copies(h100) == 1
     model = shapes.load_model("llama3-8b", layers=2)
     layout = parse_step_layout("dp=8", micro_batch=1, micro_batches=1)
