@@ -7,14 +7,14 @@
 The defaults are the committed reference study (`scaling reproduce --preset full --out .`):
 results/isoflop.csv (the IsoFLOP design plus the granularity and outlier sweeps), its curves and
 fits/isoflop.json, the held-out budget's prediction (results/isoflop_prediction.json) once made, its
-post-hoc re-prediction (results/isoflop_prediction_posthoc.json) if one was made, runs trained again
-on another kind of host (results/isoflop_hosts.csv) if any were, and the GPU pilot's runs
-(results/gpu_pilot.csv) where any have landed.
+post-hoc re-prediction (results/isoflop_prediction_posthoc.json) if one was made, and the study's own
+sections (paper_figures/reference_study.py: the FP4 and integer arms, runs trained again on another
+kind of host from results/isoflop_hosts.csv, the GPU pilot from results/gpu_pilot.csv).
 
 Same as `scaling figures` with the committed files as defaults. Without curves or a fit, the figures
 that need them are listed as skipped in REPORT.md; missing results, or any malformed input, is an
 error (exit code 2). Writing into the committed paper_figures/ also rewrites README.md's findings block
-from the new findings.json (scaling.study.readme); `--readme-only` rewrites just that block from the
+from the new findings.json (paper_figures/readme.py); `--readme-only` rewrites just that block from the
 committed findings.json, without making figures.
 """
 
@@ -28,8 +28,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run from a fresh clone without installing the package
 
+import readme  # noqa: E402  (paper_figures/readme.py: this study's README block)
 from scaling.cli import figures  # noqa: E402
-from scaling.study import readme  # noqa: E402
 from scaling._io import atomic_write_text  # noqa: E402
 from scaling.errors import ConfigError  # noqa: E402
 
@@ -41,8 +41,7 @@ DEFAULTS = {
     "fit": ROOT / "fits" / "isoflop.json",
     "prediction": ROOT / "results" / "isoflop_prediction.json",
     "posthoc_prediction": ROOT / "results" / "isoflop_prediction_posthoc.json",
-    "gpu_pilot": ROOT / "results" / "gpu_pilot.csv",
-    "hosts": ROOT / "results" / "isoflop_hosts.csv",
+    "sections": ROOT / "paper_figures" / "reference_study.py",
     "out": ROOT / "paper_figures",
 }
 
@@ -56,8 +55,7 @@ def main(argv: list[str] | None = None) -> int:
                         prediction=str(DEFAULTS["prediction"]) if DEFAULTS["prediction"].exists() else None,
                         posthoc_prediction=(str(DEFAULTS["posthoc_prediction"])
                                             if DEFAULTS["posthoc_prediction"].exists() else None),
-                        gpu_pilot=str(DEFAULTS["gpu_pilot"]) if DEFAULTS["gpu_pilot"].exists() else None,
-                        hosts=str(DEFAULTS["hosts"]) if DEFAULTS["hosts"].exists() else None)
+                        sections=[str(DEFAULTS["sections"])])
     parser.add_argument("--readme-only", action="store_true",
                         help="only rewrite README.md's findings block from the committed paper_figures/findings.json")
     args = parser.parse_args(argv)

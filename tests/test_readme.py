@@ -14,7 +14,8 @@ import pytest
 
 from scaling.errors import ConfigError
 from scaling.numerics import precision
-from scaling.study import laws, readme
+import readme
+from scaling.study import laws
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"

@@ -25,10 +25,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--posthoc-prediction", help="the same budget predicted again after its runs existed "
                         "(`scaling predict`, say on lower budgets retrained on its corpus): REPORT scores it beside "
                         "--prediction, labelled post hoc")
-    parser.add_argument("--gpu-pilot", help="a GPU pilot's results (.csv): REPORT gives its own IsoFLOP findings "
-                        "beside the main study's")
-    parser.add_argument("--hosts", help="runs of --results trained again on another kind of host, same configs and "
-                        "seeds (.csv): REPORT sizes how far the host moves a loss")
+    parser.add_argument("--sections", action="append", default=[], metavar="FILE.py",
+                        help="a study's own REPORT sections: a Python file defining sections(results_path) -> "
+                        "[scaling.study.report.Section] and optionally PAIRS, recipe contrasts to bootstrap "
+                        "(repeatable; e.g. paper_figures/reference_study.py)")
     parser.add_argument("-o", "--out", default="paper_figures", help="output directory for the figures and REPORT.md")
 
 
@@ -36,7 +36,7 @@ def main(args: argparse.Namespace) -> int:
     from scaling.study import curves as curves_lib
     from scaling.study import predict
     from scaling.study import results as results_lib
-    from scaling.study.report import load_fit, write_report
+    from scaling.study.report import load_fit, load_sections, write_report
 
     if not args.results:
         raise ConfigError("results", args.results, "a results directory, .csv or .parquet (--results)")
@@ -63,9 +63,12 @@ def main(args: argparse.Namespace) -> int:
             computes.append(value)
     prediction = predict.load(args.prediction) if args.prediction else None
     posthoc = predict.load(args.posthoc_prediction) if args.posthoc_prediction else None
-    gpu_pilot = results_lib.load(args.gpu_pilot) if args.gpu_pilot else None
-    hosts = results_lib.load(args.hosts) if args.hosts else None
+    sections, pairs = [], []
+    for module in map(load_sections, args.sections):
+        sections += list(module.sections(args.results))
+        pairs += list(getattr(module, "PAIRS", ()))
     path = write_report(results, fit, args.out, curves=curves, compute=computes, prediction=prediction,
-                        posthoc=posthoc, gpu_pilot=gpu_pilot, hosts=hosts)
+                        posthoc=posthoc, sections=sections, pairs=pairs)
     print(f"wrote {path}")
     return 0
+

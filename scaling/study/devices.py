@@ -11,7 +11,7 @@ Numerics probe (`numerics_problems`), each a computation whose right answer is k
 - the quantised GEMM's exact bf16 fast path against its FP32 path (`scaling.numerics.gemm`): the
   same products, only the accumulation order may differ.
 
-Speed probe (`matmul_flops_per_s`): bf16 matmul FLOP/s, against the median of the devices that
+Speed probe (`device_matmul_flops_per_s`): bf16 matmul FLOP/s, against the median of the devices that
 passed the numerics (SLOW_FRACTION) and against the datasheet dense bf16 peak of its kind
 (`scaling.plan.hardware`, PEAK_FRACTION).
 
@@ -141,7 +141,7 @@ def numerics_problems(target: Target) -> list[str]:
     return problems
 
 
-def matmul_flops_per_s(target: Target, n: int = SPEED_N, repeats: int = SPEED_REPEATS) -> float:
+def device_matmul_flops_per_s(target: Target, n: int = SPEED_N, repeats: int = SPEED_REPEATS) -> float:
     return 2.0 * n**3 * repeats / target.time_matmul(n, repeats)
 
 
@@ -152,7 +152,7 @@ def probe(target: Target, n: int = SPEED_N, repeats: int = SPEED_REPEATS) -> Pro
     result = Probe(name=target.name, kind=target.kind, peak_flops_per_s=peak)
     try:
         result.problems = numerics_problems(target)
-        result.flops_per_s = matmul_flops_per_s(target, n, repeats)
+        result.flops_per_s = device_matmul_flops_per_s(target, n, repeats)
     except Exception as error:  # noqa: BLE001 - a device that cannot run the probes is left out, saying why
         result.problems.append(f"probe failed: {type(error).__name__}: {error}")
     return result

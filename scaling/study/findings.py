@@ -1,5 +1,5 @@
 """What a study's results support, as numbers (findings.json): the IsoFLOP analysis at every budget
-(scaling.study.analysis), the forward-only integer arm, P* with its bootstrap CI and specification range
+(scaling.study.analysis), P* with its bootstrap CI and specification range
 against the published ranges, a law's residuals by recipe, learning-rate optima, and the purpose sweeps'
 own tests (scaling schemes against per-tensor scaling, Smooth-SwiGLU on against off)."""
 
@@ -69,15 +69,6 @@ def residuals_by_recipe(df: pd.DataFrame, fit: Any, level: float = LEVEL,
 
 
 PUBLISHED = {"Kumar et al. 2024": (7.0, 8.0), "Sun et al. 2025": (4.0, 8.0)}
-# The published FP4 training recipes (scaling.numerics.precision presets) and the plain format each
-# builds on: NVIDIA's NVFP4 recipe on NVFP4, Quartet's QuEST-style MXFP4 (simplified and as its code
-# trains) and Tseng et al.'s MXFP4 backward on MXFP4. FP4_PAIRS adds Quartet in full against its
-# simplification, and every published recipe against the 8- and 6-bit formats (FP4_ABOVE): does FP4
-# trained this way close the gap to them?
-FP4_PUBLISHED = {"nvfp4-nvidia": "nvfp4", "quartet": "mxfp4", "quartet-full": "mxfp4", "mxfp4-rht": "mxfp4"}
-FP4_ABOVE = ("fp8", "mxfp6")
-FP4_PAIRS = (tuple(FP4_PUBLISHED.items()) + (("quartet-full", "quartet"),)
-             + tuple((p, above) for p in FP4_PUBLISHED for above in FP4_ABOVE))
 KAPPAS = (2.0, 4.0)  # fixed-kappa alternatives to a kumar-family fit's kappa = 3 (plus kappa fitted)
 
 
@@ -133,42 +124,24 @@ def _has_bits(law: str) -> bool:
     return laws.has_bits_axis(law)
 
 
-def integer_arm(df: pd.DataFrame) -> pd.DataFrame:
-    """The like-for-like arm for Kumar et al. 2024, who trained integer weights and activations in the
-    forward pass only: the rows of recipes whose forward GEMMs are integer and whose backward GEMMs
-    are unquantised (format int*, P_bwd >= 16), plus the high-precision reference recipe's rows.
-    Empty unless at least two such integer recipes are present."""
-    if not {"format", "P_bwd", "recipe"} <= set(df.columns):
-        return df.iloc[0:0]
-    integer = df["format"].astype(str).str.startswith("int") & (df["P_bwd"].astype(float) >= 16)
-    if df.loc[integer, "recipe"].nunique() < 2:
-        return df.iloc[0:0]
-    reference = high_precision_recipe(df)
-    return df[integer | (df["recipe"] == reference)]
-
-
 def findings(df: pd.DataFrame, fit: Any | None, *, cost: str = "bits", budgets: Sequence[float] | None = None,
              n_boot: int = 2000, ci_samples: int = 100, loss_column: str = "val_loss",
-             noise_rows: pd.DataFrame | None = None, level: float = LEVEL) -> dict[str, Any]:
+             noise_rows: pd.DataFrame | None = None, level: float = LEVEL,
+             pairs: Sequence[tuple[str, str]] = ()) -> dict[str, Any]:
     """Everything REPORT.md may claim, as numbers: per budget the IsoFLOP analysis (each recipe's
     effective bits, minimum loss, CI, runs, probability of being best; winner or None), and P* at
     each budget with its bootstrap CI (chosen law, chosen cost model), its specification range
     (across specification_fits x optimal.cost_models) and the verdict against each published range.
-    `integer_arm`: the same IsoFLOP analysis over the forward-only integer recipes and the reference
-    alone (`integer_arm`), the comparison like for like with Kumar et al.; [] without that arm.
-    `fp4_arm`: the FP4 recipes' gaps to the reference, with and without the published recipes (fp4_arm).
     noise_rows: the table whose seed replicates measure run-to-run noise (default df); level: the
-    confidence level of every IsoFLOP verdict and interval."""
+    confidence level of every IsoFLOP verdict and interval; pairs: (a, b) recipe contrasts a study
+    wants at every budget besides each recipe's gap to the reference (analysis.isoflop's `pairs`)."""
     cost_model = compute_lib.get(cost)
     main = compute_lib.backfill(ok_rows(df))
     noise_rows = df if noise_rows is None else noise_rows
     costable = "flops_fprop" in main.columns and main["flops_fprop"].notna().all()
     if not budgets:
         budgets = default_budgets(main, cost_model) if costable else []
-    out = _measured_findings(df, main, budgets, cost_model, n_boot, noise_rows, costable, level)
-    out["fp4_arm"] = fp4_arm(out["budgets"], main)
-    if costable:
-        out["integer_arm"] = _integer_arm_findings(main, noise_rows, budgets, cost_model, n_boot, level)
+    out = _measured_findings(df, main, budgets, cost_model, n_boot, noise_rows, costable, level, pairs)
     if fit is None:
         return out
     out["law"] = {"name": fit.law, "params": fit.params, "fixed": fit.fixed,
@@ -219,7 +192,7 @@ def too_few_runs(df: pd.DataFrame, fit: Any) -> str | None:
 
 def _measured_findings(df: pd.DataFrame, main: pd.DataFrame, budgets: Sequence[float],
                        cost_model: compute_lib.CostModel, n_boot: int, noise_rows: pd.DataFrame,
-                       costable: bool, level: float = LEVEL) -> dict[str, Any]:
+                       costable: bool, level: float = LEVEL, pairs: Sequence[tuple[str, str]] = ()) -> dict[str, Any]:
     """findings' measured part: units, runs, seeds, and the IsoFLOP analysis at every budget (none
     when the results cannot be placed at a budget, with the reason as `note`); law parts empty."""
     return {
@@ -227,70 +200,11 @@ def _measured_findings(df: pd.DataFrame, main: pd.DataFrame, budgets: Sequence[f
         "runs": int(main["run_id"].nunique()) if "run_id" in main.columns else len(main),
         "seeds_per_cell": _seeds_per_cell(main),
         "budgets": analyse(main, budgets, cost_model, n_boot=n_boot, level=level, noise=replicate_noise(noise_rows),
-                           pairs=FP4_PAIRS) if costable else [],
+                           pairs=pairs) if costable else [],
         "note": None if costable else "the results do not record FLOPs by part (nor size, recipe and "
                                       "flops_per_token to derive them), so no run can be placed at a budget",
-        "law": None, "P_star": [], "integer_arm": [],
+        "law": None, "P_star": [],
     }
-
-
-def kept_share(df: pd.DataFrame) -> dict[str, list[float]]:
-    """Per recipe that keeps blocks in high precision, the range over its runs of the share of linear-layer
-    GEMM FLOPs so kept (flops_kept_* over kept plus quantised); {} without those columns."""
-    kept = [f"flops_kept_{g}" for g in ("fprop", "dgrad", "wgrad")]
-    quantised = [f"flops_{g}" for g in ("fprop", "dgrad", "wgrad")]
-    if not set(kept + quantised) <= set(df.columns):
-        return {}
-    k = df[kept].apply(pd.to_numeric, errors="coerce").sum(axis=1)
-    share = k / (k + df[quantised].apply(pd.to_numeric, errors="coerce").sum(axis=1))
-    by = share[k > 0].groupby(df.loc[k > 0, "recipe"])
-    return {str(r): [float(v.min()), float(v.max())] for r, v in by}
-
-
-def fp4_arm(budgets: list[dict], df: pd.DataFrame | None = None) -> list[dict[str, Any]]:
-    """The FP4 arm at each budget where a published FP4 recipe was fitted: every FP4 recipe's minimum
-    against the reference's (the paired gap and its CI, with the published recipes and without), and
-    each published recipe against the plain format it builds on (`pairs`) and against FP8 and MXFP6
-    (`above`); [] without one. With the runs (`df`), each entry also gives `kept` (kept_share of the
-    FP4 recipes' runs at that budget)."""
-    fp4 = set(FP4_PUBLISHED) | set(FP4_PUBLISHED.values())
-    out = []
-    for b in budgets:
-        fitted = {e["recipe"]: e for e in b["recipes"] if e["loss"] is not None}
-        if not set(FP4_PUBLISHED) & set(fitted):
-            continue
-        reference = next((r for r, e in fitted.items() if e["gap"] is None), None)
-        gaps = [{"recipe": r, "published": r in FP4_PUBLISHED, "gap": e["gap"], "ci": e["gap_ci"],
-                 "inside": e["inside"]} for r, e in sorted(fitted.items()) if r in fp4 and e["gap"] is not None]
-        kept = {}
-        if df is not None and "budget" in df.columns:
-            at = df[np.isclose(pd.to_numeric(df["budget"], errors="coerce"), b["budget"], rtol=1e-6)]
-            kept = kept_share(at[at["recipe"].isin(fp4)])
-        pairs = b.get("pairs", [])
-        out.append({"budget": b["budget"], "reference": reference, "gaps": gaps,
-                    "pairs": [p for p in pairs if p["b"] not in FP4_ABOVE],
-                    "above": [p for p in pairs if p["b"] in FP4_ABOVE],
-                    "kept": kept})
-    return out
-
-
-def _integer_arm_findings(main: pd.DataFrame, noise_rows: pd.DataFrame, budgets: Sequence[float],
-                          cost_model: compute_lib.CostModel, n_boot: int, level: float = LEVEL) -> list[dict[str, Any]]:
-    """The IsoFLOP analysis of the forward-only integer arm at each budget where two or more of its
-    integer recipes trained (a study may train the arm at some budgets only), compared with the
-    published ranges on the forward precision P (Kumar et al.'s), not effective bits; [] without the arm."""
-    arm = integer_arm(main)
-    if arm.empty:
-        return []
-    reference = high_precision_recipe(main)
-    out = analyse(arm, budgets, cost_model, n_boot=n_boot, level=level, noise=replicate_noise(integer_arm(noise_rows)))
-    out = [b for b in out if sum(e["recipe"] != reference for e in b["recipes"]) >= 2]
-    for b in out:
-        b["measured"] = measured_choice(b, level)
-        forward = [m["P"] for m in b["measured"]]
-        b["P_interval"] = [min(forward), max(forward)] if forward else None
-        b["published"] = {name: verdict(b["P_interval"], lo, hi) for name, (lo, hi) in PUBLISHED.items()}
-    return out
 
 
 def _with_shape(fit: Any, main: pd.DataFrame) -> Any:
@@ -438,38 +352,6 @@ def other_hosts(p: dict) -> bool:
 def _lower_hosts(hosts: dict) -> set[str]:
     """The kinds of host a scored prediction's lower budgets trained on (report.prediction_facts' `hosts`)."""
     return {h for by in (hosts.get("lower") or {}).values() for h in by}
-
-
-def host_shift(rows: pd.DataFrame, again: pd.DataFrame | None, level: float = LEVEL) -> list[dict[str, Any]]:
-    """How far the kind of host moves a run's loss: runs of `rows` trained again, same config and seed
-    (so the same run id), on another kind of host (`again`), paired at the same IsoFLOP points (run
-    id, tokens; the points serving a budget where the rows say so). One entry per pair of host kinds:
-    the loss on the first minus on the second, its mean over runs (each run's points averaged: a run's
-    points share one trajectory) with a t interval over runs, and the points' RMS; [] without pairs."""
-    if again is None or again.empty or not {"hardware", "run_id", "D", "val_loss"} <= set(rows.columns) & set(again.columns):
-        return []
-    def points(d: pd.DataFrame) -> pd.DataFrame:
-        d = d[np.isfinite(pd.to_numeric(d["val_loss"], errors="coerce")) & d["hardware"].notna()]
-        if "budget" in d.columns:
-            d = d[d["budget"].notna()]
-        return d[["run_id", "D", "recipe", "hardware", "val_loss"]].drop_duplicates(["run_id", "D"])
-    pairs = points(rows).merge(points(again), on=["run_id", "D"], suffixes=("_a", "_b"))
-    pairs = pairs[pairs["hardware_a"] != pairs["hardware_b"]]
-    flip = pairs["hardware_a"] > pairs["hardware_b"]  # orient every pair the same way: first host by name
-    pairs = pairs.assign(first=pairs["hardware_a"].where(~flip, pairs["hardware_b"]),
-                         second=pairs["hardware_b"].where(~flip, pairs["hardware_a"]),
-                         diff=(pairs["val_loss_a"] - pairs["val_loss_b"]).where(~flip, pairs["val_loss_b"] - pairs["val_loss_a"]))
-    out = []
-    for (first, second), both in pairs.groupby(["first", "second"]):
-        per_run = both.groupby("run_id")["diff"].mean()
-        entry = {"hosts": [first, second], "runs": int(len(per_run)), "points": int(len(both)),
-                 "recipes": sorted(both["recipe_a"].astype(str).unique()), "mean": float(per_run.mean()),
-                 "rms": float(np.sqrt((both["diff"] ** 2).mean())), "ci": None}
-        if len(per_run) >= 2:
-            half = stats.t.ppf(0.5 + level / 2, len(per_run) - 1) * per_run.std(ddof=1) / math.sqrt(len(per_run))
-            entry["ci"] = [entry["mean"] - half, entry["mean"] + half]
-        out.append(entry)
-    return out
 
 
 def host_shift_between(p: dict) -> dict | None:

@@ -45,7 +45,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
-from scaling.study import laws, optimal, analysis as study
+from scaling.study import laws, optimal, analysis
 from scaling.study import findings as findings_lib
 from scaling.train import compute
 from scaling import plan
@@ -298,7 +298,7 @@ def _log_n_axis(ax: Any) -> None:
 
 
 def isoflop_profiles(points: Sequence[tuple[dict, pd.DataFrame]], stem: str | Path, unit: str = "nats/token") -> Figure:
-    """Figure 1: per budget (a study.isoflop entry and its study.points_at rows), each recipe's loss
+    """Figure 1: per budget (a analysis.isoflop entry and its analysis.points_at rows), each recipe's loss
     against N (less its shape's shared effect), its shape-adjusted parabola in log N and its minimum with
     the bootstrap CI; where shapes are shared, a last panel with the shape effects."""
     shaped = any(entry.get("shape_effects") for entry, _ in points)
@@ -800,10 +800,10 @@ def make_figures(results: pd.DataFrame | None, fit: Any, out_dir: str | Path, *,
     largest = max([b["budget"] for b in (facts or {}).get("budgets", [])]
                   + [p["compute"] for p in (facts or {}).get("P_star", []) or []], default=None)
     if largest is None and main is not None and not main.empty and "flops_fprop" in main.columns:
-        largest = float(study.with_cost(main, compute.get(cost_name))["C"].max())
+        largest = float(analysis.with_cost(main, compute.get(cost_name))["C"].max())
     jobs: list[tuple[int, str | None, Callable[[], Figure]]] = [
         (1, None if analysed else "no budget with IsoFLOP profiles (3+ sizes of 2+ recipes landing on it)",
-         lambda: isoflop_profiles([(b, study.points_at(main, b["budget"], compute.get(cost_name))) for b in analysed],
+         lambda: isoflop_profiles([(b, analysis.points_at(main, b["budget"], compute.get(cost_name))) for b in analysed],
                                   stem[1], unit)),
         (2, law_missing or (None if largest else "no compute budget (results without FLOPs by part)"),
          lambda: iso_loss(fit, largest, stem[2], optimal.Cost(model=compute.get(cost_name), shape=optimal.shape_of(fit)), unit)),
@@ -838,7 +838,7 @@ def _no_granularity_sweep(results: pd.DataFrame | None) -> str | None:
     """A study with named sweeps but no granularity sweep: its recipes differ in format, size and tokens
     at once, so their final losses say nothing about the scale scheme."""
     if results is not None and "sweep" in results.columns and \
-            not (study.sweep_family(results["sweep"]) == "granularity").any():
+            not (analysis.sweep_family(results["sweep"]) == "granularity").any():
         return "the results hold no granularity sweep (scale schemes compared at one size and token count)"
     return None
 

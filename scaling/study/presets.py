@@ -11,4 +11,6 @@ STUDY_PRESETS = {
     "quick": ["quick.toml"],
     "full": ["isoflop.toml", "isoflop_heldout.toml", "granularity.toml", "outliers.toml"],
 }
+# preset -> its study's own REPORT sections (scaling.study.report.load_sections), relative to the repository
+SECTIONS = {"full": "paper_figures/reference_study.py"}
 WORKERS = min(4, os.cpu_count() or 1)  # small models leave cores idle: 2 runs on 2 cores took 4 min, not 8

@@ -1,735 +1,30 @@
-"""REPORT.md: what was run, the fitted law, the measured sweet spot, how it compares, and its limits.
+"""REPORT.md and findings.json: what was run, the measured sweet spot, the held-out prediction's score,
+P*, the purpose sweeps, the fitted law, the figures and the limits, in that order (BUILT_IN), with a
+study's own sections (Section) where it places them.
 
-Every sentence that states a finding is computed from the numbers passed in: the comparison with
-the published sweet spots (Kumar et al. 2024: compute-optimal precision 7-8 bits; Sun et al. 2025:
-4-8 bits) is `compare_with_range(P*, CI, range)`, and the limitations paragraph is written from
-the data's own spans (sizes, tokens, points per parameter, precisions measured). Figures are
-made by `scaling.study.plots.make_figures` into the same directory and embedded by relative path;
-figures whose inputs are absent are listed with the reason. The file is written atomically.
-
-One module (about 760 lines): the sentences of each section and `write_report`, which orders them,
-change together whenever the report says something new.
+The sentences are scaling.study.prose's; this module computes the facts, orders the sections and
+writes the files. Figures are made by `scaling.study.plots.make_figures` into the same directory and
+embedded by relative path; figures whose inputs are absent are listed with the reason. Both files
+are written atomically.
 """
 
 from __future__ import annotations
 
-import math
-import re
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
-from scaling.study import fit, laws, plots, analysis as study
+from scaling.study import fit, plots, analysis
 from scaling.study import findings as findings_lib
 from scaling.study import predict as predict_lib
+from scaling.study.prose import (corpus_of, cost_of_precision, findings_section, fitted_law, fmt, granularity_section,
+                                 heldout_error, limitations, outliers_section, prediction_sections, pstar_section,
+                                 what_was_run)
 from scaling._io import atomic_write_json, atomic_write_text
 from scaling.errors import ConfigError
-
-# Chinchilla's compute-optimal ratio (Hoffmann et al. 2022), for the limitations paragraph.
-CHINCHILLA_TOKENS_PER_PARAM = 20.0
-
-
-# ---------------------------------------------------------------------------------------------
-# Sentences computed from numbers
-# ---------------------------------------------------------------------------------------------
-
-
-def position(value: float, lo: float, hi: float) -> str:
-    """'below', 'inside' or 'above' the closed interval [lo, hi]."""
-    return "below" if value < lo else "above" if value > hi else "inside"
-
-
-def _fmt(x: Any) -> str:
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "–"
-    x = float(x)
-    if x != 0 and (abs(x) >= 1e4 or abs(x) < 1e-3):
-        return f"{x:.3g}".replace("e+", "e")
-    return f"{x:.4g}"
-
-
-def _span(values: pd.Series) -> str:
-    values = pd.to_numeric(values, errors="coerce").dropna()
-    if values.empty:
-        return "–"
-    lo, hi = values.min(), values.max()
-    return _fmt(lo) if lo == hi else f"{_fmt(lo)}–{_fmt(hi)}"
-
-
-def _markdown(table: pd.DataFrame) -> str:
-    header = "| " + " | ".join(map(str, table.columns)) + " |"
-    rule = "| " + " | ".join("---" for _ in table.columns) + " |"
-    rows = ["| " + " | ".join(v if isinstance(v, str) else _fmt(v) for v in row) + " |"
-            for row in table.itertuples(index=False)]
-    return "\n".join([header, rule, *rows])
-
-
-# ---------------------------------------------------------------------------------------------
-# Sections
-# ---------------------------------------------------------------------------------------------
-
-
-def what_was_run(all_rows: pd.DataFrame, ok: pd.DataFrame, corpus: str | None) -> str:
-    runs = all_rows.drop_duplicates("run_id")
-    statuses = runs["status"].fillna("ok").value_counts() if "status" in runs.columns else pd.Series({"ok": len(runs)})
-    labelled = plots.with_precision(ok.drop_duplicates("run_id")) if not ok.empty else ok.assign(precision=[])
-    by_precision = labelled["precision"].value_counts()
-    precisions = ", ".join(f"{p} ({by_precision[p]} runs)" for p in plots.precision_order(by_precision.index))
-    recipes = ", ".join(sorted(map(str, labelled["recipe"].dropna().unique()))) if "recipe" in labelled.columns else "–"
-    lines = [
-        f"- Runs: {len(runs)} ({', '.join(f'{n} {s}' for s, n in statuses.items())}); "
-        f"{len(ok)} (run, token budget) points with a finite validation loss.",
-        f"- Sweeps: {_sweeps(all_rows, ok)}.",
-        f"- Model sizes: {ok['N'].nunique()} distinct, N = {_span(ok['N'])} non-embedding parameters.",
-        f"- Token budgets: {ok['D'].nunique()} distinct, D = {_span(ok['D'])} tokens; "
-        f"tokens per parameter D/N = {_span(ok['D'] / ok['N'])}.",
-        f"- Precisions: {precisions or '–'}; recipes: {recipes}.",
-        f"- Seeds per (sweep, size, recipe, tokens) cell: {_range_text(findings_lib._seeds_per_cell(ok))}.",
-        f"- Corpus: {corpus or 'not recorded in the results table'}.",
-    ]
-    return "\n".join(lines)
-
-
-def _sweeps(all_rows: pd.DataFrame, ok: pd.DataFrame) -> str:
-    """Each sweep with its run count and what it feeds (study.study_part: the main study is fitted)."""
-    if "sweep" not in all_rows.columns:
-        return "–"
-    sweeps = all_rows.drop_duplicates("run_id")["sweep"].astype(str)
-    runs = sweeps.value_counts()
-    family = dict(zip(sweeps, study.sweep_family(sweeps)))
-    role = {name: f"figure {study.PURPOSE_SWEEPS[family[name]]}" for name in runs.index if family[name] in study.PURPOSE_SWEEPS}
-    role["isocompute"] = "figure 1 and the direct test: each precision at its cost-model size, same tokens"
-    role["isocompute_law"] = "figure 1 and the direct test: each precision at the law's optimal N, D"
-    main = sorted(name for name in runs.index if family[name] not in study.PURPOSE_SWEEPS)
-    return "; ".join(f"{name} ({runs[name]} runs, {role.get(name, 'fitted; figures 1-4, 6' if name in main else '')})"
-                     for name in main + sorted(set(runs.index) - set(main)))
-
-
-def fitted_law(fit: Any) -> str:
-    rows = []
-    fixed = getattr(fit, "fixed", None) or {}
-    for name, value in fit.params.items():
-        lo, hi = (getattr(fit, "ci", None) or {}).get(name, (math.nan, math.nan))
-        rows.append({"parameter": name + (" (fixed)" if name in fixed else ""), "value": value,
-                     "95% CI low": lo, "95% CI high": hi})
-    n_samples = len(plots.param_samples(fit))
-    text = [f"Law: `{fit.law}`, fitted by Huber loss on log-loss residuals (objective {_fmt(getattr(fit, 'objective', None))}); "
-            f"CIs from {n_samples} bootstrap resamples (unit: {(getattr(fit, 'bootstrap', None) or {}).get('unit', 'run')})." if n_samples else
-            f"Law: `{fit.law}` (objective {_fmt(getattr(fit, 'objective', None))}); no bootstrap samples stored with the fit.",
-            "", _markdown(pd.DataFrame(rows))]
-    selection = getattr(fit, "selection", None)
-    if selection and selection.get("chosen"):
-        text += ["", selection_text(selection)]
-    return "\n".join(text)
-
-
-def selection_text(selection: dict) -> str:
-    """How the law was chosen (selection.select_law): each candidate's held-out error on the precision gaps,
-    the laws within noise of the best, and the chosen law's held-out errors per recipe."""
-    if selection.get("split"):
-        return _heldout_budget_selection_text(selection)
-    rows = []
-    for c in selection["candidates"]:
-        gap = c.get("heldout_gap_mae") or {}
-        rows.append({"candidate": c["name"] + (" (chosen)" if c["name"] == selection["chosen"] else ""),
-                     "params": c.get("n_params"), "gap MAE, largest N out": gap.get("N"),
-                     "gap MAE, longest D out": gap.get("D"),
-                     **({"gap MAE, largest budget out": gap.get("budget")} if "budget" in gap else {}),
-                     "within noise": "yes" if c.get("within_noise") else ("not fitted" if not c.get("fittable", True) else "no")})
-    close = sum(bool(c.get("within_noise")) for c in selection["candidates"]) - 1
-    labels = {"N": "the largest size", "D": "the longest run", "budget": "the largest compute budget"}
-    measured = {k for c in selection["candidates"] for k, v in (c.get("heldout_gap_mae") or {}).items() if v is not None}
-    tried = {k for c in selection["candidates"] for k in (c.get("heldout_gap_mae") or {})}
-    used = [labels[k] for k in labels if k in measured]
-    unused = [labels[k] for k in ("N", "D") if k in tried and k not in measured]
-    return (f"Chosen by held-out error on the precision gaps (loss minus the same-size, same-tokens "
-            f"{', '.join(selection.get('reference', {}).get('recipes', []) or ['reference'])} run's, nats): the law is fitted "
-            f"without {', then without '.join(used) or 'nothing (no split was usable)'}, and predicts the gaps it did not "
-            "see" + (f" (without {' or '.join(unused)}, the held-out gaps come from fewer than two runs or have no "
-                     "matching reference run: not used)" if unused else "") + ". "
-            + (f"{close} other candidate{'s' if close != 1 else ''} {'are' if close != 1 else 'is'} within noise "
-               "(2 run-clustered standard errors) of the chosen one, so the choice among them is not decided by these "
-               "data; P* is reported across those whose precision axis is bits (the specification range above)."
-               if close > 0 else "No other candidate is within noise (2 run-clustered standard errors) of the chosen "
-               "one: on these held-out gaps the data prefer it.")
-            + (" Among them is `chinchilla`, which has no precision term: these data cannot show that a "
-               "precision-aware law predicts the held-out gaps better than none."
-               if any(c["law"] == "chinchilla" and c.get("within_noise") and c["name"] != selection["chosen"]
-                      for c in selection["candidates"]) else "")
-            + _degenerate_text(selection) + "\n\n" + _markdown(pd.DataFrame(rows)))
-
-
-def _heldout_budget_selection_text(selection: dict) -> str:
-    """selection_text for a selection scored on one held-out split with whole runs left out (selection.Split)."""
-    split, chosen = selection["split"], selection["chosen"]
-    ref = ", ".join(selection.get("reference", {}).get("recipes", []) or ["reference"])
-    clustered = f"standard errors clustered by {selection.get('clustered_by', 'run')}"
-    rows = []
-    for c in selection["candidates"]:
-        diff = c.get("gap_mae_diff") or {}
-        rows.append({"candidate": c["name"] + (" (chosen)" if c["name"] == chosen else ""),
-                     "params": c.get("n_params"), "bits axis": "yes" if laws.has_bits_axis(c["law"]) else "no",
-                     "held-out gap MAE": c.get("score"),
-                     "excess over best": (None if not diff or c["name"] == chosen else
-                                          f"{diff['value']:+.4f} ± {diff['se']:.4f}" if diff.get("se") is not None
-                                          else f"{diff['value']:+.4f}"),
-                     "within noise": "yes" if c.get("within_noise") else ("not fitted" if not c.get("fittable", True) else "no")})
-    if split.get("by") is None:
-        how = f"No held-out split could be made ({split.get('note')}), so the law with the lowest AIC was taken."
-    else:
-        where = (f"the largest compute budget (C = {_fmt(split['value'])})" if split["by"] == "budget"
-                 else f"the largest size (N = {_fmt(split['value'])}; no budget split: {split.get('note')})")
-        n = max((next(iter((c.get("n_heldout") or {0: 0}).values())) for c in selection["candidates"]), default=0)
-        how = (f"Laws are compared on the precision gaps (loss minus the same-size, same-tokens {ref} run's, nats) at "
-               f"{where}: each is fitted without every run that has a point there ({split['held_runs']} runs left out "
-               f"whole, {split['train_runs']} fitted), so no held-out gap is a later checkpoint of a fitted run, and "
-               f"predicts the {n} gaps it did not see.")
-    close = [c["name"] for c in selection["candidates"] if c.get("within_noise")]
-    if len(close) > 1:
-        bits = [n for n in close if laws.has_bits_axis(next(c["law"] for c in selection["candidates"] if c["name"] == n))]
-        verdict = (f" Within noise of the best ({selection.get('noise_se', 2):g} {clustered}): "
-                   + ", ".join(f"`{n}`" for n in close) + ". These data do not pick one law among them; the fit reported "
-                   f"here is `{chosen}`, the lowest held-out error of a fit that is not degenerate" + (
-                       f", and a continuous P* comes only from those with a bits axis ({', '.join(f'`{n}`' for n in bits)})."
-                       if bits else ", and none of them has a bits axis, so there is no continuous P*."))
-    elif selection.get("criterion", "").startswith("heldout"):
-        verdict = (f" Only `{chosen}` is within noise ({selection.get('noise_se', 2):g} {clustered}) of the lowest "
-                   "held-out error: on these gaps the data prefer it.")
-    else:
-        verdict = ""
-    if any(c["law"] == "chinchilla" and c.get("within_noise") and c["name"] != chosen for c in selection["candidates"]):
-        verdict += (" Among them is `chinchilla`, which has no precision term: these data cannot show that a "
-                    "precision-aware law predicts the held-out gaps better than none.")
-    return how + verdict + _degenerate_text(selection) + "\n\n" + _markdown(pd.DataFrame(rows)) + _residuals_text(selection)
-
-
-def _degenerate_text(selection: dict) -> str:
-    """The candidates whose full-data fit is degenerate: scored, never chosen while a sound one exists."""
-    bad = [c for c in selection["candidates"] if c.get("degenerate")]
-    if not bad:
-        return ""
-    return (" Degenerate fits, scored but not chosen (no optimum is derived from them): "
-            + "; ".join(f"`{c['name']}` ({c['degenerate']})" for c in bad) + ".")
-
-
-def _residuals_text(selection: dict) -> str:
-    """The chosen law's held-out gap errors per recipe (selection.residuals_by_recipe) as a small table."""
-    rows = selection.get("chosen_residuals") or []
-    if not rows:
-        return ""
-    table = pd.DataFrame([{"recipe": r["recipe"], "n": r["n"], "mean residual": f"{r['mean']:+.3f}",
-                           "95% CI": f"{r['ci'][0]:+.3f} to {r['ci'][1]:+.3f}" if r.get("ci") else "– (one run)"}
-                          for r in rows])
-    off = [r["recipe"] for r in rows if r.get("ci") and (r["ci"][0] > 0 or r["ci"][1] < 0)]
-    return (f"\n\nHeld-out gap errors of `{selection['chosen']}` by recipe (predicted minus measured gap, nats; "
-            "95% t interval clustered by run)" + (f"; its errors are systematic for {', '.join(off)}, whose interval "
-                                                  "excludes zero" if off else "") + ":\n\n" + _markdown(table))
-
-
-def heldout_error(fit: Any, ok: pd.DataFrame) -> tuple[str, float | None]:
-    """In-sample error of the law and, when the fit ran one (`scaling fit --holdout`), its held-out
-    extrapolation error: fit on the smaller runs, mean absolute relative error on the largest."""
-    rel = np.abs(np.asarray(fit.predict(ok), float) / ok["val_loss"].to_numpy(float) - 1)
-    text = f"Mean absolute relative error of the fitted law on its {len(ok)} points: {rel.mean():.2%}."
-    heldout = getattr(fit, "heldout", None) or {}
-    if heldout.get("mare") is None:
-        if (getattr(fit, "selection", None) or {}).get("chosen"):
-            return text + (" This is in-sample; the law's held-out error on the precision gaps is in the selection "
-                           "table above (the loss itself is not held out: `scaling fit --holdout N`)."), None
-        return text + " The fit records no held-out test (`scaling fit --holdout N`), so this is in-sample only.", None
-    by = "N" if heldout.get("by", "N") == "N" else "compute 6·N·D"
-    text += (f" Held-out extrapolation: fitted on the {heldout.get('n_train', '?')} points with {by} below "
-             f"{_fmt(heldout.get('threshold'))}, the law predicts the other {heldout.get('n_test', '?')} "
-             f"with a mean absolute relative error of {float(heldout['mare']):.2%}.")
-    return text, float(heldout["mare"])
-
-
-def cost_of_precision(ok: pd.DataFrame, fit: Any) -> str:
-    """Each recipe's loss minus the high-precision reference run's at the same size, tokens and seed
-    (study.gaps_to_reference_recipe): its mean, and how it moves with D at a fixed size (least squares on log2 D
-    with size fixed effects): the mean over runs with a 95% t interval over runs (a run's evaluations
-    share its noise), the slope with one over the matched points. Kumar et al.'s form,
-    where precision lowers only the effective N, predicts a gap that does not move with D."""
-    gaps = study.gaps_to_reference_recipe(ok)
-    if gaps.empty:
-        return ""
-    reference = study.high_precision_recipe(ok)
-    rows, grows = [], []
-    for recipe, g in gaps.groupby("recipe"):
-        n = len(g)
-        # a run's evaluations share its noise: the interval is over runs (size and seed), not points
-        per_run = g.groupby(["N", "seed"] if "seed" in g.columns else ["N"])["gap"].mean()
-        runs = len(per_run)
-        mean = float(per_run.mean())
-        half = float(stats.t.ppf(0.975, runs - 1) * per_run.std(ddof=1) / math.sqrt(runs)) if runs >= 2 else math.nan
-        row = {"recipe": recipe, "points (runs, sizes)": f"{n} ({runs}, {g['N'].nunique()})", "mean gap": f"{mean:+.3f}",
-               "its 95% CI over runs": f"{mean - half:+.3f} to {mean + half:+.3f}" if runs >= 2 else "–",
-               "change per doubling of D": "–", "95% CI": "–", "with D": "cannot tell"}
-        centred = g.assign(log_d=np.log2(g["D"]))
-        centred[["log_d", "gap"]] -= centred.groupby("N")[["log_d", "gap"]].transform("mean")
-        sxx = float((centred["log_d"] ** 2).sum())
-        dof = n - g["N"].nunique() - 1
-        if sxx > 0 and dof >= 1:
-            slope = float((centred["log_d"] * centred["gap"]).sum() / sxx)
-            resid = centred["gap"] - slope * centred["log_d"]
-            h = float(stats.t.ppf(0.975, dof) * math.sqrt(float((resid ** 2).sum()) / dof / sxx))
-            verdict = "grows" if slope - h > 0 else "shrinks" if slope + h < 0 else "cannot tell"
-            row.update({"change per doubling of D": f"{slope:+.3f}", "95% CI": f"{slope - h:+.3f} to {slope + h:+.3f}",
-                        "with D": verdict})
-            if verdict == "grows":
-                grows.append(recipe)
-        rows.append(row)
-    unit = findings_lib.loss_unit(ok)
-    text = [f"Validation loss minus the {reference} run's at the same size, tokens and seed ({unit}; a point is one "
-            "matched evaluation), and how that gap moves with the tokens at a fixed model size (size fixed effects); "
-            f"each interval is 95% for its own recipe ({len(rows)} recipes):",
-            "", _markdown(pd.DataFrame(rows))]
-    if grows:
-        text += ["", f"At a fixed size the gap grows with D for {', '.join(grows)} (95% CI above zero); Kumar et al.'s "
-                 "form, where precision lowers only the effective N, predicts a gap that does not."]
-    return "\n".join(text)
-
-
-def findings_section(f: dict) -> str:
-    """Per budget: each recipe's IsoFLOP minimum with its CI, runs and P(best); the verdict sentence."""
-    unit = f["loss_unit"]
-    lines = [f"Compute in 16-bit FLOP units, cost model *{f['cost_model']}*. Loss in {unit}. "
-             f"{f['runs']} runs; seeds per (size, recipe, tokens) cell: {_range_text(f['seeds_per_cell'])}."]
-    if not f["budgets"]:
-        return "\n".join(lines + ["", "No budget is reached by three or more sizes of two recipes: "
-                                   "no IsoFLOP profile can be fitted, so the data cannot tell which precision is best."])
-    for b in f["budgets"]:
-        lines += ["", f"**C = {_fmt(b['budget'])}.** " + _verdict_sentence(b, unit), "",
-                  "| recipe | effective bits | runs (sizes) | IsoFLOP minimum | 95% CI | at N | P(best) |",
-                  "| --- | --- | --- | --- | --- | --- | --- |"]
-        for e in sorted(b["recipes"], key=lambda e: (e["loss"] is None, e["loss"] or 0)):
-            if e["loss"] is None:
-                why = "too few sizes" if e["sizes"] < study.MIN_SIZES else "not fitted (above)"
-                lines.append(f"| {e['recipe']} | {e['bits_eff']:.3g} | {e['runs']} ({e['sizes']}) | {why} | – | – | – |")
-                continue
-            ci = f"{e['ci'][0]:.4g}–{e['ci'][1]:.4g}" if e["ci"] else "–"
-            at = _fmt(e["N_opt"]) + ("" if e["inside"] else " (edge)")
-            p_best = f"{e['p_best']:.2f}" if e["p_best"] is not None else "–"
-            lines.append(f"| {e['recipe']} | {e['bits_eff']:.3g} | {e['runs']} ({e['sizes']}) | {e['loss']:.4g} | {ci} | {at} | {p_best} |")
-        lines += _corpora_lines(b.get("corpora") or {}) + _hosts_lines(b.get("hosts") or {})
-        lines += _shape_effects_table(b, unit)
-    interp = sum(e["interpolated"] for b in f["budgets"] for e in b["recipes"])
-    if interp:
-        lines += ["", f"{interp} of the points were interpolated between a run's WSD cooldown evaluations (log loss "
-                  "linear in log D): these runs were not designed to land on the budgets."]
-    return "\n".join(lines)
-
-
-def gpu_pilot_facts(rows: pd.DataFrame) -> dict[str, Any]:
-    """findings.json's `gpu_pilot`: a GPU pilot's IsoFLOP findings by the main study's rules, on its own
-    runs alone (its corpus is the GPU machine's, so no comparison with the main study is made)."""
-    return {**findings_lib.findings(plots.validate_results(rows), None), "corpus": _corpus(rows)}
-
-
-def gpu_pilot_section(g: dict) -> str:
-    """The GPU pilot beside the CPU study: its own IsoFLOP profiles and verdicts, or why it has none."""
-    corpus = f" ({g['corpus']})" if g.get("corpus") else ""
-    return "\n".join([f"The runs of `experiments/gpu_pilot.toml` on a GPU (docs/gpu.md names it and its speeds), on that "
-                      f"machine's corpus{corpus}. Its corpus is not the one above, so its losses are compared only with "
-                      "each other, by the same rules.", "", findings_section(g)])
-
-
-def _shape_effects_table(b: dict, unit: str) -> list[str]:
-    """The shape effects shared by every recipe at one budget (study.isoflop's shape_effects), or none."""
-    if not b.get("shape_effects"):
-        return []
-    share = f", {b['shape_share']:.0%} of the scatter about the parabolas" if b.get("shape_share") is not None else ""
-    lines = ["", f"Shape effects shared by every recipe ({unit}: a shape's departure from a curve smooth in N common to "
-             f"all recipes{share}); the minima above are compared with them removed:", "",
-             "| shape | N | effect | recipes measured on it |", "| --- | --- | --- | --- |"]
-    for e in sorted(b["shape_effects"], key=lambda e: e["N"]):
-        lines.append(f"| {e['shape']} | {_fmt(e['N'])} | {e['effect']:+.3f} | {len(e['recipes'])} |")
-    return lines
-
-
-def integer_arm_section(f: dict) -> str:
-    """The forward-only integer arm (like for like with Kumar et al. 2024) per budget; '' without it."""
-    arm = f.get("integer_arm") or []
-    if not arm:
-        return ""
-    lo, hi = findings_lib.PUBLISHED["Kumar et al. 2024"]
-    lines = [f"Kumar et al. 2024 quantised integer weights and activations in the forward pass only and put the "
-             f"compute-optimal precision at {lo:g}-{hi:g} bits. The same comparison here: the forward-only integer "
-             "recipes (backward GEMMs unquantised, costed at 16 bits) against the high-precision reference alone."]
-    for b in arm:
-        head = f"**C = {_fmt(b['budget'])}.** " + _verdict_sentence(b, f["loss_unit"])
-        if b.get("P_interval"):
-            lo_p, hi_p = b["P_interval"]
-            span = f"{lo_p:g}" if lo_p == hi_p else f"{lo_p:g}-{hi_p:g}"
-            name = "Kumar et al. 2024"
-            v = b["published"][name]
-            head += (" Not ruled out as best (P(best) ≥ 0.025): " +
-                     ", ".join(f"{m['recipe']} ({m['P']:g} forward bits, P(best) {m['p_best']:.2f})" for m in b["measured"]) +
-                     f": forward precision {span} bits; against {name}'s {lo:g}-{hi:g} bits, "
-                     + ("cannot tell." if v == "cannot tell" else f"{v}."))
-        lines += ["", head, "",
-                  "| recipe | effective bits | runs (sizes) | IsoFLOP minimum | 95% CI | P(best) |", "| --- | --- | --- | --- | --- | --- |"]
-        for e in sorted(b["recipes"], key=lambda e: (e["loss"] is None, e["loss"] or 0)):
-            if e["loss"] is None:
-                lines.append(f"| {e['recipe']} | {e['bits_eff']:.3g} | {e['runs']} ({e['sizes']}) | too few sizes | – | – |")
-                continue
-            ci = f"{e['ci'][0]:.4g}–{e['ci'][1]:.4g}" if e["ci"] else "–"
-            p_best = f"{e['p_best']:.2f}" if e["p_best"] is not None else "–"
-            lines.append(f"| {e['recipe']} | {e['bits_eff']:.3g} | {e['runs']} ({e['sizes']}) | {e['loss']:.4g} | {ci} | {p_best} |")
-    return "\n".join(lines)
-
-
-def fp4_arm_section(f: dict) -> str:
-    """The FP4 arm per budget: each FP4 recipe's IsoFLOP minimum against the reference's, plain and as
-    published, and each published recipe against the plain format it builds on; '' without one."""
-    arm, unit = f.get("fp4_arm") or [], f["loss_unit"]
-    if not arm:
-        return ""
-    present = {g["recipe"] for b in arm for g in b["gaps"]}
-    plain = ", ".join(f"`{p}` on `{b}`" for p, b in findings_lib.FP4_PUBLISHED.items() if p in present)
-    lines = ["The FP4 recipes as they are trained today (" + plain + ": Hadamard rotations, square weight tiles, "
-             "stochastic rounding of gradients, blocks kept in BF16 where the recipe says) against plain MXFP4 and "
-             "NVFP4, each at its IsoFLOP minimum on the same shapes at the same budget. A gap is the recipe's "
-             f"minimum minus the reference's ({unit}, shape-adjusted, paired over the same resamples); a minimum "
-             "at the edge of its sizes is an upper bound on the recipe's best, so a gap there is no verdict."]
-    if "quartet" in present:
-        lines[0] += (" `quartet` simplifies the paper: its backward GEMMs quantise W and X afresh with QuEST's "
-                     "clipping scale, rounded to nearest (a biased gradient), and apply no trust mask "
-                     "(docs/precision.md); its gaps are this implementation's" +
-                     (", and `quartet-full` adds both parts." if "quartet-full" in present else
-                      "; `quartet-full`, which adds both parts, is not in these results."))
-    for b in arm:
-        lines += ["", f"**C = {_fmt(b['budget'])}**, reference {b['reference']}:", "",
-                  "| recipe | published recipe | gap to the reference | 95% CI | minimum inside its sizes |",
-                  "| --- | --- | --- | --- | --- |"]
-        for g in sorted(b["gaps"], key=lambda g: g["gap"]):
-            lines.append(f"| {g['recipe']} | {'yes' if g['published'] else 'no'} | {g['gap']:+.3f} | "
-                         f"{g['ci'][0]:+.3f} to {g['ci'][1]:+.3f} | {'yes' if g['inside'] else 'no (edge)'} |")
-        for pr in b["pairs"]:
-            lines += ["", f"- {pr['a']} against {pr['b']}: {pr['verdict']}."]
-        if b.get("above"):
-            lines += ["", "Does FP4 trained this way close the gap to the 8- and 6-bit formats (paired, same shapes)?", ""]
-            lines += [f"- {pr['a']} against {pr['b']}: {pr['verdict']}." for pr in b["above"]]
-        for recipe, (lo, hi) in sorted((b.get("kept") or {}).items()):
-            span = f"{lo:.0%}" if round(lo, 2) == round(hi, 2) else f"{lo:.0%}–{hi:.0%}"
-            lines += ["", f"- {recipe} keeps {span} of its linear-layer GEMM FLOPs in high precision at these shapes "
-                          "(the blocks it keeps are a large part of models this small; at the published scale they are a small share), and "
-                          "pays for them in tokens at the same budget."]
-    return "\n".join(lines)
-
-
-def granularity_section(g: dict, unit: str) -> str:
-    """The granularity sweep (findings.scheme_effects): each scheme against per-tensor current scaling."""
-    lines = [f"Each scaling scheme against per-tensor, current scaling in the same format, final validation loss "
-             f"paired by seed ({g['runs']} runs, {g['comparisons']} comparisons)."]
-    if g["sigma"] is None:
-        lines[0] += (" No scheme has two seeds, so there is no noise estimate and no difference can be told from "
-                     "seed noise: every verdict is *cannot tell*.")
-    else:
-        own = [r["recipe"] for r in g["rows"] if r.get("own_noise")]
-        apart = f" (apart from {', '.join(own)}, whose paired scatter is far above the rest's by an F test: each keeps its own)"
-        lines[0] += (f" Scatter of the paired differences, pooled over the comparisons: {g['sigma']:.3f} {unit} on "
-                     f"{g['dof']} dof{apart if own else ''}; intervals are simultaneous {g['level']:.0%} over all "
-                     f"{g['comparisons']} comparisons (Bonferroni).")
-        counts = {v: sum(r["verdict"] == v for r in g["rows"]) for v in ("lower", "higher", "cannot tell")}
-        lines[0] += f" Lower than per tensor: {counts['lower']}; higher: {counts['higher']}; cannot tell: {counts['cannot tell']}."
-    lines += ["", "| format | scheme | seeds | loss | per-tensor loss | difference | CI | verdict |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for r in sorted(g["rows"], key=lambda r: (r["format"], r["diff"])):
-        ci = f"{r['ci'][0]:+.3f} to {r['ci'][1]:+.3f}" if r["ci"] else "–"
-        lines.append(f"| {r['format']} | {r['recipe']} | {r['n']} | {r['loss']:.4g} | {r['loss_ref']:.4g} | "
-                     f"{r['diff']:+.3f} | {ci} | {r['verdict']} |")
-    lines += _not_ok_lines(g["not_ok"], "recipe")
-    return "\n".join(lines)
-
-
-def outliers_section(o: dict, unit: str) -> str:
-    """The outlier sweep (findings.smooth_swiglu_effect): Smooth-SwiGLU on minus off."""
-    if not o["n"]:
-        text = f"{o['runs']} runs, but no pair with Smooth-SwiGLU on and off that both finished: nothing to compare."
-    elif o["ci"] is None:
-        text = (f"Smooth-SwiGLU on minus off, final validation loss: {o['diff']:+.3f} {unit} from one pair, "
-                "with no noise estimate: cannot tell.")
-    else:
-        say = {"lower": "lower with Smooth-SwiGLU", "higher": "higher with Smooth-SwiGLU", "cannot tell": "cannot tell"}
-        text = (f"Smooth-SwiGLU on minus off, final validation loss paired by recipe, learning rate and seed: "
-                f"{o['diff']:+.3f} {unit} ({o['level']:.0%} CI {o['ci'][0]:+.3f} to {o['ci'][1]:+.3f}, n = {o['n']} "
-                f"pairs): {say[o['verdict']]}.")
-    lines = [text, "", "| recipe | learning rate | seed | loss, off | loss, on | on − off |", "| --- | --- | --- | --- | --- | --- |"]
-    lines += [f"| {p['recipe']} | {p['lr']:g} | {p['seed']} | {p['off']:.4g} | {p['on']:.4g} | {p['on'] - p['off']:+.3f} |"
-              for p in o["pairs"]]
-    return "\n".join(lines + _not_ok_lines(o["not_ok"], "Smooth-SwiGLU"))
-
-
-def _not_ok_lines(not_ok: dict, what: str) -> list[str]:
-    if not not_ok:
-        return ["", "Every run finished ok."]
-    return ["", "Runs that did not finish ok (not compared): " + "; ".join(
-        f"{what} {k}: " + ", ".join(f"{n} {s}" for s, n in v.items()) for k, v in not_ok.items()) + "."]
-
-
-def _range_text(r: Sequence[int]) -> str:
-    return f"{r[0]}" if r[0] == r[1] else f"{r[0]}-{r[1]}"
-
-
-def _corpora_lines(corpora: dict[str, dict[str, int]]) -> list[str]:
-    """Where a budget's runs trained on more than one corpus: which recipe on which, since a comparison
-    of runs on different data is not like with like (the data's effect is confounded with the recipe's)."""
-    if len(corpora) < 2:
-        return []
-    names = list(corpora)
-    return ["", f"Not one corpus: these runs trained on {len(names)} ({', '.join(f'{c}: {sum(corpora[c].values())} runs' for c in names)}). "
-                "A corpus is what the training installation holds (`pysrc`: its venv's packages and checkout path), "
-                "so a comparison of recipes whose runs trained on different corpora is not like with like: every "
-                "verdict above between such recipes confounds the data with the precision.", ""] + _mix_table(corpora)
-
-
-def _hosts_lines(hosts: dict[str, dict[str, int]]) -> list[str]:
-    """Where a budget's runs trained on more than one kind of machine: which recipe on which."""
-    if len(hosts) < 2:
-        return []
-    names = list(hosts)
-    return ["", f"Not one host: these runs trained on {len(names)} kinds of machine "
-                f"({', '.join(f'{h}: {sum(hosts[h].values())} runs' for h in names)}). One config trained on two kinds "
-                "gives two runs whose losses differ (the GEMM paths round differently and training "
-                "carries it on), so a recipe compared with another across hosts is compared through that difference "
-                "too.", ""] + _mix_table(hosts)
-
-
-def _mix_table(mix: dict[str, dict[str, int]]) -> list[str]:
-    """Runs per recipe (rows) and corpus or host (columns)."""
-    names, recipes = list(mix), sorted({r for per in mix.values() for r in per})
-    lines = ["| recipe | " + " | ".join(f"runs on {c}" for c in names) + " |", "| --- |" + " --- |" * len(names)]
-    return lines + [f"| {r} | " + " | ".join(str(mix[c].get(r, 0)) for c in names) + " |" for r in recipes]
-
-
-def _verdict_sentence(b: dict, unit: str) -> str:
-    if b["winner"]:
-        w = next(e for e in b["recipes"] if e["recipe"] == b["winner"])
-        return (f"{b['winner']} has the lowest IsoFLOP minimum, {b['diff']:.3f} {unit} below {b['runner_up']} "
-                f"(95% CI of the difference {b['diff_ci'][0]:.3f}–{b['diff_ci'][1]:.3f}; {w['runs']} runs; "
-                f"P(best) = {w['p_best']:.2f}).{_noise_text(b, unit)}")
-    reason = b["reason"][0].upper() + b["reason"][1:]
-    return f"No winner. {reason}.{_noise_text(b, unit)}"
-
-
-def _noise_text(b: dict, unit: str) -> str:
-    """The noise the bootstrap drew from, and how much of it seeds alone explain."""
-    if not b["sigma"]:
-        return ""
-    seeds = "; no seed replicates"
-    if b.get("seed_sigma"):
-        seeds = f"; seed replicates alone: {b['seed_sigma']:.3f} on {b['seed_dof']} dof"
-        if b["sigma"] > 1.2 * b["seed_sigma"]:
-            seeds += ", the excess is the parabolas' lack of fit"
-    source = ("the scatter about the joint fit of every recipe's parabola and the shape effects, seed replicates "
-              "included" if b.get("noise_source", "joint fit") == "joint fit" else "seed replicates alone: the profiles leave no dof")
-    return f" Noise about the profiles {b['sigma']:.3f} {unit} on {b['dof']} dof ({source}{seeds})."
-
-
-def pstar_section(f: dict) -> str:
-    """P* per budget: the chosen law's value, its bootstrap CI, the specification range, the verdicts."""
-    if not f["P_star"]:
-        return "No precision-aware law was fitted, so there is no P*."
-    law = f["law"]["name"]
-    lines = []
-    for e in f["P_star"]:
-        if "error" in e and e.get("no_bits_axis"):
-            lines.append(f"- C = {_fmt(e['compute'])}: no P*: {e['error']}.")
-            continue
-        if "error" in e:
-            lines.append(f"- C = {_fmt(e['compute'])}: no optimum ({e['error']}).")
-            continue
-        verdicts = "; ".join(f"{'inside' if v == 'inside' else 'outside'} {name}'s {a:g}–{b:g} bits" if v != "cannot tell"
-                             else f"whether it lies in {name}'s {a:g}–{b:g} bits, cannot tell"
-                             for name, (a, b), v in ((n, r, e["published"][n]) for n, r in _published().items()))
-        if e.get("no_bits_axis"):
-            text = (f"- C = {_fmt(e['compute'])}: the chosen `{law}` law prices precision by measured quantisation "
-                    "error, not bits, so it has no continuous P*")
-            ranked = e.get("recipes") or []
-            if ranked:
-                top = ranked[0]
-                share = f", best in {top['p_best']:.0%} of bootstrap resamples" if top.get("p_best") is not None else ""
-                ci = (f"; the best recipe's effective bits over the resamples span {top['bits_ci'][0]:.3g}–"
-                      f"{top['bits_ci'][1]:.3g}" if top.get("bits_ci") and top["bits_ci"][0] != top["bits_ci"][1] else "")
-                text += (f". Read at each measured recipe's own quantisation errors, it prefers {top['recipe']} "
-                         f"({top['bits']:.3g} effective bits{share}; N = {_fmt(top['N'])}, D = {_fmt(top['D'])}), then "
-                         + ", ".join(f"{r['recipe']} (+{r['loss'] - top['loss']:.3g} nats)" for r in ranked[1:4]) + ci)
-            text += _measured_text(e, ranked[0]["recipe"] if ranked else None)
-            lines.append(text + ". " + _menu_text(e, law) + ".")
-            continue
-        ci = f"bootstrap 95% CI {e['P_ci'][0]:.3g}–{e['P_ci'][1]:.3g}" if e.get("P_ci") else "no bootstrap CI"
-        rng = e.get("P_range")
-        rng_text = f"{rng[0]:.3g}–{rng[1]:.3g} bits across {len(e['specifications'])} specifications" if rng else "–"
-        lines.append(f"- C = {_fmt(e['compute'])}: the `{law}` law gives P* = {e['P']:.3g} bits ({ci}); "
-                     f"the specification range is {rng_text}{_measured_text(e, None)}. Taking these together (P* in "
-                     f"{e['interval'][0]:.3g}–{e['interval'][1]:.3g} bits): {verdicts}.")
-    spec = f["P_star"][0].get("specifications") or []
-    if spec:
-        lines += ["", "Specifications at the first budget (law and exponents × cost model; for a law on measured "
-                  "quantisation errors, the bits of its best recipe):", "",
-                  "| specification | cost model | P* | N | D |", "| --- | --- | --- | --- | --- |"]
-        lines += [f"| {r['spec']} | {r['cost_model']} | " + (f"{r['P']:.3g} | {_fmt(r['N'])} | {_fmt(r['D'])} |"
-                  if "P" in r else f"{_not_evaluated(r.get('error'))} | – | – |") for r in spec]
-    return "\n".join(lines)
-
-
-def _not_evaluated(error: str | None) -> str:
-    """A sentence for a specification that cannot be optimised, not its raw error: a ConfigError's
-    'key: got value; allowed: what' becomes 'not evaluated: it needs what' (e.g. the sun law read at a
-    hypothetical P has no scale block size)."""
-    if not error:
-        return "–"
-    allowed = error.split("allowed: ", 1)[1] if "allowed: " in error else ""
-    allowed = re.sub(r"\s*\(e\.g\..*\)$", "", allowed).strip()
-    return f"not evaluated: it needs {allowed}" if allowed else "not evaluated"
-
-
-def _menu_text(e: dict, law: str) -> str:
-    """For a law without a bits axis: the best measured recipe(s), named with their bits, as a choice among
-    recipes (not an interval of P*), and which of them each published range contains; a continuous P* only
-    from the within-noise laws with a bits axis, if any."""
-    named: dict[str, float] = {}
-    for r in e.get("recipes") or []:
-        if r.get("best") or (r.get("p_best") or 0) > 0:
-            named[r["recipe"]] = float(r["bits"])
-    for m in e.get("measured") or []:
-        named.setdefault(m["recipe"], float(m["bits"]))
-    if not named:
-        return "No measured recipe can be named best"
-    menu = sorted(named.items(), key=lambda kv: kv[1])
-    listed = ", ".join(f"{r} ({b:.3g} bits)" for r, b in menu)
-    text = (f"The best measured recipe{'s' if len(menu) > 1 else ''} (the law's choice in any bootstrap resample and "
-            f"those the measurement cannot rule out): {listed}; a choice among measured recipes, not an interval of P*")
-    bits_specs = [r["P"] for r in e.get("specifications") or [] if "P" in r and not r["spec"].startswith(law)]
-    if bits_specs:
-        lo, hi = min(bits_specs), max(bits_specs)
-        text += (f". The within-noise laws with a bits axis put a continuous P* at "
-                 + (f"{lo:.3g} bits" if f"{lo:.3g}" == f"{hi:.3g}" else f"{lo:.3g}–{hi:.3g} bits"))
-    ranges = []
-    for name, (a, b) in _published().items():
-        inside = [r for r, bits in menu if a <= bits <= b]
-        ranges.append(f"{name}'s {a:g}–{b:g} bits contains " + (", ".join(inside) if inside else "none of them"))
-    return text + ". " + "; ".join(ranges)
-
-
-def _measured_text(e: dict, law_choice: str | None) -> str:
-    """The recipes the IsoFLOP measurement at this budget cannot rule out (findings.measured_choice), and
-    whether the law's choice is among them."""
-    measured = e.get("measured") or []
-    if not measured:
-        return ""
-    text = ("; the IsoFLOP measurement at this budget cannot rule out as best " +
-            ", ".join(f"{m['recipe']} ({m['bits']:.3g} bits, P(best) {m['p_best']:.2f})" for m in measured))
-    if law_choice and law_choice not in {m["recipe"] for m in measured}:
-        text += (f", so it disagrees with the law's {law_choice} (see the law's residuals by recipe, figure 9), and "
-                 "both are named below")
-    return text
-
-
-def _published() -> dict:
-    return findings_lib.PUBLISHED
-
-
-def _optima_ratio_text(budgets: Sequence[dict]) -> str:
-    """Where the IsoFLOP minima inside their sizes sit in tokens per parameter, per budget ('' if none)."""
-    spans = []
-    for b in budgets:
-        ratios = [e["D_opt"] / e["N_opt"] for e in b["recipes"] if e.get("D_opt") and e.get("inside")]
-        if ratios:
-            spans.append(f"{min(ratios):.3g}–{max(ratios):.3g} tokens per parameter at C = {_fmt(b['budget'])}")
-    return f" The measured IsoFLOP optima (inside their sizes) sit at {'; '.join(spans)}." if spans else ""
-
-
-def limitations(ok: pd.DataFrame, fit: Any | None, found: list[dict], heldout: float | None,
-                budgets: Sequence[dict] = ()) -> str:
-    """A paragraph written from the data's spans: what the measurements can and cannot support.
-    budgets: the IsoFLOP analyses (findings.findings' "budgets"), for how well a parabola in N fits them."""
-    sentences = []
-    n_sizes, n_max = ok["N"].nunique(), ok["N"].max()
-    sentences.append(f"Our {n_sizes} model size{'s' if n_sizes != 1 else ''} reach at most {_fmt(n_max)} non-embedding "
-                     f"parameters and {_fmt(ok['D'].max())} tokens, several orders of magnitude below the "
-                     "billion-parameter models the published laws describe; every statement beyond that is the law's "
-                     "extrapolation, not a measurement.")
-    ratio = (ok["D"] / ok["N"]).median()
-    if not math.isnan(ratio):
-        side = "below" if ratio < CHINCHILLA_TOKENS_PER_PARAM / 2 else "above" if ratio > 2 * CHINCHILLA_TOKENS_PER_PARAM else "near"
-        sentences.append(f"The median tokens-per-parameter ratio is {ratio:.3g}, {side} Chinchilla's compute-optimal "
-                         f"≈{CHINCHILLA_TOKENS_PER_PARAM:g}; Kumar et al. find the cost of low precision grows with D/N, so "
-                         "the sweet spot depends on where the runs sit on this axis." + _optima_ratio_text(budgets))
-    last = ok[ok["D"] == ok["D"].max()]
-    biggest = last[last["N"] == last["N"].max()].groupby("recipe")["val_loss"].mean()
-    best = last.groupby(["recipe", "N"])["val_loss"].mean().groupby("recipe").min()
-    worse = [p for p in biggest.index if ok["N"].nunique() > 1 and biggest[p] > best[p] + 1e-9]
-    if worse:
-        sentences.append(f"At the largest token budget the largest model ({_fmt(last['N'].max())}) is worse than a smaller "
-                         f"one at {len(worse)} of {len(biggest)} precisions: at these few tokens per parameter (and one "
-                         "learning rate for every width) more parameters do not buy lower loss, the regime where "
-                         "low precision's gain, a larger model for the same compute, is worth least.")
-    rough = [b for b in budgets if b.get("sigma") and b.get("seed_sigma") and b["sigma"] > 1.2 * b["seed_sigma"]]
-    if rough:
-        where = ", ".join(f"{_fmt(b['budget'])} ({b['sigma'] / b['seed_sigma']:.2g}x)" for b in rough)
-        sentences.append(f"At C = {where} the IsoFLOP profiles scatter about their parabolas more than seeds do: "
-                         "at fixed compute the loss depends on a model's shape (width against depth), not on N "
-                         "alone, and that lack of fit is part of every CI above.")
-    shaped = [b for b in budgets if (b.get("shape_share") or 0) >= 0.2]
-    if shaped:
-        where = ", ".join(f"{_fmt(b['budget'])} ({b['shape_share']:.0%})" for b in shaped)
-        sentences.append(f"A model's shape, not N alone, moves its loss: shape effects shared by every recipe explain "
-                         f"part of the scatter about the IsoFLOP profiles at C = {where}; recipes measured on different "
-                         "shapes are compared with those effects removed, and a minimum at the edge of a recipe's "
-                         "shapes names no winner.")
-    bits = sorted(ok["P"].dropna().unique())
-    sentences.append(f"{len(bits)} distinct precision{'s' if len(bits) != 1 else ''} were measured "
-                     f"({', '.join(f'{b:g}' for b in bits)} bits)" + (
-                         "; with fewer than three, the precision term of the law is barely constrained." if len(bits) < 3 else "."))
-    if fit is not None:
-        k = len([p for p in fit.params if p not in (getattr(fit, "fixed", None) or {})])
-        sentences.append(f"The law has {k} free parameters fitted to {len(ok)} points ({len(ok) / max(k, 1):.3g} points per parameter).")
-        outside = [f for f in found if not bits or f["P"] < min(bits) or f["P"] > max(bits)]
-        if outside:
-            sentences.append(f"At {len(outside)} of {len(found)} budgets the optimum lies outside the measured precisions, "
-                             "so it is an extrapolation in P.")
-        wide = [f for f in found if f["ci"] and f["ci"][1] - f["ci"][0] > 2.0]
-        if wide:
-            sentences.append(f"The bootstrap CI of P* is wider than 2 bits at {len(wide)} of {len(found)} budgets: "
-                             "the data do not pin the sweet spot down to one format.")
-        floor = float(fit.params.get("E", math.inf))
-        if floor < 1e-3:
-            sentences.append(f"The irreducible loss E went to ≈0 ({floor:.2g}): the runs are far from the loss plateau, "
-                             "so E, and with it the law's trade-off between size and tokens away from the data, is "
-                             "not identified.")
-        if heldout is not None:
-            sentences.append(f"The held-out (extrapolation) error is {heldout:.2%} of the loss; differences between "
-                             "precisions smaller than that are within the law's error.")
-    sentences.append("Low precision is simulated (fake quantisation with FP32 accumulation) on CPU, so the results say "
-                     "what the number formats do to learning, not how fast real low-precision hardware runs.")
-    return " ".join(sentences)
-
-
-# ---------------------------------------------------------------------------------------------
-# The report
-# ---------------------------------------------------------------------------------------------
-
-
-def _corpus(results: pd.DataFrame) -> str | None:
-    for column in ("corpus", "corpus_source", "data_source"):
-        if column in results.columns and results[column].notna().any():
-            runs = results.drop_duplicates("run_id")[column].dropna().astype(str).value_counts()
-            if len(runs) == 1:
-                return runs.index[0]
-            if "sweep" not in results.columns:
-                return ", ".join(f"{c} ({n} runs)" for c, n in runs.items()) + " (not one corpus: see the findings)"
-            each = results.drop_duplicates("run_id")
-            by = each.groupby(column)["sweep"].agg(lambda s: ", ".join(sorted(set(s.astype(str)))))
-            mixed = each.groupby("sweep")[column].nunique().gt(1).any()
-            return (", ".join(f"{c} ({n} runs: {by[c]})" for c, n in runs.items())
-                    + (" (a sweep on more than one corpus: see the findings)" if mixed else "; each sweep on one corpus"))
-    return None
-
 
 def _allocation_note(fit_result) -> str:
     """How the fitted exponents split compute between N and D (Chinchilla: N* ∝ C^(β/(α+β)))."""
@@ -763,50 +58,106 @@ INTRODUCTION = ["# Precision-aware scaling: report",
                 ""]
 
 
+@dataclass(frozen=True)
+class Context:
+    """What a study's own section reads to compute its facts: every row given (`results`), the rows
+    that landed ok (`ok`), the rows the IsoFLOP findings and the law use (`main`: the main study part,
+    else every ok row), the rows whose seed replicates measure noise (`noise`), the fitted law (or
+    None) and the findings so far (`facts`: findings.json's dict, the sections before this one's
+    included)."""
+
+    results: pd.DataFrame
+    ok: pd.DataFrame
+    main: pd.DataFrame
+    noise: pd.DataFrame
+    fit: Any
+    facts: dict
+
+
+@dataclass(frozen=True)
+class Section:
+    """A section a study adds to REPORT.md, with its facts in findings.json.
+
+    `facts(context)` gives the section's numbers, stored as findings.json[`key`] (None, [] or {}: the
+    section does not apply and is not written); `text(facts)` its markdown from every finding (its own
+    under `key`), under the heading `title`; a section without `text` only adds facts that other
+    sections read (a held-out prediction's section reads `host_shift`). `before`: the built-in section
+    it is written before (BUILT_IN). Sections' facts are computed in the order given, after the
+    built-in findings and before the held-out prediction's score."""
+
+    key: str
+    facts: Callable[[Context], Any]
+    title: str = ""
+    text: Callable[[dict], str] | None = None
+    before: str = "granularity"
+
+
+# REPORT.md's built-in sections, in order; a study's own go before the one they name
+BUILT_IN = ("findings", "prediction", "pstar", "granularity", "outliers", "what_was_run", "law", "figures",
+            "cluster", "limitations")
+
+
 def write_report(results_df: pd.DataFrame, fit_result: Any, out_dir: str | Path, *, curves: pd.DataFrame | None = None,
                  plan_table: pd.DataFrame | None = None, compute: float | Sequence[float] | None = None,
                  prediction: dict | None = None, posthoc: dict | None = None,
-                 gpu_pilot: pd.DataFrame | None = None, hosts: pd.DataFrame | None = None) -> Path:
+                 sections: Sequence[Section] = (), pairs: Sequence[tuple[str, str]] = ()) -> Path:
     """Make every figure into `out_dir` and write out_dir/findings.json and out_dir/REPORT.md; returns
     the report's path. `prediction`: a held-out budget's prediction (scaling.study.predict), set
     against what that budget measured once it has landed. `posthoc`: the same budget predicted again
     after its runs existed (say, from lower budgets retrained on its corpus), scored beside it and
-    labelled as made after the fact. `gpu_pilot`: a GPU pilot's results, reported on their own beside
-    the main study. `hosts`: runs of the results trained again on another kind of host (same configs
-    and seeds), which size how far the host moves a loss (findings.host_shift)."""
+    labelled as made after the fact. `sections`: a study's own sections (Section); `pairs`: the recipe
+    contrasts it wants bootstrapped with every IsoFLOP profile (findings' `pairs`)."""
     out_dir = Path(out_dir)
+    for section in sections:
+        if section.before not in BUILT_IN:
+            raise ConfigError(f"section {section.key}: before", section.before, BUILT_IN)
     ok = plots.validate_results(results_df)
-    fitted = study.study_part(ok, "main")
+    fitted = analysis.study_part(ok, "main")
     budgets = ([compute] if isinstance(compute, (int, float)) else list(compute)) if compute is not None else None
-    facts = report_facts(results_df, ok, fitted, fit_result, budgets)
-    if hosts is not None:
-        facts["host_shift"] = findings_lib.host_shift(ok, hosts)
+    facts = report_facts(results_df, ok, fitted, fit_result, budgets, pairs)
+    context = Context(results=results_df, ok=ok, main=fitted if not fitted.empty else ok,
+                      noise=analysis.study_part(ok, "law"), fit=fit_result, facts=facts)
+    for section in sections:
+        facts[section.key] = section.facts(context)
     if prediction is not None:
         facts["prediction"] = prediction_facts(prediction, facts)
     if posthoc is not None:
         facts["prediction_posthoc"] = prediction_facts(posthoc, facts)
-    if gpu_pilot is not None:
-        facts["gpu_pilot"] = gpu_pilot_facts(gpu_pilot)
     table = plan_table if plan_table is not None else plots.cluster_time_table(fit_result)
     figures = plots.make_figures(results_df, fit_result, out_dir, curves=curves, facts=facts, plan_table=table)
     atomic_write_json(out_dir / "findings.json", facts)
-    sections = INTRODUCTION + _findings_sections(facts) + _what_was_run_section(results_df, ok)
     law_sections, heldout = _law_sections(ok, fitted, fit_result)
-    sections += law_sections + _figure_sections(figures, out_dir) + _cluster_sections(fit_result, table)
-    if not ok.empty:
-        sections += ["## Limitations", "", limitations(fitted, fit_result, [], heldout, facts.get("budgets", ())), ""]
+    built_in = {"findings": ["## Findings: the sweet spot, measured (IsoFLOP profiles)", "", findings_section(facts), ""],
+                "prediction": prediction_sections(facts),
+                "pstar": ["## P*: the law's compute-optimal precision, with its uncertainty", "", pstar_section(facts), ""],
+                "granularity": (["## Scaling granularity and scale timing", "",
+                                 granularity_section(facts["granularity"], facts["loss_unit"]), ""]
+                                if facts["granularity"] else []),
+                "outliers": (["## Outliers: Smooth-SwiGLU", "", outliers_section(facts["outliers"], facts["loss_unit"]), ""]
+                             if facts["outliers"] else []),
+                "what_was_run": ["## What was run", "", what_was_run(results_df, ok, corpus_of(results_df)), ""],
+                "law": law_sections, "figures": _figure_sections(figures, out_dir),
+                "cluster": _cluster_sections(fit_result, table),
+                "limitations": (["## Limitations", "", limitations(fitted, fit_result, [], heldout, facts.get("budgets", ())), ""]
+                                if not ok.empty else [])}
+    text = list(INTRODUCTION)
+    for name in BUILT_IN:
+        for section in sections:
+            if section.before == name and section.text is not None and facts.get(section.key):
+                text += [f"## {section.title}", "", section.text(facts), ""]
+        text += built_in[name]
     path = out_dir / "REPORT.md"
-    atomic_write_text(path, "\n".join(sections))
+    atomic_write_text(path, "\n".join(text))
     return path
 
 
 def report_facts(results_df: pd.DataFrame, ok: pd.DataFrame, fitted: pd.DataFrame, fit_result: Any,
-                 budgets: list[float] | None) -> dict[str, Any]:
+                 budgets: list[float] | None, pairs: Sequence[tuple[str, str]] = ()) -> dict[str, Any]:
     """findings.json: the main study's findings plus the granularity and outlier sweeps' effects."""
     # seed noise from the main study and the direct test, not from the purpose sweeps (a broken per-tensor
     # FP4 recipe there is noisy in its own way)
     facts = findings_lib.findings(fitted if not fitted.empty else ok, fit_result, budgets=budgets,
-                           noise_rows=study.study_part(ok, "law"))
+                           noise_rows=analysis.study_part(ok, "law"), pairs=pairs)
     studied = fitted if not fitted.empty else ok
     for b in facts.get("budgets", []):
         b["corpora"], b["hosts"] = findings_lib.corpora(studied, b["budget"]), findings_lib.hosts(studied, b["budget"])
@@ -842,133 +193,6 @@ def _prediction_hosts(fitted_on: dict, measured: dict | None, facts: dict) -> di
     lower = {str(b["budget"]): runs(b, recipes) for b in facts.get("budgets", [])
              if any(np.isclose(b["budget"], x, rtol=1e-9) for x in fitted_on.get("budgets") or [])}
     return {"measured": runs(measured or {}), "lower": lower}
-
-
-def _host_shift_text(p: dict) -> str:
-    s = findings_lib.host_shift_between(p)
-    if s is None:
-        return "these runs do not measure how large it is"
-    return (f"{s['runs']} runs ({', '.join(s['recipes'])}) trained again on the other kind, same configs and seeds, "
-            f"measure it: {s['hosts'][0]} minus {s['hosts'][1]}, {s['mean']:+.4f} nats/byte on average over runs "
-            f"(95% CI {s['ci'][0]:+.4f} to {s['ci'][1]:+.4f}, t over runs), {s['rms']:.4f} RMS over its "
-            f"{s['points']} points")
-
-
-def prediction_section(p: dict, unit: str, posthoc: bool = False) -> str:
-    """The held-out budget: predicted before it was trained, against what it measured (once landed).
-    `posthoc`: a prediction made after that budget's runs existed, said so: a check of the method on
-    other data, never evidence that it predicts."""
-    fitted = p["fitted_on"]
-    lower = f"C = {', '.join(_fmt(b) for b in fitted['budgets'])} alone ({fitted['runs']} runs"
-    if posthoc:
-        on = f", on {', '.join(fitted['corpora'])}" if fitted.get("corpora") else ""
-        opening = (f"Post hoc, not a prediction: the same method (`scaling predict`) was run again after the runs at "
-                   f"C = {_fmt(p['budget'])} existed, from the runs at {lower}{on}), so its errors say how well the "
-                   f"law carries over to a larger budget on that data, not that it predicted one.")
-    else:
-        opening = (f"The minimum of every recipe's IsoFLOP profile at C = {_fmt(p['budget'])} was predicted from the "
-                   f"runs at {lower}), before any run at C = {_fmt(p['budget'])} was trained; the prediction file's "
-                   "git history shows when.")
-    lines = [f"{opening} The {p['level']:.0%} "
-             f"prediction intervals pool {len(p['laws'])} laws the held-out precision gaps cannot tell apart "
-             f"({', '.join(p['laws'])}; {p['draws']} draws of refitted resamples), the measured minimum's own noise "
-             f"(σ {p['sigma_measurement']:.3g}) and the laws' miss of the lower budgets' minima beyond it "
-             f"(σ {p['sigma_lack_of_fit']:.3g}). Loss in {unit}.", ""]
-    score = p.get("score")
-    if not score:
-        lines += ["| recipe | predicted minimum | 95% PI | at N (95% PI) | P(best) |", "| --- | --- | --- | --- | --- |"]
-        for e in sorted(p["recipes"], key=lambda e: e["loss"]):
-            lines.append(f"| {e['recipe']} | {e['loss']:.4g} | {e['loss_pi'][0]:.4g}–{e['loss_pi'][1]:.4g} | "
-                         f"{_fmt(e['N_opt'])} ({_fmt(e['N_pi'][0])}–{_fmt(e['N_pi'][1])}) | {e['p_best']:.2f} |")
-        lines += ["", f"Predicted: {p['reason']}. Not measured yet: the results hold none of this budget's runs "
-                      "(they join them once all have landed)."]
-        return "\n".join(lines)
-    lines += ["| recipe | predicted minimum | 95% PI | measured | measured 95% CI | error | inside | N predicted (95% PI) | N measured |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for r in score["recipes"]:
-        if r.get("measured") is None:
-            lines.append(f"| {r['recipe']} | – | – | not measured | – | – | – | – | – |")
-            continue
-        ci = f"{r['measured_ci'][0]:.4g}–{r['measured_ci'][1]:.4g}" if r.get("measured_ci") else "–"
-        n_measured = _fmt(r["N_measured"]) + (" (edge)" if r["measured_at_edge"] else "") if r["N_measured"] else "–"
-        lines.append(f"| {r['recipe']} | {r['predicted']:.4g} | {r['pi'][0]:.4g}–{r['pi'][1]:.4g} | {r['measured']:.4g} | "
-                     f"{ci} | {r['error']:+.4f} | {'yes' if r['inside'] else 'no'} | {_fmt(r['N_predicted'])} "
-                     f"({_fmt(r['N_pi'][0])}–{_fmt(r['N_pi'][1])}) | {n_measured} |")
-    lines += ["", f"{score['inside']} of {score['n']} measured minima fell inside their 95% prediction intervals "
-                  f"({score['N_inside']} of {score['n']} for N at the minimum, whose interval holds the laws' and "
-                  f"their fits' uncertainty only, not the measured vertex's); mean error {score['mean_error']:+.4f}, "
-                  f"mean absolute error {score['mean_abs_error']:.4f}. Predicted: {p['reason']}. "
-                  f"Measured: {score['measured_reason'] or 'no verdict'}."]
-    corpora = p.get("corpora") or {}
-    if corpora.get("measured") and corpora.get("fitted") is None:
-        lines += ["", f"This budget's runs trained on {', '.join(corpora['measured'])}. The prediction file does not "
-                      "record which corpora its fit's runs trained on (the results it was fitted on are those committed "
-                      "with it, in its commit), so whether each error above holds a difference of data as well as "
-                      "the law's is not told here."]
-    elif corpora.get("measured") and corpora["measured"] != corpora["fitted"]:
-        lines += ["", f"Not the same data: the prediction's fit saw runs on {', '.join(corpora['fitted'])}, this "
-                      f"budget's runs trained on {', '.join(corpora['measured'])}, so each error above holds the "
-                      "difference of the corpora as well as the law's (a recipe's gap to the reference is free of it "
-                      "only where both trained on one corpus)."]
-    if findings_lib.other_hosts(p):
-        hosts = p["hosts"]
-        lower = "; ".join(f"C = {_fmt(float(b))}: " + ", ".join(f"{h} {n}" for h, n in by.items())
-                          for b, by in hosts["lower"].items())
-        lines += ["", f"Not the same hosts: this budget's runs trained on "
-                      f"{', '.join(f'{h} ({n} runs)' for h, n in hosts['measured'].items())}; the fitted recipes' runs "
-                      f"at the lower budgets on other kinds too ({lower} runs). One config trained on two kinds of "
-                      "host gives two runs whose losses differ (the GEMM paths round differently and training carries it on), so each error "
-                      f"above holds that difference as well as the law's; {_host_shift_text(p)}."]
-    gaps = score.get("gaps") or []
-    if gaps:
-        ref = score["reference"]
-        lines += ["", f"A law can miss every minimum's level alike and still rank the precisions right, so each "
-                      f"recipe's gap to {ref} is scored too: predicted (the difference of the two predicted minima) "
-                      f"against measured (paired, shape-adjusted, with its 95% CI).", "",
-                  "| recipe | predicted gap | measured gap | measured 95% CI | error | inside the CI |",
-                  "| --- | --- | --- | --- | --- | --- |"]
-        for g in gaps:
-            lines.append(f"| {g['recipe']} | {g['predicted']:+.4f} | {g['measured']:+.4f} | "
-                         f"{g['measured_ci'][0]:+.4f} to {g['measured_ci'][1]:+.4f} | {g['error']:+.4f} | "
-                         f"{'yes' if g['inside'] else 'no'} |")
-        lines += ["", f"{score['gaps_inside']} of {len(gaps)} predicted gaps to {ref} fell inside the measured gap's 95% CI "
-                      f"(the measurement's uncertainty only: the prediction file holds no interval for gaps); mean "
-                      f"absolute gap error {score['gap_mean_abs_error']:.4f}, against {score['mean_abs_error']:.4f} "
-                      f"for the minima themselves."]
-    return "\n".join(lines)
-
-
-def prediction_sections(facts: dict) -> list[str]:
-    """The held-out budget's registered prediction and, where one was made, its post-hoc re-prediction."""
-    out = []
-    if facts.get("prediction"):
-        out += ["## A budget predicted before it was trained", "", prediction_section(facts["prediction"], facts["loss_unit"]), ""]
-    if facts.get("prediction_posthoc"):
-        out += ["### The same budget predicted again, post hoc", "",
-                prediction_section(facts["prediction_posthoc"], facts["loss_unit"], posthoc=True), ""]
-    return out
-
-
-def _findings_sections(facts: dict) -> list[str]:
-    """The measured sweet spot, P*, and the sections of the arms and purpose sweeps that were run."""
-    head = ["## Findings: the sweet spot, measured (IsoFLOP profiles)", "", findings_section(facts), ""]
-    head += prediction_sections(facts)
-    head += ["## P*: the law's compute-optimal precision, with its uncertainty", "", pstar_section(facts), ""]
-    if facts.get("integer_arm"):
-        head += ["## Like for like with Kumar et al.: the forward-only integer arm", "", integer_arm_section(facts), ""]
-    if facts.get("fp4_arm"):
-        head += ["## The FP4 arm: plain and as published", "", fp4_arm_section(facts), ""]
-    if facts["granularity"]:
-        head += ["## Scaling granularity and scale timing", "", granularity_section(facts["granularity"], facts["loss_unit"]), ""]
-    if facts["outliers"]:
-        head += ["## Outliers: Smooth-SwiGLU", "", outliers_section(facts["outliers"], facts["loss_unit"]), ""]
-    if facts.get("gpu_pilot"):
-        head += ["## The GPU pilot", "", gpu_pilot_section(facts["gpu_pilot"]), ""]
-    return head
-
-
-def _what_was_run_section(results_df: pd.DataFrame, ok: pd.DataFrame) -> list[str]:
-    return ["## What was run", "", what_was_run(results_df, ok, _corpus(results_df)), ""]
 
 
 def _law_sections(ok: pd.DataFrame, fitted: pd.DataFrame, fit_result: Any) -> tuple[list[str], float | None]:
@@ -1011,7 +235,7 @@ def _cluster_sections(fit_result: Any, table: pd.DataFrame) -> list[str]:
         return ["## Training time on GPU clusters (extrapolation)", "",
                 f"From `scaling.plan.cluster` on {table.attrs.get('gpu', 'GPUs')} (FLOPs = 6·N·D; a P-bit recipe runs at "
                 "the narrowest hardware format with ≥ P bits). Rows labelled *law optimum* give our fitted law's "
-                f"compute-optimal (N, D) per precision at C = {_fmt(plots.CLUSTER_COMPUTE)} (DeepSeek-V3's budget): an "
+                f"compute-optimal (N, D) per precision at C = {fmt(plots.CLUSTER_COMPUTE)} (DeepSeek-V3's budget): an "
                 f"extrapolation far beyond the measured sizes.{_allocation_note(fit_result)}", "",
                 plots.table_markdown(table), ""]
     if fit_result is not None and {"alpha", "beta"} <= set(fit_result.params):
@@ -1035,3 +259,18 @@ def load_fit(path: str | Path) -> Any:
         raise
     except (ValueError, KeyError, TypeError) as e:  # a JSON that parses but is not a fit
         raise ConfigError("fit", str(path), f"a fitted-law JSON written by `scaling fit` ({type(e).__name__}: {e})") from e
+
+
+def load_sections(path: str | Path):
+    """The module a study's sections live in, from its file (it need not be importable as a package)."""
+    import importlib.util
+
+    file = Path(path)
+    spec = importlib.util.spec_from_file_location(f"_sections_{file.stem}", file) if file.suffix == ".py" else None
+    if spec is None or not file.is_file():
+        raise ConfigError("--sections", path, "an existing .py file defining sections(results_path)")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if not callable(getattr(module, "sections", None)):
+        raise ConfigError("--sections", path, "a .py file defining sections(results_path) -> [report.Section]")
+    return module

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Callable
 
 
-from scaling.study import curves, fit, predict, report, results, analysis as study, selection, sweep, takeoff
-from scaling.study.presets import STUDY_PRESETS, WORKERS
+from scaling.study import curves, fit, predict, report, analysis, selection, sweep, takeoff
+from scaling.study.presets import SECTIONS, STUDY_PRESETS, WORKERS
 from scaling.study.summary import Summary
 from scaling.train import runs
 from scaling.errors import ConfigError
@@ -88,7 +88,7 @@ def reproduce(preset: str, out: str | Path, *, bootstrap: int = 100, workers: in
     committed.update(out / "runs", only=ids)
     df = committed.rows()
     df = df[df["run_id"].isin(ids)].reset_index(drop=True)
-    rows = study.ok_rows(df[df["sweep"] == studied])
+    rows = analysis.ok_rows(df[df["sweep"] == studied])
     law_choice, fits = selection.select(rows, CANDIDATES.get(preset), loss_column="val_loss")  # None: every law
     if law_choice["chosen"] is None:
         raise ConfigError("results", studied, "runs on which at least one candidate law can be fitted")
@@ -104,12 +104,14 @@ def reproduce(preset: str, out: str | Path, *, bootstrap: int = 100, workers: in
     run_curves = run_curves[run_curves["run_id"].isin(ids)].reset_index(drop=True)
     # a held-out budget's prediction, committed beside the results before that budget trained
     predicted, posthoc = (out / "results" / f"{studied}_prediction{tail}.json" for tail in ("", "_posthoc"))
-    # runs trained again on another kind of host, committed beside the results
-    hosts = out / "results" / f"{studied}_hosts.csv"
+    sections, pairs = [], []
+    if preset in SECTIONS:  # the study's own arms and side experiments (runs trained again on another host, ...)
+        module = report.load_sections(EXPERIMENTS.parent / SECTIONS[preset])
+        sections, pairs = module.sections(out / "results" / f"{studied}.csv"), getattr(module, "PAIRS", ())
     path = report.write_report(df, result, out / "paper_figures", curves=run_curves,
                                prediction=predict.load(predicted) if predicted.is_file() else None,
                                posthoc=predict.load(posthoc) if posthoc.is_file() else None,
-                               hosts=results.load(hosts) if hosts.is_file() else None)
+                               sections=sections, pairs=pairs)
     end = time.perf_counter()
     echo(f"{preset}: {len(df)} rows, fit and report in {end - phase:.0f} s ({end - started:.0f} s in all) -> {path}")
     return path

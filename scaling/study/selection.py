@@ -220,7 +220,7 @@ def clustered_mean_and_var(d: np.ndarray, clusters: np.ndarray) -> tuple[float, 
     return mean, float(g / (g - 1) * np.sum(sums ** 2) / len(d) ** 2) if g > 1 else float("nan")
 
 
-def residuals_by_recipe(df: pd.DataFrame, pos: np.ndarray, errors: np.ndarray, level: float = LEVEL) -> list[dict[str, Any]]:
+def heldout_errors_by_recipe(df: pd.DataFrame, pos: np.ndarray, errors: np.ndarray, level: float = LEVEL) -> list[dict[str, Any]]:
     """Per recipe, the held-out gap errors (predicted - measured, nats) at `pos`: n, runs, their mean and
     a `level` t interval clustered by run (G - 1 dof over its G runs; none with a single run)."""
     recipes = df["recipe"].astype(str).to_numpy()[pos] if "recipe" in df.columns else np.full(len(pos), "all")
@@ -303,7 +303,7 @@ def select(df: pd.DataFrame, candidates: Sequence[str] | None, loss_column: str 
                "splits": [split.by] if isinstance(split, Split) else [],
                "split": _describe_split(df, split), "noise_se": NOISE_SE, "clustered_by": clustered_by,
                "within_noise": [e["name"] for e in entries if e.get("within_noise")],
-               "chosen_residuals": residuals_by_recipe(df, *errors[chosen]) if chosen in errors else [],
+               "chosen_residuals": heldout_errors_by_recipe(df, *errors[chosen]) if chosen in errors else [],
                "candidates": entries}
     return _json_safe(summary), fits
 
@@ -396,7 +396,7 @@ def select_law(df: pd.DataFrame, candidates: Sequence[str] | None = None, loss_c
     used). `chosen` has the lowest held-out gap MAE (nats); `within_noise` lists every law whose excess
     over it is within NOISE_SE standard errors clustered by recipe (see _choose): the data do not
     decide among those. Also per law: AIC with n = number of runs, in-sample MARE of the loss, params;
-    and the chosen law's held-out gap errors per recipe (residuals_by_recipe). Laws that cannot be
+    and the chosen law's held-out gap errors per recipe (heldout_errors_by_recipe). Laws that cannot be
     fitted are listed with the reason.
 
     Returns {"chosen": name or None, "criterion", "loss_column", "reference", "splits": [by] or [],

@@ -26,13 +26,13 @@ from pathlib import Path
 from typing import Any, Iterable
 
 STEP_KEYS = ("loss", "lr", "grad_norm", "tokens_per_s")
-EVAL_KEYS = ("val_loss", "train_loss")
+TRACKED_EVAL_KEYS = ("val_loss", "train_loss")
 
 
 def scalars(record: dict) -> tuple[str, int, dict[str, float]] | None:
     """(curve, step, {tag: value}) for a metrics.jsonl record, or None if it is not mirrored."""
     if record.get("event") == "eval":
-        return "eval", int(record["step"]), {f"eval/{k}": float(record[k]) for k in EVAL_KEYS}
+        return "eval", int(record["step"]), {f"eval/{k}": float(record[k]) for k in TRACKED_EVAL_KEYS}
     if "event" in record or "loss" not in record:
         return None
     curve = "trunk" if record["phase"] == "trunk" else f"cooldown_{record['budget']}"

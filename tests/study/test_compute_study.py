@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from flax import nnx
 
-from scaling.study import analysis as study
+from scaling.study import analysis
 from scaling.study import findings as findings_lib
 from scaling.study import design
 from scaling.train import compute
@@ -88,7 +88,7 @@ def test_effective_bits_per_recipe():
                          ("experiments/recipes/fp8-forward-only.toml", "fp32", "bf16", "fp8")])
     assert fwd_only["bits_eff"] == pytest.approx(24)
     assert compute.get("bits").effective_bits(rows) == pytest.approx([40 / 3, 32, 16, 8])
-    assert study.with_cost(rows.assign(N=1e6, D=1e6), compute.get("bits"))["bits_eff"].tolist() == \
+    assert analysis.with_cost(rows.assign(N=1e6, D=1e6), compute.get("bits"))["bits_eff"].tolist() == \
         pytest.approx([40 / 3, 32, 16, 8])
     assert compute.columns(cfg, "fp8", 1024)["bits_attn_fwd_0"] == 32  # attention stays unquantised
 
@@ -162,7 +162,7 @@ def _isoflop_runs(offsets: dict, noise: float, seeds=(0, 1), budget=1e12, rng=0)
 
 def test_isoflop_recovers_a_known_minimum():
     runs = _isoflop_runs({"a": 0.0, "b": 0.2}, noise=0.002)
-    res = study.isoflop(runs, 1e12, "bits")
+    res = analysis.isoflop(runs, 1e12, "bits")
     a = next(e for e in res["recipes"] if e["recipe"] == "a")
     assert a["N_opt"] == pytest.approx(1e6, rel=0.1) and a["loss"] == pytest.approx(2.0, abs=0.005)
     assert a["inside"] and a["ci"][0] < 2.0 < a["ci"][1] + 0.01
@@ -172,7 +172,7 @@ def test_isoflop_recovers_a_known_minimum():
 @pytest.mark.parametrize("level", [0.95, 0.80])
 def test_isoflop_names_no_winner_on_noise_only(level):
     runs = _isoflop_runs({"a": 0.0, "b": 0.0, "c": 0.0}, noise=0.02, rng=3)
-    res = study.isoflop(runs, 1e12, "bits", level=level)
+    res = analysis.isoflop(runs, 1e12, "bits", level=level)
     assert res["winner"] is None and "cannot tell" in res["reason"]
     assert res["sigma"] == pytest.approx(0.02, rel=0.35)
 
@@ -180,7 +180,7 @@ def test_isoflop_names_no_winner_on_noise_only(level):
 def test_isoflop_names_seed_noise_apart_from_the_parabolas_lack_of_fit():
     """sigma is the scatter about the joint fit, seed replicates included; a profile that is not a parabola
     (one recipe's sizes off its curve, which no shape effect shared by every recipe explains) inflates it. The report names both, so a reader sees which noise the CIs carry."""
-    from scaling.study import report
+    from scaling.study import prose
 
     smooth_facts = findings_lib.findings(_isoflop_runs({"a": 0.0, "b": 0.0}, noise=0.02, rng=4), None, budgets=[1e12])
     smooth = smooth_facts["budgets"][0]
@@ -191,19 +191,19 @@ def test_isoflop_names_seed_noise_apart_from_the_parabolas_lack_of_fit():
     facts = findings_lib.findings(bumpy, None, budgets=[1e12])
     b = facts["budgets"][0]
     assert b["seed_sigma"] == pytest.approx(smooth["seed_sigma"]) and b["sigma"] > 2 * b["seed_sigma"]
-    text = report.findings_section(facts)
+    text = prose.findings_section(facts)
     assert f"seed replicates alone: {b['seed_sigma']:.3f} on 14 dof, the excess is the parabolas' lack of fit" in text
-    assert "lack of fit" not in report.findings_section(smooth_facts)
+    assert "lack of fit" not in prose.findings_section(smooth_facts)
     # and the limitations paragraph says what it means
-    assert "scatter about their parabolas" in report.limitations(bumpy, None, [], None, facts["budgets"])
-    assert "parabolas" not in report.limitations(bumpy, None, [], None, smooth_facts["budgets"])
+    assert "scatter about their parabolas" in prose.limitations(bumpy, None, [], None, facts["budgets"])
+    assert "parabolas" not in prose.limitations(bumpy, None, [], None, smooth_facts["budgets"])
 
 
 @pytest.mark.parametrize("level", [0.95, 0.80])
 def test_isoflop_no_winner_when_a_minimum_is_at_the_edge(level):
     runs = _isoflop_runs({"a": 0.0, "b": 0.3}, noise=0.002)
     runs = runs[~((runs["recipe"] == "b") & (runs["N"] > 5e5))]  # b's sizes stop before its optimum
-    res = study.isoflop(runs, 1e12, "bits", level=level)
+    res = analysis.isoflop(runs, 1e12, "bits", level=level)
     assert res["winner"] is None and "edge" in res["reason"]
 
 
@@ -213,36 +213,36 @@ def test_points_interpolate_between_cooldowns_but_never_extrapolate():
     per_token = compute.get("bits").per_token(pd.DataFrame([cols]))[0]
     run = pd.DataFrame([{**cols, "run_id": "r", "recipe": "fp32", "seed": 0, "N": 1e5, "P": 32, "status": "ok",
                          "D": d, "val_loss": l} for d, l in ((1e5, 2.0), (4e5, 1.5))])
-    mid = study.points_at(run, per_token * 2e5, "bits" and compute.get("bits"))
+    mid = analysis.points_at(run, per_token * 2e5, "bits" and compute.get("bits"))
     assert mid["interpolated"].all() and mid["loss"].iloc[0] == pytest.approx(math.exp(0.5 * math.log(2.0) + 0.5 * math.log(1.5)))
-    assert study.points_at(run, per_token * 8e5, compute.get("bits")).empty
-    exact = study.points_at(run, per_token * 4e5, compute.get("bits"))
+    assert analysis.points_at(run, per_token * 8e5, compute.get("bits")).empty
+    exact = analysis.points_at(run, per_token * 4e5, compute.get("bits"))
     assert not exact["interpolated"].any() and exact["loss"].iloc[0] == 1.5
 
 
 @pytest.mark.parametrize("level", [0.95, 0.80])
 def test_findings_and_report_claim_no_winner_on_noise_only(level):
-    from scaling.study import report
+    from scaling.study import prose
 
     runs = _isoflop_runs({"fp8": 0.0, "mxfp4": 0.0}, noise=0.02, rng=5)
     facts = findings_lib.findings(runs, None, budgets=[1e12], level=level)
     assert [b["winner"] for b in facts["budgets"]] == [None] and facts["loss_unit"] == "nats/byte"
-    text = report.findings_section(facts)
+    text = prose.findings_section(facts)
     assert "No winner" in text and "has the lowest" not in text
     clear = findings_lib.findings(_isoflop_runs({"fp8": 0.0, "mxfp4": 0.3}, noise=0.005), None, budgets=[1e12])
-    assert clear["budgets"][0]["winner"] == "fp8" and "fp8 has the lowest" in report.findings_section(clear)
+    assert clear["budgets"][0]["winner"] == "fp8" and "fp8 has the lowest" in prose.findings_section(clear)
 
 
 def test_the_forward_only_integer_arm_is_analysed_on_its_own():
-    from scaling.study import report
+    import reference_study
 
     runs = _isoflop_runs({"bf16": 0.0, "int8-fwd": 0.0, "int4-fwd": 0.3, "mxfp4": -0.2}, noise=0.01)
     kind = {"bf16": ("bf16", 16, 16), "int8-fwd": ("int8", 8, 32), "int4-fwd": ("int4", 4, 32), "mxfp4": ("fp4_e2m1", 4, 4)}
     runs = runs.assign(format=runs["recipe"].map(lambda r: kind[r][0]), P=runs["recipe"].map(lambda r: kind[r][1]),
                        P_bwd=runs["recipe"].map(lambda r: kind[r][2]))
-    arm = findings_lib.integer_arm(runs)
+    arm = reference_study.integer_arm(runs)
     assert set(arm["recipe"]) == {"bf16", "int8-fwd", "int4-fwd"}  # not mxfp4: floating point, quantised backward
-    facts = findings_lib.findings(runs, None, budgets=[1e12])
+    facts = reference_study.findings(runs, None, budgets=[1e12])
     assert facts["budgets"][0]["winner"] == "mxfp4"  # across every recipe
     (at,) = facts["integer_arm"]
     assert {e["recipe"] for e in at["recipes"]} == {"bf16", "int8-fwd", "int4-fwd"}
@@ -251,16 +251,16 @@ def test_the_forward_only_integer_arm_is_analysed_on_its_own():
     assert {m["recipe"] for m in at["measured"]} <= {"bf16", "int8-fwd"} and "int8-fwd" in {m["recipe"] for m in at["measured"]}
     assert at["P_interval"] == [min(m["P"] for m in at["measured"]), max(m["P"] for m in at["measured"])]
     assert at["P_interval"][0] == 8 and at["published"]["Kumar et al. 2024"] == findings_lib.verdict(at["P_interval"], 7, 8)
-    text = report.integer_arm_section(facts)
+    text = reference_study.integer_arm_section(facts)
     assert "Kumar et al. 2024" in text and "No winner" in text and "int4-fwd" in text and "8 forward bits" in text
     # one integer recipe is no arm
-    assert findings_lib.integer_arm(runs[runs["recipe"] != "int4-fwd"]).empty
-    assert findings_lib.findings(runs[runs["recipe"] != "int4-fwd"], None, budgets=[1e12])["integer_arm"] == []
+    assert reference_study.integer_arm(runs[runs["recipe"] != "int4-fwd"]).empty
+    assert reference_study.findings(runs[runs["recipe"] != "int4-fwd"], None, budgets=[1e12])["integer_arm"] == []
     # a budget the arm did not train at (only the reference and mxfp4 did) gets no integer-arm verdict
     larger = _isoflop_runs({"bf16": 0.0, "mxfp4": -0.2}, noise=0.01, budget=1e13)
     larger = larger.assign(run_id="big-" + larger["run_id"], format=larger["recipe"].map(lambda r: kind[r][0]),
                            P=larger["recipe"].map(lambda r: kind[r][1]), P_bwd=larger["recipe"].map(lambda r: kind[r][2]))
-    both = findings_lib.findings(pd.concat([runs, larger], ignore_index=True), None, budgets=[1e12, 1e13])
+    both = reference_study.findings(pd.concat([runs, larger], ignore_index=True), None, budgets=[1e12, 1e13])
     assert [b["budget"] for b in both["budgets"]] == [1e12, 1e13]
     assert [b["budget"] for b in both["integer_arm"]] == [1e12]
 
@@ -322,7 +322,7 @@ def test_design_errors_are_one_line_and_name_the_key():
     plan = design.Design.from_table({"budgets": [2e11]})
     with pytest.raises(ConfigError, match=r"^train\.warmup: got 0\.05; allowed: a whole number of steps"):
         design.design_runs([{**DESIGN_POINT, "train": {"batch_size": 8, "warmup": 0.05}}], plan)
-    with pytest.raises(ConfigError, match=r"^isoflop\.budgets: got 1000000\.0; allowed: budgets giving 5"):
+    with pytest.raises(ConfigError, match=r"^isoflop\.budgets: got 1000000\.0; allowed: at least 2\.08e\+11 \(5 sizes"):
         design.design_runs([DESIGN_POINT], design.Design.from_table({"budgets": [1e6]}))
     with pytest.raises(ConfigError, match=r"^isoflop\.reference: got 'bf16'; allowed: a recipe of the grid \(fp32\)"):
         design.design_runs([DESIGN_POINT], design.Design.from_table({"budgets": [2e11], "reference": "bf16"}))
@@ -394,9 +394,9 @@ reference = "fp32"
     train.run(smallest.config, smallest.out_dir(tmp_path / "runs"))
     df = results.load(tmp_path / "runs")
     assert sorted(df["budget"]) == sorted(smallest.config.study.flop_budgets) and (df["budget_cost"] == "bits").all()
-    points = study.points_at(df, 4e10, compute.get("bits"))
+    points = analysis.points_at(df, 4e10, compute.get("bits"))
     assert len(points) == 1 and not points["interpolated"].any()
-    assert study.default_budgets(df, compute.get("bits")) == [2e10, 4e10]
+    assert analysis.default_budgets(df, compute.get("bits")) == [2e10, 4e10]
 
 
 def test_lr_optima_find_each_recipes_best_rate_and_its_shift_from_fp32():
@@ -555,7 +555,7 @@ def test_the_design_reads_each_minimum_from_the_mean_over_landed_seeds_and_never
 def test_a_chosen_law_without_a_bits_axis_gives_p_star_only_from_within_noise_bits_laws():
     """capacity prices precision by measured quantisation error: it has no P* over bits. P* then comes from the
     within-noise laws whose axis is bits, or the report says these data give none (never a raw error)."""
-    from scaling.study import fit, report
+    from scaling.study import fit, prose
 
     runs = _isoflop_runs({"bf16": 0.0, "fp8": 0.01}, noise=0.005)
     kumar = {"E": 1.7, "A": 400.0, "B": 2000.0, "alpha": 0.34, "beta": 0.36, "gamma": 2.5, "kappa": 3.0}
@@ -572,7 +572,7 @@ def test_a_chosen_law_without_a_bits_axis_gives_p_star_only_from_within_noise_bi
     no_qerr = runs.drop(columns=[c for c in runs.columns if c.startswith("qerr_")])  # nothing to rank recipes by
     (alone,) = findings_lib.findings(no_qerr, chosen(False), budgets=[1e14])["P_star"]  # a budget no run reaches
     assert alone["P"] is None and not alone["measured"] and "no P*" in alone["error"] and "capacity" in alone["error"]
-    text = report.pstar_section({"P_star": [alone], "law": {"name": "capacity"}})
+    text = prose.pstar_section({"P_star": [alone], "law": {"name": "capacity"}})
     assert "no P*" in text and "context" not in text
     (measured,) = findings_lib.findings(no_qerr, chosen(False), budgets=[1e12])["P_star"]  # the IsoFLOP measurement alone
     bits = [m["bits"] for m in measured["measured"]]
@@ -584,14 +584,14 @@ def test_a_chosen_law_without_a_bits_axis_gives_p_star_only_from_within_noise_bi
                                                    for s in specs)
     lo, hi = both["interval"]
     assert lo <= both["P_range"][0] <= both["P_range"][1] <= hi and set(both["published"]) == set(findings_lib.PUBLISHED)
-    text = report.pstar_section({"P_star": [both], "law": {"name": "capacity"}})
+    text = prose.pstar_section({"P_star": [both], "law": {"name": "capacity"}})
     assert "no continuous P*" in text and f"{lo:.3g}" in text
 
 
 def test_a_quantisation_error_law_ranks_the_measured_recipes_at_their_own_errors_and_costs():
     """capacity read at each recipe's measured qerr and effective bits: when quantisation costs nothing
     (F large: capacity ~1) the cheapest recipe wins; when it costs much (F tiny) the unquantised one does."""
-    from scaling.study import fit, report
+    from scaling.study import fit, prose
 
     runs = _isoflop_runs({"bf16": 0.0, "fp8": 0.0, "mxfp4": 0.0}, noise=0.005)
     cfg = ladder.config_for_size(2, seq_len=64)
@@ -608,7 +608,7 @@ def test_a_quantisation_error_law_ranks_the_measured_recipes_at_their_own_errors
         assert [r["loss"] for r in ranked] == sorted(r["loss"] for r in ranked)
         assert {r["recipe"]: r["bits"] for r in ranked}["mxfp4"] < {r["recipe"]: r["bits"] for r in ranked}["fp8"] < 16
         assert entry["interval"][0] <= ranked[0]["bits"] <= entry["interval"][1]
-        text = report.pstar_section({"P_star": [entry], "law": {"name": "capacity"}})
+        text = prose.pstar_section({"P_star": [entry], "law": {"name": "capacity"}})
         assert f"it prefers {winner}" in text and "no continuous P*" in text
 
 
@@ -616,7 +616,7 @@ def test_p_star_never_overrules_the_isoflop_measurement():
     """A law that prefers a recipe the IsoFLOP profiles rule out (here capacity with F large prefers the
     cheap mxfp4 while the measured mxfp4 is 0.3 nats worse) widens P*'s interval to what the measurement
     cannot rule out, and the report says the two disagree."""
-    from scaling.study import fit, report
+    from scaling.study import fit, prose
 
     runs = _isoflop_runs({"bf16": 0.0, "fp8": 0.3, "mxfp4": 0.3}, noise=0.005)
     cfg = ladder.config_for_size(2, seq_len=64)
@@ -632,7 +632,7 @@ def test_p_star_never_overrules_the_isoflop_measurement():
     assert entry["recipes"][0]["recipe"] == "mxfp4"
     assert [m["recipe"] for m in entry["measured"]] == ["bf16"] == [facts["budgets"][0]["winner"]]
     assert entry["interval"][0] <= entry["recipes"][0]["bits"] < 16 == entry["interval"][1]
-    text = report.pstar_section({"P_star": [entry], "law": {"name": "capacity"}})
+    text = prose.pstar_section({"P_star": [entry], "law": {"name": "capacity"}})
     assert "disagrees with the law's mxfp4" in text and "cannot rule out as best bf16" in text
 
 
@@ -677,11 +677,11 @@ def test_scaling_schemes_are_compared_with_per_tensor_scaling_paired_by_seed():
     broken.loc[broken["run_id"] == "fp4-mx-0", ["status", "val_loss"]] = ["diverged", np.nan]
     g2 = findings_lib.scheme_effects(broken)
     assert g2["not_ok"] == {"fp4-mx": {"diverged": 1}} and {r["recipe"]: r["n"] for r in g2["rows"]}["fp4-mx"] == 2
-    from scaling.study import report
-    text = report.granularity_section(g2, "nats/byte")
+    from scaling.study import prose
+    text = prose.granularity_section(g2, "nats/byte")
     assert "Bonferroni" in text and "fp4-mx" in text and "1 diverged" in text
-    assert "apart from fp4-tensor-delayed" in report.granularity_section(g3, "nats/byte")
-    assert "every verdict is *cannot tell*" in report.granularity_section(one, "nats/byte")
+    assert "apart from fp4-tensor-delayed" in prose.granularity_section(g3, "nats/byte")
+    assert "every verdict is *cannot tell*" in prose.granularity_section(one, "nats/byte")
 
 
 def test_smooth_swiglu_is_compared_on_against_off_paired_by_recipe_rate_and_seed():
@@ -693,6 +693,6 @@ def test_smooth_swiglu_is_compared_on_against_off_paired_by_recipe_rate_and_seed
     assert o["n"] == 4 and o["verdict"] == "lower" and o["diff"] == pytest.approx(-0.05, abs=0.02)
     same = [{**r, "val_loss": r["val_loss"] + 0.05 * r["smooth_swiglu"]} for r in rows]
     assert findings_lib.smooth_swiglu_effect(pd.DataFrame(same))["verdict"] == "cannot tell"
-    from scaling.study import report
-    assert "lower with Smooth-SwiGLU" in report.outliers_section(o, "nats/byte")
+    from scaling.study import prose
+    assert "lower with Smooth-SwiGLU" in prose.outliers_section(o, "nats/byte")
     assert findings_lib.purpose_rows(pd.DataFrame(rows), "granularity") is None

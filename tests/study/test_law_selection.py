@@ -276,7 +276,7 @@ def test_clustered_standard_error_by_hand():
 
 def test_residuals_by_recipe_by_hand():
     df = pd.DataFrame({"recipe": ["fp8", "fp8", "fp8", "fp4"], "run_id": ["r1", "r2", "r3", "r4"]})
-    out = selection.residuals_by_recipe(df, np.arange(4), np.array([0.01, 0.03, 0.05, -0.02]))
+    out = selection.heldout_errors_by_recipe(df, np.arange(4), np.array([0.01, 0.03, 0.05, -0.02]))
     fp4, fp8 = out
     assert fp4 == {"recipe": "fp4", "n": 1, "runs": 1, "mean": -0.02, "ci": None}
     # fp8: mean 0.03, clustered variance 3/2 · (0.02^2 + 0 + 0.02^2) / 9, t(0.975, 2 dof) = 4.303
@@ -323,6 +323,6 @@ def test_a_degenerate_fit_is_scored_but_not_chosen_while_a_sound_one_exists():
     assert c["flat"]["within_noise"] and c["flat"]["score"] is not None
     entries[1]["degenerate"] = "exponent alpha = -0.01 <= 0"
     assert selection._choose(entries, {n: (pos, e) for n, e in errs.items()}, clusters)[0] == "flat"
-    from scaling.study import report
-    text = report._degenerate_text({"candidates": entries})
+    from scaling.study import prose
+    text = prose._degenerate_text({"candidates": entries})
     assert "`flat` (E = 1.8e-117 is at its bound 0)" in text and "`sound` (exponent alpha" in text

@@ -16,7 +16,7 @@ import pytest
 from scipy import stats
 
 from scaling.errors import ConfigError
-from scaling.study import predict, report, results, sweep
+from scaling.study import predict, prose, report, results, sweep
 from scaling.train import compute as compute_lib
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -158,7 +158,7 @@ def test_load_refuses_what_is_not_a_prediction(tmp_path, found):
 
 def test_report_shows_the_prediction_then_predicted_against_measured(found):
     unit = "nats per byte"
-    before = report.prediction_section(report.prediction_facts({**found, "laws": found["laws"]}, {"budgets": []}), unit)
+    before = prose.prediction_section(report.prediction_facts({**found, "laws": found["laws"]}, {"budgets": []}), unit)
     assert "Not measured yet" in before and before.count("\n| ") == 2 + 3  # header, rule, three recipes
     measured = {"budget": HELD, "winner": None, "reason": "cannot tell: stand-in", "recipes": [
         {"recipe": e["recipe"], "loss": e["loss_pi"][1] + 1 if e["recipe"] == "fp8" else e["loss"], "ci": [0, 1],
@@ -168,7 +168,7 @@ def test_report_shows_the_prediction_then_predicted_against_measured(found):
         m["gap"] = None if m["recipe"] == "fp32" else m["loss"] - ref
         m["gap_ci"] = None if m["gap"] is None else [m["gap"] - 0.01, m["gap"] + 0.01]
     facts = report.prediction_facts(found, {"budgets": [measured]})
-    after = report.prediction_section(facts, unit)
+    after = prose.prediction_section(facts, unit)
     assert "2 of 3 measured minima fell inside their 95% prediction intervals" in after
     assert "| fp8 |" in after and "| no |" in after and "Measured: cannot tell: stand-in" in after
     assert "1 of 2 predicted gaps to fp32 fell inside the measured gap's 95% CI" in after
@@ -182,19 +182,19 @@ def test_a_posthoc_prediction_is_scored_in_its_own_section_and_says_it_is_not_a_
     facts = {"budgets": [measured], "loss_unit": "nats per byte"}
     facts["prediction"] = report.prediction_facts(found, facts)
     facts["prediction_posthoc"] = report.prediction_facts(posthoc, facts)
-    text = "\n".join(report.prediction_sections(facts))
+    text = "\n".join(prose.prediction_sections(facts))
     registered, after = text.split("### The same budget predicted again, post hoc")
     assert "before any run at C = 6e11 was trained" in registered and "Post hoc" not in registered
     assert after.lstrip().startswith("Post hoc, not a prediction") and "on pysrc abc" in after
     assert "3 of 3 measured minima fell inside their 95% prediction intervals" in after  # measured = predicted
-    without = "\n".join(report.prediction_sections({**facts, "prediction_posthoc": None}))
+    without = "\n".join(prose.prediction_sections({**facts, "prediction_posthoc": None}))
     assert "post hoc" not in without.lower()
 
 
 def test_readme_states_the_registered_score_and_the_posthoc_beneath_it(found):
     """README's findings line for the held-out budget: predicted only, then scored (how many minima fell
     inside their intervals, the mean error, the verdicts), with a post-hoc re-prediction said to be one."""
-    from scaling.study import readme
+    import readme
 
     unit = "nats per byte"
     (before,) = readme._prediction({"prediction": report.prediction_facts(found, {"budgets": []})}, unit)
@@ -222,7 +222,7 @@ def test_a_prediction_fitted_on_its_budgets_data_but_other_hosts_says_so(found):
     """Same corpus, other kinds of host: REPORT names the hosts of both sides and README says the
     errors hold that difference; one host kind on both sides, or a fit whose data are not recorded
     (so the lower budgets in the results may not be the rows it fitted), says nothing of hosts."""
-    from scaling.study import readme
+    import readme
 
     fast, slow = "cpu: fast (avx512_bf16)", "cpu: slow (avx2)"
     lower_budgets = found["fitted_on"]["budgets"]
@@ -240,20 +240,22 @@ def test_a_prediction_fitted_on_its_budgets_data_but_other_hosts_says_so(found):
     p = report.prediction_facts(same_data, facts_on(slow))
     assert p["hosts"]["measured"] == {slow: 2 * len(recipes)}
     assert all(by == {fast: 3 * len(recipes)} for by in p["hosts"]["lower"].values())  # the unfitted recipe left out
-    text = report.prediction_section(p, "nats/byte", posthoc=True)
+    text = prose.prediction_section(p, "nats/byte", posthoc=True)
     assert f"Not the same hosts: this budget's runs trained on {slow} ({2 * len(recipes)} runs)" in text
     assert f"{fast} {3 * len(recipes)}" in text
     assert "kinds of host" in readme._scored(p, "nats/byte")
     for quiet in (report.prediction_facts(same_data, facts_on(fast)),  # one kind of host on both sides
                   report.prediction_facts(found, facts_on(slow))):     # the fit's corpora not recorded
-        assert "Not the same hosts" not in report.prediction_section(quiet, "nats/byte")
+        assert "Not the same hosts" not in prose.prediction_section(quiet, "nats/byte")
         assert "kinds of host" not in readme._scored(quiet, "nats/byte")
 
 
 def test_host_shift_pairs_each_run_across_hosts_and_averages_its_points_before_the_interval():
     """findings.host_shift: the same run ids trained again on another kind of host, paired at their
     IsoFLOP points, oriented one way, each run's points averaged (one trajectory), a t interval over runs."""
-    from scaling.study import findings as findings_lib, readme
+    import readme
+    import reference_study
+    from scaling.study import findings as findings_lib
 
     fast, slow = "cpu: fast", "cpu: slow"
     rows = pd.DataFrame({"run_id": ["r1", "r1", "r2", "r3", "r9"], "D": [1e6, 3e6, 1e6, 1e6, 1e6],
@@ -264,7 +266,7 @@ def test_host_shift_pairs_each_run_across_hosts_and_averages_its_points_before_t
     again = pd.DataFrame({"run_id": ["r1", "r1", "r2", "r3", "r1"], "D": [1e6, 3e6, 1e6, 1e6, 2e6],
                           "recipe": ["bf16", "bf16", "fp8", "fp8", "bf16"], "hardware": fast,
                           "budget": [1e12, 3e12, 1e12, 1e12, None], "val_loss": [2.02, 1.84, 2.09, 2.21, 0.0]})
-    (s,) = findings_lib.host_shift(rows, again)
+    (s,) = reference_study.host_shift(rows, again)
     assert s["hosts"] == [fast, slow] and (s["runs"], s["points"]) == (3, 4) and s["recipes"] == ["bf16", "fp8"]
     per_run = np.array([0.03, -0.01, 0.01])
     assert s["mean"] == pytest.approx(per_run.mean())
@@ -272,9 +274,9 @@ def test_host_shift_pairs_each_run_across_hosts_and_averages_its_points_before_t
     assert s["ci"] == pytest.approx([per_run.mean() - half, per_run.mean() + half])
     assert s["rms"] == pytest.approx(np.sqrt(np.mean(np.array([0.02, 0.04, -0.01, 0.01]) ** 2)))
     # the other way round gives the same orientation (first host by name)
-    (back,) = findings_lib.host_shift(again.assign(hardware=slow), rows.assign(hardware=fast))
+    (back,) = reference_study.host_shift(again.assign(hardware=slow), rows.assign(hardware=fast))
     assert back["hosts"] == [fast, slow] and back["mean"] == pytest.approx(-s["mean"])
-    assert findings_lib.host_shift(rows, rows) == [] and findings_lib.host_shift(rows, None) == []
+    assert reference_study.host_shift(rows, rows) == [] and reference_study.host_shift(rows, None) == []
 
     # a scored prediction spanning those hosts states the measured shift instead of "not measured"
     p = {"corpora": {"fitted": ["pysrc abc"], "measured": ["pysrc abc"]},

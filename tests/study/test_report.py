@@ -9,21 +9,22 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import reference_study
 from test_plots import fake_results
 
-from scaling.study import report, analysis as study
+from scaling.study import prose, report
 from scaling.study import findings as findings_lib
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_position_follows_the_numbers():
-    assert [report.position(p, 7, 8) for p in (5, 7, 7.5, 8, 12)] == ["below", "inside", "inside", "inside", "above"]
+    assert [prose.position(p, 7, 8) for p in (5, 7, 7.5, 8, 12)] == ["below", "inside", "inside", "inside", "above"]
 
 
 def test_markdown_numbers():
-    assert report._fmt(3.4e24) == "3.4e24" and report._fmt(2.5) == "2.5" and report._fmt(None) == "–"
-    assert report._span(fake_results()["N"]) == "2e05–2e06"
+    assert prose.fmt(3.4e24) == "3.4e24" and prose.fmt(2.5) == "2.5" and prose.fmt(None) == "–"
+    assert prose._span(fake_results()["N"]) == "2e05–2e06"
 
 
 @pytest.mark.slow
@@ -100,14 +101,14 @@ def test_limitations_name_a_size_axis_without_gain_and_an_unidentified_floor():
 
     ok = plots.validate_results(fake_results(p_star=5.0))
     law = fake_fit(5.0, n_samples=0)
-    text = report.limitations(ok, law, [], None)
+    text = prose.limitations(ok, law, [], None)
     assert "is worse than a smaller one" not in text and "went to ≈0" not in text
     # the largest model at the largest budget loses to a smaller one at one precision; E at its floor
     last = (ok["D"] == ok["D"].max()) & (ok["N"] == ok["N"].max()) & (ok["recipe"] == ok["recipe"].iloc[0])
     ok.loc[last, "val_loss"] += 10.0
     law.params["E"] = 1e-8
     n_recipes = ok.loc[ok["D"] == ok["D"].max()].query("N == N.max()")["recipe"].nunique()
-    text = report.limitations(ok, law, [], None)
+    text = prose.limitations(ok, law, [], None)
     assert f"is worse than a smaller one at 1 of {n_recipes} precisions" in text
     assert "The irreducible loss E went to ≈0 (1e-08)" in text
 
@@ -125,7 +126,7 @@ def test_cost_of_precision_pairs_runs_with_the_reference_and_measures_the_trend_
                                  val_loss=base + gap + 0.002 * rng.standard_normal() * (recipe != "bf16")))
     ok = pd.DataFrame(rows)
     law = fit.FitResult.from_dict({"law": "kumar", "params": {}, "fixed": {}, "objective": 0.0})
-    text = report.cost_of_precision(ok, law)
+    text = prose.cost_of_precision(ok, law)
     assert "minus the bf16 run's" in text
     line = {r.split("|")[1].strip(): [c.strip() for c in r.split("|")[1:-1]] for r in text.splitlines() if r.startswith("| ")}
     assert line["mxfp4"][1] == "6 (2, 2)" and float(line["mxfp4"][2]) == pytest.approx(0.08, abs=0.005)
@@ -134,9 +135,9 @@ def test_cost_of_precision_pairs_runs_with_the_reference_and_measures_the_trend_
     assert line["fp8"][6] == "cannot tell" and float(line["fp8"][2]) == pytest.approx(0.004, abs=0.003)
     assert "grows with D for mxfp4" in text and "Kumar et al.'s form" in text
     flat = ok.assign(val_loss=ok["val_loss"] - (ok["recipe"] == "mxfp4") * 0.05 * ok["D"].map({1e6: 0, 2e6: 1, 4e6: 2}))
-    assert "grows with D" not in report.cost_of_precision(flat, law)
+    assert "grows with D" not in prose.cost_of_precision(flat, law)
     # only the reference: no section
-    assert report.cost_of_precision(ok[ok["recipe"] == "bf16"], law) == ""
+    assert prose.cost_of_precision(ok[ok["recipe"] == "bf16"], law) == ""
 
 
 def test_the_report_says_how_the_law_was_chosen_and_when_no_precision_term_does_as_well():
@@ -147,17 +148,17 @@ def test_the_report_says_how_the_law_was_chosen_and_when_no_precision_term_does_
              "within_noise": chinchilla_close},
             {"name": "sun", "law": "sun", "fittable": False, "within_noise": False}]}
 
-    close = report.selection_text(selection(True))
+    close = prose.selection_text(selection(True))
     assert "1 other candidate is within noise" in close and "cannot show that a precision-aware law" in close
     assert "| kumar (chosen) | 6 | 0.01 | 0.02 | yes |" in close and "| sun | – | – | – | not fitted |" in close
-    far = report.selection_text(selection(False))
+    far = prose.selection_text(selection(False))
     assert "No other candidate is within noise" in far and "the data prefer it" in far and "cannot show" not in far
     assert "fitted without the largest size, then without the longest run, and predicts" in far
     # a split nobody could use is named as unused, not as fitted without
     unusable = selection(False)
     for c in unusable["candidates"][:2]:
         c["heldout_gap_mae"] = {"N": None, "D": 0.02, "budget": 0.03}
-    text = report.selection_text(unusable)
+    text = prose.selection_text(unusable)
     assert "without the longest run, then without the largest compute budget, and predicts" in text
     assert "(without the largest size, the held-out gaps come from fewer than two runs" in text
 
@@ -197,11 +198,11 @@ def test_the_fp4_arm_states_each_gap_with_its_ci_and_the_published_recipes_again
                                             recipe("quartet", 1.67, 0.17, [0.14, 0.2], inside=False),
                                             recipe("nvfp4", None)], "pairs": [pair]},
                {"budget": 3e12, "recipes": [recipe("bf16", 1.4), recipe("mxfp4", 1.42, 0.02, [0.0, 0.04])], "pairs": []}]
-    arm = findings_lib.fp4_arm(budgets)
+    arm = reference_study.fp4_arm(budgets)
     assert [b["budget"] for b in arm] == [1e12] and arm[0]["reference"] == "bf16"
     assert [(g["recipe"], g["published"], g["inside"]) for g in arm[0]["gaps"]] == [("mxfp4", False, True),
                                                                                    ("quartet", True, False)]
-    section = report.fp4_arm_section({"fp4_arm": arm, "loss_unit": "nats/byte"})
+    section = reference_study.fp4_arm_section({"fp4_arm": arm, "loss_unit": "nats/byte"})
     assert "| mxfp4 | no | +0.050 | +0.020 to +0.080 | yes |" in section
     assert "| quartet | yes | +0.170 | +0.140 to +0.200 | no (edge) |" in section
     assert "- quartet against mxfp4: mxfp4 lower than quartet by 0.120 nats" in section
@@ -209,18 +210,18 @@ def test_the_fp4_arm_states_each_gap_with_its_ci_and_the_published_recipes_again
     assert "(`quartet` on `mxfp4`:" in section and "`quartet-full` on" not in section
     assert "`quartet-full`, which adds both parts, is not in these results" in section
     full = [{**budgets[0], "recipes": budgets[0]["recipes"] + [recipe("quartet-full", 1.6, 0.1, [0.08, 0.12])]}]
-    full_section = report.fp4_arm_section({"fp4_arm": findings_lib.fp4_arm(full), "loss_unit": "nats/byte"})
+    full_section = reference_study.fp4_arm_section({"fp4_arm": reference_study.fp4_arm(full), "loss_unit": "nats/byte"})
     assert "`quartet` on `mxfp4`, `quartet-full` on `mxfp4`" in full_section
     assert "and `quartet-full` adds both parts." in full_section
-    assert ("quartet-full", "quartet") in findings_lib.FP4_PAIRS
-    from scaling.study import readme
+    assert ("quartet-full", "quartet") in reference_study.FP4_PAIRS
+    import readme
     # the published recipes against FP8 and MXFP6 are their own list, in REPORT and README
-    assert {("quartet", "fp8"), ("nvfp4-nvidia", "mxfp6")} <= set(findings_lib.FP4_PAIRS)
+    assert {("quartet", "fp8"), ("nvfp4-nvidia", "mxfp6")} <= set(reference_study.FP4_PAIRS)
     above = {"a": "quartet", "b": "fp8", "diff": 0.22, "ci": [0.19, 0.25], "inside": True,
              "verdict": "fp8 lower than quartet by 0.220 nats (95% CI of quartet − fp8 [+0.190, +0.250])"}
-    both = findings_lib.fp4_arm([{**budgets[0], "pairs": [pair, above]}])[0]
+    both = reference_study.fp4_arm([{**budgets[0], "pairs": [pair, above]}])[0]
     assert both["pairs"] == [pair] and both["above"] == [above]
-    both_section = report.fp4_arm_section({"fp4_arm": [both], "loss_unit": "nats/byte"})
+    both_section = reference_study.fp4_arm_section({"fp4_arm": [both], "loss_unit": "nats/byte"})
     assert "close the gap to the 8- and 6-bit formats" in both_section
     assert "- quartet against fp8: fp8 lower than quartet by 0.220 nats" in both_section
     assert "close the gap" not in section
@@ -229,15 +230,15 @@ def test_the_fp4_arm_states_each_gap_with_its_ci_and_the_published_recipes_again
     assert "Published against FP8 and MXFP6: fp8 lower than quartet by 0.220 nats" in both_line
     line = "\n".join(readme._fp4_arm({"fp4_arm": arm}))
     assert "mxfp4 +0.050 [+0.020, +0.080]; quartet +0.170 [+0.140, +0.200] (edge)" in line
-    assert report.fp4_arm_section({"fp4_arm": [], "loss_unit": "nats/byte"}) == "" and readme._fp4_arm({}) == []
+    assert reference_study.fp4_arm_section({"fp4_arm": [], "loss_unit": "nats/byte"}) == "" and readme._fp4_arm({}) == []
     runs = pd.DataFrame({"recipe": ["nvfp4-nvidia", "nvfp4-nvidia", "nvfp4"], "budget": 1e12,
                          "flops_kept_fprop": [1.0, 3.0, 0.0], "flops_kept_dgrad": [1.0, 3.0, 0.0],
                          "flops_kept_wgrad": [1.0, 3.0, 0.0], "flops_fprop": [3.0, 0.0, 4.0],
                          "flops_dgrad": [3.0, 0.0, 4.0], "flops_wgrad": [3.0, 0.0, 4.0]})
-    assert findings_lib.kept_share(runs) == {"nvfp4-nvidia": [0.25, 1.0]}
-    kept = findings_lib.fp4_arm(budgets, runs)[0]["kept"]
+    assert reference_study.kept_share(runs) == {"nvfp4-nvidia": [0.25, 1.0]}
+    kept = reference_study.fp4_arm(budgets, runs)[0]["kept"]
     assert kept == {"nvfp4-nvidia": [0.25, 1.0]}
-    assert "nvfp4-nvidia keeps 25%–100% of its linear-layer GEMM FLOPs in high precision" in report.fp4_arm_section(
+    assert "nvfp4-nvidia keeps 25%–100% of its linear-layer GEMM FLOPs in high precision" in reference_study.fp4_arm_section(
         {"fp4_arm": [{**arm[0], "kept": kept}], "loss_unit": "nats/byte"})
 
 
@@ -246,7 +247,8 @@ def test_too_few_runs_for_a_p_star_is_said_instead_of_one():
     ((1 - 1/e)·n >= 2k): 19 runs carry kumar's 6 (kappa fixed), 18 do not. The committed quick study (12
     runs; a seed-1 rerun put kumar's P* at 32 bits against 5.5 with interval 2-10) gets no P*, only why,
     and REPORT and README print that."""
-    from scaling.study import fit as fit_lib, readme, results
+    import readme
+    from scaling.study import fit as fit_lib, results
 
     law = fit_lib.FitResult.from_json(ROOT / "fits" / "quick.json")
     assert findings_lib.too_few_runs(pd.DataFrame({"run_id": range(19)}), law) is None
@@ -256,7 +258,7 @@ def test_too_few_runs_for_a_p_star_is_said_instead_of_one():
     facts = findings_lib.findings(quick[quick["sweep"] == "quick"], law, n_boot=200)
     assert [e["error"].split(":")[0] for e in facts["P_star"]] == ["too few runs for a P*"] * 2
     assert all(e["measured"] for e in facts["P_star"])  # what the measurement cannot rule out stays
-    assert "no optimum (too few runs for a P*: 12 runs" in report.pstar_section(facts)
+    assert "no optimum (too few runs for a P*: 12 runs" in prose.pstar_section(facts)
     assert "no P\\* (too few runs for a P*: 12 runs" in readme.findings_markdown(facts)
 
 
@@ -266,11 +268,11 @@ def test_the_gpu_pilot_is_reported_on_its_own_runs_by_the_main_studys_rules():
     from scaling.study import plots
 
     rows = fake_results().assign(corpus="pysrc gpu")
-    section = report.gpu_pilot_section(report.gpu_pilot_facts(rows))
+    section = reference_study.gpu_pilot_section(reference_study.gpu_pilot_facts(rows))
     assert "on that machine's corpus (pysrc gpu)" in section
-    assert section.endswith(report.findings_section(findings_lib.findings(plots.validate_results(rows), None)))
+    assert section.endswith(prose.findings_section(findings_lib.findings(plots.validate_results(rows), None)))
     alone = rows[rows["recipe"] == "bf16"]
-    assert "so the data cannot tell which precision is best" in report.gpu_pilot_section(report.gpu_pilot_facts(alone))
+    assert "so the data cannot tell which precision is best" in reference_study.gpu_pilot_section(reference_study.gpu_pilot_facts(alone))
     # a budget reached by one recipe's 4 sizes and another's 1 (the pilot's first runs): nothing is
     # fitted, and the table says which recipe had too few sizes and which was left unfitted
     entry = lambda r, bits, runs, sizes: {"recipe": r, "bits_eff": bits, "runs": runs, "sizes": sizes,  # noqa: E731
@@ -278,7 +280,7 @@ def test_the_gpu_pilot_is_reported_on_its_own_runs_by_the_main_studys_rules():
     first = {"loss_unit": "nats/byte", "cost_model": "bits", "runs": 5, "seeds_per_cell": [1, 1], "corpus": "pysrc gpu",
              "budgets": [{"budget": 3e14, "recipes": [entry("bf16", 16.0, 4, 4), entry("fp8", 8.0, 1, 1)], "winner": None,
                           "sigma": None, "reason": "fewer than two recipes with 3+ sizes reaching this budget"}]}
-    budget = report.gpu_pilot_section(first)
+    budget = reference_study.gpu_pilot_section(first)
     assert "**C = 3e14.** No winner. Fewer than two recipes with 3+ sizes reaching this budget." in budget
     assert "| bf16 | 16 | 4 (4) | not fitted (above) |" in budget and "| fp8 | 8 | 1 (1) | too few sizes |" in budget
 
@@ -286,9 +288,10 @@ def test_the_gpu_pilot_is_reported_on_its_own_runs_by_the_main_studys_rules():
 def test_readme_puts_the_gpu_pilot_beside_the_study_with_its_verdict_and_each_gap_to_its_reference():
     import json
 
-    from scaling.study import readme, results
+    import readme
+    from scaling.study import results
 
-    facts = report.gpu_pilot_facts(results.load(ROOT / "results" / "gpu_pilot.csv"))  # the committed pilot
+    facts = reference_study.gpu_pilot_facts(results.load(ROOT / "results" / "gpu_pilot.csv"))  # the committed pilot
     (head, *budgets) = readme._gpu_pilot(facts, "nats/byte")
     assert f"({facts['runs']} runs of `experiments/gpu_pilot.toml` on a GPU, on that machine's corpus (pysrc " in head
     assert len(budgets) == len(facts["budgets"]) and budgets
@@ -314,18 +317,18 @@ def test_runs_on_more_than_one_corpus_are_named_per_recipe_and_budget():
     low = findings_lib.corpora(rows, 1e12)
     assert low == {"pysrc 000000000001": {"bf16": 2}, "pysrc 000000000002": {"fp8": 1}}
     assert findings_lib.corpora(rows, 3e12) == {"pysrc 000000000001": {"bf16": 1}, "not recorded": {"fp8": 1}}
-    lines = report._corpora_lines(low)
+    lines = prose._corpora_lines(low)
     assert "Not one corpus: these runs trained on 2 (pysrc 000000000001: 2 runs, pysrc 000000000002: 1 runs)" in lines[1]
     assert lines[-2:] == ["| bf16 | 2 | 0 |", "| fp8 | 0 | 1 |"]
-    assert report._corpora_lines({"pysrc 000000000001": {"bf16": 2, "fp8": 2}}) == []  # one corpus: nothing to say
+    assert prose._corpora_lines({"pysrc 000000000001": {"bf16": 2, "fp8": 2}}) == []  # one corpus: nothing to say
     hw = rows.assign(hardware=["cpu: AMD EPYC (avx2; no avx512f)"] * 2 + ["cpu: AMD EPYC (avx2, avx512f)"] * 2 + [None])
     hosts = findings_lib.hosts(hw, 1e12)
     assert hosts == {"cpu: AMD EPYC (avx2, avx512f)": {"bf16": 1, "fp8": 1}, "cpu: AMD EPYC (avx2; no avx512f)": {"bf16": 1}}
-    host_lines = report._hosts_lines(hosts)
+    host_lines = prose._hosts_lines(hosts)
     assert host_lines[1].startswith("Not one host: these runs trained on 2 kinds of machine (cpu: AMD EPYC (avx2, avx512f): 2 runs")
     assert host_lines[-2:] == ["| bf16 | 1 | 1 |", "| fp8 | 1 | 0 |"]
-    assert report._hosts_lines(findings_lib.hosts(hw, 3e12)) != [] and report._hosts_lines({"gpu: H200": {"bf16": 3}}) == []
-    from scaling.study import readme
+    assert prose._hosts_lines(findings_lib.hosts(hw, 3e12)) != [] and prose._hosts_lines({"gpu: H200": {"bf16": 3}}) == []
+    import readme
 
     (bullet,) = readme._corpora({"budgets": [{"corpora": low}, {"corpora": {"pysrc 000000000001": {"bf16": 1, "fp8": 1}}}]})
     assert "most on pysrc 000000000001. Recipes with no run on pysrc 000000000001: fp8 (pysrc 000000000002)." in bullet
@@ -340,7 +343,7 @@ def test_runs_on_more_than_one_corpus_are_named_per_recipe_and_budget():
     assert "run_ids" not in p["fitted_on"]
     measured = [{"recipe": e["recipe"], "loss": e["loss"] + 0.01, "N_opt": e["N_opt"]} for e in committed["recipes"]]
     facts["budgets"][1].update(recipes=measured, reason="cannot tell")
-    section = lambda fitted: report.prediction_section(report.prediction_facts(committed | {"fitted_on": fitted}, facts), "nats")
+    section = lambda fitted: prose.prediction_section(report.prediction_facts(committed | {"fitted_on": fitted}, facts), "nats")
     assert ("Not the same data: the prediction's fit saw runs on pysrc 000000000001, pysrc 000000000002, this "
             "budget's runs trained on pysrc 000000000003") in section(fitted_on)
     # a prediction that does not record its fit's corpora (made before it did) is not said to match

@@ -1,0 +1,68 @@
+"""A study adds its own REPORT sections from a file of its own, without editing the package; a user's
+results get a REPORT with none of the reference study's sections."""
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from scaling import cli
+from scaling.errors import ConfigError
+from scaling.study import plots, report, results
+
+ROOT = Path(__file__).resolve().parents[2]
+QUICK = ROOT / "results" / "quick.csv"
+
+OWN_STUDY = textwrap.dedent('''
+    from scaling.study import report
+
+    PAIRS = (("mxfp4", "fp8"),)
+
+    def sections(results_path):
+        def facts(context):
+            return {"runs": int(context.main["run_id"].nunique()), "budgets": len(context.facts["budgets"])}
+        return [report.Section("my_arm", facts, "My arm", lambda f: f"{f['my_arm']['runs']} runs, mine.",
+                               before="pstar"),
+                report.Section("nothing", lambda context: [], "Never written", lambda f: "never")]
+''')
+
+
+@pytest.fixture()
+def no_figures(monkeypatch):
+    monkeypatch.setattr(plots, "make_figures", lambda *args, **kwargs: [])  # the text is what is tested here
+
+
+def test_a_users_results_get_no_section_of_the_reference_study(tmp_path, no_figures):
+    path = report.write_report(results.load(QUICK), report.load_fit(ROOT / "fits" / "quick.json"), tmp_path)
+    text = path.read_text()
+    for heading in ("The FP4 arm", "integer arm", "The GPU pilot"):
+        assert heading not in text
+    facts = json.loads((tmp_path / "findings.json").read_text())
+    assert not {"fp4_arm", "integer_arm", "gpu_pilot", "host_shift"} & set(facts)
+    assert all(b["pairs"] == [] for b in facts["budgets"])
+
+
+def test_a_study_adds_its_own_section_and_contrasts_from_a_file(tmp_path, no_figures, capsys):
+    own = tmp_path / "my_study.py"
+    own.write_text(OWN_STUDY)
+    out = tmp_path / "report"
+    assert cli.main(["figures", "--results", str(QUICK), "--fit", str(ROOT / "fits" / "quick.json"),
+                     "--sections", str(own), "--out", str(out)]) == 0
+    text = (out / "REPORT.md").read_text()
+    assert "## My arm\n\n12 runs, mine.\n" in text and "Never written" not in text
+    assert text.index("## My arm") < text.index("## P*:") and text.index("## Findings") < text.index("## My arm")
+    facts = json.loads((out / "findings.json").read_text())
+    assert facts["my_arm"] == {"runs": 12, "budgets": len(facts["budgets"])} and facts["nothing"] == []
+    assert [(p["a"], p["b"]) for b in facts["budgets"] for p in b["pairs"]] == [("mxfp4", "fp8")] * len(facts["budgets"])
+
+
+def test_a_sections_file_that_is_not_one_is_a_one_line_error(tmp_path, capsys):
+    bad = tmp_path / "bad.py"
+    bad.write_text("x = 1\n")
+    assert cli.main(["figures", "--results", str(QUICK), "--sections", str(bad), "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "sections(results_path)" in err
+    with pytest.raises(ConfigError, match="before"):
+        report.write_report(results.load(QUICK), None, tmp_path / "s",
+                            sections=[report.Section("x", lambda c: 1, "X", lambda f: "x", before="nowhere")])
