@@ -60,7 +60,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     what.add_argument("--model", help=f"with --flops: the model whose step on the cluster sets the speed: "
                       f"{', '.join(CLUSTER_RECIPES)} (their layouts: docs/planner.md)")
     what.add_argument("--fit", help="fitted law (fits/NAME.json): plan its compute-optimal (N, D, P)")
-    what.add_argument("--compute", help="with --fit: training compute in FLOPs")
+    what.add_argument("--compute", help="with --fit: training compute in 16-bit FLOP units under the `bits` cost model "
+                      "(as `scaling optimal`: a FLOP at P bits counts P/16), e.g. 1e22")
     what.add_argument("--target-loss", help="with --fit: the loss to reach (compute found by bisection)")
     hw = parser.add_argument_group("cluster")
     hw.add_argument("--gpus", nargs="+", default=["1024", "5000", "10000"], help="cluster sizes (default: 1024 5000 10000)")
@@ -154,22 +155,32 @@ def plan_fit(
     compute: float | None = None,
     target_loss: float | None = None,
     **plan_options: ClusterRecipe | float | None,
-) -> tuple[float, PrecisionPlan, list[PrecisionPlan]]:
-    """(compute, the optimum's plan, one plan per precision) for a fitted law at `compute` or `target_loss`:
-    the law's compute optimum (scaling.study.optimal) priced by scaling.plan.cluster.plan_optimum."""
-    from scaling.study import fit, optimal  # lazy: keeps `scaling plan --flops` free of the fitting stack
+) -> tuple[float, PrecisionPlan, list[PrecisionPlan], dict]:
+    """(compute, the optimum's plan, one plan per precision, the optimum's verdict) for a fitted law at
+    `compute` or `target_loss`: the law's compute optimum (scaling.study.optimal, under the cost model
+    `scaling optimal` uses by default: `bits` with the fit's runs' unquantised share) priced by
+    scaling.plan.cluster.plan_optimum. The verdict is scaling.study.optimum_check's, the one `scaling
+    optimal` prints: where no optimum exists, a one-line ConfigError naming every reason."""
+    # lazy: keeps `scaling plan --flops` free of the fitting stack
+    from scaling.study import fit, optimal, optimum_check
 
     if (compute is None) == (target_loss is None):
         raise ConfigError("fit", str(fit_path), "exactly one of --compute or --target-loss")
     if not Path(fit_path).is_file():
         raise ConfigError("fit", str(fit_path), "an existing fitted-law JSON file (fits/NAME.json)")
     fit_result = fit.FitResult.from_json(fit_path)
-    optimal.refuse_degenerate(fit_result, key=f"--fit {fit_path}")
+    cost = optimal.Cost(shape=optimal.shape_of(fit_result))
+    check = optimum_check.verdict(fit_result, cost=cost)
+    if not check["exists"]:
+        raise ConfigError(f"--fit {fit_path}", f"{fit_result.law} fit, " + "; ".join(check["reasons"]),
+                          "a fit from which a compute optimum exists (`scaling optimal` gives the same verdict)")
     if compute is None:
-        compute = compute_for_target_loss(lambda c: optimal.optimal_precision(fit_result, compute=c)["loss"], target_loss)
-    best = optimal.optimal_precision(fit_result, compute=compute)
+        compute = compute_for_target_loss(lambda c: optimal.optimal_precision(fit_result, compute=c, cost=cost)["loss"],
+                                          target_loss)
+    best = optimal.optimal_precision(fit_result, compute=compute, cost=cost)
     per_precision = [plan_optimum(row, gpus, gpu, **plan_options) for row in best["per_precision"].to_dict("records")]
-    return compute, plan_optimum(best, gpus, gpu, **plan_options), per_precision
+    return (compute, plan_optimum(best, gpus, gpu, **plan_options), per_precision,
+            optimum_check.verdict(fit_result, best, cost))
 
 
 def main(args: argparse.Namespace) -> int:
@@ -217,18 +228,30 @@ def _fit_sections(args: argparse.Namespace, gpus: list[int], mfu: float | None, 
     if args.layout:
         lay = parse_step_layout(args.layout)
         recipe = replace(recipe, layout=f"tp={lay.tp},pp={lay.pp},ogr=1,opg=1" + (",tpo=1" if lay.tp > 1 else ""))
-    compute, best, per_precision = plan_fit(args.fit, gpus, args.gpu, compute, target, recipe=recipe, mfu=mfu, **options)
+    compute, best, per_precision, check = plan_fit(args.fit, gpus, args.gpu, compute, target, recipe=recipe, mfu=mfu,
+                                                   **options)
+    from scaling.study.optimum_check import describe  # the fitting stack is loaded by now (plan_fit)
+
+    gib = spec.memory_bytes / 2**30
     lines = [
-        f"fit {args.fit}: compute {compute:.3g} FLOPs" + (f" (reaches loss {target:g})" if target else ""),
+        f"fit {args.fit}: compute {compute:.3g} in 16-bit FLOP units under cost model {check['cost_model']} "
+        f"(a FLOP at P bits counts P/16)" + (f" (reaches loss {target:g})" if target else ""),
+        *describe(check),
+        "6ND: the hardware FLOPs of each row (every FLOP counts 1, whatever P); days from them",
         f"{'P':>5} {'format':>6} {'N':>10} {'D':>10} {'loss':>8} {'6ND':>10} " + " ".join(f"{f'days@{k}':>11}" for k in gpus),
     ]
     for p in per_precision:
         mark = "  <- optimal" if p.bits == best.bits else ""
+        over = [r for r in p.runs if r.memory_gib is not None and not r.fits]
+        if over:
+            mark += f"  ({max(r.memory_gib for r in over):,.0f} GiB/GPU: does not fit)"
         lines.append(f"{p.bits:>5g} {p.hardware_precision:>6} {p.params:>10.3g} {p.tokens:>10.3g} {p.loss:>8.4f} {p.flops:>10.3g} "
                      + " ".join(f"{r.days:>11.3g}" for r in p.runs) + mark)
+    memory = [f"memory: {r.memory_gib:,.0f} GiB per GPU on {r.gpus:,} GPUs, above the {spec.name}'s {gib:,.1f} GiB: "
+              "this plan does not fit as laid out" for r in best.runs if r.memory_gib is not None and not r.fits]
     return [
         "\n".join(lines),
         f"optimum P={best.bits:.3g} bits -> {best.hardware_precision} on {spec.name}, N={best.params:.3g}, D={best.tokens:.3g}\n"
-        + format_runs(best.runs, options["gpu_mtbf_hours"]),
+        + format_runs(best.runs, options["gpu_mtbf_hours"]) + "".join("\n" + m for m in memory),
         _step_speedup(args.gpu, gpus[0], recipe, best),
     ]

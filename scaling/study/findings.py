@@ -16,6 +16,7 @@ from scipy import stats
 from scaling.train import compute as compute_lib
 from scaling.study import laws, optimal
 from scaling.study import fit as fit_lib
+from scaling.study.optimum_check import too_few_runs_reason
 from scaling.study.analysis import (LEVEL, analyse, default_budgets, high_precision_recipe, ok_rows,
                                     replicate_noise, sweep_family, with_cost)
 from scaling.errors import ConfigError
@@ -170,24 +171,11 @@ def findings(df: pd.DataFrame, fit: Any | None, *, cost: str = "bits", budgets: 
     return out
 
 
-# A bootstrap resample of n runs holds about (1 - 1/e)·n distinct ones; a law's P* and its CI need each
-# resampled fit to keep as many residual degrees of freedom as free parameters, so that many distinct
-# runs, twice the free parameters. Below it the CI cannot cover a rerun (the quick preset's 12 runs for
-# kumar's 6 parameters: a seed-1 rerun put P* at 32 bits against the committed 5.5, interval 2-10).
-DISTINCT_RUNS_PER_PARAM = 2.0
-
-
 def too_few_runs(df: pd.DataFrame, fit: Any) -> str | None:
-    """Why these runs are too few for a P* from `fit` (see DISTINCT_RUNS_PER_PARAM), or None."""
+    """Why these runs are too few for a P* from `fit`, or None: the rule every verb shares
+    (optimum_check.too_few_runs_reason, DISTINCT_RUNS_PER_PARAM), on the runs of `df`."""
     n = int(df["run_id"].nunique()) if "run_id" in df.columns else len(df)
-    k = len(laws.get(fit.law).free_params(fit.fixed))
-    distinct = (1 - math.exp(-1)) * n
-    if distinct >= DISTINCT_RUNS_PER_PARAM * k:
-        return None
-    return (f"too few runs for a P*: {n} runs for the {k} free parameters of `{fit.law}` (a bootstrap resample "
-            f"holds about {distinct:.0f} distinct runs; a CI that covers a rerun needs at least "
-            f"{DISTINCT_RUNS_PER_PARAM * k:.0f}, twice the parameters, so at least "
-            f"{math.ceil(DISTINCT_RUNS_PER_PARAM * k / (1 - math.exp(-1)))} runs)")
+    return too_few_runs_reason(n, fit.law, fit.fixed)
 
 
 def _measured_findings(df: pd.DataFrame, main: pd.DataFrame, budgets: Sequence[float],

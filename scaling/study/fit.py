@@ -33,6 +33,7 @@ import itertools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from statistics import NormalDist
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -416,12 +417,52 @@ EXPONENTS = ("alpha", "beta")  # power-law exponents: a fit where one is <= 0 ha
 # fraction of the smallest value it started from has run off towards it.
 AT_BOUND = 1e-4
 COLLAPSED_CI = 1e-4  # a CI narrower than this fraction of its value: the resamples never moved it
+# A CI narrower than this fraction of the narrowest the fitted data allow (`_narrowest_ci`): the resamples
+# stalled on a direction the data barely constrain. The bound is a floor the data cannot beat even with
+# every other param known and every point as sensitive as the most sensitive corner of their range, so
+# an honest CI sits above it, or near it (the committed quick fit's A: 0.1 of it, its term alive only at
+# the smallest N); a stalled one sits orders of magnitude below (a floor of 0.0024 in a loss of ~2,
+# resampled to [0.002411, 0.002412]: about 1e-5 of it).
+BELOW_DATA_RESOLUTION = 1e-2
+
+
+def _narrowest_ci(result: FitResult, law: laws.Law, name: str) -> float | None:
+    """The narrowest CI of free param `name` that the fitted data allow (log scale for a positive param):
+    z·s/(sqrt(n)·g), s the RMS of the fit's log-loss residuals, n its points, g the largest
+    |d log L / d theta| over the box of its columns' recorded (min, median, max), z the two-sided normal
+    width at the bootstrap's level (3.92 at 95%). That is the CI with every other param known (the
+    conditional information never exceeds the marginal) and every point as informative as the most
+    sensitive one. None where the fit does not record its residuals or its columns' ranges."""
+    cols = (result.data or {}).get("columns") or {}
+    resid = np.asarray(result.residuals, float)
+    n = (result.data or {}).get("n_points") or resid.size
+    if resid.size == 0 or not n or any(c not in cols or "min" not in cols[c] for c in law.columns):
+        return None
+    grid = [sorted({float(cols[c]["min"]), float(cols[c].get("median", cols[c]["min"])), float(cols[c]["max"])})
+            for c in law.columns]
+    box = np.array(list(itertools.product(*grid)), float).T
+    x = dict(zip(law.columns, box))
+    value, h = result.params[name], 1e-6
+    moved = dict(result.params, **{name: value * np.exp(h) if name in law.positive else value + h * max(1.0, abs(value))})
+    with np.errstate(all="ignore"):
+        slope = (np.asarray(law.log_predict(moved, x, np)) - np.asarray(law.log_predict(result.params, x, np))) / h
+        if name not in law.positive:
+            slope = slope / max(1.0, abs(value))
+    slope = np.abs(slope[np.isfinite(slope)])
+    if slope.size == 0 or not slope.max() > 0:
+        return None
+    level = float((result.bootstrap or {}).get("level", 0.95))
+    z = 2 * NormalDist().inv_cdf(0.5 + level / 2)
+    return float(z * np.sqrt(np.mean(resid ** 2)) / (np.sqrt(n) * slope.max()))
 
 
 def degenerate_reason(result: FitResult) -> str | None:
     """Why no optimum, figure or plan may be derived from a fit, or None for a sound one: a free param
     that is not finite, a positive param at its bound 0 (or a CI reaching it), a power-law exponent
-    <= 0, or a bootstrap CI collapsed to its value (a flat direction the resamples never left)."""
+    <= 0, or a bootstrap CI collapsed (a flat direction the resamples never left). Collapsed, for every
+    law and free param alike: narrower than COLLAPSED_CI of its value, or, where the fit records its
+    residuals and data ranges, narrower than BELOW_DATA_RESOLUTION of the narrowest CI those data allow
+    (`_narrowest_ci`; width in log for a positive param)."""
     law = laws.get(result.law)
     free = [(name, result.params.get(name, np.nan)) for name in law.free_params(result.fixed)]
     floor = {name: AT_BOUND * min(law.init_grid[name]) for name, _ in free if name in law.positive}
@@ -441,6 +482,12 @@ def degenerate_reason(result: FitResult) -> str | None:
                 return f"the CI of {name} ({lo:.3g} to {hi:.3g}) reaches its bound 0"
             if abs(hi - lo) < COLLAPSED_CI * abs(value):
                 return f"the CI of {name} ({lo:.6g} to {hi:.6g}) has collapsed to its value"
+            narrowest = _narrowest_ci(result, law, name)
+            width = (np.log(hi / lo) if lo > 0 else np.inf) if name in law.positive else hi - lo
+            if narrowest is not None and width < BELOW_DATA_RESOLUTION * narrowest:
+                scale = " in log" if name in law.positive else ""
+                return (f"the CI of {name} ({lo:.6g} to {hi:.6g}) has collapsed: {width:.2g} wide{scale}, "
+                        f"{width / narrowest:.1g} of the narrowest ({narrowest:.2g}) its data allow")
     return None
 
 

@@ -1,0 +1,123 @@
+"""Whether a fitted law's compute optimum exists, and how far it reaches past the runs: the one verdict
+that `scaling optimal` and `scaling plan --fit` print, and whose run-count rule REPORT's P* follows
+(findings.too_few_runs).
+
+`verdict(fit, optimum=None, cost=None)` -> {"exists", "reasons", "extrapolated", "extrapolation",
+"unchecked", "cost_model"}:
+
+- reasons: why no optimum exists; any at all and `exists` is False and no (N, D, P) is reported. A
+  degenerate fit (FitResult.degenerate as stored, else fit.degenerate_reason under today's rules, so a fit
+  written before a rule existed is judged by it), and too few runs for the law's free parameters
+  (`too_few_runs_reason`, the rule REPORT.md's P* follows).
+- extrapolated / extrapolation: N*, D* (and P*, for a law that reads bits) outside the range the fit's
+  points span, saying which side and by what factor. A flag, not a refusal: reading a law beyond its runs
+  is what it is fitted for, but every verb says so.
+- unchecked: what the fit JSON does not record (fits from an older `scaling fit`), said, not guessed.
+- cost_model: the name of the cost model the optimum's compute is counted under (optimal.Cost.name).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+from scaling.study import laws
+from scaling.study.fit import FitResult, degenerate_reason
+
+# A bootstrap resample of n runs holds about (1 - 1/e)·n distinct ones; a law's P* and its CI need each
+# resampled fit to keep as many residual degrees of freedom as free parameters, so that many distinct
+# runs, twice the free parameters. Below it the CI cannot cover a rerun (the quick preset's 12 runs for
+# kumar's 6 parameters: a seed-1 rerun put P* at 32 bits against the committed 5.5, interval 2-10).
+DISTINCT_RUNS_PER_PARAM = 2.0
+
+# columns that hold a precision in bits: the optimum sets each to its P (optimal.precision_columns)
+_BITS_COLUMNS = ("P", "P_w", "P_a", "P_g", "P_fwd", "P_bwd")
+
+
+def too_few_runs_reason(n_runs: int, law: str, fixed: Mapping[str, float] | None = None) -> str | None:
+    """Why `n_runs` runs are too few for a P* from a fit of `law` (see DISTINCT_RUNS_PER_PARAM), or None."""
+    k = len(laws.get(law).free_params(dict(fixed or {})))
+    distinct = (1 - math.exp(-1)) * n_runs
+    if distinct >= DISTINCT_RUNS_PER_PARAM * k:
+        return None
+    return (f"too few runs for a P*: {n_runs} runs for the {k} free parameters of `{law}` (a bootstrap resample "
+            f"holds about {distinct:.0f} distinct runs; a CI that covers a rerun needs at least "
+            f"{DISTINCT_RUNS_PER_PARAM * k:.0f}, twice the parameters, so at least "
+            f"{math.ceil(DISTINCT_RUNS_PER_PARAM * k / (1 - math.exp(-1)))} runs)")
+
+
+def _number(v: float, bits: bool = False) -> str:
+    if bits:
+        return f"{v:.3g}"
+    return f"{v:,.0f}" if 1 <= abs(v) < 1e7 else f"{v:.3g}"
+
+
+def _outside(quantity: str, column: str, value: float, span: Mapping[str, Any], bits: bool) -> dict | None:
+    """The extrapolation of `value` against the trained range of `column`, or None inside it."""
+    lo, hi = float(span["min"]), float(span["max"])
+    if lo * (1 - 1e-9) <= value <= hi * (1 + 1e-9):
+        return None
+    below = value < lo
+    bound = lo if below else hi
+    factor = bound / value if below else value / bound
+    text = (f"{quantity}* {_number(value, bits)} {'below the smallest' if below else 'above the largest'} "
+            f"trained {column} {_number(bound, bits)} ({factor:.3g}x {'smaller' if below else 'larger'})")
+    return {"quantity": quantity, "column": column, "value": float(value), "trained": [lo, hi],
+            "side": "below" if below else "above", "factor": float(factor), "text": text}
+
+
+def _extrapolation(fit: FitResult, optimum: Mapping[str, Any], unchecked: list[str]) -> list[dict]:
+    law = laws.get(fit.law)
+    columns = (fit.data or {}).get("columns") or {}
+    checks = [("N", "N", optimum.get("N")), ("D", "D", optimum.get("D"))]
+    checks += [("P", c, optimum.get("P")) for c in _BITS_COLUMNS if c in law.columns]
+    checks += [(c, c, optimum.get(c)) for c in ("ebits", "mbits") if c in law.columns and c in optimum]
+    out = []
+    for quantity, column, value in checks:
+        if value is None:
+            continue
+        span = columns.get(column) or {}
+        if "min" not in span or "max" not in span:
+            unchecked.append(f"the fit records no trained range of {column} (data.columns.{column}; a fit from an "
+                             f"older `scaling fit`): whether {quantity}* is an extrapolation is not checked")
+            continue
+        found = _outside(quantity, column, float(value), span, bits=quantity not in ("N", "D"))
+        if found:
+            out.append(found)
+    return out
+
+
+def verdict(fit: FitResult | Mapping[str, Any], optimum: Mapping[str, Any] | None = None,
+            cost: Any = None) -> dict[str, Any]:
+    """Does an optimum exist for `fit`, and is `optimum` (a dict with N, D, P, as optimal.optimal_precision
+    returns; None: judge the fit alone) an extrapolation? `cost`: the optimal.Cost (or its name) the
+    optimum's compute is counted under. See the module doc for the keys."""
+    fit = fit if isinstance(fit, FitResult) else FitResult.from_dict(fit)
+    reasons: list[str] = []
+    unchecked: list[str] = []
+    degenerate = fit.degenerate or degenerate_reason(fit)
+    if degenerate:
+        reasons.append(f"degenerate: {degenerate}")
+    n_runs = (fit.data or {}).get("n_units")
+    if n_runs is None:
+        unchecked.append("the fit records no run count (data.n_units; a fit from an older `scaling fit`): "
+                         "whether its runs are too few for its free parameters is not checked")
+    else:
+        few = too_few_runs_reason(int(n_runs), fit.law, fit.fixed)
+        if few:
+            reasons.append(few)
+    extrapolation = _extrapolation(fit, optimum, unchecked) if optimum is not None and not reasons else []
+    return {"exists": not reasons, "reasons": reasons, "extrapolated": bool(extrapolation),
+            "extrapolation": extrapolation, "unchecked": unchecked,
+            "cost_model": None if cost is None else getattr(cost, "name", str(cost))}
+
+
+def describe(v: Mapping[str, Any]) -> list[str]:
+    """The verdict's lines for a verb's text output: 'no optimum: ...', 'extrapolated: ...', 'not checked: ...'."""
+    lines = []
+    if not v["exists"]:
+        lines.append("no optimum: " + "; ".join(v["reasons"]))
+    if v["extrapolated"]:
+        lines.append("extrapolated: " + "; ".join(e["text"] for e in v["extrapolation"]))
+    lines += [f"not checked: {u}" for u in v["unchecked"]]
+    return lines
