@@ -359,7 +359,7 @@ def _shape_effects_panel(ax: Any, entries: Sequence[dict], unit: str) -> None:
         ax.plot([e["N"] for e in effects], [e["effect"] for e in effects], marker=marker, lw=0.8, mec="k", mew=0.5,
                 label=f"C = {_fmt(entry['budget'])}")
         for e in effects:
-            if abs(e["effect"]) >= abs(top.get(e["shape"], {"effect": -1.0})["effect"]):
+            if e["shape"] not in top or abs(e["effect"]) > abs(top[e["shape"]]["effect"]):
                 top[e["shape"]] = e
     for i, e in enumerate(sorted(top.values(), key=lambda e: e["N"])):
         ax.annotate(e["shape"], (e["N"], e["effect"]), fontsize=6, xytext=(2, 4 if i % 2 == 0 else -9),
