@@ -40,6 +40,7 @@ def findings_markdown(f: dict) -> str:
              f"Loss in {unit}; compute in 16-bit FLOP units under the `{cost}` cost model: {_after_colon(f['cost_model'])}.",
              ""]
     lines += _corpora(f)
+    lines += _matched(f.get("matched"), unit)
     lines += _budgets(f, unit)
     lines += _prediction(f, unit)
     lines += _law(f.get("law") or {})
@@ -52,6 +53,26 @@ def findings_markdown(f: dict) -> str:
         lines += _outliers(f["outliers"], unit)
     lines += _gpu_pilot(f.get("gpu_pilot"), unit)
     return "\n".join(lines) + "\n"
+
+
+def _matched(m: dict | None, unit: str) -> list[str]:
+    """What the formats do at matched tokens (findings' `matched`): each recipe's gap to the reference with
+    its family-wise interval, grouped by verdict; [] without matched points."""
+    if not m:
+        return []
+    fw = m["familywise"]
+    measured = sorted((r for r in m["recipes"] if r["mean"] is not None), key=lambda r: r["mean"])
+
+    def gap(r: dict) -> str:
+        lo, hi = r["mean_familywise_ci"]
+        return f"{r['recipe']} {r['mean']:+.3f} [{lo:+.3f}, {hi:+.3f}]"
+    groups = [(v, [gap(r) for r in measured if r["verdict"] == v])
+              for v in ("lower than the reference", "cannot tell", "higher than the reference")]
+    said = "; ".join(f"{v.replace('the reference', m['reference'])}: {', '.join(g)}" for v, g in groups if g)
+    n = sum(r["n"] for r in measured)
+    return [f"- **At matched tokens: what the formats do** (the numerics alone, no cost model: each recipe's loss minus "
+            f"{m['reference']}'s at the same size, tokens and seed, {n} paired points; mean gap in {unit} with "
+            f"{fw['level']:.0%} intervals family-wise over {fw['m']} coefficients, errors clustered by run): {said}."]
 
 
 def _corpora(f: dict) -> list[str]:

@@ -279,6 +279,33 @@ def cost_of_precision(ok: pd.DataFrame, fit: Any) -> str:
     return "\n".join(text)
 
 
+def matched_section(f: dict) -> str:
+    """Each recipe's gap to the reference at matched tokens (findings' `matched`): the numerics alone,
+    before any cost model; continuous differences with their intervals, then the verdicts."""
+    m, unit = f["matched"], f["loss_unit"]
+    fw = m["familywise"]
+    lines = [f"Each recipe's loss minus {m['reference']}'s at the same model size, tokens and seed (same initialisation, "
+             f"same data order, same tokens: only the numerics differ), paired on {', '.join(m['keys'])}. One regression "
+             f"per recipe over every budget: gap = a + b·(ln N − mean) + c·(ln(D/N) − mean), so a is the recipe's mean "
+             f"matched gap at the centre of its points; errors clustered by ({', '.join(m['clustered_by'])}) (a seed fixes "
+             f"both the initialisation and the data order; CR1, t with G − 1 dof). The family-wise intervals are "
+             f"{fw['rule']} over {fw['m']} coefficients ({fw['level']:.0%} for all together); each verdict is read "
+             f"from them. Loss in {unit}. No cost model enters here: the IsoFLOP sections below add one.", "",
+             "| recipe | points (clusters) | matched gap a | 95% CI | family-wise CI | per e-fold of D/N, c (family-wise CI) | verdict |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    def ci(x):
+        return "–" if x is None else f"{x[0]:+.3f} to {x[1]:+.3f}"
+    for r in sorted(m["recipes"], key=lambda r: (r["mean"] is None, r["mean"] or 0)):
+        if r["mean"] is None:
+            lines.append(f"| {r['recipe']} | {r['n']} ({r['clusters']}) | – | – | – | – | cannot tell: {r['reason']} |")
+            continue
+        c = r["coefficients"]["c"]
+        slope = "–" if c["estimate"] is None else f"{c['estimate']:+.3f} ({ci(c.get('familywise_ci'))})"
+        lines.append(f"| {r['recipe']} | {r['n']} ({r['clusters']}) | {r['mean']:+.4f} | {ci(r['mean_ci'])} | "
+                     f"{ci(r['mean_familywise_ci'])} | {slope} | {r['verdict']} |")
+    return "\n".join(lines)
+
+
 def findings_section(f: dict) -> str:
     """Per budget: each recipe's IsoFLOP minimum with its CI, runs and P(best); the verdict sentence."""
     unit = f["loss_unit"]

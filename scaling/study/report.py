@@ -17,11 +17,11 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import pandas as pd
 
-from scaling.study import fit, plots, analysis
+from scaling.study import analysis, fit, matched, plots
 from scaling.study import findings as findings_lib
 from scaling.study import predict as predict_lib
 from scaling.study.prose import (corpus_of, cost_of_precision, findings_section, fitted_law, fmt, granularity_section,
-                                 heldout_error, limitations, outliers_section, prediction_sections, pstar_section,
+                                 heldout_error, limitations, matched_section, outliers_section, prediction_sections, pstar_section,
                                  what_was_run)
 from scaling._io import atomic_write_json, atomic_write_text
 from scaling.errors import ConfigError
@@ -93,7 +93,7 @@ class Section:
 
 
 # REPORT.md's built-in sections, in order; a study's own go before the one they name
-BUILT_IN = ("findings", "prediction", "pstar", "granularity", "outliers", "what_was_run", "law", "figures",
+BUILT_IN = ("matched", "findings", "prediction", "pstar", "granularity", "outliers", "what_was_run", "law", "figures",
             "cluster", "limitations")
 
 
@@ -127,7 +127,9 @@ def write_report(results_df: pd.DataFrame, fit_result: Any, out_dir: str | Path,
     figures = plots.make_figures(results_df, fit_result, out_dir, curves=curves, facts=facts, plan_table=table)
     atomic_write_json(out_dir / "findings.json", facts)
     law_sections, heldout = _law_sections(ok, fitted, fit_result)
-    built_in = {"findings": ["## Findings: the sweet spot, measured (IsoFLOP profiles)", "", findings_section(facts), ""],
+    built_in = {"matched": (["## At matched tokens: what the formats do", "", matched_section(facts), ""]
+                            if facts.get("matched") else []),
+                "findings": ["## Findings: the sweet spot, measured (IsoFLOP profiles)", "", findings_section(facts), ""],
                 "prediction": prediction_sections(facts),
                 "pstar": ["## P*: the law's compute-optimal precision, with its uncertainty", "", pstar_section(facts), ""],
                 "granularity": (["## Scaling granularity and scale timing", "",
@@ -161,9 +163,19 @@ def report_facts(results_df: pd.DataFrame, ok: pd.DataFrame, fitted: pd.DataFram
     studied = fitted if not fitted.empty else ok
     for b in facts.get("budgets", []):
         b["corpora"], b["hosts"] = findings_lib.corpora(studied, b["budget"]), findings_lib.hosts(studied, b["budget"])
+    facts["matched"] = matched_facts(studied)
     facts["granularity"] = findings_lib.scheme_effects(findings_lib.purpose_rows(results_df, "granularity"))
     facts["outliers"] = findings_lib.smooth_swiglu_effect(findings_lib.purpose_rows(results_df, "outliers"))
     return facts
+
+
+def matched_facts(rows: pd.DataFrame) -> dict | None:
+    """findings.json's `matched`: each recipe's gap to the reference at matched tokens (the same N, D,
+    seed and shape; scaling.study.matched), or None where the rows pair no recipe with the reference."""
+    if rows.empty or "seed" not in rows.columns or rows["recipe"].nunique() < 2:
+        return None
+    result = matched.matched_gaps(rows)
+    return result if any(r["n"] for r in result["recipes"]) else None
 
 
 def prediction_facts(prediction: dict, facts: dict) -> dict:

@@ -66,3 +66,18 @@ def test_a_sections_file_that_is_not_one_is_a_one_line_error(tmp_path, capsys):
     with pytest.raises(ConfigError, match="before"):
         report.write_report(results.load(QUICK), None, tmp_path / "s",
                             sections=[report.Section("x", lambda c: 1, "X", lambda f: "x", before="nowhere")])
+
+
+def test_the_report_leads_with_the_gaps_at_matched_tokens(tmp_path, no_figures):
+    """Numerics before cost: each recipe's gap to the reference at the same (N, D, seed) comes first,
+    with its clustered and family-wise intervals, before any IsoFLOP verdict a cost model makes."""
+    path = report.write_report(results.load(QUICK), None, tmp_path)
+    text = path.read_text()
+    assert text.index("## At matched tokens: what the formats do") < text.index("## Findings: the sweet spot")
+    facts = json.loads((tmp_path / "findings.json").read_text())
+    m = facts["matched"]
+    assert m["reference"] == "fp32" and m["clustered_by"] == ["N", "seed"] and m["familywise"]["rule"] == "Bonferroni"
+    fp8 = next(r for r in m["recipes"] if r["recipe"] == "fp8")
+    lo, hi = fp8["mean_familywise_ci"]
+    assert fp8["n"] > fp8["clusters"] >= 2 and lo < fp8["mean_ci"][0] <= fp8["mean"] <= fp8["mean_ci"][1] < hi
+    assert f"| fp8 | {fp8['n']} ({fp8['clusters']}) | {fp8['mean']:+.4f} |" in text
