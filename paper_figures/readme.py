@@ -41,6 +41,7 @@ def findings_markdown(f: dict) -> str:
              ""]
     lines += _corpora(f)
     lines += _matched(f.get("matched"), unit)
+    lines += _chips(f.get("cost_models"))
     lines += _budgets(f, unit)
     lines += _prediction(f, unit)
     lines += _law(f.get("law") or {})
@@ -75,6 +76,30 @@ def _matched(m: dict | None, unit: str) -> list[str]:
             f"{fw['level']:.0%} intervals family-wise over {fw['m']} coefficients, errors clustered by run): {said}."]
 
 
+def _chips(c: dict | None) -> list[str]:
+    """The IsoFLOP verdict at each budget on each real chip (findings' `cost_models`), indicative where
+    interpolated; [] without it."""
+    if not c:
+        return []
+    out = ["- **At a fixed budget on a real chip** (each format at the rate the chip's tensor cores run it; the "
+           "same budgets, the reference spending the same compute; REPORT's per-chip table):"]
+    for chip, entry in c["chips"].items():
+        said = []
+        for b in entry["budgets"]:
+            if b["winner"]:
+                verdict = f"**{b['winner']}**, {b['diff']:.3f} below {b['runner_up']} [{b['diff_ci'][0]:+.3f}, {b['diff_ci'][1]:+.3f}]"
+            elif b["best"] and b["diff_ci"]:
+                verdict = f"cannot tell ({b['best']} vs {b['runner_up']}, {b['diff']:+.3f} [{b['diff_ci'][0]:+.3f}, {b['diff_ci'][1]:+.3f}])"
+            else:
+                verdict = "cannot tell"
+            flags = [f"{len(b['fitted'])} recipes compared"]
+            if b["interpolated_share"]:
+                flags.append(f"{b['interpolated_share']:.0%} of points interpolated: indicative")
+            said.append(f"C = {_num(b['budget_reference'])}: {verdict} ({'; '.join(flags)})")
+        out.append(f"  - {chip.upper()}: " + "; ".join(said) + ".")
+    return out
+
+
 def _corpora(f: dict) -> list[str]:
     """Where a budget's runs trained on more than one corpus: the recipes wholly off the main one."""
     mixed = [b for b in f["budgets"] if len(b.get("corpora") or {}) > 1]
@@ -99,7 +124,9 @@ def _corpora(f: dict) -> list[str]:
 def _budgets(f: dict, unit: str) -> list[str]:
     if not f["budgets"]:
         return ["- **Which precision is best at a fixed budget.** No budget has IsoFLOP profiles: cannot tell."]
-    lines = ["- **Which precision is best at a fixed budget** (each recipe's IsoFLOP minimum, bootstrap P(best)):"]
+    cost = f.get("cost_model", "bits").split(":")[0]
+    lines = [f"- **Which precision is best at a fixed budget, under the idealised `{cost}` cost model** (half the bits, "
+             "twice the throughput: no chip runs FP6 faster than FP8; each recipe's IsoFLOP minimum, bootstrap P(best)):"]
     for b in f["budgets"]:
         lines.append(f"  - C = {_num(b['budget'])}: {_verdict(b, unit)}")
     # at each budget a recipe trained at (a study may train some recipes at some budgets only)

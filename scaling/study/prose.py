@@ -306,27 +306,70 @@ def matched_section(f: dict) -> str:
     return "\n".join(lines)
 
 
+def chips_section(f: dict) -> str:
+    """The IsoFLOP verdicts at the same budgets on real chips (findings' `cost_models`): each recipe's charge
+    per 6ND under every cost model, then the verdict per chip and budget, indicative where interpolated."""
+    c = f["cost_models"]
+    ch = c["charges"]
+    chips = list(c["chips"])
+    lines = ["The verdicts above charge each FLOP by its operands' bits (`bits`: half the bits, twice the throughput). "
+             "A chip charges by the rate its tensor cores run each format at (dense peaks; FP8 and FP6 at the FP8 "
+             "rate, FP4 at the FP8 rate on H100 and twice it on B200): a recipe's tokens at a budget follow from "
+             f"its charge. Charge per 6ND at N = {fmt(ch['N'])}, and the tokens it buys relative to {ch['reference']}:", "",
+             "| recipe | " + " | ".join(f"{m}: charge (tokens)" for m in ("bits", *chips)) + " |",
+             "| --- | " + " | ".join("---" for _ in ("bits", *chips)) + " |"]
+    for r in ch["rows"]:
+        lines.append(f"| {r['recipe']} | " + " | ".join(
+            f"{r[m]:.3f} ({r[m + '_tokens']:.2f}x)" for m in ("bits", *chips)) + " |")
+    lines += ["", f"The same budgets ({ch['reference']} spends the same compute under every model), read on each chip. "
+                  "A run evaluated only where the `bits` design put it may pass a chip's budget before its first "
+                  "evaluation (absent: nothing is extrapolated) or be read between two evaluations (interpolated: "
+                  "indicative, log loss linear in log D).", "",
+              "| chip | C | verdict | best vs runner-up | runner-up − best (95% CI) | recipes fitted / short / absent | interpolated |",
+              "| --- | --- | --- | --- | --- | --- | --- |"]
+    thin = False
+    for chip, entry in c["chips"].items():
+        for b in entry["budgets"]:
+            verdict = f"**{b['winner']}**" if b["winner"] else ("cannot tell" if b["best"] else "no IsoFLOP profile")
+            diff = (f"{b['diff']:+.3f} ({b['diff_ci'][0]:+.3f} to {b['diff_ci'][1]:+.3f})"
+                    if b["diff_ci"] else "–")
+            share = b["interpolated_share"]
+            thin = thin or bool(b["absent"]) or bool(share)
+            lines.append(f"| {chip} | {fmt(b['budget_reference'])} | {verdict} | {b['best'] or '–'} vs {b['runner_up'] or '–'} | "
+                         f"{diff} | {len(b['fitted'])} / {len(b['short'])} / {len(b['absent'])} | "
+                         + ("–" if share is None else f"{share:.0%}" + (" (indicative)" if share else "")) + " |")
+    if thin:
+        lines += ["", "What would settle it: these runs were placed by the `bits` cost model, so on a chip some recipes "
+                      "miss the budgets or are read between evaluations. An IsoFLOP design costed on the chip "
+                      "(`cost = \"h100\"` in the experiment's `[isoflop]` table) lands every recipe on its budgets; it "
+                      "needs new runs."]
+    return "\n".join(lines)
+
+
 def findings_section(f: dict) -> str:
     """Per budget: each recipe's IsoFLOP minimum with its CI, runs and P(best); the verdict sentence."""
     unit = f["loss_unit"]
     lines = [f"Compute in 16-bit FLOP units, cost model *{f['cost_model']}*. Loss in {unit}. "
-             f"{f['runs']} runs; seeds per (size, recipe, tokens) cell: {_range_text(f['seeds_per_cell'])}."]
+             f"{f['runs']} runs; seeds per (size, recipe, tokens) cell: {_range_text(f['seeds_per_cell'])}. "
+             "A recipe's bits P are its forward GEMM operands' element width, as the law sees them; what the cost "
+             "model charges for one of its FLOPs, in 16-bit FLOPs, is a separate column: every verdict below holds "
+             "for this cost model only."]
     if not f["budgets"]:
         return "\n".join(lines + ["", "No budget is reached by three or more sizes of two recipes: "
                                    "no IsoFLOP profile can be fitted, so the data cannot tell which precision is best."])
     for b in f["budgets"]:
         lines += ["", f"**C = {fmt(b['budget'])}.** " + verdict_sentence(b, unit), "",
-                  "| recipe | effective bits | runs (sizes) | IsoFLOP minimum | 95% CI | at N | P(best) |",
-                  "| --- | --- | --- | --- | --- | --- | --- |"]
+                  "| recipe | bits P | charged per FLOP | runs (sizes) | IsoFLOP minimum | 95% CI | at N | P(best) |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- |"]
         for e in sorted(b["recipes"], key=lambda e: (e["loss"] is None, e["loss"] or 0)):
             if e["loss"] is None:
                 why = "too few sizes" if e["sizes"] < analysis.MIN_SIZES else "not fitted (above)"
-                lines.append(f"| {e['recipe']} | {e['bits_eff']:.3g} | {e['runs']} ({e['sizes']}) | {why} | – | – | – |")
+                lines.append(f"| {e['recipe']} | {e['P']:g} | {e['bits_eff'] / 16:.3g} | {e['runs']} ({e['sizes']}) | {why} | – | – | – |")
                 continue
             ci = f"{e['ci'][0]:.4g}–{e['ci'][1]:.4g}" if e["ci"] else "–"
             at = fmt(e["N_opt"]) + ("" if e["inside"] else " (edge)")
             p_best = f"{e['p_best']:.2f}" if e["p_best"] is not None else "–"
-            lines.append(f"| {e['recipe']} | {e['bits_eff']:.3g} | {e['runs']} ({e['sizes']}) | {e['loss']:.4g} | {ci} | {at} | {p_best} |")
+            lines.append(f"| {e['recipe']} | {e['P']:g} | {e['bits_eff'] / 16:.3g} | {e['runs']} ({e['sizes']}) | {e['loss']:.4g} | {ci} | {at} | {p_best} |")
         lines += _corpora_lines(b.get("corpora") or {}) + _hosts_lines(b.get("hosts") or {})
         lines += _shape_effects_table(b, unit)
     interp = sum(e["interpolated"] for b in f["budgets"] for e in b["recipes"])

@@ -17,10 +17,10 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import pandas as pd
 
-from scaling.study import analysis, fit, matched, plots
+from scaling.study import analysis, costs, fit, matched, plots
 from scaling.study import findings as findings_lib
 from scaling.study import predict as predict_lib
-from scaling.study.prose import (corpus_of, cost_of_precision, findings_section, fitted_law, fmt, granularity_section,
+from scaling.study.prose import (chips_section, corpus_of, cost_of_precision, findings_section, fitted_law, fmt, granularity_section,
                                  heldout_error, limitations, matched_section, outliers_section, prediction_sections, pstar_section,
                                  what_was_run)
 from scaling._io import atomic_write_json, atomic_write_text
@@ -93,7 +93,7 @@ class Section:
 
 
 # REPORT.md's built-in sections, in order; a study's own go before the one they name
-BUILT_IN = ("matched", "findings", "prediction", "pstar", "granularity", "outliers", "what_was_run", "law", "figures",
+BUILT_IN = ("matched", "findings", "chips", "prediction", "pstar", "granularity", "outliers", "what_was_run", "law", "figures",
             "cluster", "limitations")
 
 
@@ -130,6 +130,8 @@ def write_report(results_df: pd.DataFrame, fit_result: Any, out_dir: str | Path,
     built_in = {"matched": (["## At matched tokens: what the formats do", "", matched_section(facts), ""]
                             if facts.get("matched") else []),
                 "findings": ["## Findings: the sweet spot, measured (IsoFLOP profiles)", "", findings_section(facts), ""],
+                "chips": (["## On a real chip: the same budgets under H100 and B200 cost models", "", chips_section(facts), ""]
+                          if facts.get("cost_models") else []),
                 "prediction": prediction_sections(facts),
                 "pstar": ["## P*: the law's compute-optimal precision, with its uncertainty", "", pstar_section(facts), ""],
                 "granularity": (["## Scaling granularity and scale timing", "",
@@ -164,6 +166,7 @@ def report_facts(results_df: pd.DataFrame, ok: pd.DataFrame, fitted: pd.DataFram
     for b in facts.get("budgets", []):
         b["corpora"], b["hosts"] = findings_lib.corpora(studied, b["budget"]), findings_lib.hosts(studied, b["budget"])
     facts["matched"] = matched_facts(studied)
+    facts["cost_models"] = cost_facts(studied, facts)
     facts["granularity"] = findings_lib.scheme_effects(findings_lib.purpose_rows(results_df, "granularity"))
     facts["outliers"] = findings_lib.smooth_swiglu_effect(findings_lib.purpose_rows(results_df, "outliers"))
     return facts
@@ -176,6 +179,23 @@ def matched_facts(rows: pd.DataFrame) -> dict | None:
         return None
     result = matched.matched_gaps(rows)
     return result if any(r["n"] for r in result["recipes"]) else None
+
+
+CHIPS = ("h100", "b200")  # the real chips every verdict is also read on (scaling.study.costs)
+
+
+def cost_facts(rows: pd.DataFrame, facts: dict) -> dict | None:
+    """findings.json's `cost_models`: the IsoFLOP verdicts at the same budgets under each real chip's
+    cost model (scaling.study.costs; the budgets as the reference recipe spends them), and each recipe's
+    charge per 6ND under every model; None without IsoFLOP budgets."""
+    budgets = [b["budget"] for b in facts.get("budgets") or []]
+    if not budgets or "flops_fprop" not in rows.columns:
+        return None
+    pairs = [(p["a"], p["b"]) for b in facts["budgets"] for p in b.get("pairs", [])]
+    verdicts = costs.verdicts_by_cost(rows, budgets, CHIPS, pairs=list(dict.fromkeys(pairs)))
+    table = costs.charges(rows, cost_models=("bits", *CHIPS))
+    return {"chips": verdicts, "charges": {"N": table.attrs["N"], "reference": table.attrs["reference"],
+                                           "rows": table.to_dict("records")}}
 
 
 def prediction_facts(prediction: dict, facts: dict) -> dict:

@@ -81,3 +81,23 @@ def test_the_report_leads_with_the_gaps_at_matched_tokens(tmp_path, no_figures):
     lo, hi = fp8["mean_familywise_ci"]
     assert fp8["n"] > fp8["clusters"] >= 2 and lo < fp8["mean_ci"][0] <= fp8["mean"] <= fp8["mean_ci"][1] < hi
     assert f"| fp8 | {fp8['n']} ({fp8['clusters']}) | {fp8['mean']:+.4f} |" in text
+
+
+def test_every_verdict_is_also_read_on_real_chips(tmp_path, no_figures):
+    """Cost second: the same budgets under the H100 and B200 cost models, each recipe's charge per 6ND
+    beside them, and a recipe the `bits` design placed past a chip's budget listed as absent."""
+    path = report.write_report(results.load(QUICK), None, tmp_path)
+    text = path.read_text()
+    assert (text.index("## Findings: the sweet spot") < text.index("## On a real chip: the same budgets")
+            < text.index("## What was run"))
+    facts = json.loads((tmp_path / "findings.json").read_text())
+    chips = facts["cost_models"]["chips"]
+    assert set(chips) == {"h100", "b200"}
+    for entry in chips.values():
+        assert [b["budget_reference"] for b in entry["budgets"]] == [b["budget"] for b in facts["budgets"]]
+        for b in entry["budgets"]:
+            assert set(b["fitted"]) | set(b["short"]) | set(b["absent"]) == {"fp32", "fp8", "mxfp4"}
+    charge = {r["recipe"]: r for r in facts["cost_models"]["charges"]["rows"]}
+    assert charge["fp8"]["h100"] == pytest.approx(charge["mxfp4"]["h100"])  # FP4 runs at the FP8 rate on an H100
+    assert charge["mxfp4"]["b200"] < charge["fp8"]["b200"] and charge["mxfp4"]["bits"] < charge["fp8"]["bits"]
+    assert f"| mxfp4 | {charge['mxfp4']['bits']:.3f} ({charge['mxfp4']['bits_tokens']:.2f}x) |" in text
