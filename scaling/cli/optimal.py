@@ -6,6 +6,7 @@ optimum (exit 0) where none exists, and "extrapolated: ..." where it lies outsid
 from __future__ import annotations
 
 import argparse
+import sys
 import json
 from typing import TYPE_CHECKING, Sequence
 
@@ -59,7 +60,9 @@ def main(args: argparse.Namespace) -> int:
     best = optimal_precision(fit, args.compute, args.precisions, cost=cost, p_range=p_range)
     check = verdict(fit, best, cost)
     ci = None
-    if fit.bootstrap and args.ci_samples > 0:
+    if fit.bootstrap and args.ci_samples > 0:  # the slow part (minutes at the default): say so on stderr
+        print(f"the optimum's CI over up to {args.ci_samples} bootstrap resamples, then P* under each cost model "
+              "(--ci-samples 0 skips the CI)...", file=sys.stderr, flush=True)
         ci = optimal_precision_ci(fit, args.compute, args.precisions, cost=cost, p_range=p_range,
                                   max_samples=args.ci_samples)
     spec = specification_range([(fit.law, fit)], args.compute, cost_models(fit), p_range=p_range)
