@@ -1,6 +1,10 @@
 """Decoder-only transformer (Flax NNX) whose every dense projection runs the recipe's quantised matmul.
 
 Pre-norm blocks: x += Attn(RMSNorm(x)); x += MLP(RMSNorm(x)); final RMSNorm; untied output head.
+The dense projections are `scaling.numerics.layers.QDense`, the layer offered for a model of one's
+own, with its variables (FormatVector, AmaxHistory, GradSink, QuantTelemetry) and telemetry; the
+model keeps the formats once (not per layer) and passes them, with the structure, PRNG key and
+telemetry flags of the call, through a per-call context (`_Ctx.dense`).
 The n_layers blocks are one Block whose variables are stacked on a leading layer axis, run as one
 `lax.scan` (XLA compiles one block, not n_layers copies); `layer(blocks, i)` gives layer i alone.
 A recipe that keeps its first / last k blocks in high precision runs three scans over slices of the
@@ -34,30 +38,11 @@ import jax.numpy as jnp
 from flax import nnx
 
 from scaling.errors import ConfigError
-from scaling.numerics import formats, gemm, precision
-from scaling.numerics.gemm import QdotState
+from scaling.numerics import formats, gemm, layers, precision
+# the quantised dense layer and its variables: numerics' own (also reachable here, as model.GradSink etc.)
+from scaling.numerics.layers import AmaxHistory, FormatVector, GradSink, QDense, QuantTelemetry
 from scaling.train.ladder import ModelConfig
 from scaling.numerics.precision import Recipe, RecipeStructure
-
-# ---------------------------------------------------------------------------------------------
-# Variables for quantisation state
-# ---------------------------------------------------------------------------------------------
-
-
-class FormatVector(nnx.Variable):
-    """A role's element format as numbers [mbits, emin, emax, max]: a runtime value, so models
-    that differ only in format share one compiled step."""
-
-
-class AmaxHistory(nnx.Variable):
-    """Delayed scaling: amax of the last H steps of one forward role (newest first)."""
-
-
-class GradSink(nnx.Variable):
-    """Carrier for the grad role: [grad telemetry (gemm.TELEMETRY_SIZE), grad amax history (H)]. The forward pass
-    reads the history; the backward pass returns the new one as this variable's "gradient",
-    which grad_step writes back (overwrite-with-gradient)."""
-
 
 # ---------------------------------------------------------------------------------------------
 # Layers
@@ -91,32 +76,9 @@ def _rms_norm(x_BxLxD: jax.Array, scale_D: jax.Array, eps: float) -> jax.Array:
     return x_BxLxD * jax.lax.rsqrt(ms + eps) * scale_D
 
 
-class QDense(nnx.Module):
-    """y = x·W through `gemm.qdot_apply`, owning this layer's delayed-scaling state."""
-
-    def __init__(self, d_in: int, d_out: int, structure: RecipeStructure, *, std: float, rngs: nnx.Rngs):
-        self.kernel = nnx.Param(std * jax.random.normal(rngs.params(), (d_in, d_out), jnp.float32))
-        for role in ("weight", "activation"):
-            s = getattr(structure, role)
-            if s is not None and s.scaling == "delayed":
-                setattr(self, f"hist_{role}", AmaxHistory(jnp.zeros((s.amax_history,), jnp.float32)))
-        sg = structure.grad
-        if sg is not None and not structure.forward_only:
-            h = sg.amax_history if sg.scaling == "delayed" else 0
-            self.grad_sink = GradSink(jnp.zeros((gemm.TELEMETRY_SIZE + h,), jnp.float32))
-
-    def __call__(self, x: jax.Array, ctx: "_Ctx", *, smooth_K: jax.Array | None = None) -> jax.Array:
-        w = self.kernel[...]
-        st = ctx.structure
-        hist = {r: getattr(self, f"hist_{r}")[...] for r in ("weight", "activation") if hasattr(self, f"hist_{r}")}
-        sink = self.grad_sink[...] if hasattr(self, "grad_sink") else jnp.zeros((gemm.TELEMETRY_SIZE,), jnp.float32)
-        state = QdotState(fmt=ctx.fmt, hist=hist, grad_sink=sink)
-        y, telem, new_hist = gemm.qdot_apply(x, w, st, state, ctx.next_key(), smooth_K, ctx.measure)
-        if ctx.update_state:
-            for r, h in new_hist.items():
-                getattr(self, f"hist_{r}")[...] = h
-        ctx.record(telem)
-        return y
+def _dense(d_in: int, d_out: int, structure: RecipeStructure, std: float, rngs: nnx.Rngs) -> QDense:
+    """A projection: N(0, std²) weights, no bias, no formats of its own (the Transformer's)."""
+    return QDense(d_in, d_out, structure, kernel_init=nnx.initializers.normal(std), rngs=rngs)
 
 
 class _Ctx:
@@ -138,6 +100,14 @@ class _Ctx:
     def record(self, telem: dict) -> None:
         for role, v in telem.items():
             self.telemetry.setdefault(role, []).append(v)
+
+    def dense(self, layer: QDense, x: jax.Array, smooth_K: jax.Array | None = None) -> jax.Array:
+        """layer(x) under this context (structure, formats, the next PRNG key, the measure and
+        update flags); the layer's forward telemetry of the call is recorded."""
+        y = layer(x, key=self.next_key(), measure=self.measure, update_state=self.update_state, smooth_K=smooth_K,
+                  structure=self.structure, formats=self.fmt)
+        self.record(layer.forward_telemetry())
+        return y
 
 
 def _abs_max(x: jax.Array) -> jax.Array:
@@ -255,13 +225,13 @@ class Attention(nnx.Module):
     def __init__(self, cfg: ModelConfig, structure: RecipeStructure, *, rngs: nnx.Rngs):
         d = cfg.d_model
         self.cfg = cfg
-        self.qkv = QDense(d, 3 * d, structure, std=cfg.init_std, rngs=rngs)
-        self.out = QDense(d, d, structure, std=cfg.init_std / math.sqrt(2 * cfg.n_layers), rngs=rngs)
+        self.qkv = _dense(d, 3 * d, structure, cfg.init_std, rngs)
+        self.out = _dense(d, d, structure, cfg.init_std / math.sqrt(2 * cfg.n_layers), rngs)
 
     def __call__(self, x_BxLxD: jax.Array, ctx: _Ctx) -> jax.Array:
         B, L, D = x_BxLxD.shape
         H, K = self.cfg.n_heads, self.cfg.head_dim
-        qkv_BxLx3D = self.qkv(x_BxLxD, ctx)
+        qkv_BxLx3D = ctx.dense(self.qkv, x_BxLxD)
         q_BxLxHxK, k_BxLxHxK, v_BxLxHxK = (t.reshape(B, L, H, K) for t in jnp.split(qkv_BxLx3D, 3, axis=-1))
         q_BxLxHxK = _rope(q_BxLxHxK, self.cfg.rope_base)
         k_BxLxHxK = _rope(k_BxLxHxK, self.cfg.rope_base)
@@ -269,7 +239,7 @@ class Attention(nnx.Module):
         sat = st.attention
         if st.attention_dtype is not None:  # inputs that are bf16/fp16: a fused kernel (cuDNN flash on a GPU)
             o_BxLxHxK = _fused_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, jnp.dtype(st.attention_dtype))
-            return self.out(o_BxLxHxK.reshape(B, L, D), ctx)
+            return ctx.dense(self.out, o_BxLxHxK.reshape(B, L, D))
         if sat is not None:  # attention matmul inputs, quantised along each matmul's reduction axis
             fa = ctx.fmt["attention"]
             q_BxLxHxK = gemm.fake_quant_along(q_BxLxHxK, sat, fa, 3, ctx.next_key())
@@ -277,7 +247,7 @@ class Attention(nnx.Module):
             v_BxLxHxK = gemm.fake_quant_along(v_BxLxHxK, sat, fa, 1, ctx.next_key())
         if sat is None and st.fp32_sensitive_ops:  # nothing to round or quantise in it: never L×L in memory
             o_BxLxHxK = _causal_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, st.f32_dots)
-            return self.out(o_BxLxHxK.reshape(B, L, D), ctx)
+            return ctx.dense(self.out, o_BxLxHxK.reshape(B, L, D))
         # dense: the probabilities are rounded or quantised as a whole (a per-tensor scale sees all of them)
         logits_BxHxLxL = jnp.einsum("blhk,bmhk->bhlm", q_BxLxHxK, k_BxLxHxK, precision=st.f32_dots) / math.sqrt(K)
         causal_LxL = jnp.tril(jnp.ones((L, L), bool))
@@ -286,7 +256,7 @@ class Attention(nnx.Module):
         if sat is not None:
             probs_BxHxLxL = gemm.fake_quant_along(probs_BxHxLxL, sat, ctx.fmt["attention"], 3, ctx.next_key())
         o_BxLxHxK = jnp.einsum("bhlm,bmhk->blhk", probs_BxHxLxL, v_BxLxHxK, precision=st.f32_dots)
-        return self.out(o_BxLxHxK.reshape(B, L, D), ctx)
+        return ctx.dense(self.out, o_BxLxHxK.reshape(B, L, D))
 
 
 def _fused_attention(q_BxLxHxK: jax.Array, k_BxLxHxK: jax.Array, v_BxLxHxK: jax.Array, dtype) -> jax.Array:
@@ -324,18 +294,18 @@ class MLP(nnx.Module):
 
     def __init__(self, cfg: ModelConfig, structure: RecipeStructure, *, rngs: nnx.Rngs):
         self.cfg = cfg
-        self.up_gate = QDense(cfg.d_model, 2 * cfg.d_ff, structure, std=cfg.init_std, rngs=rngs)
-        self.down = QDense(cfg.d_ff, cfg.d_model, structure, std=cfg.init_std / math.sqrt(2 * cfg.n_layers), rngs=rngs)
+        self.up_gate = _dense(cfg.d_model, 2 * cfg.d_ff, structure, cfg.init_std, rngs)
+        self.down = _dense(cfg.d_ff, cfg.d_model, structure, cfg.init_std / math.sqrt(2 * cfg.n_layers), rngs)
 
     def __call__(self, x_BxLxD: jax.Array, ctx: _Ctx) -> tuple[jax.Array, jax.Array]:
-        up_BxLxF, gate_BxLxF = jnp.split(self.up_gate(x_BxLxD, ctx), 2, axis=-1)
+        up_BxLxF, gate_BxLxF = jnp.split(ctx.dense(self.up_gate, x_BxLxD), 2, axis=-1)
         h_BxLxF = _swiglu(up_BxLxF, gate_BxLxF)
         h_max = _abs_max(h_BxLxF)
         if self.cfg.smooth_swiglu:
             amax_F = jax.lax.stop_gradient(jnp.max(jnp.abs(h_BxLxF), axis=(0, 1)))
             s_F = formats.pow2(-jnp.round(jnp.log2(jnp.where(amax_F > 0, amax_F, 1.0))).astype(jnp.int32))
-            return self.down(h_BxLxF, ctx, smooth_K=s_F), h_max
-        return self.down(h_BxLxF, ctx), h_max
+            return ctx.dense(self.down, h_BxLxF, smooth_K=s_F), h_max
+        return ctx.dense(self.down, h_BxLxF), h_max
 
 
 class Block(nnx.Module):
@@ -380,7 +350,7 @@ class Transformer(nnx.Module):
         self.blocks = _stack([Block(cfg, structure, rngs=rngs) for _ in range(cfg.n_layers)])
         self.final_norm = RMSNorm(d, cfg.norm_eps)
         head_structure = structure if not structure.high_precision_embed else self._head_structure()
-        self.head = QDense(d, V, head_structure, std=cfg.init_std, rngs=rngs)
+        self.head = _dense(d, V, head_structure, cfg.init_std, rngs)
         for role, vec in recipe.formats().items():
             setattr(self, f"format_{role}", FormatVector(vec))
         if recipe.keeps_layers:
@@ -419,7 +389,7 @@ class Transformer(nnx.Module):
         x_BxLxD, act_max, swiglu_max = self._scan_blocks(x_BxLxD, ctx, blocks_key)
         x_BxLxD = _sensitive(self.final_norm(x_BxLxD), st)
         head_ctx = ctx if not st.high_precision_embed else _Ctx(self._head_structure(), {}, None, False)
-        logits_BxLxV = self.head(x_BxLxD, head_ctx)
+        logits_BxLxV = head_ctx.dense(self.head, x_BxLxD)
         aux = {"telemetry": ctx.telemetry, "act_max": act_max, "swiglu_max": swiglu_max}
         return logits_BxLxV, aux
 
@@ -428,7 +398,8 @@ class Transformer(nnx.Module):
         per recipe, not n_layers copies, so compile time does not grow with depth. Each layer gets
         its own PRNG key; its telemetry rows and amax histories come out stacked by layer. Blocks
         kept in high precision are scanned apart (a slice of the stack each, under the kept
-        recipe's structure and formats); only the quantised blocks' telemetry is recorded."""
+        recipe's structure and formats); only the quantised blocks' telemetry is recorded. The
+        layers' QuantTelemetry variables come out stacked by layer too (every block's)."""
         graphdef, params, hist, rest = nnx.split(self.blocks, nnx.Param, AmaxHistory, ...)
         n_layers = self.cfg.n_layers
         keys = None if key is None else jax.random.split(key, n_layers)
@@ -447,18 +418,20 @@ class Transformer(nnx.Module):
                 layer_ctx = _Ctx(structure, fmt, k, ctx.update_state, ctx.measure)
                 x_BxLxD, h_max = block(x_BxLxD, layer_ctx)
                 telemetry = {role: jnp.stack(rows) for role, rows in layer_ctx.telemetry.items()}
-                return x_BxLxD, (nnx.state(block, AmaxHistory), telemetry, _abs_max(x_BxLxD), h_max)
+                return x_BxLxD, (nnx.state(block, AmaxHistory), nnx.state(block, QuantTelemetry), telemetry,
+                                 _abs_max(x_BxLxD), h_max)
 
             per_layer = (cut(params), cut(hist), cut(rest), None if keys is None else keys[lo:hi])
             x_BxLxD, out = jax.lax.scan(layer, x_BxLxD, per_layer)
             outs.append(out)
             if lo == start and hi == stop:
-                for role, rows in out[1].items():
+                for role, rows in out[2].items():
                     ctx.record({role: rows})
-        new_hist, _, act_max, swiglu_max = jax.tree.map(lambda *v: jnp.concatenate(v), *(
-            (o[0], None, o[2], o[3]) for o in outs))
+        new_hist, new_telemetry, _, act_max, swiglu_max = jax.tree.map(lambda *v: jnp.concatenate(v), *(
+            (o[0], o[1], None, o[3], o[4]) for o in outs))
         if ctx.update_state:
             nnx.update(self.blocks, new_hist)
+        nnx.update(self.blocks, new_telemetry)
         return x_BxLxD, act_max, swiglu_max
 
 
@@ -498,9 +471,9 @@ def grad_step(model: Transformer, tokens_BxL: jax.Array, key: jax.Array,
               measure: jax.Array | bool = True) -> tuple[jax.Array, nnx.State, dict]:
     """Loss, gradients of the nnx.Param leaves, telemetry. Delayed-scaling histories (forward
     roles: updated during the forward pass; grad role: returned by the backward pass through
-    GradSink) are written back into `model` in place. `measure` (a bool, may be traced): whether
-    to compute the quantisation telemetry (NaN where not; loss, gradients and histories are the
-    same either way).
+    GradSink, `layers.value_and_grad`) and each layer's QuantTelemetry are written back into
+    `model` in place. `measure` (a bool, may be traced): whether to compute the quantisation
+    telemetry (NaN where not; loss, gradients and histories are the same either way).
 
     telemetry = {role: {amax, frac_saturated, frac_underflow, snr_db, block_amax: {min, p50, max}}} for the quantised roles
     (grad stats from the dgrad quantisation of dY), plus 'act_max' and 'swiglu_max' per layer.
@@ -508,14 +481,11 @@ def grad_step(model: Transformer, tokens_BxL: jax.Array, key: jax.Array,
     def f(m: Transformer):
         return loss_fn(m, tokens_BxL, key, measure=measure)
 
-    wrt = nnx.DiffState(0, nnx.Any(nnx.Param, GradSink))
-    (loss, aux), grads_and_sinks = nnx.value_and_grad(f, argnums=wrt, has_aux=True)(model)
-    grads, sink_cts = nnx.split_state(grads_and_sinks, nnx.Param, GradSink)
-    nnx.update(model, sink_cts)
+    (loss, aux), grads = layers.value_and_grad(f, has_aux=True)(model)  # writes the GradSinks back
     telemetry = dict(aux["telemetry"])
     start, stop = model.quantised_layers()
     # the blocks' sinks are stacked by layer: only the quantised blocks' rows describe the recipe
-    sink_leaves = [leaf[start:stop] if leaf.ndim == 2 else leaf for leaf in jax.tree.leaves(sink_cts)]
+    sink_leaves = [leaf[start:stop] if leaf.ndim == 2 else leaf for leaf in jax.tree.leaves(nnx.state(model, GradSink))]
     sink_leaves = [leaf for leaf in sink_leaves if leaf.size]
     if sink_leaves:
         telemetry["grad"] = _aggregate([leaf[..., :gemm.TELEMETRY_SIZE] for leaf in sink_leaves])

@@ -131,6 +131,26 @@ def test_stochastic_rounding_follows_the_key():
                                   _layer_grads(QDense(64, 48, nearest, rngs=nnx.Rngs(0)), x, dy, None)[0])
 
 
+def test_a_layer_built_from_a_structure_takes_its_formats_with_each_call():
+    """The project's transformer builds its QDense from the recipe's structure and keeps the formats
+    itself: given those formats with each call, such a layer is the recipe's own, bit for bit."""
+    recipe = precision.get("mxfp4")
+    x, dy = _operands(seed=2)
+    own = QDense(64, 48, recipe, rngs=nnx.Rngs(0))
+    bare = QDense(64, 48, recipe.structure(), rngs=nnx.Rngs(0))
+    assert not any(hasattr(bare, f"format_{r}") for r in ("weight", "activation", "grad"))
+
+    @nnx.jit
+    def grads(layer, formats):
+        _, g = value_and_grad(lambda m: jnp.sum(m(x, key=jax.random.key(5), formats=formats) * dy))(layer)
+        return g["kernel"][...], layer.telemetry()
+
+    a, b = grads(own, None), grads(bare, recipe.formats())
+    jax.tree.map(np.testing.assert_array_equal, a, b)
+    with pytest.raises(ValueError, match="formats="):
+        bare(x)
+
+
 def test_an_unknown_recipe_is_a_one_line_error():
     with pytest.raises(ConfigError, match="precision: got 'mxfp5'"):
         QDense(4, 4, "mxfp5", rngs=nnx.Rngs(0))

@@ -132,6 +132,27 @@ def test_grad_step_api():
     assert set(tel32) == {"act_max", "swiglu_max"}
 
 
+def test_the_projections_are_the_numerics_layer_and_report_its_telemetry():
+    """One quantised dense layer: every projection of the transformer is scaling.numerics' QDense
+    (the layer a model of one's own is built of), with its variable types; after a grad step
+    `telemetry_by_layer` reads each field per layer, and the step's telemetry is those layers'."""
+    from scaling.numerics import layers, telemetry_by_layer
+
+    assert (model.QDense, model.FormatVector, model.AmaxHistory, model.GradSink) == (
+        layers.QDense, layers.FormatVector, layers.AmaxHistory, layers.GradSink)
+    cfg = dataclasses.replace(TINY, n_layers=2)
+    m = model.Transformer(cfg, "fp8", rngs=nnx.Rngs(0))
+    dense = sorted("/".join(map(str, path)) for path, node in nnx.iter_graph(m) if isinstance(node, layers.QDense))
+    assert dense == ["blocks/attn/out", "blocks/attn/qkv", "blocks/mlp/down", "blocks/mlp/up_gate", "head"]
+    _, _, tel = nnx.jit(model.grad_step)(m, _tokens(cfg), jax.random.key(0))
+    by_layer = telemetry_by_layer(m)
+    assert sorted(by_layer) == dense[:-1]  # the head is kept in high precision (high_precision_embed)
+    for role in ("weight", "activation", "grad"):
+        amax = [roles[role]["amax"] for roles in by_layer.values()]
+        assert all(a.shape == (cfg.n_layers,) and bool(jnp.all(a > 0)) for a in amax), role
+        assert float(jnp.max(jnp.stack(amax))) == float(tel[role]["amax"]), role
+
+
 def test_recipe_switches_change_the_model():
     tokens = _tokens()
     base = float(nnx.jit(model.eval_loss)(model.Transformer(TINY, "fp8", rngs=nnx.Rngs(0)), tokens))
@@ -162,7 +183,7 @@ def test_blocks_kept_in_high_precision_run_the_kept_recipe():
         r = kept if i in (0, 2, 3) else recipe
         ctx = model._Ctx(r.structure(), r.formats(), None, False)
         x, _ = model.layer(m.blocks, i)(x, ctx)
-    want = m.head(m.final_norm(x), model._Ctx(precision.RecipeStructure(), {}, None, False))
+    want = model._Ctx(precision.RecipeStructure(), {}, None, False).dense(m.head, m.final_norm(x))
     # the same function, not always the same bits: the scanned stack and this layer-by-layer loop may
     # block their dots differently (1-ulp differences seen on an AVX512-BF16 host, none on AVX2)
     np.testing.assert_allclose(logits, want, rtol=1e-5, atol=1e-6)

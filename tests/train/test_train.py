@@ -101,8 +101,8 @@ def test_initial_state_is_the_recipes_own_model_and_its_weights_compile_once_per
         direct = jax.jit(lambda: nnx.state(model.Transformer(cfg, recipe, rngs=nnx.Rngs(jax.random.key(3)))))()
         got, want = jax.tree_util.tree_flatten_with_path(state["model"])[0], jax.tree_util.tree_flatten_with_path(direct)[0]
         assert [p for p, _ in got] == [p for p, _ in want], recipe
-        for (path, a), (_, b) in zip(got, want):
-            assert np.array_equal(np.asarray(a), np.asarray(b)), (recipe, jax.tree_util.keystr(path))
+        for (path, a), (_, b) in zip(got, want):  # NaN: telemetry not measured yet
+            assert np.array_equal(np.asarray(a), np.asarray(b), equal_nan=True), (recipe, jax.tree_util.keystr(path))
     assert not np.array_equal(np.asarray(init(cfg, "fp32", tx, 4)["model"]["embed"][...]),
                               np.asarray(states["fp32"]["model"]["embed"][...]))  # the seed is used
 
