@@ -83,15 +83,13 @@ def _chips(c: dict | None) -> list[str]:
         return []
     out = ["- **At a fixed budget on a real chip** (each format at the rate the chip's tensor cores run it; the "
            "same budgets, the reference spending the same compute; REPORT's per-chip table):"]
-    for chip, entry in c["chips"].items():
-        said = []
+    for chip in sorted(c["chips"], key=lambda k: (k != "h100", k)):  # the chip most readers have first
+        entry, said = c["chips"][chip], []
         for b in entry["budgets"]:
             if b["winner"]:
                 verdict = f"**{b['winner']}**, {b['diff']:.3f} below {b['runner_up']} [{b['diff_ci'][0]:+.3f}, {b['diff_ci'][1]:+.3f}]"
-            elif b["best"] and b["diff_ci"]:
-                verdict = f"cannot tell ({b['best']} vs {b['runner_up']}, {b['diff']:+.3f} [{b['diff_ci'][0]:+.3f}, {b['diff_ci'][1]:+.3f}])"
-            else:
-                verdict = "cannot tell"
+            else:  # the analysis's own reason: an interval that includes zero, or a minimum at an edge
+                verdict = b["reason"] or "cannot tell"
             flags = [f"{len(b['fitted'])} recipes compared"]
             if b["interpolated_share"]:
                 flags.append(f"{b['interpolated_share']:.0%} of points interpolated: indicative")
