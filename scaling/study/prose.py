@@ -6,7 +6,7 @@ interval, the limitations paragraph from the data's own spans (sizes, tokens, po
 precisions measured). scaling.study.report orders these sections, adds a study's own and writes the
 file; a study's own sections use `fmt`, `verdict_sentence` and `findings_section` as the built-in ones do.
 
-About 730 lines, one function per section (and its small helpers): REPORT's wording stays in one place,
+About 800 lines, one function per section (and its small helpers): REPORT's wording stays in one place,
 so a sentence and the ones it must agree with are read and changed together.
 """
 
