@@ -337,13 +337,53 @@ def round_to_grid(
     return jax.lax.bitcast_convert_type(out, jnp.float32)
 
 
+# (ebits, mbits) of the IEEE formats whose nearest rounding `round_native` does with XLA's own
+# ReducePrecision (bf16, fp16): bit-identical to `round_to_grid`, ~7-10 ops per element instead of ~55
+_NATIVE = frozenset({(8, 7), (5, 10)})
+
+
+def native(fmt: str | Format) -> Format | None:
+    """The Format if `round_native` serves it (IEEE bf16 or fp16, named or built), else None."""
+    f = get(fmt)
+    ok = f.kind == "float" and f.encoding == "ieee" and (f.ebits, f.mbits) in _NATIVE
+    return f if ok else None
+
+
+@partial(jax.jit, static_argnames=("ebits", "mbits"))
+def _round_native(x: jax.Array, ebits: int, mbits: int) -> jax.Array:
+    f = float_format(ebits, mbits, "ieee")
+    x = jnp.asarray(x, jnp.float32)
+    # ReducePrecision: round-half-to-even on the bits (integer work, so float32 subnormals survive
+    # XLA:CPU's DAZ/FTZ, and unlike an f32 -> bf16 -> f32 convert pair no pass removes it); it keeps
+    # NaN payloads, overflows to ±inf and flushes the target format's own subnormals to ±0
+    r = jax.lax.reduce_precision(x, exponent_bits=ebits, mantissa_bits=mbits)
+    if f.emin > -126:  # fp16: below 2^emin the grid is the multiples of u (x · 2^(mbits - emin) is exact)
+        u = 2.0 ** (f.emin - mbits)
+        r = jnp.where(jnp.abs(x) < f.min_normal, jnp.round(x * (1.0 / u)) * u, r)
+    # saturation after rounding, by select (a float min/max would flush float32 subnormals on CPU)
+    return jax.lax.select(jnp.isinf(r), jax.lax.sign(r) * jnp.float32(f.max), r)
+
+
+def round_native(x: jax.Array, fmt: str | Format) -> jax.Array:
+    """`round_to_grid(x, fmt.params(), "nearest")` for a format `native` serves, bit for bit (±max
+    for ±inf and values that round past max, NaN payloads kept, -0 kept, the format's subnormals
+    kept) as XLA's ReducePrecision plus a select or two."""
+    f = native(fmt)
+    if f is None:
+        raise ConfigError("format", getattr(fmt, "name", fmt), "bf16 or fp16 (formats.native)")
+    return _round_native(x, f.ebits, f.mbits)
+
+
 def round_to_format(
     x: jax.Array,
     fmt: str | Format | FormatParams,
     rounding: str = "nearest",
     key: jax.Array | None = None,
 ) -> jax.Array:
-    """Round x elementwise to `fmt` in float32 arithmetic (see `round_to_grid`)."""
+    """Round x elementwise to `fmt` in float32 arithmetic (see `round_to_grid`); bf16 and fp16
+    named or given as a Format round to nearest with `round_native` (the same bits, a few ops)."""
+    if rounding == "nearest" and isinstance(fmt, (str, Format)) and native(fmt) is not None:
+        return round_native(x, fmt)
     return round_to_grid(x, params_of(fmt), rounding, key)
 
 
@@ -361,5 +401,5 @@ def representable(fmt: str | Format) -> list[float]:
 
 
 __all__ = ["Format", "FormatParams", "ROUNDINGS", "KNOWN", "get", "float_format", "int_format",
-           "params_of", "random_bits", "round_to_grid", "round_to_format", "pow2", "floor_log2", "ceil_log2",
+           "params_of", "random_bits", "round_to_grid", "round_to_format", "native", "round_native", "pow2", "floor_log2", "ceil_log2",
            "representable"]
