@@ -81,8 +81,7 @@ def _chips(c: dict | None) -> list[str]:
     interpolated; [] without it."""
     if not c:
         return []
-    out = ["- **At a fixed budget on a real chip** (each format at the rate the chip's tensor cores run it; the "
-           "same budgets, the reference spending the same compute; REPORT's per-chip table):"]
+    out = []
     for chip in sorted(c["chips"], key=lambda k: (k != "h100", k)):  # the chip most readers have first
         entry, said = c["chips"][chip], []
         for b in entry["budgets"]:
@@ -94,8 +93,9 @@ def _chips(c: dict | None) -> list[str]:
             if b["interpolated_share"]:
                 flags.append(f"{b['interpolated_share']:.0%} of points interpolated: indicative")
             said.append(f"C = {_num(b['budget_reference'])}: {verdict} ({'; '.join(flags)})")
-        out.append(f"  - {chip.upper()}: " + "; ".join(said) + ".")
-    return out
+        out.append(f"**{chip.upper()}**: " + "; ".join(said) + ".")
+    return ["- **At a fixed budget on a real chip** (each format at the rate the chip's tensor cores run it; the same "
+            "budgets, the reference spending the same compute; REPORT's per-chip table): " + " ".join(out)]
 
 
 def _corpora(f: dict) -> list[str]:

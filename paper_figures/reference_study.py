@@ -219,11 +219,11 @@ def integer_arm_section(f: dict) -> str:
                   "| --- | --- | --- | --- | --- | --- | --- |"]
         for e in sorted(b["recipes"], key=lambda e: (e["loss"] is None, e["loss"] or 0)):
             if e["loss"] is None:
-                lines.append(f"| {e['recipe']} | {e['P']:g} | {e['bits_eff'] / 16:.3g} | {e['runs']} ({e['sizes']}) | too few sizes | – | – |")
+                lines.append(f"| {e['recipe']} | {prose.bits_cell(e)} | {e['bits_eff'] / 16:.3g} | {e['runs']} ({e['sizes']}) | too few sizes | – | – |")
                 continue
             ci = f"{e['ci'][0]:.4g}–{e['ci'][1]:.4g}" if e["ci"] else "–"
             p_best = f"{e['p_best']:.2f}" if e["p_best"] is not None else "–"
-            lines.append(f"| {e['recipe']} | {e['P']:g} | {e['bits_eff'] / 16:.3g} | {e['runs']} ({e['sizes']}) | {e['loss']:.4g} | {ci} | {p_best} |")
+            lines.append(f"| {e['recipe']} | {prose.bits_cell(e)} | {e['bits_eff'] / 16:.3g} | {e['runs']} ({e['sizes']}) | {e['loss']:.4g} | {ci} | {p_best} |")
     return "\n".join(lines)
 
 

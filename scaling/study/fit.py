@@ -95,7 +95,7 @@ def _columns(law: laws.Law, df: pd.DataFrame, require_rows: bool = True) -> dict
     df = laws.with_derived_columns(df, law.columns)  # e.g. capacity_roles' errors from the telemetry SNR
     missing = [c for c in law.columns if c not in df.columns]
     if missing:
-        raise ConfigError("results columns", f"no {', '.join(missing)}", f"a table with {', '.join(law.columns)} (law {law.name})")
+        raise ConfigError("results columns", f"missing {', '.join(missing)}", f"a table with {', '.join(law.columns)} (law {law.name})")
     x = {}
     for c in law.columns:
         col = pd.to_numeric(df[c], errors="coerce").to_numpy(dtype=float)

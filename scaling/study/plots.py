@@ -214,7 +214,7 @@ def validate_results(df: pd.DataFrame, source: str = "results") -> pd.DataFrame:
     """Rows that landed `ok` with a finite loss; malformed tables raise ConfigError."""
     missing = [c for c in RESULTS_REQUIRED if c not in df.columns]
     if missing:
-        raise ConfigError(f"{source} columns", f"no {', '.join(missing)}", f"a results table with {', '.join(RESULTS_REQUIRED)}")
+        raise ConfigError(f"{source} columns", f"missing {', '.join(missing)}", f"a results table with {', '.join(RESULTS_REQUIRED)}")
     for col in ("N", "D", "P", "val_loss"):
         if len(df) and not pd.api.types.is_numeric_dtype(df[col]):
             raise ConfigError(f"{source} column {col}", str(df[col].dtype), "numbers")
@@ -314,7 +314,7 @@ def isoflop_profiles(points: Sequence[tuple[dict, pd.DataFrame]], stem: str | Pa
             effect = {s["shape"]: s["effect"] for s in entry.get("shape_effects") or []}
             shift = g["shape"].map(effect).fillna(0.0) if "shape" in g.columns else 0.0
             ax.scatter(g["N"], g["loss"] - shift, s=28, color=colour, edgecolor="k", lw=0.5, zorder=3,
-                       label=f"{e['recipe']} ({e['P']:g} bits, {e['runs']} runs)")
+                       label=f"{e['recipe']} ({e.get('P', float('nan')):g} bits, {e['runs']} runs)")
             if e["parabola"] is None:
                 continue
             x = np.linspace(np.log(g["N"].min()), np.log(g["N"].max()), 60)
@@ -338,7 +338,7 @@ def isoflop_profiles(points: Sequence[tuple[dict, pd.DataFrame]], stem: str | Pa
     fig.suptitle(f"{TITLES[1]}\nstars: each recipe's shape-adjusted minimum, black bars its {level:.0%} bootstrap CI",
                  fontsize=10)
     if len(recipes) > SHARED_LEGEND_FROM:  # one legend under the panels: inside, it would cover the points
-        bits = {e["recipe"]: e["P"] for entry, _ in points for e in entry["recipes"]}  # P, as the law sees it
+        bits = {e["recipe"]: e.get("P", float("nan")) for entry, _ in points for e in entry["recipes"]}  # P, as the law sees it
         handles = [matplotlib.lines.Line2D([], [], color=colours[r], marker="o", mec="k", mew=0.5, lw=1.4,
                                            label=f"{r} ({bits[r]:g} bits)") for r in recipes]
         fig.legend(handles=handles, loc="lower center", ncol=min(5, len(recipes)), fontsize=8, frameon=False)

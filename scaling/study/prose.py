@@ -346,6 +346,11 @@ def chips_section(f: dict) -> str:
     return "\n".join(lines)
 
 
+def bits_cell(e: dict) -> str:
+    """A recipe's bits P as a table cell ('–' where the results do not record it)."""
+    return "–" if e.get("P") is None else f"{e['P']:g}"
+
+
 def findings_section(f: dict) -> str:
     """Per budget: each recipe's IsoFLOP minimum with its CI, runs and P(best); the verdict sentence."""
     unit = f["loss_unit"]
@@ -364,12 +369,12 @@ def findings_section(f: dict) -> str:
         for e in sorted(b["recipes"], key=lambda e: (e["loss"] is None, e["loss"] or 0)):
             if e["loss"] is None:
                 why = "too few sizes" if e["sizes"] < analysis.MIN_SIZES else "not fitted (above)"
-                lines.append(f"| {e['recipe']} | {e['P']:g} | {e['bits_eff'] / 16:.3g} | {e['runs']} ({e['sizes']}) | {why} | – | – | – |")
+                lines.append(f"| {e['recipe']} | {bits_cell(e)} | {e['bits_eff'] / 16:.3g} | {e['runs']} ({e['sizes']}) | {why} | – | – | – |")
                 continue
             ci = f"{e['ci'][0]:.4g}–{e['ci'][1]:.4g}" if e["ci"] else "–"
             at = fmt(e["N_opt"]) + ("" if e["inside"] else " (edge)")
             p_best = f"{e['p_best']:.2f}" if e["p_best"] is not None else "–"
-            lines.append(f"| {e['recipe']} | {e['P']:g} | {e['bits_eff'] / 16:.3g} | {e['runs']} ({e['sizes']}) | {e['loss']:.4g} | {ci} | {at} | {p_best} |")
+            lines.append(f"| {e['recipe']} | {bits_cell(e)} | {e['bits_eff'] / 16:.3g} | {e['runs']} ({e['sizes']}) | {e['loss']:.4g} | {ci} | {at} | {p_best} |")
         lines += _corpora_lines(b.get("corpora") or {}) + _hosts_lines(b.get("hosts") or {})
         lines += _shape_effects_table(b, unit)
     interp = sum(e["interpolated"] for b in f["budgets"] for e in b["recipes"])

@@ -32,7 +32,7 @@ def without(tmp_path):
 
 def test_fit_names_the_column_a_law_needs(capsys, without, tmp_path):
     err = _error(capsys, ["fit", without("N"), "--out", str(tmp_path / "f.json")])
-    assert "no N" in err and "kumar" in err
+    assert "missing N" in err and "kumar" in err
     assert not (tmp_path / "f.json").exists()
 
 
@@ -45,7 +45,7 @@ def test_fit_without_a_loss_column_says_which_it_looks_for(capsys, without, tmp_
 
 def test_figures_names_the_missing_column(capsys, without, tmp_path):
     err = _error(capsys, ["figures", "--results", without("val_loss"), "--out", str(tmp_path / "figs")])
-    assert "no val_loss" in err
+    assert "missing val_loss" in err
     assert not (tmp_path / "figs" / "REPORT.md").exists()
 
 

@@ -337,7 +337,7 @@ def test_the_committed_fits_are_not_degenerate(name):
 # --------------------------------------------------------------------------- bad inputs
 
 @pytest.mark.parametrize("mutate,match", [
-    (lambda d: d.drop(columns=["P"]), "results columns: got 'no P'; allowed: a table with N, D, P \\(law kumar\\)"),
+    (lambda d: d.drop(columns=["P"]), "results columns: got 'missing P'; allowed: a table with N, D, P \\(law kumar\\)"),
     (lambda d: d.assign(loss=d["loss"].where(d.index != 3, -1.0)), "loss: got -1.0; allowed: losses > 0"),
     (lambda d: d.assign(N=d["N"].where(d.index != 3, 0.0)), "N: got 0.0; allowed: values > 0"),
     (lambda d: d.assign(D=d["D"].where(d.index != 5, np.nan)), "D: got '1 NaN/non-numeric rows'"),

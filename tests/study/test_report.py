@@ -275,14 +275,15 @@ def test_the_gpu_pilot_is_reported_on_its_own_runs_by_the_main_studys_rules():
     assert "so the data cannot tell which precision is best" in reference_study.gpu_pilot_section(reference_study.gpu_pilot_facts(alone))
     # a budget reached by one recipe's 4 sizes and another's 1 (the pilot's first runs): nothing is
     # fitted, and the table says which recipe had too few sizes and which was left unfitted
-    entry = lambda r, bits, runs, sizes: {"recipe": r, "bits_eff": bits, "runs": runs, "sizes": sizes,  # noqa: E731
+    entry = lambda r, bits, runs, sizes: {"recipe": r, "bits_eff": bits, "P": bits, "runs": runs, "sizes": sizes,  # noqa: E731
                                           "loss": None, "interpolated": 0}
     first = {"loss_unit": "nats/byte", "cost_model": "bits", "runs": 5, "seeds_per_cell": [1, 1], "corpus": "pysrc gpu",
              "budgets": [{"budget": 3e14, "recipes": [entry("bf16", 16.0, 4, 4), entry("fp8", 8.0, 1, 1)], "winner": None,
                           "sigma": None, "reason": "fewer than two recipes with 3+ sizes reaching this budget"}]}
     budget = reference_study.gpu_pilot_section(first)
     assert "**C = 3e14.** No winner. Fewer than two recipes with 3+ sizes reaching this budget." in budget
-    assert "| bf16 | 16 | 4 (4) | not fitted (above) |" in budget and "| fp8 | 8 | 1 (1) | too few sizes |" in budget
+    # bits P, then what the cost model charges per FLOP (16-bit FLOPs)
+    assert "| bf16 | 16 | 1 | 4 (4) | not fitted (above) |" in budget and "| fp8 | 8 | 0.5 | 1 (1) | too few sizes |" in budget
 
 
 def test_readme_puts_the_gpu_pilot_beside_the_study_with_its_verdict_and_each_gap_to_its_reference():
