@@ -49,12 +49,17 @@ def findings(df: pd.DataFrame, fit: Any | None, **kwargs: Any) -> dict[str, Any]
     """findings_lib.findings with this study's contrasts, plus its FP4 and integer arms (as REPORT's
     findings.json holds them)."""
     out = findings_lib.findings(df, fit, pairs=PAIRS, **kwargs)
-    main = compute_lib.backfill(findings_lib.ok_rows(df))
+    main = main_rows(df)
     noise_rows = kwargs.get("noise_rows")
     out["fp4_arm"] = fp4_arm(out["budgets"], main)
     out["integer_arm"] = integer_arm_findings(main, df if noise_rows is None else noise_rows, out,
                                               kwargs.get("n_boot", 2000), kwargs.get("level", LEVEL), kwargs.get("cost", "bits"))
     return out
+
+
+def main_rows(rows: pd.DataFrame) -> pd.DataFrame:
+    """The rows the arms read, as findings reads them: ok, with FLOPs by part derived where missing."""
+    return compute_lib.backfill(findings_lib.ok_rows(rows))
 
 
 def sections(results_path: str | Path | None = None) -> list[report.Section]:
@@ -69,7 +74,7 @@ def sections(results_path: str | Path | None = None) -> list[report.Section]:
     out = [
         report.Section("integer_arm", lambda c: integer_arm_findings(c.main, c.noise, c.facts),
                        "Like for like with Kumar et al.: the forward-only integer arm", integer_arm_section),
-        report.Section("fp4_arm", lambda c: fp4_arm(c.facts["budgets"], compute_lib.backfill(findings_lib.ok_rows(c.main))),
+        report.Section("fp4_arm", lambda c: fp4_arm(c.facts["budgets"], main_rows(c.main)),
                        "The FP4 arm: plain and as published", fp4_arm_section),
     ]
     if hosts_rows is not None:  # facts only: the prediction's section reads them
@@ -144,7 +149,7 @@ def integer_arm_findings(main: pd.DataFrame, noise_rows: pd.DataFrame, facts: di
     if not facts["budgets"]:  # the results cannot be placed at a budget (findings' `note`)
         return []
     budgets, cost_model = [b["budget"] for b in facts["budgets"]], compute_lib.get(cost)
-    main = compute_lib.backfill(findings_lib.ok_rows(main))
+    main = main_rows(main)
     arm = integer_arm(main)
     if arm.empty:
         return []

@@ -46,7 +46,6 @@ Pure pandas/numpy (no JAX).
 
 from __future__ import annotations
 
-import math
 from typing import Any, Sequence
 
 import numpy as np
