@@ -1,7 +1,12 @@
 """`scaling optimal FIT --compute C`: the compute-optimal (N, D, P) of a fitted law
 (scaling.study.optimal), with its bootstrap CI and its range across cost models, under the verdict
 `scaling plan --fit` prints too (scaling.study.optimum_check): "no optimum: <reasons>" instead of an
-optimum (exit 0) where none exists, and "extrapolated: ..." where it lies outside the trained runs."""
+optimum (exit 0) where none exists, and "extrapolated: ..." where it lies outside the trained runs.
+
+Then the profile (scaling.study.profile): the law's loss at each format real chips run (or --formats),
+with bootstrap CIs, family-wise CIs of each neighbour difference and their verdicts, formats the fit never
+saw trained flagged, and a continuous P* only where the law and data support one. Where no optimum exists
+there is no profile either (its CIs would rest on the same too-few runs)."""
 
 from __future__ import annotations
 
@@ -26,7 +31,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--overhead", type=float, default=0.0, help="scale bits per element (MX: 0.25, NVFP4: 0.5)")
     parser.add_argument("--ci-samples", type=int, default=200,
                         help="bootstrap resamples used for the CI of the optimum when the fit has them (0: skip)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object (exists, reasons, extrapolated, cost_model, P, P_ci, P_range, N, D, law, ...)")
+    parser.add_argument("--formats", nargs="+", default=None, metavar="FORMAT",
+                        help="formats for the profile: names (nvfp4, mxfp4, 'mxfp6 e2m3', bf16, ...) or FORMAT[:GRANULARITY] "
+                             "(e.g. e3m4:mx, fp8_e4m3:tensor); default: the formats real chips run")
+    parser.add_argument("--results", default=None, metavar="CSV",
+                        help="the fitted runs (results CSV): formats not among them are flagged untrained "
+                             "(without it only the trained ranges the fit records are checked)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object (exists, reasons, extrapolated, cost_model, P, P_ci, P_range, N, D, law, profile, ...)")
 
 
 def _table(df: pd.DataFrame, columns: Sequence[str]) -> str:
@@ -44,6 +55,7 @@ def main(args: argparse.Namespace) -> int:
     from scaling.study.optimal import (Cost, cost_models, optimal_precision, optimal_precision_ci, shape_of,
                                        specification_range)
     from scaling.study.optimum_check import describe, verdict
+    from scaling.study.profile import precision_profile
 
     fit = FitResult.from_json(args.fit)
     cost = Cost(model=args.cost_model, shape=shape_of(fit), overhead=args.overhead)
@@ -52,7 +64,7 @@ def main(args: argparse.Namespace) -> int:
     if not check["exists"]:  # the same refusal as REPORT's P* and `scaling plan --fit`: no numbers at all
         if args.json:
             print(json.dumps({**check, "P": None, "P_ci": None, "P_range": None, "N": None, "D": None, "loss": None,
-                              "compute": args.compute, "law": fit.law}, indent=2))
+                              "compute": args.compute, "law": fit.law, "profile": None}, indent=2))
         else:
             print("\n".join([header, *describe(check)]))
         return 0
@@ -66,10 +78,18 @@ def main(args: argparse.Namespace) -> int:
         ci = optimal_precision_ci(fit, args.compute, args.precisions, cost=cost, p_range=p_range,
                                   max_samples=args.ci_samples)
     spec = specification_range([(fit.law, fit)], args.compute, cost_models(fit), p_range=p_range)
+    trained = None
+    if args.results:
+        import pandas as pd
+
+        trained = pd.read_csv(args.results)
+    prof = precision_profile(fit, args.compute, args.formats, cost, trained=trained, max_samples=args.ci_samples,
+                             p_range=p_range)
     if args.json:
         out = {**check, "P": best["P"], "P_ci": list(ci["P"]) if ci else None, "P_range": spec["P_range"],
                "N": best["N"], "D": best["D"], "loss": best["loss"], "compute": args.compute, "law": fit.law,
-               "specifications": spec["table"], "per_precision": best["per_precision"].to_dict("records")}
+               "specifications": spec["table"], "per_precision": best["per_precision"].to_dict("records"),
+               "profile": prof}
         print(json.dumps(out, indent=2))
         return 0
     table = best["per_precision"].copy()
@@ -86,4 +106,42 @@ def main(args: argparse.Namespace) -> int:
     if spec["P_range"]:
         print(f"P* across cost models ({'; '.join(c.name for c in cost_models(fit))}): "
               f"{spec['P_range'][0]:.3g}-{spec['P_range'][1]:.3g} bits; across laws and exponents: see `scaling figures` findings.json")
+    print("\n".join(profile_lines(prof)))
     return 0
+
+
+def profile_lines(prof: dict) -> list[str]:
+    """The profile as text: one row per format (loss, CI, P(best), untrained flag), then each neighbour
+    difference with its family-wise CI and verdict, then the continuous P* or why there is none."""
+    if prof.get("no_bits_axis"):
+        return [f"profile: none: {prof['no_bits_axis']}"]
+    lines = [f"profile: the law's loss at each format's compute-optimal N ({prof['cost_model']}, each format's scale "
+             f"bits counted; {prof['resamples']} bootstrap resamples, {prof['level']:.0%} CIs)"]
+    head = ("format", "bits/el", "E", "M", "block", "N", "loss", "CI", "P(best)", "trained")
+    cells = []
+    for r in prof["rows"]:
+        ci = f"[{r['loss_ci'][0]:.4f}, {r['loss_ci'][1]:.4f}]" if r["loss_ci"] else "-"
+        cells.append((r["name"], f"{r['bits_per_element']:.3g}", f"{r['ebits']:g}", f"{r['mbits']:g}",
+                      "-" if r["block"] is None else f"{r['block']:.4g}", f"{r['N']:.3g}", f"{r['loss']:.4f}", ci,
+                      "-" if r["p_best"] is None else f"{r['p_best']:.2f}",
+                      "UNTRAINED: " + "; ".join(r["untrained_reasons"]) if r["untrained"] else "yes"))
+    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(head)]
+    lines.append("  ".join(h.ljust(w) for h, w in zip(head, widths)))
+    lines += ["  ".join(v.ljust(w) for v, w in zip(c, widths)).rstrip() for c in cells]
+    if not prof["trained_formats_known"]:
+        lines.append("(untrained: checked against the trained ranges the fit records only; --results names the runs)")
+    if prof["pairs"]:
+        fam = f"family-wise {prof['level']:.0%} over {len(prof['pairs'])} pairs" if prof["family_level"] else ""
+        lines.append(f"neighbours (next minus this, {fam or 'no CI'}):")
+        for p in prof["pairs"]:
+            ci = f" [{p['ci'][0]:+.4f}, {p['ci'][1]:+.4f}]" if p["ci"] else ""
+            noise = " (within the law's held-out error)" if p["within_heldout_error"] else ""
+            lines.append(f"  {p['to']} - {p['from']}: {p['diff']:+.4f}{ci} {p['verdict']}{noise}")
+    ps = prof["pstar"]
+    if ps.get("P") is not None:
+        ci = f", CI [{ps['ci'][0]:.3g}, {ps['ci'][1]:.3g}] ({ps['interior_share']:.0%} of resamples inside the trained bits)" \
+            if ps.get("ci") else ""
+        lines.append(f"continuous P* = {ps['P']:.3g} bits{ci}")
+    else:
+        lines.append(f"continuous P*: none: {ps['reason']}")
+    return lines

@@ -16,6 +16,7 @@ from scipy import stats
 from scaling.train import compute as compute_lib
 from scaling.study import laws, optimal
 from scaling.study import fit as fit_lib
+from scaling.study import profile as profile_lib
 from scaling.study.optimum_check import too_few_runs_reason
 from scaling.study.analysis import (LEVEL, analyse, default_budgets, high_precision_recipe, ok_rows,
                                     replicate_noise, sweep_family, with_cost)
@@ -135,7 +136,16 @@ def findings(df: pd.DataFrame, fit: Any | None, *, cost: str = "bits", budgets: 
     (across specification_fits x optimal.cost_models) and the verdict against each published range.
     noise_rows: the table whose seed replicates measure run-to-run noise (default df); level: the
     confidence level of every IsoFLOP verdict and interval; pairs: (a, b) recipe contrasts a study
-    wants at every budget besides each recipe's gap to the reference (analysis.isoflop's `pairs`)."""
+    wants at every budget besides each recipe's gap to the reference (analysis.isoflop's `pairs`).
+
+    Each P_star entry (one per budget) also holds `profile` (profile.precision_profile: the chosen law's
+    loss at each format real chips run, with bootstrap CIs, family-wise neighbour differences, untrained
+    formats flagged and a continuous P* only where the law and data support one; {"error": ...} where
+    it cannot be made), `law_interval` (the law's P* span: P, P_ci, the specification range, or for a law
+    without a bits axis its best recipes' bits and the within-noise laws' P*) and `measured_bits` (the
+    effective bits, bits_eff, of the recipes the IsoFLOP measurement cannot rule out: measured recipes, not
+    the law). `interval` spans both, a law's bits and measured recipes' bits_eff together, as before;
+    `P_grid` says when P and P_ci are whole-bit grid points (a law on integer E, M bits)."""
     cost_model = compute_lib.get(cost)
     main = compute_lib.backfill(ok_rows(df))
     noise_rows = df if noise_rows is None else noise_rows
@@ -156,7 +166,9 @@ def findings(df: pd.DataFrame, fit: Any | None, *, cost: str = "bits", budgets: 
     measured = {float(b["budget"]): measured_choice(b, level) for b in out["budgets"]}
     few = too_few_runs(main, fit)
     if few:
-        out["P_star"] = [{"compute": float(c), "measured": measured.get(float(c), []), "error": few} for c in at]
+        out["P_star"] = [{"compute": float(c), "measured": measured.get(float(c), []), "error": few,
+                          "measured_bits": [m["bits"] for m in measured.get(float(c), [])],
+                          "profile": {"error": few}} for c in at]
         return out
     fit = _with_shape(fit, main)
     specs = specification_fits(main, fit, loss_column)
@@ -167,6 +179,12 @@ def findings(df: pd.DataFrame, fit: Any | None, *, cost: str = "bits", budgets: 
         else:
             entry = _pstar_over_recipes(main, fit, c, specs, chosen_cost, cost_model, ci_samples,
                                         measured.get(float(c), []))
+        entry["measured_bits"] = [m["bits"] for m in entry["measured"]]
+        try:
+            entry["profile"] = profile_lib.precision_profile(fit, c, cost=chosen_cost, trained=main,
+                                                             max_samples=ci_samples)
+        except (ConfigError, ValueError) as e:
+            entry["profile"] = {"error": str(e)}
         out["P_star"].append(entry)
     return out
 
@@ -207,9 +225,15 @@ def _with_shape(fit: Any, main: pd.DataFrame) -> Any:
 def _pstar_over_bits(fit: Any, compute: float, specs: list[tuple[str, Any]], chosen_cost: optimal.Cost,
                      ci_samples: int, measured: list[dict]) -> dict[str, Any]:
     """P* at `compute` for a law whose precision axis is bits: the optimum with its bootstrap CI, the
-    specification range across laws and cost models, and the interval spanning them and the measured
-    choice, with its verdict against each published range (or `error` if the optimum cannot be found)."""
+    specification range across laws and cost models, `law_interval` spanning them, and `interval`
+    spanning those and the measured choice (the measured recipes' effective bits: two kinds of number in
+    one span), with its verdict against each published range (or `error` if the optimum cannot be
+    found). P_grid: why P and P_ci are whole bits, for a law on integer E, M bits (None otherwise)."""
     entry: dict[str, Any] = {"compute": float(compute), "measured": measured}
+    entry["P_grid"] = (f"the {fit.law} law reads integer exponent and mantissa bits: P* and its CI are searched "
+                       "over whole bits (each split 1 + E + M at the fitted data's median block), so a CI of one "
+                       "bit width is the grid's, not the data's; see `profile`"
+                       if {"ebits", "mbits"} <= set(_law_columns(fit)) else None)
     try:
         best = optimal.optimal_precision(fit, compute, cost=chosen_cost, p_range=(2.0, 32.0))
         entry.update(P=best["P"], N=best["N"], D=best["D"])
@@ -223,7 +247,9 @@ def _pstar_over_bits(fit: Any, compute: float, specs: list[tuple[str, Any]], cho
         return entry
     spec = optimal.specification_range(specs, compute, optimal.cost_models(fit))
     entry.update(P_range=spec["P_range"], specifications=spec["table"])
-    span = [entry["P"], *(entry["P_ci"] or []), *(spec["P_range"] or []), *(m["bits"] for m in entry["measured"])]
+    law_span = [entry["P"], *(entry["P_ci"] or []), *(spec["P_range"] or [])]
+    entry["law_interval"] = [min(law_span), max(law_span)]
+    span = [*law_span, *(m["bits"] for m in entry["measured"])]
     lo, hi = min(span), max(span)
     entry["interval"] = [lo, hi]
     entry["published"] = {name: verdict([lo, hi], a, b) for name, (a, b) in PUBLISHED.items()}
@@ -254,6 +280,7 @@ def _pstar_over_recipes(main: pd.DataFrame, fit: Any, compute: float, specs: lis
     if ps:
         entry.update(P_range=[float(min(ps)), float(max(ps))], specifications=table)
     bits = [e["bits"] for e in entry["recipes"] if e["best"]] + [b for e in entry["recipes"] for b in e["bits_ci"]]
+    entry["law_interval"] = [min([*bits, *ps]), max([*bits, *ps])] if bits or ps else None
     span = [*bits, *ps, *(m["bits"] for m in entry["measured"])]
     if not span:
         entry["error"] = (f"the chosen law ({fit.law}) prices precision by measured quantisation error, not "

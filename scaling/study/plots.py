@@ -47,6 +47,7 @@ import seaborn as sns  # noqa: E402
 
 from scaling.study import laws, optimal, analysis
 from scaling.study import findings as findings_lib
+from scaling.study import optimum_check
 from scaling.train import compute
 from scaling import plan
 from scaling.study import curves as curves_lib  # noqa: E402
@@ -374,9 +375,12 @@ def _shape_effects_panel(ax: Any, entries: Sequence[dict], unit: str) -> None:
 def iso_loss(fit: Any, compute: float, stem: str | Path, cost: Any = None, unit: str = "nats/token") -> Figure:
     """Figure 2: the law's loss over (N, P) at fixed C, each (N, P) given the tokens C affords it under
     `cost` (a scaling.study.optimal.Cost; default: the fit's runs' shape under the `bits` cost model);
-    the frontier N*(P) and the optimum."""
+    the frontier N*(P) and the optimum, under the verdict `scaling optimal` prints (optimum_check.verdict):
+    a filled star only for an optimum that exists inside the trained runs, a hollow one labelled
+    extrapolated for one outside them, none where no optimum exists (the caption says why)."""
     cost = cost or optimal.Cost(shape=optimal.shape_of(fit))
     best = optimum(fit, compute, cost=cost)
+    check = optimum_check.verdict(fit, best, cost)
     frontier = loss_vs_precision(fit, compute, cost=cost)
     sizes = fitted_sizes(fit)
     n_lo = min(frontier["N"].min(), best["N"], *(sizes or ())) / 10
@@ -396,8 +400,18 @@ def iso_loss(fit: Any, compute: float, stem: str | Path, cost: Any = None, unit:
     if sizes:  # where the law is a measurement, not an extrapolation
         ax.axvspan(*sizes, facecolor="none", edgecolor="k", hatch="//", lw=0.8, alpha=0.5, label="model sizes fitted")
     ax.plot(frontier["N"], frontier["P"], color="tab:red", lw=2, label="compute-optimal N*(P)")
-    ax.scatter([best["N"]], [best["P"]], marker="*", s=220, color="tab:red", edgecolor="k", zorder=4,
-               label=f"optimum: P* = {best['P']:.2g} bits, N = {_fmt(best['N'])}")
+    split = f" (E{best['ebits']:g}M{best['mbits']:g}, whole bits)" if "ebits" in best else ""
+    if check["exists"] and not check["extrapolated"]:
+        ax.scatter([best["N"]], [best["P"]], marker="*", s=220, color="tab:red", edgecolor="k", zorder=4,
+                   label=f"optimum: P* = {best['P']:.2g} bits, N = {_fmt(best['N'])}")
+        star = f"the star the overall optimum (P* = {best['P']:.3g} bits{split}, loss {best['loss']:.4g})"
+    elif check["exists"]:
+        ax.scatter([best["N"]], [best["P"]], marker="*", s=220, facecolor="none", edgecolor="tab:red", lw=1.5,
+                   zorder=4, label=f"law's optimum, extrapolated: P = {best['P']:.2g} bits, N = {_fmt(best['N'])}")
+        star = (f"the hollow star the law's optimum, an extrapolation (P = {best['P']:.3g} bits{split}, loss "
+                f"{best['loss']:.4g}; " + "; ".join(e["text"] for e in check["extrapolation"]) + ")")
+    else:
+        star = "no optimum is starred: " + "; ".join(check["reasons"])
     ax.set_xscale("log")
     ax.set_yscale("log", base=2)
     ticks = [3, 4, 6, 8, 12, 16, 32]
@@ -411,7 +425,7 @@ def iso_loss(fit: Any, compute: float, stem: str | Path, cost: Any = None, unit:
     ax.legend(loc="lower left", fontsize=8)
     fig.tight_layout()
     caption = (f"iso-loss contours of the fitted {fit.law} law at C = {_fmt(compute)}; the red line is the best N for each P, "
-               f"the star the overall optimum (P* = {best['P']:.3g} bits, loss {best['loss']:.4g})"
+               f"{star}"
                + (f"; hatched: the model sizes the law was fitted on ({_fmt(sizes[0])}–{_fmt(sizes[1])})." if sizes else "."))
     return _figure(2, Path(stem), fig, caption)
 
