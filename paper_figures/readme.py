@@ -15,6 +15,7 @@ from typing import Any, Sequence
 
 from scaling.errors import ConfigError
 from scaling.study.findings import PUBLISHED, host_shift_between, other_hosts
+from scaling.study import report
 
 BEGIN = "<!-- findings:begin -->"
 END = "<!-- findings:end -->"
@@ -231,7 +232,11 @@ def _law(law: dict) -> list[str]:
                      + ", ".join(far))
     if {"alpha", "beta"} <= set(params):
         a, b = params["alpha"], params["beta"]
-        text += f". Exponents alpha {a:.2f}, beta {b:.2f}: N\\* ∝ C^{b / (a + b):.2f}"
+        split = b / (a + b)
+        lo, hi = report.LITERATURE_SPLIT
+        text += f". Exponents alpha {a:.2f}, beta {b:.2f}: N\\* ∝ C^{split:.2f}"
+        if not lo <= split <= hi:
+            text += f" (outside the published {lo:g}–{hi:g}, so not extrapolated to cluster scale)"
     heldout = law.get("heldout")
     if heldout and heldout.get("mare") is not None:
         text += (f"; error on the largest {heldout['by']} held out {heldout['mare']:.1%} "
@@ -287,10 +292,13 @@ def _fp4_arm(f: dict) -> list[str]:
     arm = f.get("fp4_arm") or []
     if not arm:
         return []
-    lines = ["- **The FP4 arm, plain and as published** (IsoFLOP minimum minus the reference's, 95% CI; "
+    fw = arm[0].get("familywise")
+    which = f"family-wise 95% CI over the arm's {fw['m']} claims" if fw else "95% CI"
+    lines = [f"- **The FP4 arm, plain and as published** (IsoFLOP minimum minus the reference's, {which}; "
              "a minimum at the edge of its sizes marked):"]
     for b in arm:
-        gaps = "; ".join(_gap(g["recipe"], g["gap"], g["ci"], g["inside"]) for g in sorted(b["gaps"], key=lambda g: g["gap"]))
+        gaps = "; ".join(_gap(g["recipe"], g["gap"], g.get("familywise_ci") or g["ci"], g["inside"])
+                         for g in sorted(b["gaps"], key=lambda g: g["gap"]))
         pairs = "; ".join(p["verdict"] for p in b["pairs"])
         pairs = f"Published against plain: {pairs}." if pairs else ""
         above = "; ".join(p["verdict"] for p in b.get("above", []))

@@ -29,7 +29,7 @@ from scipy import stats
 from scaling.study import findings as findings_lib
 from scaling.study import plots, prose, report
 from scaling.study import results as results_lib
-from scaling.study.analysis import LEVEL, analyse, high_precision_recipe, replicate_noise
+from scaling.study.analysis import LEVEL, analyse, high_precision_recipe, pair_verdict, replicate_noise
 from scaling.study.findings import PUBLISHED, measured_choice, verdict
 from scaling.train import compute as compute_lib
 
@@ -119,12 +119,35 @@ def fp4_arm(budgets: list[dict], df: pd.DataFrame | None = None) -> list[dict[st
         if df is not None and "budget" in df.columns:
             at = df[np.isclose(pd.to_numeric(df["budget"], errors="coerce"), b["budget"], rtol=1e-6)]
             kept = kept_share(at[at["recipe"].isin(fp4)])
-        pairs = b.get("pairs", [])
+        pairs = [dict(p) for p in b.get("pairs", [])]
         out.append({"budget": b["budget"], "reference": reference, "gaps": gaps,
                     "pairs": [p for p in pairs if p["b"] not in FP4_ABOVE],
                     "above": [p for p in pairs if p["b"] in FP4_ABOVE],
                     "kept": kept})
-    return out
+    return familywise(out)
+
+
+def familywise(arm: list[dict], level: float = LEVEL) -> list[dict]:
+    """Bonferroni over every claim the arm makes (each gap to the reference and each pair, at every
+    budget): with m claims, each gets `familywise_ci`, its own 95% bootstrap interval widened on either
+    side of the estimate by z(1 − (1 − level)/2m) / z(1 − (1 − level)/2) (a normal approximation to the
+    bootstrap's tails: the resamples are too few for a percentile that far out), and a pair's `verdict`
+    is read from it. Every entry of the arm says so (`familywise`: rule, m, level)."""
+    claims = [e for b in arm for e in (*b["gaps"], *b["pairs"], *b["above"]) if e.get("ci")]
+    m = len(claims)
+    if not m:
+        return arm
+    widen = float(stats.norm.ppf(1 - (1 - level) / (2 * m)) / stats.norm.ppf(1 - (1 - level) / 2))
+    for e in claims:
+        centre = e["gap"] if "gap" in e else e["diff"]
+        e["familywise_ci"] = [centre - widen * (centre - e["ci"][0]), centre + widen * (e["ci"][1] - centre)]
+    for b in arm:
+        b["familywise"] = {"rule": "Bonferroni", "m": m, "level": level, "widening": widen}
+        for p in (*b["pairs"], *b["above"]):
+            if p.get("familywise_ci"):
+                p["verdict"] = pair_verdict(p["a"], p["b"], p["diff"], p["familywise_ci"], p.get("inside", True), level,
+                                            "family-wise CI")
+    return arm
 
 
 def integer_arm(df: pd.DataFrame) -> pd.DataFrame:
@@ -245,6 +268,12 @@ def fp4_arm_section(f: dict) -> str:
              "NVFP4, each at its IsoFLOP minimum on the same shapes at the same budget. A gap is the recipe's "
              f"minimum minus the reference's ({unit}, shape-adjusted, paired over the same resamples); a minimum "
              "at the edge of its sizes is an upper bound on the recipe's best, so a gap there is no verdict."]
+    fw = arm[0].get("familywise")
+    if fw:
+        lines[0] += (f" The arm makes {fw['m']} claims (every gap and pair at every budget); each is read from its "
+                     f"family-wise interval ({fw['rule']} over the {fw['m']}, {fw['level']:.0%} for all together: each "
+                     f"95% bootstrap interval widened {fw['widening']:.2f}x about its estimate, a normal approximation to "
+                     "tails the resamples are too few to reach).")
     if "quartet" in present:
         lines[0] += (" `quartet` simplifies the paper: its backward GEMMs quantise W and X afresh with QuEST's "
                      "clipping scale, rounded to nearest (a biased gradient), and apply no trust mask "
@@ -253,11 +282,13 @@ def fp4_arm_section(f: dict) -> str:
                       "; `quartet-full`, which adds both parts, is not in these results."))
     for b in arm:
         lines += ["", f"**C = {prose.fmt(b['budget'])}**, reference {b['reference']}:", "",
-                  "| recipe | published recipe | gap to the reference | 95% CI | minimum inside its sizes |",
-                  "| --- | --- | --- | --- | --- |"]
+                  "| recipe | published recipe | gap to the reference | 95% CI | family-wise CI | minimum inside its sizes |",
+                  "| --- | --- | --- | --- | --- | --- |"]
         for g in sorted(b["gaps"], key=lambda g: g["gap"]):
+            fw = g.get("familywise_ci")
             lines.append(f"| {g['recipe']} | {'yes' if g['published'] else 'no'} | {g['gap']:+.3f} | "
-                         f"{g['ci'][0]:+.3f} to {g['ci'][1]:+.3f} | {'yes' if g['inside'] else 'no (edge)'} |")
+                         f"{g['ci'][0]:+.3f} to {g['ci'][1]:+.3f} | {f'{fw[0]:+.3f} to {fw[1]:+.3f}' if fw else '–'} | "
+                         f"{'yes' if g['inside'] else 'no (edge)'} |")
         for pr in b["pairs"]:
             lines += ["", f"- {pr['a']} against {pr['b']}: {pr['verdict']}."]
         if b.get("above"):

@@ -255,7 +255,7 @@ def isoflop(df: pd.DataFrame, budget: float, cost: compute_lib.CostModel | str =
             diff, pci = _paired(res, names, a, b_, level)
             both_inside = bool(res["inside"][0, names.index(a)] and res["inside"][0, names.index(b_)])
             out["pairs"].append({"a": a, "b": b_, "diff": diff, "ci": pci, "inside": both_inside,
-                                 "verdict": _pair_verdict(a, b_, diff, pci, both_inside, level)})
+                                 "verdict": pair_verdict(a, b_, diff, pci, both_inside, level)})
     b, r = int(res["best"][0]), int(res["runner_up"][0])
     ci = [float(c) for c in res["diff_ci"][0]]
     out.update(best=names[b], runner_up=names[r], diff=float(res["diff"][0]), diff_ci=ci)
@@ -283,15 +283,18 @@ def _paired(res: dict[str, np.ndarray], names: list[str], a: str, b: str, level:
     return float(res["loss"][0, i] - res["loss"][0, j]), [float(c) for c in ci]
 
 
-def _pair_verdict(a: str, b: str, diff: float, ci: Sequence[float], inside: bool, level: float) -> str:
-    """One sentence: which of a and b is lower at a budget, or "cannot tell" and why."""
+def pair_verdict(a: str, b: str, diff: float, ci: Sequence[float], inside: bool, level: float,
+                 interval: str = "CI") -> str:
+    """One sentence: which of a and b is lower at a budget, or "cannot tell" and why. `interval` names
+    the interval (e.g. "family-wise CI" where it is one of several claims' simultaneous intervals)."""
+    name = f"{level:.0%} {interval}"
     if ci[0] <= 0 <= ci[1]:
-        return f"cannot tell: {a} − {b} = {diff:+.3f} nats, {level:.0%} CI [{ci[0]:+.3f}, {ci[1]:+.3f}] includes zero"
+        return f"cannot tell: {a} − {b} = {diff:+.3f} nats, {name} [{ci[0]:+.3f}, {ci[1]:+.3f}] includes zero"
     if not inside:
-        return (f"cannot tell: {a} − {b} = {diff:+.3f} nats ({level:.0%} CI [{ci[0]:+.3f}, {ci[1]:+.3f}]), but a "
+        return (f"cannot tell: {a} − {b} = {diff:+.3f} nats ({name} [{ci[0]:+.3f}, {ci[1]:+.3f}]), but a "
                 "minimum lies at the edge of its sizes")
     lower, higher = (a, b) if diff < 0 else (b, a)
-    return f"{lower} lower than {higher} by {abs(diff):.3f} nats ({level:.0%} CI of {a} − {b} [{ci[0]:+.3f}, {ci[1]:+.3f}])"
+    return f"{lower} lower than {higher} by {abs(diff):.3f} nats ({name} of {a} − {b} [{ci[0]:+.3f}, {ci[1]:+.3f}])"
 
 
 def analyse(df: pd.DataFrame, budgets: Sequence[float] | None = None, cost: compute_lib.CostModel | str = "bits",

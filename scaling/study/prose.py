@@ -18,10 +18,10 @@ from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 from scaling.study import analysis, laws, plots
 from scaling.study import findings as findings_lib
+from scaling.study.design_checks import HIGH_BITS, QUANTISED_PARTS, UNQUANTISED_DOMINATES
 
 # Chinchilla's compute-optimal ratio (Hoffmann et al. 2022), for the limitations paragraph.
 CHINCHILLA_TOKENS_PER_PARAM = 20.0
@@ -76,7 +76,39 @@ def what_was_run(all_rows: pd.DataFrame, ok: pd.DataFrame, corpus: str | None) -
         f"- Seeds per (sweep, size, recipe, tokens) cell: {_range_text(findings_lib._seeds_per_cell(ok))}.",
         f"- Corpus: {corpus or 'not recorded in the results table'}.",
     ]
+    kept = unquantised_share(ok)
+    if kept:
+        lines.append(f"- FLOPs a low-precision recipe leaves in high precision (the output head, attention, blocks it "
+                     f"keeps): {kept}.")
     return "\n".join(lines)
+
+
+def unquantised_share(ok: pd.DataFrame) -> str:
+    """The share of a training step's FLOPs that low-precision recipes run in high precision (the parts
+    besides the quantised projections whose operands are >= design_checks.HIGH_BITS wide, as the dry run's
+    warning counts them), per model size from the results' per-part FLOPs and bits; '' without them."""
+    parts = [c[len("flops_"):] for c in ok.columns if c.startswith("flops_") and c != "flops_per_token"
+             and f"bits_{c[len('flops_'):]}_0" in ok.columns]
+    if not parts or "N" not in ok.columns:
+        return ""
+    rows = ok.drop_duplicates("run_id") if "run_id" in ok.columns else ok
+    flops = rows[[f"flops_{p}" for p in parts]].apply(pd.to_numeric, errors="coerce").fillna(0.0).to_numpy(float)
+    bits = np.stack([rows[[f"bits_{p}_0", f"bits_{p}_1"]].apply(pd.to_numeric, errors="coerce").min(axis=1).to_numpy(float)
+                     for p in parts], axis=1)
+    low = bits[:, [parts.index(p) for p in QUANTISED_PARTS if p in parts]].min(axis=1) < HIGH_BITS
+    kept = np.array([p not in QUANTISED_PARTS for p in parts]) & (np.nan_to_num(bits, nan=HIGH_BITS) >= HIGH_BITS)
+    share = (flops * kept).sum(axis=1) / np.where(flops.sum(axis=1) > 0, flops.sum(axis=1), np.nan)
+    by_n = pd.Series(share[low], index=rows["N"].to_numpy()[low]).dropna().groupby(level=0).max()
+    if by_n.empty:
+        return ""
+    top = by_n.idxmax()
+    text = (f"at most {by_n.max():.0%} (the recipe keeping the most) at N = {fmt(top)}, {by_n.iloc[-1]:.0%} at the largest "
+            f"N = {fmt(by_n.index[-1])}")
+    over = by_n[by_n > UNQUANTISED_DOMINATES]
+    if len(over):
+        text += (f"; above half at {len(over)} of {len(by_n)} sizes (N ≤ {fmt(over.index.max())}), where a precision "
+                 "comparison measures mostly parts the recipe leaves in high precision")
+    return text
 
 
 def _sweeps(all_rows: pd.DataFrame, ok: pd.DataFrame) -> str:
@@ -233,52 +265,6 @@ def heldout_error(fit: Any, ok: pd.DataFrame) -> tuple[str, float | None]:
     return text, float(heldout["mare"])
 
 
-def cost_of_precision(ok: pd.DataFrame, fit: Any) -> str:
-    """Each recipe's loss minus the high-precision reference run's at the same size, tokens and seed
-    (analysis.gaps_to_reference_recipe): its mean, and how it moves with D at a fixed size (least squares on log2 D
-    with size fixed effects): the mean over runs with a 95% t interval over runs (a run's evaluations
-    share its noise), the slope with one over the matched points. Kumar et al.'s form,
-    where precision lowers only the effective N, predicts a gap that does not move with D."""
-    gaps = analysis.gaps_to_reference_recipe(ok)
-    if gaps.empty:
-        return ""
-    reference = analysis.high_precision_recipe(ok)
-    rows, grows = [], []
-    for recipe, g in gaps.groupby("recipe"):
-        n = len(g)
-        # a run's evaluations share its noise: the interval is over runs (size and seed), not points
-        per_run = g.groupby(["N", "seed"] if "seed" in g.columns else ["N"])["gap"].mean()
-        runs = len(per_run)
-        mean = float(per_run.mean())
-        half = float(stats.t.ppf(0.975, runs - 1) * per_run.std(ddof=1) / math.sqrt(runs)) if runs >= 2 else math.nan
-        row = {"recipe": recipe, "points (runs, sizes)": f"{n} ({runs}, {g['N'].nunique()})", "mean gap": f"{mean:+.3f}",
-               "its 95% CI over runs": f"{mean - half:+.3f} to {mean + half:+.3f}" if runs >= 2 else "–",
-               "change per doubling of D": "–", "95% CI": "–", "with D": "cannot tell"}
-        centred = g.assign(log_d=np.log2(g["D"]))
-        centred[["log_d", "gap"]] -= centred.groupby("N")[["log_d", "gap"]].transform("mean")
-        sxx = float((centred["log_d"] ** 2).sum())
-        dof = n - g["N"].nunique() - 1
-        if sxx > 0 and dof >= 1:
-            slope = float((centred["log_d"] * centred["gap"]).sum() / sxx)
-            resid = centred["gap"] - slope * centred["log_d"]
-            h = float(stats.t.ppf(0.975, dof) * math.sqrt(float((resid ** 2).sum()) / dof / sxx))
-            verdict = "grows" if slope - h > 0 else "shrinks" if slope + h < 0 else "cannot tell"
-            row.update({"change per doubling of D": f"{slope:+.3f}", "95% CI": f"{slope - h:+.3f} to {slope + h:+.3f}",
-                        "with D": verdict})
-            if verdict == "grows":
-                grows.append(recipe)
-        rows.append(row)
-    unit = findings_lib.loss_unit(ok)
-    text = [f"Validation loss minus the {reference} run's at the same size, tokens and seed ({unit}; a point is one "
-            "matched evaluation), and how that gap moves with the tokens at a fixed model size (size fixed effects); "
-            f"each interval is 95% for its own recipe ({len(rows)} recipes):",
-            "", _markdown(pd.DataFrame(rows))]
-    if grows:
-        text += ["", f"At a fixed size the gap grows with D for {', '.join(grows)} (95% CI above zero); Kumar et al.'s "
-                 "form, where precision lowers only the effective N, predicts a gap that does not."]
-    return "\n".join(text)
-
-
 def matched_section(f: dict) -> str:
     """Each recipe's gap to the reference at matched tokens (findings' `matched`): the numerics alone,
     before any cost model; continuous differences with their intervals, then the verdicts."""
@@ -303,7 +289,28 @@ def matched_section(f: dict) -> str:
         slope = "–" if c["estimate"] is None else f"{c['estimate']:+.3f} ({ci(c.get('familywise_ci'))})"
         lines.append(f"| {r['recipe']} | {r['n']} ({r['clusters']}) | {r['mean']:+.4f} | {ci(r['mean_ci'])} | "
                      f"{ci(r['mean_familywise_ci'])} | {slope} | {r['verdict']} |")
+    lines += ["", _with_tokens(m["recipes"])]
     return "\n".join(lines)
+
+
+def _with_tokens(recipes: list[dict]) -> str:
+    """Which gaps move with D/N at a fixed N, read from the family-wise CIs of c. Kumar et al.'s form,
+    where precision lowers only the effective N, predicts a gap that does not."""
+    moves = {"grows": [], "shrinks": []}
+    for r in recipes:
+        c = (r.get("coefficients") or {}).get("c") or {}
+        lo_hi = c.get("familywise_ci")
+        if lo_hi and lo_hi[0] > 0:
+            moves["grows"].append(r["recipe"])
+        elif lo_hi and lo_hi[1] < 0:
+            moves["shrinks"].append(r["recipe"])
+    said = [f"grows with D/N for {', '.join(v)}" if k == "grows" else f"shrinks with D/N for {', '.join(v)}"
+            for k, v in moves.items() if v]
+    if not said:
+        return ("At a fixed N no recipe's gap moves with D/N beyond its family-wise CI (c): cannot tell whether the cost "
+                "of low precision grows with tokens, as Kumar et al.'s data-dependent form says, or not.")
+    return (f"At a fixed N the gap {' and '.join(said)} (family-wise CI of c excludes zero); the others cannot tell. "
+            "Kumar et al.'s form, where precision lowers only the effective N, predicts a gap that does not move with D/N.")
 
 
 def chips_section(f: dict) -> str:
@@ -416,6 +423,8 @@ def granularity_section(g: dict, unit: str) -> str:
               "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in sorted(g["rows"], key=lambda r: (r["format"], r["diff"])):
         ci = f"{r['ci'][0]:+.3f} to {r['ci'][1]:+.3f}" if r["ci"] else "–"
+        if r.get("own_noise") and r["n"] <= 2:  # its own scatter from one degree of freedom: t's tail is the interval
+            ci = f"cannot be estimated (its own scatter, {r['n'] - 1} dof)"
         lines.append(f"| {r['format']} | {r['recipe']} | {r['n']} | {r['loss']:.4g} | {r['loss_ref']:.4g} | "
                      f"{r['diff']:+.3f} | {ci} | {r['verdict']} |")
     lines += _not_ok_lines(g["not_ok"], "recipe")
@@ -583,7 +592,7 @@ def _menu_text(e: dict, law: str) -> str:
     bits_specs = [r["P"] for r in e.get("specifications") or [] if "P" in r and not r["spec"].startswith(law)]
     if bits_specs:
         lo, hi = min(bits_specs), max(bits_specs)
-        text += (f". The within-noise laws with a bits axis put a continuous P* at "
+        text += (". The within-noise laws with a bits axis put a continuous P* at "
                  + (f"{lo:.3g} bits" if f"{lo:.3g}" == f"{hi:.3g}" else f"{lo:.3g}–{hi:.3g} bits"))
     ranges = []
     for name, (a, b) in _published().items():
@@ -621,9 +630,11 @@ def _optima_ratio_text(budgets: Sequence[dict]) -> str:
 
 
 def limitations(ok: pd.DataFrame, fit: Any | None, found: list[dict], heldout: float | None,
-                budgets: Sequence[dict] = ()) -> str:
+                budgets: Sequence[dict] = (), prediction: dict | None = None) -> str:
     """A paragraph written from the data's spans: what the measurements can and cannot support.
-    budgets: the IsoFLOP analyses (findings.findings' "budgets"), for how well a parabola in N fits them."""
+    budgets: the IsoFLOP analyses (findings.findings' "budgets"), for how well a parabola in N fits them.
+    prediction: the registered prediction's facts (report.prediction_facts), whose miss at its budget is
+    the law's extrapolation error in compute, stated beside the held-out sizes' error."""
     sentences = []
     n_sizes, n_max = ok["N"].nunique(), ok["N"].max()
     sentences.append(f"Our {n_sizes} model size{'s' if n_sizes != 1 else ''} reach at most {fmt(n_max)} non-embedding "
@@ -678,12 +689,26 @@ def limitations(ok: pd.DataFrame, fit: Any | None, found: list[dict], heldout: f
             sentences.append(f"The irreducible loss E went to ≈0 ({floor:.2g}): the runs are far from the loss plateau, "
                              "so E, and with it the law's trade-off between size and tokens away from the data, is "
                              "not identified.")
-        if heldout is not None:
-            sentences.append(f"The held-out (extrapolation) error is {heldout:.2%} of the loss; differences between "
-                             "precisions smaller than that are within the law's error.")
+        errors = [(heldout, "on the largest sizes held out")] if heldout is not None else []
+        miss = budget_miss(prediction)
+        if miss is not None:
+            errors.append((miss, f"on the budget predicted before it was trained (C = {fmt(prediction['budget'])})"))
+        if errors:
+            largest = max(e for e, _ in errors)
+            sentences.append("The law's extrapolation errors are " + " and ".join(f"{e:.2%} of the loss {where}" for e, where in errors)
+                             + f"; a difference between precisions that the law puts below {largest:.2%} is within its error.")
     sentences.append("Low precision is simulated (fake quantisation with FP32 accumulation) on CPU, so the results say "
                      "what the number formats do to learning, not how fast real low-precision hardware runs.")
     return " ".join(sentences)
+
+
+def budget_miss(prediction: dict | None) -> float | None:
+    """The registered prediction's mean |measured - predicted| minimum as a fraction of the measured
+    loss, over the recipes scored at its budget; None without a score."""
+    scored = [r for r in ((prediction or {}).get("score") or {}).get("recipes", []) if r.get("measured") is not None]
+    if not scored:
+        return None
+    return float(np.mean([abs(r["error"]) / r["measured"] for r in scored]))
 
 
 def corpus_of(results: pd.DataFrame) -> str | None:

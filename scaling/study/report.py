@@ -1,4 +1,4 @@
-"""REPORT.md and findings.json: what was run, the measured sweet spot, the held-out prediction's score,
+"""REPORT.md and findings.json: what was run, the matched-token gaps, the IsoFLOP profiles, the held-out prediction's score,
 P*, the purpose sweeps, the fitted law, the figures and the limits, in that order (BUILT_IN), with a
 study's own sections (Section) where it places them.
 
@@ -20,7 +20,7 @@ import pandas as pd
 from scaling.study import analysis, costs, fit, matched, plots
 from scaling.study import findings as findings_lib
 from scaling.study import predict as predict_lib
-from scaling.study.prose import (chips_section, corpus_of, cost_of_precision, findings_section, fitted_law, fmt, granularity_section,
+from scaling.study.prose import (chips_section, corpus_of, findings_section, fitted_law, fmt, granularity_section,
                                  heldout_error, limitations, matched_section, outliers_section, prediction_sections, pstar_section,
                                  what_was_run)
 from scaling._io import atomic_write_json, atomic_write_text
@@ -129,7 +129,8 @@ def write_report(results_df: pd.DataFrame, fit_result: Any, out_dir: str | Path,
     law_sections, heldout = _law_sections(ok, fitted, fit_result)
     built_in = {"matched": (["## At matched tokens: what the formats do", "", matched_section(facts), ""]
                             if facts.get("matched") else []),
-                "findings": ["## Findings: the sweet spot, measured (IsoFLOP profiles)", "", findings_section(facts), ""],
+                "findings": [f"## IsoFLOP profiles under the `{str(facts['cost_model']).split(':')[0]}` cost model", "",
+                             findings_section(facts), ""],
                 "chips": (["## On a real chip: the same budgets under H100 and B200 cost models", "", chips_section(facts), ""]
                           if facts.get("cost_models") else []),
                 "prediction": prediction_sections(facts),
@@ -142,7 +143,8 @@ def write_report(results_df: pd.DataFrame, fit_result: Any, out_dir: str | Path,
                 "what_was_run": ["## What was run", "", what_was_run(results_df, ok, corpus_of(results_df)), ""],
                 "law": law_sections, "figures": _figure_sections(figures, out_dir),
                 "cluster": _cluster_sections(fit_result, table),
-                "limitations": (["## Limitations", "", limitations(fitted, fit_result, [], heldout, facts.get("budgets", ())), ""]
+                "limitations": (["## Limitations", "", limitations(fitted, fit_result, [], heldout, facts.get("budgets", ()),
+                                                                facts.get("prediction")), ""]
                                 if not ok.empty else [])}
     text = list(INTRODUCTION)
     for name in BUILT_IN:
@@ -228,15 +230,12 @@ def _prediction_hosts(fitted_on: dict, measured: dict | None, facts: dict) -> di
 
 
 def _law_sections(ok: pd.DataFrame, fitted: pd.DataFrame, fit_result: Any) -> tuple[list[str], float | None]:
-    """The fitted law with its held-out error, the cost of low precision by tokens, and a note when the
+    """The fitted law with its held-out error, and a note when the
     law has no bits axis; and the held-out error (None without one)."""
     if fit_result is None or ok.empty:
         return ["## Fitted law", "", "No fitted law was given (`--fit`), so there is no P* to report.", ""], None
     error_text, heldout = heldout_error(fit_result, fitted)
     sections = ["## Fitted law", "", fitted_law(fit_result), "", error_text, ""]
-    gap_text = cost_of_precision(fitted, fit_result)
-    if gap_text:
-        sections += ["## The cost of low precision, by tokens", "", gap_text, ""]
     if not plots.precision_term(fit_result):
         reason = plots.no_bits_reason(fit_result.law)
         sections += [reason[0].upper() + reason[1:]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import reference_study
-from test_plots import fake_results
+from test_plots import fake_fit, fake_results
 
 from scaling.study import prose, report
 from scaling.study import findings as findings_lib
@@ -52,7 +53,8 @@ def test_report_states_the_computed_optimum_and_notes_skipped_figures(tmp_path):
     assert facts["budgets"] == [] and "cannot tell which precision is best" in text
     assert ("Held-out extrapolation: fitted on the 45 points with N below 2e06, the law predicts the other 15 "
             "with a mean absolute relative error of 1.20%.") in text
-    assert "The held-out (extrapolation) error is 1.20% of the loss" in text
+    assert ("The law's extrapolation errors are 1.20% of the loss on the largest sizes held out; a difference between "
+            "precisions that the law puts below 1.20% is within its error.") in text
     # what was run: 21 runs (one diverged, kept out of the fit), 4 sizes, 3 budgets
     assert "- Runs: 21 (20 ok, 1 diverged)" in text and "60 (run, token budget) points" in text
     assert "- Model sizes: 4 distinct, N = 2e05–2e06" in text
@@ -113,31 +115,43 @@ def test_limitations_name_a_size_axis_without_gain_and_an_unidentified_floor():
     assert "The irreducible loss E went to ≈0 (1e-08)" in text
 
 
-def test_cost_of_precision_pairs_runs_with_the_reference_and_measures_the_trend_in_tokens():
-    from scaling.study import fit
+def test_the_laws_error_named_in_the_limitations_is_the_larger_of_its_held_out_sizes_and_its_budget_extrapolation():
+    from scaling.study import plots
+
+    ok = plots.validate_results(fake_results(p_star=5.0))
+    law = fake_fit(5.0, n_samples=0)
+    # the budget predicted before it was trained missed by 0.06 on 2.0 and 0.02 on 1.0: 2.5% on average
+    prediction = {"budget": 1e13, "score": {"recipes": [{"measured": 2.0, "error": -0.06}, {"measured": 1.0, "error": 0.02},
+                                                        {"recipe": "x", "measured": None}]}}
+    assert prose.budget_miss(prediction) == pytest.approx(0.025) and prose.budget_miss(None) is None
+    text = prose.limitations(ok, law, [], 0.012, prediction=prediction)
+    assert ("The law's extrapolation errors are 1.20% of the loss on the largest sizes held out and 2.50% of the loss on "
+            "the budget predicted before it was trained (C = 1e13); a difference between precisions that the law puts "
+            "below 2.50% is within its error.") in text
+
+
+def test_the_matched_section_says_which_gaps_grow_with_tokens_from_the_familywise_intervals():
+    from scaling.study import matched
 
     rng = np.random.default_rng(0)
     rows = []
-    for N in (1e5, 4e5):
-        for i, D in enumerate((1e6, 2e6, 4e6)):
-            base = 3.0 - 0.1 * i - (0.2 if N > 1e5 else 0.0)
-            for P, recipe, gap in ((16, "bf16", 0.0), (8, "fp8", 0.004), (4, "mxfp4", 0.03 + 0.05 * i)):
-                rows.append(dict(run_id=f"{recipe}-{N:g}", N=N, D=D, P=P, recipe=recipe, format=recipe, seed=0,
-                                 val_loss=base + gap + 0.002 * rng.standard_normal() * (recipe != "bf16")))
+    for N in (1e5, 2e5, 4e5):
+        for seed in (0, 1, 2):
+            for i, D in enumerate((1e6, 2e6, 4e6)):
+                base = 3.0 - 0.1 * i - 0.2 * math.log2(N / 1e5) + 0.01 * seed
+                for P, recipe, gap in ((16, "bf16", 0.0), (8, "fp8", 0.004), (4, "mxfp4", 0.03 + 0.05 * i)):
+                    rows.append(dict(run_id=f"{recipe}-{N:g}-{seed}", N=N, D=D, P=P, recipe=recipe, seed=seed,
+                                     val_loss=base + gap + 0.002 * rng.standard_normal() * (recipe != "bf16")))
     ok = pd.DataFrame(rows)
-    law = fit.FitResult.from_dict({"law": "kumar", "params": {}, "fixed": {}, "objective": 0.0})
-    text = prose.cost_of_precision(ok, law)
-    assert "minus the bf16 run's" in text
+    facts = {"matched": matched.matched_gaps(ok, reference="bf16"), "loss_unit": "nats"}
+    text = prose.matched_section(facts)
+    # +0.05 per doubling of D is +0.072 per e-fold of D/N at a fixed N: grows; fp8's constant gap does not move
     line = {r.split("|")[1].strip(): [c.strip() for c in r.split("|")[1:-1]] for r in text.splitlines() if r.startswith("| ")}
-    assert line["mxfp4"][1] == "6 (2, 2)" and float(line["mxfp4"][2]) == pytest.approx(0.08, abs=0.005)
-    # +0.05 per doubling of D at either size: grows, with a CI above zero; fp8's constant gap does not move
-    assert float(line["mxfp4"][4]) == pytest.approx(0.05, abs=0.005) and line["mxfp4"][6] == "grows"
-    assert line["fp8"][6] == "cannot tell" and float(line["fp8"][2]) == pytest.approx(0.004, abs=0.003)
-    assert "grows with D for mxfp4" in text and "Kumar et al.'s form" in text
+    assert float(line["mxfp4"][5].split()[0]) == pytest.approx(0.05 / math.log(2), abs=0.005)
+    assert "grows with D/N for mxfp4 (family-wise CI of c excludes zero)" in text and "fp8" not in text.split("At a fixed N")[1]
     flat = ok.assign(val_loss=ok["val_loss"] - (ok["recipe"] == "mxfp4") * 0.05 * ok["D"].map({1e6: 0, 2e6: 1, 4e6: 2}))
-    assert "grows with D" not in prose.cost_of_precision(flat, law)
-    # only the reference: no section
-    assert prose.cost_of_precision(ok[ok["recipe"] == "bf16"], law) == ""
+    text = prose.matched_section({"matched": matched.matched_gaps(flat, reference="bf16"), "loss_unit": "nats"})
+    assert "no recipe's gap moves with D/N" in text
 
 
 def test_the_report_says_how_the_law_was_chosen_and_when_no_precision_term_does_as_well():

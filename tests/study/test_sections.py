@@ -73,7 +73,7 @@ def test_the_report_leads_with_the_gaps_at_matched_tokens(tmp_path, no_figures):
     with its clustered and family-wise intervals, before any IsoFLOP verdict a cost model makes."""
     path = report.write_report(results.load(QUICK), None, tmp_path)
     text = path.read_text()
-    assert text.index("## At matched tokens: what the formats do") < text.index("## Findings: the sweet spot")
+    assert text.index("## At matched tokens: what the formats do") < text.index("## IsoFLOP profiles under the `bits` cost model")
     facts = json.loads((tmp_path / "findings.json").read_text())
     m = facts["matched"]
     assert m["reference"] == "fp32" and m["clustered_by"] == ["N", "seed"] and m["familywise"]["rule"] == "Bonferroni"
@@ -88,7 +88,7 @@ def test_every_verdict_is_also_read_on_real_chips(tmp_path, no_figures):
     beside them, and a recipe the `bits` design placed past a chip's budget listed as absent."""
     path = report.write_report(results.load(QUICK), None, tmp_path)
     text = path.read_text()
-    assert (text.index("## Findings: the sweet spot") < text.index("## On a real chip: the same budgets")
+    assert (text.index("## IsoFLOP profiles under the `bits` cost model") < text.index("## On a real chip: the same budgets")
             < text.index("## What was run"))
     facts = json.loads((tmp_path / "findings.json").read_text())
     chips = facts["cost_models"]["chips"]
