@@ -217,9 +217,19 @@ def test_the_fp4_arm_states_each_gap_with_its_ci_and_the_published_recipes_again
     assert [(g["recipe"], g["published"], g["inside"]) for g in arm[0]["gaps"]] == [("mxfp4", False, True),
                                                                                    ("quartet", True, False)]
     section = reference_study.fp4_arm_section({"fp4_arm": arm, "loss_unit": "nats/byte"})
-    assert "| mxfp4 | no | +0.050 | +0.020 to +0.080 | yes |" in section
-    assert "| quartet | yes | +0.170 | +0.140 to +0.200 | no (edge) |" in section
-    assert "- quartet against mxfp4: mxfp4 lower than quartet by 0.120 nats" in section
+    # three claims (two gaps, one pair): each 95% interval widened by z(1 - 0.05/6) / z(0.975) about its estimate
+    from scipy.stats import norm
+    w = norm.ppf(1 - 0.05 / 6) / norm.ppf(0.975)
+    assert arm[0]["familywise"] == {"rule": "Bonferroni", "m": 3, "level": 0.95, "widening": pytest.approx(w)}
+    assert arm[0]["gaps"][0]["familywise_ci"] == pytest.approx([0.05 - 0.03 * w, 0.05 + 0.03 * w])
+    assert f"| mxfp4 | no | +0.050 | +0.020 to +0.080 | {0.05 - 0.03 * w:+.3f} to {0.05 + 0.03 * w:+.3f} | yes |" in section
+    assert f"| quartet | yes | +0.170 | +0.140 to +0.200 | {0.17 - 0.03 * w:+.3f} to {0.17 + 0.03 * w:+.3f} | no (edge) |" in section
+    assert ("- quartet against mxfp4: mxfp4 lower than quartet by 0.120 nats (95% family-wise CI of quartet − mxfp4 "
+            f"[{0.12 - 0.02 * w:+.3f}, {0.12 + 0.03 * w:+.3f}])") in section and "The arm makes 3 claims" in section
+    # a pair the 95% interval calls is "cannot tell" once its interval is one of many
+    close = {**pair, "diff": 0.03, "ci": [0.002, 0.058]}
+    (wide,) = reference_study.fp4_arm([{**budgets[0], "pairs": [close]}])[0]["pairs"]
+    assert wide["verdict"].startswith("cannot tell: quartet − mxfp4 = +0.030 nats, 95% family-wise CI")
     # only the published recipes in the results are named, and what `quartet` leaves out is said
     assert "(`quartet` on `mxfp4`:" in section and "`quartet-full` on" not in section
     assert "`quartet-full`, which adds both parts, is not in these results" in section
@@ -234,7 +244,8 @@ def test_the_fp4_arm_states_each_gap_with_its_ci_and_the_published_recipes_again
     above = {"a": "quartet", "b": "fp8", "diff": 0.22, "ci": [0.19, 0.25], "inside": True,
              "verdict": "fp8 lower than quartet by 0.220 nats (95% CI of quartet − fp8 [+0.190, +0.250])"}
     both = reference_study.fp4_arm([{**budgets[0], "pairs": [pair, above]}])[0]
-    assert both["pairs"] == [pair] and both["above"] == [above]
+    assert [(p["a"], p["b"]) for p in both["pairs"]] == [("quartet", "mxfp4")]
+    assert [(p["a"], p["b"]) for p in both["above"]] == [("quartet", "fp8")] and both["familywise"]["m"] == 4
     both_section = reference_study.fp4_arm_section({"fp4_arm": [both], "loss_unit": "nats/byte"})
     assert "close the gap to the 8- and 6-bit formats" in both_section
     assert "- quartet against fp8: fp8 lower than quartet by 0.220 nats" in both_section
@@ -243,7 +254,8 @@ def test_the_fp4_arm_states_each_gap_with_its_ci_and_the_published_recipes_again
     assert "Published against plain: mxfp4 lower than quartet" in both_line
     assert "Published against FP8 and MXFP6: fp8 lower than quartet by 0.220 nats" in both_line
     line = "\n".join(readme._fp4_arm({"fp4_arm": arm}))
-    assert "mxfp4 +0.050 [+0.020, +0.080]; quartet +0.170 [+0.140, +0.200] (edge)" in line
+    assert (f"mxfp4 +0.050 [{0.05 - 0.03 * w:+.3f}, {0.05 + 0.03 * w:+.3f}]; quartet +0.170 "
+            f"[{0.17 - 0.03 * w:+.3f}, {0.17 + 0.03 * w:+.3f}] (edge)") in line and "family-wise 95% CI over the arm's 3 claims" in line
     assert reference_study.fp4_arm_section({"fp4_arm": [], "loss_unit": "nats/byte"}) == "" and readme._fp4_arm({}) == []
     runs = pd.DataFrame({"recipe": ["nvfp4-nvidia", "nvfp4-nvidia", "nvfp4"], "budget": 1e12,
                          "flops_kept_fprop": [1.0, 3.0, 0.0], "flops_kept_dgrad": [1.0, 3.0, 0.0],
