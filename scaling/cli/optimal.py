@@ -126,7 +126,7 @@ def profile_lines(prof: dict) -> list[str]:
                       "-" if r["p_best"] is None else f"{r['p_best']:.2f}",
                       "UNTRAINED: " + "; ".join(r["untrained_reasons"]) if r["untrained"] else "yes"))
     widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(head)]
-    lines.append("  ".join(h.ljust(w) for h, w in zip(head, widths)))
+    lines.append("  ".join(h.ljust(w) for h, w in zip(head, widths)).rstrip())
     lines += ["  ".join(v.ljust(w) for v, w in zip(c, widths)).rstrip() for c in cells]
     if not prof["trained_formats_known"]:
         lines.append("(untrained: checked against the trained ranges the fit records only; --results names the runs)")
