@@ -1,8 +1,15 @@
-"""`scaling predict HELDOUT.toml`: predict a budget before it is trained (scaling.study.predict).
+"""`scaling predict`: predict before training.
 
-The held-out experiment is an IsoFLOP design at a budget above every one the results hold; its
-runs must not have landed yet (a prediction made after the data is not one). The laws are fitted on
-the results of the same sweep, the prediction written as JSON for the history and the report.
+`scaling predict HELDOUT.toml`: predict a held-out IsoFLOP budget before it is trained
+(scaling.study.predict). The held-out experiment is an IsoFLOP design at a budget above every one the
+results hold; its runs must not have landed yet (a prediction made after the data is not one). The laws
+are fitted on the results of the same sweep, the prediction written as JSON for the history and the report.
+
+`scaling predict --rows TABLE.csv --results RESULTS.csv [--law NAME] -o OUT.csv`: predict any runs
+(scaling.study.calibrate.predict_table): each row (N, D, recipe; the recipe must have runs in the
+results) gets the law's loss with a calibrated interval (the law's resamples, a shared shift measured by
+backtests inside the results' budgets, per-recipe and row terms), its gap to the reference recipe's row
+at the same (N, D) and P(best) among those rows; OUT.json beside it holds the law and the calibration.
 """
 
 from __future__ import annotations
@@ -14,11 +21,20 @@ from scaling.errors import ConfigError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("experiment", help="the held-out IsoFLOP design (an experiment TOML with one budget)")
+    parser.add_argument("experiment", nargs="?", default=None,
+                        help="the held-out IsoFLOP design (an experiment TOML with one budget); not with --rows")
+    parser.add_argument("--rows", default=None,
+                        help="a CSV of runs to predict (columns N, D, recipe): writes each row's loss with its "
+                             "calibrated interval to -o OUT.csv (needs --results)")
+    parser.add_argument("--law", default=None,
+                        help="with --rows: the law to fit, e.g. sun or 'kumar[kappa free]' (default: chosen by "
+                             "held-out precision gaps among --candidate)")
     parser.add_argument("--results", default=None,
-                        help="the lower budgets' results (default results/<sweep>.csv of the experiment's sweep)")
+                        help="the lower budgets' results (default results/<sweep>.csv of the experiment's sweep); "
+                             "with --rows, the results the law is fitted and calibrated on")
     parser.add_argument("-o", "--out", default=None,
-                        help="prediction JSON to write (default results/<sweep>_prediction.json); never overwritten")
+                        help="prediction JSON to write (default results/<sweep>_prediction.json; never overwritten); "
+                             "with --rows, the CSV to write (and OUT.json beside it)")
     parser.add_argument("--bootstrap", type=int, default=50, help="resamples per law (runs resampled)")
     parser.add_argument("--candidate", action="append", default=[],
                         help="a law to choose among (repeatable; default every law)")
@@ -26,12 +42,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.bootstrap < 0:
+        raise ConfigError("--bootstrap", args.bootstrap, "an integer >= 0")
+    if args.rows is not None:
+        return _rows(args)
+    if args.experiment is None:
+        raise ConfigError("experiment", None, "a held-out experiment TOML, or --rows TABLE.csv")
+    if args.law is not None:
+        raise ConfigError("--law", args.law, "only with --rows (a held-out design chooses among --candidate)")
     from scaling._io import atomic_write_json
     from scaling.study import predict, results, sweep
     from scaling.study.summary import Summary
 
-    if args.bootstrap < 0:
-        raise ConfigError("--bootstrap", args.bootstrap, "an integer >= 0")
     name, _, _, design = sweep.experiment_points(args.experiment)
     if design is None or len(design.budgets) != 1:
         raise ConfigError("experiment", args.experiment, "an IsoFLOP design ([isoflop]) with exactly one budget")
@@ -66,3 +88,47 @@ def main(args: argparse.Namespace) -> int:
     print(f"-> {out}")
     return 0
 
+
+def _rows(args: argparse.Namespace) -> int:
+    """--rows mode: every check before any fit, both files written atomically at the end."""
+    if args.experiment is not None:
+        raise ConfigError("experiment", args.experiment, "none with --rows (predict a held-out design or rows, not both)")
+    if args.results is None:
+        raise ConfigError("--results", None, "the results CSV the law is fitted on (required with --rows)")
+    if args.out is None or not args.out.endswith(".csv"):
+        raise ConfigError("--out", args.out, "a .csv path to write the predicted rows to (required with --rows)")
+    rows_path, results_path = Path(args.rows), Path(args.results)
+    if not rows_path.is_file():
+        raise ConfigError("--rows", str(rows_path), "an existing CSV with columns N, D, recipe")
+    if not results_path.is_file():
+        raise ConfigError("--results", str(results_path), "an existing results .csv or .parquet")
+    import pandas as pd
+
+    from scaling._io import atomic_write_json, atomic_write_text
+    from scaling.study import analysis, calibrate, results, selection
+
+    if args.law is not None:
+        selection.parse_candidate(args.law)
+    try:
+        table = pd.read_csv(rows_path)
+    except (OSError, ValueError) as e:
+        raise ConfigError("--rows", str(rows_path), f"a readable CSV with columns N, D, recipe ({e})") from None
+    found = analysis.study_part(results.load(results_path), "main")
+    out, facts = calibrate.predict_table(found, table, args.law, candidates=args.candidate or None,
+                                         bootstrap=args.bootstrap, seed=args.seed)
+    path = Path(args.out)
+    side = path.with_suffix(".json")
+    atomic_write_json(side, {"rows": str(rows_path), "results": str(results_path), **facts})
+    atomic_write_text(path, out.to_csv(index=False))
+    cal = facts["calibration"]
+    tau = f"{cal['tau']:.3f} nats per decade from {cal['k']} backtest(s)" if cal["tau"] is not None else "not estimable"
+    fixed = ", ".join(f"{k}={v:g}" for k, v in facts["fixed"].items())
+    print(f"law {facts['law']}{f'[{fixed}]' if fixed else ''} fitted on {results_path} (budgets {', '.join(f'{b:g}' for b in facts['budgets'])}); "
+          f"shared shift {tau}")
+    for note in facts["notes"]:
+        print(f"  note: {note}")
+    for r in out.itertuples():
+        band = (f"{r.level:.0%} PI {r.loss_lo:.4f}-{r.loss_hi:.4f}" if r.interval == "calibrated" else r.interval)
+        print(f"  {r.recipe:<14} N {r.N:.3g} D {r.D:.3g}: {r.loss:.4f}  {band}")
+    print(f"-> {path} (+ {side.name})")
+    return 0
