@@ -36,7 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cpus-per-run", type=float, default=1, help="ray: CPUs reserved per run")
     parser.add_argument("--gpus-per-run", type=float, default=0,
                         help="GPUs per run: ray reserves this many (a fraction shares a GPU); local: 1 pins each "
-                             "run to its own GPU, 1/k puts k runs on each GPU (default 0: no GPU reserved)")
+                             "run to its own GPU, 1/k puts k runs on each GPU, a whole G > 1 gives each run G GPUs "
+                             "(parallel.data = G unless set: one run across them) (default 0: no GPU reserved)")
     parser.add_argument("--hang-timeout", type=float, default=600,
                         help="seconds without a metrics heartbeat before a run is stopped as hung")
     parser.add_argument("--dry-run", action="store_true", help="print the expanded runs and an ETA, run nothing")
@@ -63,6 +64,20 @@ def _gpu_pins(args: argparse.Namespace) -> list[dict[str, str]] | None:
     return pins
 
 
+def _sets_parallel_data(args: argparse.Namespace) -> bool:
+    """Whether the experiment (its base, grid or --set) chooses parallel.data itself."""
+    import tomllib
+
+    if any(item.split("=", 1)[0].strip() == "parallel.data" for item in args.set):
+        return True
+    try:
+        text = Path(args.experiment).read_text()
+        table = tomllib.loads(text)
+    except (OSError, tomllib.TOMLDecodeError):
+        return False  # the sweep's own reading of the file says what is wrong
+    return "data" in table.get("parallel", {}) or "parallel.data" in text
+
+
 def _todo(specs: list, out_root: Path, committed: Summary | None = None) -> list:
     """The specs neither landed under out_root nor in the committed summary."""
     from scaling.train import runs
@@ -80,6 +95,8 @@ def main(args: argparse.Namespace) -> int:
     if args.hang_timeout <= 0:
         raise ConfigError("--hang-timeout", args.hang_timeout, "seconds > 0")
     pins = _gpu_pins(args)
+    if args.gpus_per_run > 1 and not _sets_parallel_data(args):
+        args.set = [*args.set, f"parallel.data={round(args.gpus_per_run)}"]  # a layout: the run ids stay
     out_root = Path(args.out)
     name = sweep.experiment_points(args.experiment, args.set)[0]
     pinned = sweep.pinned_corpus(args.experiment, args.set)
@@ -117,7 +134,7 @@ def main(args: argparse.Namespace) -> int:
         return 0
     sweep.check_corpus(todo, out_root)
     if pins:  # GPU take-off, before anything compiles: each slot probed as its runs will see it
-        pins = devices.check_gpu_pins(pins, sweep.worker_env)
+        pins = sweep.check_gpu_slots(pins, sweep.worker_env, devices.check_gpu_pins)  # every GPU of a slot
     if args.executor == "ray" and args.gpus_per_run > 0:  # the same on every GPU of the Ray cluster
         devices.check_ray_gpus(int(sweep.start_ray(args.ray_address, args.gpus_per_run)), sweep.worker_env)
     counts: dict[str, int] = {}

@@ -1,4 +1,8 @@
-"""`scaling train CONFIG.toml [--set key=value ...] [--out DIR]`: one run (scaling.train.loop.run)."""
+"""`scaling train CONFIG.toml [--set key=value ...] [--out DIR]`: one run (scaling.train.loop.run).
+
+One run across devices: `--set parallel.data=8` (and `parallel.fsdp=true`); across hosts, one process
+per host with JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and JAX_PROCESS_ID set, or under a launcher
+JAX detects (SLURM, Open MPI): scaling.train.parallel."""
 
 from __future__ import annotations
 
@@ -14,8 +18,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from scaling.train import config, loop  # JAX: only once a run is asked for, not for --help
+    from scaling.train import config, loop, parallel  # JAX: only once a run is asked for, not for --help
 
+    parallel.initialize()  # several hosts: jax.distributed from the environment, before JAX's backends start
     cfg = config.validate(config.load(args.config, args.set))
     out_dir = Path(args.out) if args.out else Path("runs") / cfg.name / cfg.run_id
     summary = loop.run(cfg, out_dir, echo=print)

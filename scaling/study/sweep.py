@@ -21,7 +21,10 @@ has finished. Layout: <out>/<sweep>/<run_id>/{config.json, metrics.jsonl, summar
 GPUs (`--gpus-per-run G`): the Ray executor reserves G GPUs per run (a fraction packs runs onto one
 GPU, each child given that share of its memory); the local executor pins each run's child process
 to one GPU (CUDA_VISIBLE_DEVICES), at most 1/G runs per GPU (G = 1 or 1/k, each child given that
-share of its memory), as many concurrent runs as that allows unless --workers says fewer. GPUs are
+share of its memory), as many concurrent runs as that allows unless --workers says fewer. A whole
+G > 1 gives one run G GPUs (`parallel.data = G` unless the experiment sets it: one run across the
+devices, scaling.train.parallel; not part of the run id): each local slot is G GPUs, and the
+take-off check probes every GPU of every slot, leaving out a slot with any GPU that fails. GPUs are
 found without JAX (CUDA_VISIBLE_DEVICES, else `nvidia-smi -L`); the take-off probes
 (scaling.study.takeoff) fly one lane per slot, this process's on the first GPU allocating memory as
 needed and giving it back, so the runs find their GPUs free.
@@ -287,9 +290,32 @@ def gpu_slots(gpus: list[str], workers: int | None, gpus_per_run: float = 1) -> 
     pinned to its GPU; 1/k GPUs per run gives each GPU k slots with 1/k of XLA's default memory share
     (gpu_share). Slots go round the GPUs, so fewer `workers` spread over as many GPUs as they can;
     `workers` None = every slot, else at most that many."""
+    if gpus_per_run > 1:  # one run across G GPUs: consecutive groups of G, a leftover fewer unused
+        g = round(gpus_per_run)
+        slots = [{"CUDA_VISIBLE_DEVICES": ",".join(gpus[i:i + g])} for i in range(0, len(gpus) - g + 1, g)]
+        return slots if workers is None else slots[:workers]
     share = gpu_share(gpus_per_run)
     slots = [{"CUDA_VISIBLE_DEVICES": gpu, **share} for _ in range(round(1 / gpus_per_run)) for gpu in gpus]
     return slots if workers is None else slots[:workers]
+
+
+def check_gpu_slots(pins: list[dict[str, str]], child_env: Callable[[Mapping[str, str]], dict[str, str]],
+                    check: Callable | None = None) -> list[dict[str, str]]:
+    """The take-off device check of slots: every GPU of a slot probed (a slot of G GPUs is one run's
+    devices, all of which it trains on), the slots whose GPUs all pass kept, each with its probed
+    settings. `check`: scaling.study.devices.check_gpu_pins (one child probe per GPU)."""
+    if check is None:
+        from scaling.study import devices
+
+        check = devices.check_gpu_pins
+    if all("," not in pin.get("CUDA_VISIBLE_DEVICES", "") for pin in pins):
+        return check(pins, child_env)
+    one_each = [{**pin, "CUDA_VISIBLE_DEVICES": gpu} for pin in pins for gpu in pin["CUDA_VISIBLE_DEVICES"].split(",")]
+    usable = check(one_each, child_env)
+    passed = {p["CUDA_VISIBLE_DEVICES"] for p in usable}
+    by_gpu = {p["CUDA_VISIBLE_DEVICES"]: p for p in usable}
+    return [{**by_gpu[pin["CUDA_VISIBLE_DEVICES"].split(",")[0]], "CUDA_VISIBLE_DEVICES": pin["CUDA_VISIBLE_DEVICES"]}
+            for pin in pins if set(pin["CUDA_VISIBLE_DEVICES"].split(",")) <= passed]
 
 
 def gpu_share(gpus_per_run: float, environ: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -311,8 +337,14 @@ def ray_pin(gpus_per_run: float, environ: Mapping[str, str] | None = None) -> di
 
 def check_gpus_per_run(gpus_per_run: float, executor: str, gpus: list[str]) -> None:
     """ConfigError unless --gpus-per-run fits the executor and, for the local one, this machine."""
-    if not 0 <= gpus_per_run <= 1:
-        raise ConfigError("--gpus-per-run", gpus_per_run, "a number in [0, 1]: a run trains on one device")
+    whole = gpus_per_run >= 1 and float(gpus_per_run).is_integer()
+    if gpus_per_run < 0 or (gpus_per_run > 1 and not whole):
+        raise ConfigError("--gpus-per-run", gpus_per_run, "a number in [0, 1], or a whole number of GPUs for one "
+                          "run across them (parallel.data)")
+    if executor == "local" and gpus_per_run > 1:
+        if len(gpus) < gpus_per_run:
+            raise ConfigError("--gpus-per-run", gpus_per_run, f"at most the {len(gpus)} GPUs visible here")
+        return
     runs_per_gpu = 1 / gpus_per_run if gpus_per_run else 0
     if executor == "local" and gpus_per_run and not math.isclose(runs_per_gpu, round(runs_per_gpu), rel_tol=1e-6):
         raise ConfigError("--gpus-per-run", gpus_per_run, "0, 1 or 1/k with the local executor (k runs share "

@@ -11,6 +11,7 @@ explicit, versioned canonical form (`canonical_form`).
              fractions of train.tokens), grad_clip, log_every, checkpoint_every, tracker
     [health] spike_factor, spike_window, max_saturation
     [study]  flop_budgets (the compute budget each train.eval_at evaluation serves), cost
+    [parallel] data (replicas: devices the batch is split over), fsdp (weights and Adam state sharded too)
 
 Every key with its default, what it allows and what it means: `reference_table()`, which
 docs/training.md holds (a test keeps the two equal). Overrides and sweep axes use dotted keys
@@ -315,7 +316,19 @@ class Study:
     cost: str = setting("bits", _cost_model, "The cost model of study.flop_budgets (scaling.train.compute).")
 
 
-SECTIONS = {"model": Model, "data": Data, "train": Train, "health": Health, "study": Study}
+@dataclass(frozen=True, kw_only=True)
+class Parallel:
+    """A layout, not a setting of the experiment: the step is one global computation whatever the
+    devices (scaling.train.parallel), so these keys never enter the run id."""
+
+    data: int = setting(1, _integer(1), "Replicas: the batch is split over this many devices (mesh axis `data`; "
+                        "every device of every process with several hosts); 1 = one device. Must divide "
+                        "train.batch_size. Fewer devices left than this: they take the missing replicas' rows.")
+    fsdp: bool = setting(False, _boolean, "Fully sharded data parallel: the master weights and Adam state are "
+                         "sharded along `data` too (each array on its largest axis the devices divide).")
+
+
+SECTIONS = {"model": Model, "data": Data, "train": Train, "health": Health, "study": Study, "parallel": Parallel}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -337,6 +350,7 @@ class RunConfig:
     train: Train = section()
     health: Health = section()
     study: Study = section()
+    parallel: Parallel = section()
     recipe: Any = field(compare=False, repr=False)
 
     @property
@@ -413,7 +427,9 @@ def canonical_form(cfg: RunConfig) -> dict:
     a knob since removed, is hashed at the value every run had (0). Keys added after the first ids
     enter only where they differ from what every earlier run had: model.n_layers when set,
     data.tokenizer when not "bytes", train.tracker when not empty, and [study] when it has flop
-    budgets (without them study.cost labels nothing and is left out). data.fingerprint is never
+    budgets (without them study.cost labels nothing and is left out). [parallel] is never hashed:
+    the device count and the sharding are a layout of one global computation whose numerics are
+    the same up to float32 summation order (scaling.train.parallel). data.fingerprint is never
     hashed: it checks which data the source resolves to and is not a setting of the experiment (the
     results rows record the corpus each run trained on)."""
     m, d, t, h, s = cfg.model, cfg.data, cfg.train, cfg.health, cfg.study
@@ -480,6 +496,9 @@ def validate(cfg: dict | RunConfig) -> RunConfig:
     if study["flop_budgets"] and len(study["flop_budgets"]) != len(train["eval_at"]):
         raise ConfigError("study.flop_budgets", study["flop_budgets"],
                           f"one budget per train.eval_at entry ({len(train['eval_at'])})")
+    if train["batch_size"] % resolved["parallel"]["data"]:
+        raise ConfigError("parallel.data", resolved["parallel"]["data"],
+                          f"a divisor of train.batch_size = {train['batch_size']} (each replica takes whole sequences)")
     _check_model(resolved)
     model["n_layers"] = ladder.depth_override(model["size"], model["n_layers"])
     if train["lr"] == "auto":  # resolved here, so a run's config, id and results hold the number

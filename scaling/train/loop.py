@@ -63,11 +63,11 @@ from flax import nnx
 
 from scaling.train import compute as compute_lib
 from scaling.train import config as config_lib
-from scaling.train import data, health, ladder, runs, tracking
+from scaling.train import data, health, ladder, parallel, runs, tracking
 from scaling.numerics import formats, gemm, precision
 from scaling import host
 from scaling.train import step as step_lib
-from scaling._io import append_jsonl, read_jsonl
+from scaling._io import append_jsonl, atomic_write_json, read_jsonl
 from scaling.errors import ConfigError
 
 KEEP_CHECKPOINTS = 2
@@ -145,6 +145,7 @@ class Setup:
     train_windows: np.ndarray
     val_bytes: int | None  # bytes the windows' target tokens decode to (bits per byte); None: unknown
     train_bytes: int | None
+    layout: parallel.Layout | None = None  # the run's devices ([parallel]); None: one device
 
 
 def prepare(cfg: config_lib.RunConfig) -> Setup:
@@ -157,9 +158,10 @@ def prepare(cfg: config_lib.RunConfig) -> Setup:
     model_cfg = cfg.model.shape(corpus.vocab)
     val_windows = data.eval_windows(corpus.val, eval_tokens, seq_len)
     train_windows = data.train_sample(corpus.train, eval_tokens, seq_len)
+    layout = parallel.layout_for(cfg.parallel.data, cfg.parallel.fsdp, cfg.train.batch_size)
     return Setup(cfg=cfg, schedule=schedule_for(cfg), corpus=corpus, model_cfg=model_cfg, val_windows=val_windows, train_windows=train_windows,
                  val_bytes=data.target_bytes(val_windows, corpus.token_bytes),
-                 train_bytes=data.target_bytes(train_windows, corpus.token_bytes))
+                 train_bytes=data.target_bytes(train_windows, corpus.token_bytes), layout=layout)
 
 
 # ---------------------------------------------------------------- the run
@@ -203,6 +205,8 @@ def run(cfg: config_lib.RunConfig | dict, out_dir: str | Path, echo: Callable[[s
     if finished is not None:
         return finished
     setup = prepare(cfg)
+    if not parallel.primary():  # another host's process of this run: process 0 owns and writes the directory
+        return _train(setup, out_dir, lambda line: None)
     with contextlib.nullcontext(lock) if lock is not None else runs.acquire(out_dir, wait=wait):
         finished = runs.finished(out_dir, cfg)  # landed by the process that held the lock before us
         if finished is not None:
@@ -220,6 +224,8 @@ def _train(setup: Setup, out_dir: Path, echo: Callable[[str], None]) -> dict:
         return trainer.land(stop.status, stop.step, stop.reason, None)
     except Exception as error:
         reason = f"{type(error).__name__}: {error}"
+        if not parallel.primary():
+            raise
         if trainer is not None:
             trainer.land("failed", trainer.progress.step, reason, error)
         else:  # the model or optimiser could not be built: no step, no losses
@@ -241,12 +247,14 @@ class _Trainer:
         self.last_losses: list[float] = []
         h = self.cfg.health
         self.monitor = health.LossMonitor(h.spike_factor, h.spike_window, self.schedule.warmup_steps)
-        self.train_step, self.eval_step, init = step_lib.compiled()
+        self.layout = setup.layout
+        self.train_step, self.eval_step, init = step_lib.compiled(self.layout)
         tx = step_lib.optimizer_tx(self.cfg.train.grad_clip, self.cfg.train.weight_decay)
         recipe = self.cfg.recipe
         self.model_def, self.opt_def = nnx.eval_shape(lambda: step_lib.graph_defs(setup.model_cfg, recipe, tx, 0))
         self.state = init(setup.model_cfg, recipe, tx, self.cfg.seed)
         self.checkpoints = self._checkpoint_manager()
+        self.primary = parallel.primary()  # writes metrics, summary and failure records
         self.metrics_file = out_dir / "metrics.jsonl"
         self.mirror = tracking.Mirror([], {})  # opened by train()
         self.pending: list[tuple] = []  # (step, phase, loss on the device) not yet checked
@@ -322,7 +330,13 @@ class _Trainer:
 
     def train(self) -> dict:
         logged = read_jsonl(self.metrics_file) if self.metrics_file.exists() else []
-        self.mirror = tracking.open_mirror(self.cfg, self.out_dir, logged)
+        if self.primary:
+            self.mirror = tracking.open_mirror(self.cfg, self.out_dir, logged)
+        if self.layout is not None:
+            self._log({"event": "devices", "step": 0, **self.layout.describe(),
+                       **({"dropped": self.layout.dropped} if self.layout.dropped else {})})
+            if self.layout.dropped:
+                self.echo(self.layout.dropped)
         self._restore()
         self.clock = time.perf_counter()
         self.progress.attempts += 1
@@ -342,7 +356,8 @@ class _Trainer:
                 self._save()
                 self.clock = time.perf_counter()
         self.progress.evals.append(self._evaluate(self.state, schedule.steps, budget=schedule.final))
-        return runs.land(self.out_dir, self._summary("ok", reason=None))
+        summary = self._summary("ok", reason=None)
+        return runs.land(self.out_dir, summary) if self.primary else summary
 
     def _branch(self, budget: Budget) -> None:
         """The cooldown to `budget` from the trunk's current state; the trunk state is untouched
@@ -358,8 +373,8 @@ class _Trainer:
         if self.prefetched[0] == step:
             return self.prefetched[1]
         cfg = self.cfg
-        return jax.device_put(data.batch(self.setup.corpus.train, cfg.seed, step, cfg.train.batch_size,
-                                               cfg.model.seq_len))
+        rows = data.batch(self.setup.corpus.train, cfg.seed, step, cfg.train.batch_size, cfg.model.seq_len)
+        return jax.device_put(rows) if self.layout is None else self.layout.put_batch(rows)
 
     def _prefetch(self, step: int) -> None:
         try:
@@ -383,10 +398,10 @@ class _Trainer:
                 self._drain()  # the attempt's first step: its time is the compile's
             return state
         loss = self._drain()[-1]
-        telemetry = _to_python(jax.device_get(telemetry))
+        telemetry = _to_python(parallel.fetch(telemetry))
         self.last_telemetry = telemetry
         record = {"step": done, "tokens": done * schedule.tokens_per_step, "phase": phase, "loss": loss,
-                  "lr": lr, "grad_norm": float(grad_norm), "tokens_per_s": self.progress.tokens_per_s(),
+                  "lr": lr, "grad_norm": float(parallel.fetch(grad_norm)), "tokens_per_s": self.progress.tokens_per_s(),
                   "telemetry": telemetry}
         if phase == "cooldown":
             record["budget"] = budget.end * schedule.tokens_per_step
@@ -405,7 +420,7 @@ class _Trainer:
         """Wait for the steps dispatched since the last wait, time them (the first of an attempt
         is its compile), and run the health checks on their losses in order."""
         pending, self.pending = self.pending, []
-        losses = [float(x) for x in jax.device_get([loss for _, _, loss in pending])]
+        losses = [float(x) for x in parallel.fetch([loss for _, _, loss in pending])]
         now = time.perf_counter()
         seconds, self.clock = now - self.clock, now
         if pending and not self.compiled:
@@ -450,13 +465,16 @@ class _Trainer:
         wait for all chunks)."""
         chunk = self.cfg.train.batch_size
         parts = [windows[start:start + chunk] for start in range(0, len(windows), chunk)]
-        losses = jax.device_get([self.eval_step(self.model_def, state["model"], part) for part in parts])
+        put = (lambda part: part) if self.layout is None else self.layout.put_batch
+        losses = parallel.fetch([self.eval_step(self.model_def, state["model"], put(part)) for part in parts])
         total = 0.0
         for loss, part in zip(losses, parts):
             total += float(loss) * len(part)
         return total / len(windows)
 
     def _log(self, record: dict) -> None:
+        if not self.primary:
+            return
         append_jsonl(self.metrics_file, record)
         self.mirror.log(record)
 
@@ -464,17 +482,27 @@ class _Trainer:
 
     def _summary(self, status: str, reason: str | None) -> dict:
         self.progress.wall_s += self._elapsed()
-        return summarize(self.setup, self.progress, status, reason)
+        summary = summarize(self.setup, self.progress, status, reason)
+        if self.layout is not None:  # the devices it ran on (a layout: not part of the run id)
+            shape_file = self.out_dir / "plan_model.json"
+            if self.primary and not shape_file.exists():
+                atomic_write_json(shape_file, parallel.plan_shape(self.setup.model_cfg))
+            argv = parallel.plan_step_argv(self.layout, self.setup.model_cfg, self.cfg.recipe.name,
+                                           self.cfg.train.batch_size, str(shape_file))
+            summary["parallel"] = {**self.layout.describe(), "plan_step": "scaling " + " ".join(argv)}
+        return summary
 
     def land(self, status: str, step: int, reason: str, error: BaseException | None) -> dict:
         self.echo(f"{status} at step {step}: {reason}")
         if self.pending and error is not None:  # losses of steps that ran before the error, unchecked
             with contextlib.suppress(Exception):
-                losses = jax.device_get([loss for _, _, loss in self.pending])
+                losses = parallel.fetch([loss for _, _, loss in self.pending])
                 self.last_losses = (self.last_losses + [float(x) for x in losses])[-20:]
         self.pending = []
         # a health check reads losses at log steps: the trunk may have run past the step it stopped at
         self.progress.step = min(self.progress.step, step)
+        if not self.primary:
+            return self._summary(status, reason)
         return runs.land_failure(self.out_dir, config=self.cfg.to_dict(), status=status, reason=reason, step=step,
                                  last_losses=self.last_losses, telemetry=self.last_telemetry, error=error,
                                  landed=self._summary(status, reason))

@@ -61,22 +61,33 @@ def optimizer_tx(grad_clip: float, weight_decay: float):
 
 
 @functools.lru_cache(maxsize=None)
-def compiled():
+def compiled(layout=None):
     """The jitted train and eval steps. Graph definitions are static arguments, so runs of the same
-    model shape and recipe structure in one process share one compilation."""
+    model shape and recipe structure in one process share one compilation. `layout`
+    (scaling.train.parallel.Layout): the steps of a run across devices, the same computation with
+    the batch split over the mesh and the weights and optimiser state where the layout puts them;
+    None: one device."""
     if jax.config.jax_compilation_cache_dir is None:  # unless the user chose one: a run's compile is
         # tens of seconds for quantised recipes, and the next run of the same shapes can skip it
         jax.config.update("jax_compilation_cache_dir", str(data.cache_dir() / "jax"))
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
 
+    def laid_out(tree):
+        return tree if layout is None else layout.constrain(tree)
+
     def step_fn(model_def, opt_def, state, tokens_BxL1, seed, step, lr, measure):
+        if layout is not None:
+            state, tokens_BxL1 = layout.constrain(state), layout.constrain_batch(tokens_BxL1)
         model = nnx.merge(model_def, state["model"])
         optimizer = nnx.merge(opt_def, state["optimizer"])
         key = jax.random.fold_in(jax.random.key(seed), step)
         loss, grads, telemetry = model_lib.grad_step(model, tokens_BxL1, key, measure)
         grad_norm = optax.tree.norm(grads)
         optimizer.update(model, grads, learning_rate=lr)
-        return {"model": nnx.state(model), "optimizer": nnx.state(optimizer)}, loss, grad_norm, telemetry
+        state = {"model": nnx.state(model), "optimizer": nnx.state(optimizer)}
+        if layout is None:
+            return state, loss, grad_norm, telemetry
+        return (layout.constrain(state), *layout.constrain_replicated((loss, grad_norm, telemetry)))
 
     one_step = jax.jit(step_fn, static_argnums=(0, 1))  # measure traced
     logged_or_not = jax.jit(step_fn, static_argnums=(0, 1, 7))  # measure static: two programs
@@ -99,22 +110,27 @@ def compiled():
 
     @functools.partial(jax.jit, static_argnums=0)
     def eval_loss(model_def, model_state, tokens_BxL1):
-        return model_lib.eval_loss(nnx.merge(model_def, model_state), tokens_BxL1)
+        if layout is not None:
+            model_state, tokens_BxL1 = layout.constrain(model_state), layout.constrain_batch(tokens_BxL1)
+        loss = model_lib.eval_loss(nnx.merge(model_def, model_state), tokens_BxL1)
+        return loss if layout is None else layout.constrain_replicated(loss)
 
     # One compiled initialiser instead of one eager dispatch (and compile) per weight matrix, in two
     # parts: the weights, which do not depend on the recipe (a recipe adds formats and scaling state,
     # draws nothing), so one compile of their ~2 s serves every recipe of a model shape; and the
-    # recipe's state around them, which compiles in a fraction of that.
+    # recipe's state around them, which compiles in a fraction of that. Across devices the weights are
+    # drawn where they live (partitionable threefry: the same values whatever the layout).
     @functools.partial(jax.jit, static_argnums=0)
     def init_params(model_cfg, seed):
-        return nnx.state(model_lib.Transformer(model_cfg, "fp32", rngs=nnx.Rngs(jax.random.key(seed))), nnx.Param)
+        return laid_out(nnx.state(model_lib.Transformer(model_cfg, "fp32", rngs=nnx.Rngs(jax.random.key(seed))),
+                                  nnx.Param))
 
     @functools.partial(jax.jit, static_argnums=(0, 1, 2))
     def init_around(model_cfg, recipe, tx, params):
         model = model_lib.Transformer(model_cfg, recipe, rngs=nnx.Rngs(0))  # its own draws: dead code
         nnx.update(model, params)
         optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
-        return {"model": nnx.state(model), "optimizer": nnx.state(optimizer)}
+        return laid_out({"model": nnx.state(model), "optimizer": nnx.state(optimizer)})
 
     def init(model_cfg, recipe, tx, seed):
         return init_around(model_cfg, recipe, tx, init_params(model_cfg, seed))

@@ -92,6 +92,9 @@ def test_auto_learning_rate_is_the_ladder_rate_resolved_into_the_config():
     ('train.tracker=["mlflow"]', "train.tracker", "from tensorboard, wandb"),
     ("train.tracker=tensorboard", "train.tracker", "a list"),
     ('train.tracker=["tensorboard", "tensorboard"]', "train.tracker", "distinct"),
+    ("parallel.data=0", "parallel.data", "an integer >= 1"),
+    ("parallel.data=3", "parallel.data", "a divisor of train.batch_size = 32"),
+    ("parallel.fsdp=1", "parallel.fsdp", "true or false"),
 ])
 def test_bad_values_name_key_value_and_what_is_allowed(override, key, allowed):
     with pytest.raises(ConfigError) as err:
@@ -243,3 +246,17 @@ def test_each_key_is_declared_once_with_its_default_and_check():
         if key != "train.eval_at":  # unset resolves per schedule
             value = resolved[section][name] if section else resolved[name]
             assert value == (list(setting.default) if isinstance(setting.default, tuple) else setting.default), key
+
+
+def test_parallel_keys_are_a_layout_not_part_of_the_run_id():
+    """[parallel] splits one global computation over devices (scaling.train.parallel): the device
+    count and FSDP leave the run id alone, so a run resumed on another device count is the same run."""
+    base = {"name": "x", "train": {"lr": 1e-3}}
+    assert config.validate(base).parallel.data == 1 and config.validate(base).parallel.fsdp is False
+    for layout in ({"data": 8}, {"data": 4, "fsdp": True}, {"data": 32, "fsdp": False}):
+        cfg = config.validate({**base, "parallel": layout})
+        assert cfg.run_id == "5575666bdbe5"  # the pinned id of this config above
+        assert cfg.to_dict()["parallel"] == {"fsdp": False, **layout}
+    assert "parallel" not in config.canonical_form(config.validate({**base, "parallel": {"data": 8}}))
+    with pytest.raises(ConfigError, match="parallel.data: got 8; allowed: a divisor of train.batch_size = 12"):
+        config.validate({"train": {"batch_size": 12}, "parallel": {"data": 8}})
