@@ -5,6 +5,6 @@ tests/cli/test_help.py checks each against its source.
 """
 
 # scaling.study.laws.names(): the registered laws
-LAWS = ("capacity", "capacity_roles", "chinchilla", "kumar", "kumar_data", "kumar_roles", "quartet", "sun")
+LAWS = ("capacity", "capacity_roles", "chinchilla", "kumar", "kumar_data", "kumar_eff", "kumar_roles", "quartet", "sun")
 # scaling.train.compute.COST_MODELS
 COST_MODELS = ("bits", "nominal", "h100", "b200")

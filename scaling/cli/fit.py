@@ -83,13 +83,19 @@ def _print_fit(result: FitResult) -> None:
 
 
 def _print_selection(law_choice: Mapping[str, Any]) -> None:
-    """One line per candidate law: the chosen one starred, unfittable ones with the reason."""
+    """One line per candidate law: the chosen one starred, unfittable ones with the reason; then why the
+    starred law is chosen where another has a lower held-out error, and what `-` means."""
     ref = law_choice["reference"]
+    splits = law_choice.get("splits") or []
     print(f"law selection: held-out precision-gap MAE (nats) vs the reference ({', '.join(ref.get('recipes', [])) or ref}), "
-          f"fitted without the runs at the largest budget (or size), SEs clustered by recipe; within noise: excess over the best <= {law_choice['noise_se']:g} SE")
+          f"one column per held-out split (whole runs left out), score = their mean; vs chosen: excess over the chosen law, "
+          f"SE clustered by {law_choice.get('clustered_by', 'recipe')}; within noise: excess <= {law_choice['noise_se']:g} SE")
+    labels = {"budget": "gap|C", "compute": "gap|C", "N": "gap|N", "D/N": "gap|D/N"}
+    cols = [by for by in ("budget", "compute", "N", "D/N")
+            if any(by in (c.get("heldout_gap_mae") or {}) for c in law_choice["candidates"])]
     width = max(len(c["name"]) for c in law_choice["candidates"])
-    print(f"  {'law':<{width}}  {'k':>2}  {'AIC(runs)':>10}  {'MARE':>7}  {'gap|N':>8}  {'gap|D':>8}  {'gap|C':>8}"
-          f"  {'vs best':>18}")
+    print(f"  {'law':<{width}}  {'k':>2}  {'AIC(runs)':>10}  {'MARE':>7}" + "".join(f"  {labels[by]:>8}" for by in cols)
+          + f"  {'score':>8}  {'vs chosen':>18}")
 
     def num(v, fmt):
         return format(v, fmt) if v is not None else "-"
@@ -100,10 +106,54 @@ def _print_selection(law_choice: Mapping[str, Any]) -> None:
             print(f"{mark} {c['name']:<{width}}  not fitted: {c['reason']}")
             continue
         gap, diff = c["heldout_gap_mae"], c["gap_mae_diff"]
-        versus = "-" if diff is None else "best" if mark == "*" else f"{diff['value']:+.4f} ± {diff['se']:.4f}"
+        versus = "-" if diff is None else "chosen" if mark == "*" else \
+            f"{diff['value']:+.4f} ± {num(diff['se'], '.4f')}"
+        flags = [f for f, on in (("within noise", c["within_noise"] and mark != "*"),
+                                 ("degenerate: not chosen", bool(c.get("degenerate")))) if on]
         print(f"{mark} {c['name']:<{width}}  {c['n_params']:>2}  {num(c['aic'], '10.2f')}  {num(c['mare'], '7.3%')}"
-              f"  {num(gap.get('N'), '8.4f')}  {num(gap.get('D'), '8.4f')}  {num(gap.get('budget'), '8.4f')}  {versus:>18}"
-              f"{'  within noise' if c['within_noise'] and mark != '*' else ''}")
+              + "".join(f"  {num(gap.get(by), '8.4f')}" for by in cols)
+              + f"  {num(c.get('score'), '8.4f')}  {versus:>18}" + (f"  {'; '.join(flags)}" if flags else ""))
+    for line in _selection_notes(law_choice, splits):
+        print(f"  {line}")
+
+
+def _selection_notes(law_choice: Mapping[str, Any], splits: Sequence[str]) -> list[str]:
+    """Footnotes: the precision test and nested tests, why the star is not on the lowest score, what `-` means."""
+    out = []
+    pt = law_choice.get("precision_test") or {}
+    if pt.get("big"):
+        p = pt.get("p_value")
+        out.append(f"precision test: `{pt['big']}` vs `{pt['small']}`, held-out likelihood ratio {pt['loglik_ratio']:+.2f}, "
+                   f"t = {num_or_dash(pt.get('statistic'), '.2f')}, one-sided p = {num_or_dash(p, '.3g')}, "
+                   f"{pt['n_clusters']} (N, seed) clusters: {pt.get('verdict')}")
+    elif pt.get("reason"):
+        out.append(f"precision test: not made ({pt['reason']})")
+    for t in law_choice.get("nested_tests") or []:
+        out.append(f"nested test: `{t['big']}` vs `{t['small']}`, t = {num_or_dash(t.get('statistic'), '.2f')}, "
+                   f"p = {num_or_dash(t.get('p_value'), '.3g')}: {'beats' if t['beats'] else 'does not beat'} it")
+    scored = [c for c in law_choice["candidates"] if c.get("score") is not None]
+    chosen = next((c for c in scored if c["name"] == law_choice["chosen"]), None)
+    lower = [c for c in scored if chosen is not None and c["score"] < chosen["score"]]
+    if lower:
+        why = []
+        degenerate = [c["name"] for c in lower if c.get("degenerate")]
+        if degenerate:
+            why.append(f"{', '.join(degenerate)}: degenerate full-data fit (no optimum may be derived from it)")
+        rest = [c["name"] for c in lower if not c.get("degenerate")]
+        if rest:
+            why.append(f"{', '.join(rest)}: not preferred by the precision / nested likelihood tests "
+                       f"({law_choice.get('criterion', '')})")
+        out.append("starred over a lower score: " + "; ".join(why))
+    out.append("-: not measured (a split whose held-out gaps could not be scored for that law, see heldout_notes in "
+               "the fit JSON; `vs chosen` - where no held-out error was measured)")
+    if splits:
+        out.append("splits: gap|C the largest compute budget (N·D without budgets), gap|N the largest size, "
+                   "gap|D/N the largest tokens per parameter")
+    return out
+
+
+def num_or_dash(v: Any, fmt: str) -> str:
+    return format(v, fmt) if v is not None else "-"
 
 
 def main(args: argparse.Namespace) -> int:

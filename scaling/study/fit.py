@@ -91,6 +91,44 @@ def resolve_fixed(law: laws.Law, fixed: Mapping[str, float] | None) -> dict[str,
     return {k: float(v) for k, v in fixed.items()}
 
 
+# Precision columns, larger = more precise; the reference recipe maximises them in this order, so a
+# recipe that quantises only the weights or only the backward pass (P = 32 as well) is not the reference.
+REFERENCE_ORDER = ("P", "P_fwd", "P_w", "P_a", "P_g", "P_bwd")
+
+
+def highest_precision_mask(df: pd.DataFrame) -> np.ndarray:
+    """Rows with the largest P, ties broken by the other precision columns (REFERENCE_ORDER), larger wins;
+    every row where the table has none of them. The one definition of the default reference recipe
+    (selection's gaps, a per-recipe law's multipliers fixed at 1)."""
+    mask = np.ones(len(df), dtype=bool)
+    for c in (c for c in REFERENCE_ORDER if c in df.columns):
+        v = pd.to_numeric(df[c], errors="coerce").to_numpy(float)
+        if np.isfinite(v[mask]).any():
+            mask &= v == np.nanmax(v[mask])
+    return mask
+
+
+def recipes_reference_first(df: pd.DataFrame) -> list[str]:
+    """The table's recipes, the reference first (the most common recipe among the highest-precision
+    rows, highest_precision_mask; ties: alphabetical), the rest alphabetical."""
+    if "recipe" not in df.columns:
+        raise ConfigError("results columns", "missing recipe", "a table with a recipe column (a per-recipe law)")
+    recipes = df["recipe"].astype(str)
+    top = recipes[highest_precision_mask(df)].value_counts()
+    ref = sorted(top.index[top == top.max()])[0] if len(top) else None
+    return ([ref] if ref is not None else []) + sorted(set(recipes) - {ref})
+
+
+def _recipe_codes(law: laws.Law, df: pd.DataFrame) -> np.ndarray:
+    """Each row's recipe as its index in law.recipes; a recipe the law was not fitted on is refused."""
+    known = {r: i for i, r in enumerate(law.recipes)}
+    recipes = df["recipe"].astype(str).to_numpy()
+    unseen = sorted(set(recipes) - set(known))
+    if unseen:
+        raise ConfigError("recipe", unseen[0], f"a recipe law {law.name} was fitted on ({', '.join(law.recipes)})")
+    return np.array([known[r] for r in recipes], dtype=float)
+
+
 def _columns(law: laws.Law, df: pd.DataFrame, require_rows: bool = True) -> dict[str, np.ndarray]:
     df = laws.with_derived_columns(df, law.columns)  # e.g. capacity_roles' errors from the telemetry SNR
     missing = [c for c in law.columns if c not in df.columns]
@@ -98,6 +136,9 @@ def _columns(law: laws.Law, df: pd.DataFrame, require_rows: bool = True) -> dict
         raise ConfigError("results columns", f"missing {', '.join(missing)}", f"a table with {', '.join(law.columns)} (law {law.name})")
     x = {}
     for c in law.columns:
+        if c == "recipe" and law.per_recipe:
+            x[c] = _recipe_codes(law, df)
+            continue
         col = pd.to_numeric(df[c], errors="coerce").to_numpy(dtype=float)
         if np.isnan(col).any():
             raise ConfigError(c, f"{int(np.isnan(col).sum())} NaN/non-numeric rows", "finite numbers (drop or fix those rows)")
@@ -120,7 +161,9 @@ def _prepare(df: pd.DataFrame, law: str | laws.Law, fixed: Mapping[str, float] |
     law = laws.get(law) if isinstance(law, str) else law
     if not isinstance(df, pd.DataFrame):
         raise ConfigError("df", type(df).__name__, "a pandas DataFrame")
-    fixed = resolve_fixed(law, fixed)
+    if law.per_recipe and not law.recipes:  # one eN[r], eD[r] per recipe present, the reference's fixed at 1
+        law = law.for_recipes(recipes_reference_first(df))
+    fixed = {**{k: v for k, v in law.fixed.items() if law.per_recipe and "[" in k}, **resolve_fixed(law, fixed)}
     x = _columns(law, df)
     if loss_column not in df.columns:
         losses = [str(c) for c in df.columns if "loss" in str(c)]
@@ -141,8 +184,12 @@ def _prepare(df: pd.DataFrame, law: str | laws.Law, fixed: Mapping[str, float] |
 
 def _grid(problem: _Problem, init: Mapping[str, Sequence[float]] | None) -> np.ndarray:
     """Cartesian product of the init grids of the free params, in optimiser space (log for positive)."""
-    grid = {**problem.law.init_grid, **{k: tuple(v) for k, v in (init or {}).items()}}
-    for k in (init or {}):
+    law = problem.law
+    # a per-recipe param's base name (kumar_eff's eN) sets the starts of every recipe's
+    init = {e: v for k, v in (init or {}).items()
+            for e in ([f"{k}[{r}]" for r in law.recipes] if k in law.per_recipe else [k])}
+    grid = {**law.init_grid, **{k: tuple(v) for k, v in init.items()}}
+    for k in init:
         if k not in problem.law.params:
             raise ConfigError("init", k, f"params of law {problem.law.name}: {', '.join(problem.law.params)}")
     axes = []
@@ -177,7 +224,7 @@ def _jax_solvers(law_name: str, free: tuple[str, ...], fixed_names: tuple[str, .
     import jax
     import jax.numpy as jnp
 
-    law = laws.get(law_name)
+    law = laws.get(law_name).for_params(free + fixed_names)  # a per-recipe law: expanded for its recipes
     positive_mask = np.array([n in law.positive for n in free])
 
     def objective(theta, fixed_vals, x, log_loss, weights, delta):
@@ -357,8 +404,14 @@ class FitResult:
     selection: dict[str, Any] | None = None  # select_law's summary when the law was picked by `--law auto`
     degenerate: str | None = None  # why no optimum may be derived from this fit (`degenerate_reason`); None: sound
 
+    @property
+    def law_form(self) -> laws.Law:
+        """The registered law, expanded for the recipes it was fitted on where it has per-recipe params."""
+        return laws.get(self.law).for_params(self.params)
+
     def predict(self, df: pd.DataFrame) -> np.ndarray:
-        law = laws.get(self.law)
+        """The law's loss at df's rows; a per-recipe law refuses a recipe it was not fitted on (ConfigError)."""
+        law = self.law_form
         x = _columns(law, df, require_rows=False)
         return np.asarray(law.predict(self.params, x, np))
 
@@ -370,7 +423,7 @@ class FitResult:
         s = pd.DataFrame(self.bootstrap["samples"])
         for k, v in self.fixed.items():
             s[k] = v
-        return s[[p for p in laws.get(self.law).params if p in s.columns]]
+        return s[[p for p in self.law_form.params if p in s.columns]]
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -438,7 +491,8 @@ def _narrowest_ci(result: FitResult, law: laws.Law, name: str) -> float | None:
     n = (result.data or {}).get("n_points") or resid.size
     if resid.size == 0 or not n or any(c not in cols or "min" not in cols[c] for c in law.columns):
         return None
-    grid = [sorted({float(cols[c]["min"]), float(cols[c].get("median", cols[c]["min"])), float(cols[c]["max"])})
+    grid = [[float(i) for i in range(len(law.recipes))] if c == "recipe" and law.per_recipe else
+            sorted({float(cols[c]["min"]), float(cols[c].get("median", cols[c]["min"])), float(cols[c]["max"])})
             for c in law.columns]
     box = np.array(list(itertools.product(*grid)), float).T
     x = dict(zip(law.columns, box))
@@ -463,7 +517,7 @@ def degenerate_reason(result: FitResult) -> str | None:
     law and free param alike: narrower than COLLAPSED_CI of its value, or, where the fit records its
     residuals and data ranges, narrower than BELOW_DATA_RESOLUTION of the narrowest CI those data allow
     (`_narrowest_ci`; width in log for a positive param)."""
-    law = laws.get(result.law)
+    law = result.law_form
     free = [(name, result.params.get(name, np.nan)) for name in law.free_params(result.fixed)]
     floor = {name: AT_BOUND * min(law.init_grid[name]) for name, _ in free if name in law.positive}
     for name, value in free:
@@ -620,7 +674,7 @@ def grid_starts(df: pd.DataFrame, law: str, *, fixed: Mapping[str, float] | None
 def objective(df: pd.DataFrame, law: str, params: Mapping[str, float], *, loss_column: str = "loss",
               delta: float = HUBER_DELTA) -> float:
     """J(params) on df: the summed Huber loss on log residuals that fit_law minimises."""
-    law_obj = laws.get(law)
+    law_obj = laws.get(law).for_params(params)
     missing = [p for p in law_obj.params if p not in params]
     if missing:
         raise ConfigError("params", sorted(params), f"values for every param of {law}: missing {missing}")

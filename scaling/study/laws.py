@@ -18,7 +18,7 @@ Register a new form in a few lines:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -55,6 +55,43 @@ class Law:
     fixed: Mapping[str, float] = field(default_factory=dict)
     doc: str = ""
     varying: tuple[tuple[str, ...], ...] = ()
+    # per_recipe: params the law has once per recipe (e.g. kumar_eff's eN, eD), positive, 1 for the
+    # reference recipe. The registered law declares the base names; `for_recipes` expands them into
+    # `name[recipe]` params for the recipes a table holds (the reference's fixed at 1), and
+    # `log_predict` hands log_terms each as a per-row value read off the `recipe` column.
+    per_recipe: tuple[str, ...] = ()
+    recipes: tuple[str, ...] = ()  # the recipes of an expanded law (for_recipes), sorted: rows hold codes into it
+    # nests: the registered law this one reduces to at a boundary of its params (kumar -> chinchilla as
+    # gamma -> 0; kumar_data -> kumar as C_T -> 0): selection tests the extra term with a likelihood test.
+    nests: str | None = None
+
+    def for_recipes(self, recipes: Sequence[str], reference: str | None = None) -> "Law":
+        """This per-recipe law expanded for `recipes`: `recipes` sorted (row codes index them), params
+        `name[recipe]` for each, those of `reference` (default the first given) fixed at 1."""
+        if not self.per_recipe:
+            return self
+        given = [str(r) for r in recipes]
+        if not given:
+            raise ConfigError(f"laws.{self.name}.recipes", [], "at least the reference recipe")
+        ordered = tuple(sorted(set(given)))
+        reference = given[0] if reference is None else str(reference)
+        expanded = tuple(f"{n}[{r}]" for n in self.per_recipe for r in ordered)
+        grid = {k: v for k, v in self.init_grid.items() if k not in self.per_recipe}
+        grid.update({f"{n}[{r}]": self.init_grid.get(n, (1.0,)) for n in self.per_recipe for r in ordered})
+        fixed = {k: v for k, v in self.fixed.items() if k not in self.per_recipe}
+        fixed.update({f"{n}[{reference}]": 1.0 for n in self.per_recipe})
+        return replace(self, params=tuple(p for p in self.params if p not in self.per_recipe) + expanded,
+                       init_grid=grid, fixed=fixed, recipes=ordered,
+                       positive=(self.positive - set(self.per_recipe)) | set(expanded))
+
+    def for_params(self, names: Iterable[str]) -> "Law":
+        """The expanded law whose params are `names` (a fit's params, the reference's fixed ones included):
+        its recipes read off the `name[recipe]` keys (codes index them sorted, so any order of `names`
+        gives the same law)."""
+        if not self.per_recipe:
+            return self
+        first = self.per_recipe[0]
+        return self.for_recipes([n[len(first) + 1:-1] for n in names if n.startswith(first + "[") and n.endswith("]")])
 
     @property
     def bits_axis(self) -> bool:
@@ -71,14 +108,21 @@ class Law:
 
     @property
     def precision_axis(self) -> str | None:
-        """'bits', 'quantisation error' or None (no precision term)."""
-        return "bits" if self.bits_axis else "quantisation error" if self.error_columns else None
+        """'bits', 'quantisation error', 'recipe' (a fitted efficiency per recipe) or None (no precision term)."""
+        if self.bits_axis:
+            return "bits"
+        return "quantisation error" if self.error_columns else "recipe" if self.per_recipe else None
 
     def free_params(self, fixed: Mapping[str, float]) -> tuple[str, ...]:
         return tuple(p for p in self.params if p not in fixed)
 
     def log_predict(self, p: Mapping[str, Any], x: Mapping[str, Any], xp: Any = np) -> Any:
-        """log L = logsumexp of the law's log-terms (stable for any magnitude of the terms)."""
+        """log L = logsumexp of the law's log-terms (stable for any magnitude of the terms). A per-recipe
+        law's x["recipe"] holds codes into self.recipes (fit._columns)."""
+        if self.per_recipe:
+            p = dict(p)
+            for name in self.per_recipe:
+                p[name] = sum(xp.where(x["recipe"] == i, p[f"{name}[{r}]"], 0.0) for i, r in enumerate(self.recipes))
         terms = [t + xp.zeros_like(x[self.columns[0]]) for t in self.log_terms(p, x, xp)]
         stacked = xp.stack(terms)
         m = xp.max(stacked, axis=0)
@@ -99,8 +143,12 @@ def register(
     fixed: Mapping[str, float] | None = None,
     name: str | None = None,
     varying: Sequence[Sequence[str]] | None = None,
+    per_recipe: Sequence[str] = (),
+    nests: str | None = None,
 ) -> Callable[[LogTerms], LogTerms]:
-    """Decorator: register `fn(p, x, xp) -> list of log-terms` as a law named `name or fn.__name__`."""
+    """Decorator: register `fn(p, x, xp) -> list of log-terms` as a law named `name or fn.__name__`.
+    per_recipe: params the law has once per recipe (Law.per_recipe; a `recipe` column is then one of
+    `columns`); nests: the law this one reduces to at a boundary of its params (Law.nests)."""
 
     def decorate(fn: LogTerms) -> LogTerms:
         law_name = name or fn.__name__
@@ -108,7 +156,9 @@ def register(
         missing = [p for p in params if p not in grid]
         if missing:
             raise ConfigError(f"laws.{law_name}.init_grid", sorted(grid), f"a grid for every param, missing {missing}")
-        pos = frozenset(positive)
+        if per_recipe and "recipe" not in columns:
+            raise ConfigError(f"laws.{law_name}.columns", list(columns), "a `recipe` column (the law has per-recipe params)")
+        pos = frozenset(positive) | frozenset(per_recipe)
         groups = tuple(tuple(g) for g in varying) if varying is not None else tuple((c,) for c in columns)
         stray = sorted({c for g in groups for c in g} - set(columns))
         if stray:
@@ -119,6 +169,7 @@ def register(
         _REGISTRY[law_name] = Law(
             name=law_name, log_terms=fn, params=tuple(params), positive=pos, columns=tuple(columns),
             init_grid=grid, fixed=dict(fixed or {}), doc=(fn.__doc__ or "").strip(), varying=groups,
+            per_recipe=tuple(per_recipe), nests=nests,
         )
         return fn
 
@@ -181,7 +232,7 @@ def log_precision_factor(P, gamma, kappa, xp):
 
 @register(params=("E", "A", "B", "alpha", "beta", "gamma", "kappa"),
           positive=("E", "A", "B", "gamma", "kappa"), columns=("N", "D", "P"),
-          init_grid={**_KUMAR_GRID, "kappa": [1.0, 3.0]}, fixed={"kappa": 3.0})
+          init_grid={**_KUMAR_GRID, "kappa": [1.0, 3.0]}, fixed={"kappa": 3.0}, nests="chinchilla")
 def kumar(p, x, xp):
     """Kumar et al. 2024, one precision P shared by the quantised tensors:
     L = E + A·N_eff^-alpha + B·D^-beta,  N_eff = N·(1 - e^(-P/gamma))^kappa.
@@ -207,7 +258,7 @@ _KUMAR_DATA_GRID = {
 
 @register(params=("E", "A", "B", "alpha", "beta", "gamma", "kappa", "C_T", "gamma_D", "gamma_N", "gamma_P"),
           positive=("E", "A", "B", "gamma", "kappa", "C_T", "gamma_P"), columns=("N", "D", "P"),
-          init_grid={**_KUMAR_DATA_GRID, "kappa": [1.0, 3.0]}, fixed={"kappa": 3.0})
+          init_grid={**_KUMAR_DATA_GRID, "kappa": [1.0, 3.0]}, fixed={"kappa": 3.0}, nests="kumar")
 def kumar_data(p, x, xp):
     """Kumar et al. 2024 with their data-dependent degradation term (their post-training-quantisation
     penalty delta_PTQ, applied here to the training precision P):
@@ -268,6 +319,23 @@ def quartet(p, x, xp):
     log_d_eff = xp.log(x["D"]) + log_precision_factor(x["P_bwd"], p["gamma_D"], 1.0, xp)
     return [xp.log(p["E"]), xp.log(p["A"]) - p["alpha"] * log_n_eff,
             xp.log(p["B"]) - p["beta"] * log_d_eff]
+
+
+@register(params=("E", "A", "B", "alpha", "beta", "eN", "eD"), positive=("E", "A", "B"),
+          columns=("N", "D", "recipe"), init_grid={**_SMALL_CHINCHILLA_GRID, "eN": [1.0], "eD": [1.0]},
+          per_recipe=("eN", "eD"), nests="chinchilla")
+def kumar_eff(p, x, xp):
+    """A fitted efficiency per recipe (Castro et al. 2025, Quartet, and Quartet II: "effective parameter /
+    data multipliers"): L = E + A·(N·eN_r)^-alpha + B·(D·eD_r)^-beta, one eN_r and eD_r per recipe r,
+    both 1 for the reference (highest-precision) recipe.
+
+    Recipes of equal bits can differ (NVFP4 with and without its rotations, MXFP4 on weights or on
+    activations): no form in bits ties them together. The price: no bits axis, so no continuous P*; it
+    ranks the recipes it was fitted on and refuses any other. 2 params per recipe beyond Chinchilla.
+    Named for Kumar et al.'s effective parameter count, here measured per recipe, not modelled in P.
+    """
+    return [xp.log(p["E"]), xp.log(p["A"]) - p["alpha"] * (xp.log(x["N"]) + xp.log(p["eN"])),
+            xp.log(p["B"]) - p["beta"] * (xp.log(x["D"]) + xp.log(p["eD"]))]
 
 
 QERR_COLUMNS = ("qerr_w", "qerr_a", "qerr_g")

@@ -1,0 +1,109 @@
+"""Law selection on synthetic truths: a precision penalty that grows with D (a data-dependent law is
+chosen), no precision effect at all (chinchilla is chosen and the precision test says no), and recipes of
+equal bits whose true efficiencies differ (the per-recipe law ranks them; a bits-only law cannot).
+
+Each study is a ladder of runs (N, final D/N, recipe, seed), every run evaluated at several points of its
+WSD schedule (three checkpoints), with a persistent luck per run and noise per evaluation. Small start
+grids keep each fit to a second or two."""
+
+import itertools
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from scaling.study import fit, laws, selection
+
+SIZES = (1e7, 3e7, 1e8, 3e8)
+TOKENS_PER_PARAM = (10.0, 40.0, 160.0)
+FRACTIONS = (0.25, 0.5, 1.0)  # a run's WSD evaluations, as fractions of its final tokens
+SEEDS = (0, 1)
+BITS = {"bf16": 16, "fp8": 8, "fp6": 6, "fp4": 4}
+CHINCHILLA = dict(E=1.8, A=400.0, B=2000.0, alpha=0.34, beta=0.36)
+# Kumar et al.'s form plus a penalty growing with D/N: at P = 4 it is 0.03 nats at D/N = 10 and 0.13 at
+# D/N = 160 (kumar's own precision effect, through N_eff, does not depend on D).
+KUMAR_DATA = dict(CHINCHILLA, gamma=1.2, kappa=3.0, C_T=0.15, gamma_D=0.5, gamma_N=0.5, gamma_P=1.5)
+INIT = {"E": [2.0], "A": [100.0, 1e4], "B": [100.0, 1e4], "alpha": [0.3], "beta": [0.3], "gamma": [1.0, 3.0],
+        "C_T": [0.01, 1.0], "gamma_D": [0.3], "gamma_N": [0.3], "gamma_P": [1.0, 3.0]}
+QUICK = dict(init=INIT, polish=1)
+
+
+def ladder(truth: str, params: dict, bits: dict = BITS, seed: int = 0, luck: float = 0.004,
+           noise: float = 0.002) -> pd.DataFrame:
+    """Every (size, D/N, recipe, seed) run at FRACTIONS of its tokens; loss = truth · exp(run luck + noise)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for n, dn, recipe, s in itertools.product(SIZES, TOKENS_PER_PARAM, bits, SEEDS):
+        run_luck = luck * rng.standard_normal()
+        for frac in FRACTIONS:
+            rows.append(dict(N=n, D=frac * dn * n, P=bits[recipe], recipe=recipe, seed=s,
+                             run_id=f"{recipe}-{n:g}-{dn:g}-{s}", luck=run_luck))
+    df = pd.DataFrame(rows)
+    law = laws.get(truth)
+    if law.per_recipe:
+        law = law.for_recipes(list(bits))
+    x = fit._columns(law, df)
+    df["val_loss"] = law.predict(params, x) * np.exp(df.pop("luck") + noise * rng.standard_normal(len(df)))
+    return df
+
+
+def by_name(sel):
+    return {c["name"]: c for c in sel["candidates"]}
+
+
+def test_a_penalty_growing_with_d_picks_the_data_dependent_law():
+    sel = selection.select_law(ladder("kumar_data", KUMAR_DATA), ["chinchilla", "kumar", "kumar_data"], **QUICK)
+    c = by_name(sel)
+    assert sel["chosen"] == "kumar_data", sel["criterion"]
+    # three held-out splits, each whole runs: the largest N·D, the largest N, the largest D/N
+    assert sel["splits"] == ["compute", "N", "D/N"]
+    assert [s["by"] for s in sel["split_details"]] == ["compute", "N", "D/N"]
+    # scored on every split, ranked on their mean; along D/N kumar, whose gap ignores D, misses most
+    assert c["kumar_data"]["score"] < c["kumar"]["score"] < c["chinchilla"]["score"]
+    assert c["kumar_data"]["heldout_gap_mae"]["D/N"] < 0.5 * c["kumar"]["heldout_gap_mae"]["D/N"]
+    # the precision test: a precision law beats chinchilla, clustered by (N, seed)
+    pt = sel["precision_test"]
+    assert pt["small"] == "chinchilla" and pt["big"] == "kumar_data" and pt["beats"]
+    assert pt["p_value"] < 0.05 and pt["n_clusters"] == len(SIZES) * len(SEEDS)
+    # kumar_data against the law it nests, kumar: the extra term is supported
+    nested = {(t["big"], t["small"]): t for t in sel["nested_tests"]}
+    assert nested[("kumar_data", "kumar")]["beats"]
+    assert c["kumar_data"]["params"]["gamma_D"] > 0  # the fitted penalty grows with D
+    # scores by bits: the D-dependent penalty is largest at 4 bits, where kumar misses most
+    by_bits = c["kumar"]["heldout_gap_mae_by_bits"]
+    assert by_bits["<=4"]["D/N"] > by_bits["6-8"]["D/N"] > 0
+    assert sel["bits_groups"] == {"6-8": [6.0, 8.0], "<=4": [0.0, 4.0]}
+
+
+def test_b_no_precision_effect_picks_chinchilla_and_the_precision_test_says_no():
+    sel = selection.select_law(ladder("chinchilla", CHINCHILLA), ["chinchilla", "kumar"], **QUICK)
+    pt = sel["precision_test"]
+    assert sel["chosen"] == "chinchilla", sel["criterion"]
+    assert pt["small"] == "chinchilla" and not pt["beats"] and pt["p_value"] >= 0.05
+    assert "no law with a precision term beats" in pt["verdict"] and "precision test" in sel["criterion"]
+    assert "chinchilla" in sel["within_noise"]
+
+
+# Three recipes of 4 bits that truly differ in parameter (eN) and data (eD) efficiency; bf16 the reference.
+EFFICIENCY = {"bf16": (1.0, 1.0), "fp4-a": (0.45, 0.9), "fp4-b": (0.6, 0.95), "fp4-c": (0.8, 1.0)}
+EQUAL_BITS = {"bf16": 16, "fp4-a": 4, "fp4-b": 4, "fp4-c": 4}
+
+
+def test_c_a_per_recipe_law_ranks_recipes_of_equal_bits_and_a_bits_law_cannot():
+    truth = dict(CHINCHILLA, **{f"eN[{r}]": e[0] for r, e in EFFICIENCY.items()},
+                 **{f"eD[{r}]": e[1] for r, e in EFFICIENCY.items()})
+    df = ladder("kumar_eff", truth, bits=EQUAL_BITS)
+    small = dict(init={k: INIT[k] for k in CHINCHILLA}, polish=1)
+    eff = fit.fit_law(df, "kumar_eff", loss_column="val_loss", **small)
+    bits = fit.fit_law(df, "kumar", loss_column="val_loss", init={**small["init"], "gamma": [1.0, 3.0]}, polish=1)
+    assert eff.fixed == {"eN[bf16]": 1.0, "eD[bf16]": 1.0} and eff.degenerate is None
+    at = pd.DataFrame({"N": 1e8, "D": 4e9, "P": 4, "recipe": ["fp4-a", "fp4-b", "fp4-c"]})
+    truly = [-EFFICIENCY[r][0] for r in at["recipe"]]  # the more efficient, the lower the loss
+    assert list(np.argsort(eff.predict(at))) == list(np.argsort(truly)) == [2, 1, 0]
+    assert [round(eff.params[f"eN[{r}]"], 1) for r in ("fp4-a", "fp4-b", "fp4-c")] == [0.5, 0.6, 0.8]
+    assert np.ptp(bits.predict(at)) == 0.0  # one prediction for every recipe of 4 bits
+    # stored and read back; a recipe it was not fitted on is refused with the ones it knows
+    back = fit.FitResult.from_dict(eff.to_dict())
+    np.testing.assert_allclose(back.predict(at), eff.predict(at))
+    with pytest.raises(fit.ConfigError, match="recipe: got 'mxfp6'.*bf16, fp4-a, fp4-b, fp4-c"):
+        back.predict(at.assign(recipe="mxfp6"))
