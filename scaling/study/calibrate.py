@@ -29,13 +29,18 @@ Calibration (`calibration`), from the k backtests inside the fitted budgets (eve
   covers at its nominal rate when the per-decade misses are exchangeable; with k = 1 that tail is
   Cauchy's (t quantile 12.7 at 95%), so a level interval from one backtest is honestly wide, while
   gaps and ranks, where the shared part cancels, are not.
-- per recipe: sigma_recipe = sqrt(sum of squared per-recipe parts / (k (R - 1))), t with k (R - 1) dof,
-  one draw per recipe and draw (not scaled by distance: it is mostly the law's misfit of a recipe);
+- per recipe, a correction and a term: a law that misprices a recipe keeps mispricing it (the
+  committed study's per-recipe parts at 3e12 and at 1e13: quartet +0.067 and +0.056, nvfp4 -0.037 and
+  -0.023, fp8 -0.017 and -0.007), so each recipe's in-sample mean residual, less their mean over
+  recipes (`bias`: it leaves the shared part alone), is added to its prediction; what the backtests
+  miss per recipe after that correction gives sigma_recipe = sqrt(sum of squared per-recipe parts /
+  (k (R - 1))), t with k (R - 1) dof, one draw per recipe and draw (not scaled by distance). Unlike the
+  shared sign this correction is learned from R recipes, not from k backtests, and checked by them;
 - per row: sigma_row, the pooled scatter of backtest rows about their recipe's mean error (noise and
   the law's misfit along N), normal.
 - the fit: the law's bootstrap resamples (runs resampled), one per draw, cycled.
 
-A draw of a row's loss is law_b(x) + S·d + delta_recipe + eps_row, with S common to every row and
+A draw of a row's loss is law_b(x) + bias_recipe + S·d + delta_recipe + eps_row, with S common to every row and
 recipe of the draw; a level interval is the percentile interval of a row's draws.
 
 Gaps (a row minus the reference recipe's row at the same N, D; seed too in a backtest) are calibrated
@@ -61,10 +66,12 @@ JSON keys. backtest_all -> {method, law, level, bootstrap, budgets, reference, s
 pair =
 {fit_budget, target_budget, distance (decades), law, fit_rows, fit_runs, target_rows, target_runs,
 n (rows predicted), unpredicted (recipes at the target without fitted runs), mean_error,
-mean_abs_error, shared, per_recipe {recipe: part}, recipe_mean {recipe: mean error}, row_sd, row_ss,
+mean_abs_error (of the corrected prediction), law_mean_abs_error, law_per_recipe (of the law alone), shared, per_recipe {recipe: part}, recipe_mean {recipe: mean error}, row_sd, row_ss,
 row_dof, gap_n (matched gaps to the reference), gap_mean_error, gap_recipe_mean {recipe: mean gap
 error}, gap_row_sd, gap_row_ss, gap_row_dof,
-old: {coverage, inside, n, mean_width, sigma, gap_coverage, gap_inside, gap_n, gap_mean_width},
+old: {coverage, inside, n, mean_width, sigma, gap_coverage, gap_inside, gap_n, gap_mean_width,
+rank_points, rank_hit, rank_p_measured, rank_called, rank_called_right (see _rank_score; rank keys
+only where there are matched gaps)},
 calibrated: {available, reason, calibrated_on [[a, b], ...], the same coverage keys as old, and
 calibration}}; calibration = {k, backtests [[a, b], ...], shared [per backtest], distance
 [per backtest], tau (shared shift per decade, or None), shared_dof, sigma_recipe, recipe_dof,
@@ -141,13 +148,15 @@ def split(rows: pd.DataFrame, fit_budget: float, target_budget: float) -> tuple[
 class Model:
     """A law fitted on some rows, with its bootstrap and what a new row needs: each recipe's median of
     the law's other columns (`columns`), each recipe's budget units per 6ND (`ratio`), the top fitted
-    budget, and the in-sample RMS residual in nats (`sigma_in`, the old interval's noise)."""
+    budget, the in-sample RMS residual in nats (`sigma_in`, the old interval's noise) and each recipe's
+    in-sample mean residual less their mean over recipes (`bias`, the per-recipe correction)."""
 
     fit: fit_lib.FitResult
     columns: pd.DataFrame
     ratio: pd.Series
     top: float
     sigma_in: float
+    bias: pd.Series
 
     def frame(self, table: pd.DataFrame) -> pd.DataFrame:
         """table (N, D, recipe) with the law's other columns filled from the recipe's runs."""
@@ -161,8 +170,9 @@ class Model:
             out[c] = out["recipe"].map(self.columns[c]).to_numpy(float)
         return out
 
-    def draws(self, frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-        """(centre (rows,), draws (resamples, rows)): the fit's prediction and each resample's."""
+    def draws(self, frame: pd.DataFrame, correct: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """(centre (rows,), draws (resamples, rows)): the fit's prediction and each resample's, each row
+        plus its recipe's `bias` when `correct`."""
         law = laws.get(self.fit.law)
         x = fit_lib._columns(law, frame, require_rows=False)
         centre = np.asarray(law.predict(self.fit.params, x, np), float)
@@ -170,7 +180,11 @@ class Model:
         with np.errstate(all="ignore"):
             draws = np.array([np.asarray(law.predict(p, x, np), float) for p in samples])
         draws = draws[np.isfinite(draws).all(axis=1)]
-        return centre, (draws if len(draws) else centre[None])
+        draws = draws if len(draws) else centre[None]
+        if correct:
+            shift = frame["recipe"].map(self.bias).fillna(0.0).to_numpy(float)
+            centre, draws = centre + shift, draws + shift[None, :]
+        return centre, draws
 
     def distance(self, frame: pd.DataFrame) -> np.ndarray:
         """Decades of compute beyond the top fitted budget (0 at or below it): 6ND in budget units by the
@@ -208,7 +222,8 @@ def fit_model(rows: pd.DataFrame, law: str | None, *, candidates: Sequence[str] 
     ratio = ratio.reindex(columns.index).fillna(float(ratio.median()) if ratio.notna().any() else 1.0)
     top = float(label[label > 0].max()) if (label > 0).any() else float(six.max())
     resid = rows["val_loss"].to_numpy(float) - fitted.predict(rows)
-    return Model(fitted, columns, ratio, top, float(np.sqrt(np.mean(resid ** 2))))
+    means = pd.Series(resid).groupby(rows["recipe"].astype(str).to_numpy()).mean()
+    return Model(fitted, columns, ratio, top, float(np.sqrt(np.mean(resid ** 2))), means - means.mean())
 
 
 # ----------------------------------------------------------------------------- backtests and calibration
@@ -251,7 +266,8 @@ def _backtest(rows: pd.DataFrame, a: float, b: float, fits: _Fits, reference: st
     unpredicted = sorted(set(target.loc[~known, "recipe"].astype(str)))
     target = target[known].reset_index(drop=True)
     frame = model.frame(target)
-    centre, draws = model.draws(frame)
+    law_centre, _ = model.draws(frame)
+    centre, draws = model.draws(frame, correct=True)
     measured = target["val_loss"].to_numpy(float)
     errors = measured - centre
     recipes = frame["recipe"].to_numpy()
@@ -260,7 +276,9 @@ def _backtest(rows: pd.DataFrame, a: float, b: float, fits: _Fits, reference: st
            "target_rows": int(target_mask.sum()), "target_runs": int(rows.loc[target_mask, "run_id"].nunique()),
            "n": int(len(target)), "unpredicted": unpredicted,
            "mean_error": float(np.mean(errors)) if len(errors) else None,
-           "mean_abs_error": float(np.mean(np.abs(errors))) if len(errors) else None}
+           "mean_abs_error": float(np.mean(np.abs(errors))) if len(errors) else None,
+           "law_mean_abs_error": float(np.mean(np.abs(measured - law_centre))) if len(errors) else None,
+           "law_per_recipe": decompose(measured - law_centre, recipes)["per_recipe"] if len(errors) else {}}
     out.update(decompose(errors, recipes) if len(errors) else {"shared": None, "per_recipe": {}, "recipe_mean": {},
                                                                "row_sd": None, "row_ss": 0.0, "row_dof": 0})
     internal = {"model": model, "frame": frame, "target": target, "centre": centre, "draws": draws, "measured": measured}
@@ -268,7 +286,7 @@ def _backtest(rows: pd.DataFrame, a: float, b: float, fits: _Fits, reference: st
     pairs = internal["pairs"]
     if pairs:
         i, j = np.array(pairs).T
-        full_centre, _ = model.draws(internal["frame"])
+        full_centre, _ = model.draws(internal["frame"], correct=True)
         gap_errors = (internal["measured"][i] - internal["measured"][j]) - (full_centre[i] - full_centre[j])
         gap = decompose(gap_errors, internal["frame"]["recipe"].to_numpy()[i])
         out.update(gap_n=len(pairs), gap_mean_error=float(np.mean(gap_errors)), gap_recipe_mean=gap["recipe_mean"],
@@ -333,7 +351,7 @@ def joint_draws(model: Model, frame: pd.DataFrame, calib: Mapping[str, Any] | No
                 n: int = DRAWS, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """(centre, draws (n, rows)) of each row's loss: calibrated when `calib` is given (see module doc),
     else the old kind (law resamples + independent in-sample noise per row)."""
-    centre, law = model.draws(frame)
+    centre, law = model.draws(frame, correct=calib is not None)
     rng = np.random.default_rng(seed)
     base = law[np.arange(n) % len(law)]
     if calib is None:
@@ -357,7 +375,7 @@ def gap_draws(model: Model, frame: pd.DataFrame, pairs: Sequence[tuple[int, int]
     i, j = np.array(pairs).T
     if calib is None or calib.get("sigma_gap_row") is None:
         return level_draws[:, i] - level_draws[:, j]
-    _, law = model.draws(frame)
+    _, law = model.draws(frame, correct=True)
     base = law[np.arange(n) % len(law)]
     rng = np.random.default_rng(seed)
     names, idx = np.unique(frame["recipe"].to_numpy()[i], return_inverse=True)
@@ -398,7 +416,30 @@ def _score(draws: np.ndarray, measured: np.ndarray, pairs: list[tuple[int, int]]
         g = measured[i] - measured[j]
         gin = (glo <= g) & (g <= ghi)
         out.update(gap_coverage=float(gin.mean()), gap_inside=int(gin.sum()), gap_mean_width=float(np.mean(ghi - glo)))
+        out.update(_rank_score(gaps, pairs, measured))
     return out
+
+
+def _rank_score(gaps: np.ndarray, pairs: list[tuple[int, int]], measured: np.ndarray) -> dict[str, Any]:
+    """Ranks at each matched point (a reference row and the rows paired with it): P(best) of each row from
+    the gap draws (the reference at 0); `rank_hit` the share of points where the row most often best is
+    the measured best, `rank_p_measured` the mean P(best) given to the measured best (1/rows: no better
+    than a guess), `rank_called` the points where one row's P(best) >= 0.975 and `rank_called_right` how
+    many of those it was the measured best."""
+    i, j = np.array(pairs).T
+    hits, p_measured, called, right = [], [], 0, 0
+    for ref in np.unique(j):
+        mine = np.flatnonzero(j == ref)
+        rel = np.concatenate([np.zeros((len(gaps), 1)), gaps[:, mine]], axis=1)
+        p = np.bincount(np.argmin(rel, axis=1), minlength=rel.shape[1]) / len(gaps)
+        truth = int(np.argmin(np.concatenate([[measured[ref]], measured[i[mine]]])))
+        hits.append(int(np.argmax(p)) == truth)
+        p_measured.append(p[truth])
+        if p.max() >= 0.975:
+            called += 1
+            right += int(np.argmax(p)) == truth
+    return {"rank_points": len(hits), "rank_hit": float(np.mean(hits)), "rank_p_measured": float(np.mean(p_measured)),
+            "rank_called": called, "rank_called_right": right}
 
 
 # ----------------------------------------------------------------------------- every pair
@@ -500,7 +541,7 @@ def predict_table(results: pd.DataFrame, table: pd.DataFrame, law: str | None = 
                   draws: int = DRAWS) -> tuple[pd.DataFrame, dict[str, Any]]:
     """Each row of `table` (N, D, recipe) predicted by the law fitted on every ok row of `results`,
     calibrated by the backtests inside the results' budgets (module doc). Returns (the table with
-    loss, loss_lo, loss_hi, distance (decades beyond the top fitted budget), gap_reference, gap,
+    loss (the law plus its recipe's correction), loss_lo, loss_hi, law_loss (the law alone), distance (decades beyond the top fitted budget), gap_reference, gap,
     gap_lo, gap_hi (to the reference recipe's row at the same N, D, where the table has one), p_best
     (among the rows at the same N, D; NaN alone), old_lo, old_hi (the old interval), interval
     ('calibrated', or why there is none), level; facts {law, fixed, params, level, method, budgets,
@@ -532,9 +573,10 @@ def predict_table(results: pd.DataFrame, table: pd.DataFrame, law: str | None = 
                          recipe=table["recipe"].astype(str)).reset_index(drop=True)
     frame = model.frame(table)
     reason = usable(calib)
-    centre, old = joint_draws(model, frame, None, n=draws, seed=seed)
+    law_centre, old = joint_draws(model, frame, None, n=draws, seed=seed)
+    centre, _ = model.draws(frame, correct=True)
     out = table.copy()
-    out["loss"] = centre
+    out["loss"], out["law_loss"] = centre, law_centre
     out["distance"] = model.distance(frame)
     out["old_lo"], out["old_hi"] = _interval(old, level)
     for c in ("loss_lo", "loss_hi", "gap", "gap_lo", "gap_hi", "p_best"):
@@ -561,6 +603,6 @@ def predict_table(results: pd.DataFrame, table: pd.DataFrame, law: str | None = 
     facts = {"law": model.fit.law, "fixed": model.fit.fixed, "params": model.fit.params, "level": level, "method": METHOD, "budgets": found,
              "top_budget": model.top, "reference": reference, "calibration": calib,
              "backtests": [{k: v for k, v in bt.items()} for bt in backtests], "notes": calib["notes"]}
-    cols = ["N", "D", "recipe", "loss", "loss_lo", "loss_hi", "distance", "gap_reference", "gap", "gap_lo", "gap_hi",
+    cols = ["N", "D", "recipe", "loss", "loss_lo", "loss_hi", "law_loss", "distance", "gap_reference", "gap", "gap_lo", "gap_hi",
             "p_best", "old_lo", "old_hi", "interval", "level"]
     return out[cols + [c for c in out.columns if c not in cols]], facts

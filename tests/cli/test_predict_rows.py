@@ -54,6 +54,7 @@ def test_rows_are_written_with_their_interval_gap_and_p_best(files, capsys):
     assert list(out[["recipe"]].itertuples(index=False, name=None)) == [("bf16",), ("fp8",), ("fp4",), ("fp6",)]
     assert (out["interval"] == "calibrated").all() and (out["level"] == 0.95).all()
     assert ((out["loss_lo"] < out["loss"]) & (out["loss"] < out["loss_hi"])).all()
+    assert (out["loss"] - out["law_loss"]).abs().max() < 0.02  # the recipes' in-sample corrections
     assert out.loc[0, "distance"] > 0 and out.loc[3, "distance"] == 0  # 1e17 and beyond; 3e16 inside
     assert out.loc[1, "gap_reference"] == "bf16" and out.loc[1, "gap_lo"] < out.loc[1, "gap"] < out.loc[1, "gap_hi"]
     assert out.loc[:2, "p_best"].sum() == pytest.approx(1.0) and np.isnan(out.loc[3, "p_best"])

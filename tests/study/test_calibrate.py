@@ -89,6 +89,18 @@ def test_gap_intervals_are_narrower_than_level_intervals_when_the_shared_part_do
     assert sum(t["gap_inside"] for t in tops) / sum(t["gap_n"] for t in tops) >= 0.88
 
 
+def test_ranks_follow_the_recipe_correction_and_the_old_draws_only_guess(replicates):
+    """Four recipes at each matched (N, D): the law has no precision term, so the old draws give each
+    about a quarter of P(best); the calibrated ones, corrected by each recipe's in-sample misfit, put
+    the measured best first at most points."""
+    tops = [_top(r) for _, r in replicates]
+    new = np.mean([t["calibrated"]["rank_hit"] for t in tops])
+    old = np.mean([t["old"]["rank_hit"] for t in tops])
+    assert new >= 0.6 and new > old + 0.25, (new, old)
+    assert np.mean([t["calibrated"]["rank_p_measured"] for t in tops]) > 0.45
+    assert np.mean([t["old"]["rank_p_measured"] for t in tops]) < 0.35
+
+
 def test_every_pair_is_scored_and_one_with_no_backtest_below_it_says_so_in_words():
     """backtest_all: all three pairs; fitted on one budget there is no backtest to calibrate on, so no
     calibrated interval, a reason instead; the top pair is calibrated on the pair inside its budgets."""
@@ -109,14 +121,16 @@ def test_every_pair_is_scored_and_one_with_no_backtest_below_it_says_so_in_words
 
 def test_the_decomposition_recovers_a_planted_shared_shift_and_per_recipe_offsets():
     """A shift of +0.08 at the top budget only, and offsets the law (no precision term) cannot fit: the
-    top backtest's shared part is the shift and its per-recipe parts the offsets about their mean."""
+    top backtest's shared part is the shift, the law's per-recipe parts the offsets about their mean,
+    and what is left per recipe after the in-sample correction about nothing."""
     recipes = {"bf16": (16, 0.0), "fp8": (8, 0.03), "fp4": (4, 0.06)}  # symmetric: the law's robust fit centres on the mean
     df, _ = synthetic(1, noise=0.0005, recipes=recipes, shifts=(0.0, 0.0, 0.08))
     top = calibrate.backtest_pair(df, BUDGETS[1], BUDGETS[2], LAW, bootstrap=0, fit_kwargs=FIT_KWARGS, draws=500)
     assert top["shared"] == pytest.approx(0.08, abs=0.01)
     mean = np.mean([o for _, o in recipes.values()])
     for recipe, (_, offset) in recipes.items():
-        assert top["per_recipe"][recipe] == pytest.approx(offset - mean, abs=0.004)
+        assert top["law_per_recipe"][recipe] == pytest.approx(offset - mean, abs=0.004)
+        assert top["per_recipe"][recipe] == pytest.approx(0.0, abs=0.004)
     assert top["mean_error"] == pytest.approx(0.08, abs=0.01)
 
 
