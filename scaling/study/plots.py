@@ -478,12 +478,16 @@ def fitted_vs_observed(fit: Any, results: pd.DataFrame, stem: str | Path, heldou
     pad = 0.03 * (hi - lo or 1.0)
     ax.plot([lo - pad, hi + pad], [lo - pad, hi + pad], color="0.3", ls="--", lw=1, label="y = x")
     rel = np.abs(df["predicted"] / df["val_loss"] - 1)
-    text = f"mean |rel. error|: fitted {rel[~df['heldout']].mean():.2%}"
+    # one in-sample number (the full fit on every point, as REPORT's fitted-law section states it) and
+    # one out-of-sample number (the held-out fit on the points it did not see)
+    full = np.abs(np.asarray(fit.predict(df), float) / df["val_loss"].to_numpy(float) - 1)
+    text = f"mean |rel. error| of the fit on its {len(df)} points: {full.mean():.2%}"
     if df["heldout"].any():
         recorded = fit.heldout.get("mare")
         if extrapolated:
-            text += f", held out {rel[df['heldout']].mean():.2%}"
-        if recorded is not None:
+            text += (f"; fitted without the {int(df['heldout'].sum())} held-out points, the law predicts them within "
+                     f"{rel[df['heldout']].mean():.2%}")
+        elif recorded is not None:
             text += f"; the fit's held-out test: {recorded:.2%}"
     ax.text(0.03, 0.97, text, transform=ax.transAxes, va="top", fontsize=8)
     ax.set_xlabel(f"observed {loss_label(unit)}")

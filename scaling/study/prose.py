@@ -528,9 +528,6 @@ def pstar_section(f: dict) -> str:
         if "error" in e:
             lines.append(f"- C = {fmt(e['compute'])}: no optimum ({e['error']}).")
             continue
-        verdicts = "; ".join(f"{'inside' if v == 'inside' else 'outside'} {name}'s {a:g}–{b:g} bits" if v != "cannot tell"
-                             else f"whether it lies in {name}'s {a:g}–{b:g} bits, cannot tell"
-                             for name, (a, b), v in ((n, r, e["published"][n]) for n, r in _published().items()))
         if e.get("no_bits_axis"):
             text = (f"- C = {fmt(e['compute'])}: the chosen `{law}` law prices precision by measured quantisation "
                     "error, not bits, so it has no continuous P*")
@@ -546,12 +543,22 @@ def pstar_section(f: dict) -> str:
             text += _measured_text(e, ranked[0]["recipe"] if ranked else None)
             lines.append(text + ". " + _menu_text(e, law) + ".")
             continue
-        ci = f"bootstrap 95% CI {e['P_ci'][0]:.3g}–{e['P_ci'][1]:.3g}" if e.get("P_ci") else "no bootstrap CI"
+        if e.get("profile") and "rows" in e["profile"]:
+            lines += [profile_text(e["profile"]), ""]
         rng = e.get("P_range")
         rng_text = f"{rng[0]:.3g}–{rng[1]:.3g} bits across {len(e['specifications'])} specifications" if rng else "–"
+        if e.get("P_grid"):
+            # an integer exponent/mantissa law's optimum is a grid point: no continuous P*, no CI to quote
+            lines.append(f"- C = {fmt(e['compute'])}: the `{law}` law's own optimum is {e['P']:.3g} bits, not a continuous "
+                         f"P*: {e['P_grid'].replace('; see `profile`', '')}; the table above is its answer. Across the "
+                         f"specifications the law's optimum spans {rng_text}{_measured_text(e, None)}. "
+                         + _published_text(e))
+            lines.append("")
+            continue
+        ci = f"bootstrap 95% CI {e['P_ci'][0]:.3g}–{e['P_ci'][1]:.3g}" if e.get("P_ci") else "no bootstrap CI"
         lines.append(f"- C = {fmt(e['compute'])}: the `{law}` law gives P* = {e['P']:.3g} bits ({ci}); "
-                     f"the specification range is {rng_text}{_measured_text(e, None)}. Taking these together (P* in "
-                     f"{e['interval'][0]:.3g}–{e['interval'][1]:.3g} bits): {verdicts}.")
+                     f"the specification range is {rng_text}{_measured_text(e, None)}. " + _published_text(e))
+        lines.append("")
     spec = f["P_star"][0].get("specifications") or []
     if spec:
         lines += ["", "Specifications at the first budget (law and exponents × cost model; for a law on measured "
@@ -559,6 +566,59 @@ def pstar_section(f: dict) -> str:
                   "| specification | cost model | P* | N | D |", "| --- | --- | --- | --- | --- |"]
         lines += [f"| {r['spec']} | {r['cost_model']} | " + (f"{r['P']:.3g} | {fmt(r['N'])} | {fmt(r['D'])} |"
                   if "P" in r else f"{_not_evaluated(r.get('error'))} | – | – |") for r in spec]
+    return "\n".join(lines)
+
+
+def _published_text(e: dict) -> str:
+    """The published ranges read against the law's interval (its P*, CI and specification range) and,
+    apart, against the bits of the recipes the measurement cannot rule out: a hardware choice and an
+    extrapolation are not one interval."""
+    law_iv = e.get("law_interval") or e.get("interval")
+    said = []
+    for name, (a, b) in _published().items():
+        v = findings_lib.verdict(law_iv, a, b)
+        said.append(f"whether it lies in {name}'s {a:g}–{b:g} bits, cannot tell" if v == "cannot tell"
+                    else f"{'inside' if v == 'inside' else 'outside'} {name}'s {a:g}–{b:g} bits")
+    text = f"The law's interval (P* with its CI and specification range) is {law_iv[0]:.3g}–{law_iv[1]:.3g} bits: {'; '.join(said)}."
+    bits = e.get("measured_bits") or []
+    if bits:
+        inside = {name: [x for x in bits if a <= x <= b] for name, (a, b) in _published().items()}
+        text += (" Measured, the recipes that may be best carry " + ", ".join(f"{x:.3g}" for x in sorted(set(bits)))
+                 + " bits; " + "; ".join(f"{name}'s range contains {len(v)} of them" for name, v in inside.items()) + ".")
+    return text
+
+
+def profile_text(p: dict) -> str:
+    """The P* profile (scaling.study.profile.precision_profile) as a table: each format's loss at its
+    compute-optimal N with its CI, and each difference to the next format with its family-wise CI; a
+    difference below the law's held-out error is said to be within it, whatever its bootstrap CI."""
+    heldout = p.get("heldout_error")
+    pairs = {q["from"]: q for q in p.get("pairs", [])}
+    lines = [f"**C = {fmt(p['compute'])}**, the `{p['law']}` law under the {p['cost_model']} cost model: its loss at each "
+             f"format chips run, at that format's compute-optimal N ({p['level']:.0%} bootstrap CIs over "
+             f"{p['resamples']} resamples; each difference is the next format's loss minus this one's, paired over "
+             f"the same resamples, family-wise over the {len(pairs)} neighbour pairs)"
+             + (f"; a difference below the law's held-out error ({heldout:.2%} of the loss) is within its error, "
+                "whatever the bootstrap says" if heldout else "") + ". Untrained: no fitted run had that format.", "",
+             "| format | chips | bits per element | N | loss | 95% CI | P(best) | trained | next minus this | family-wise CI | verdict |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in p["rows"]:
+        q = pairs.get(r["name"])
+        diff = ci = verdict = "–"
+        if q:
+            diff, ci = f"{q['diff']:+.4f}", f"{q['ci'][0]:+.4f} to {q['ci'][1]:+.4f}"
+            verdict = "within the law's error" if q.get("within_heldout_error") else q["verdict"]
+        lo, hi = r["loss_ci"] if r.get("loss_ci") else (None, None)
+        lines.append(f"| {r['name']} | {r.get('chips') or '–'} | {r['bits_per_element']:.3g} | {fmt(r['N'])} | "
+                     f"{r['loss']:.4f} | {'–' if lo is None else f'{lo:.4f} to {hi:.4f}'} | "
+                     f"{'–' if r.get('p_best') is None else format(r['p_best'], '.2f')} | "
+                     f"{'no' if r.get('untrained') else 'yes'} | {diff} | {ci} | {verdict} |")
+    star = p.get("pstar") or {}
+    if star.get("P") is not None:
+        lines += ["", f"Continuous P* = {star['P']:.3g} bits" + (f" ({p['level']:.0%} CI {star['ci'][0]:.3g}–{star['ci'][1]:.3g})"
+                                                                 if star.get("ci") else "") + "."]
+    elif star.get("reason"):
+        lines += ["", f"No continuous P*: {star['reason']}."]
     return "\n".join(lines)
 
 

@@ -134,7 +134,7 @@ def write_report(results_df: pd.DataFrame, fit_result: Any, out_dir: str | Path,
                 "chips": (["## On a real chip: the same budgets under H100 and B200 cost models", "", chips_section(facts), ""]
                           if facts.get("cost_models") else []),
                 "prediction": prediction_sections(facts),
-                "pstar": ["## P*: the law's compute-optimal precision, with its uncertainty", "", pstar_section(facts), ""],
+                "pstar": ["## P*: the law's loss at the formats chips run, and its optimum", "", pstar_section(facts), ""],
                 "granularity": (["## Scaling granularity and scale timing", "",
                                  granularity_section(facts["granularity"], facts["loss_unit"]), ""]
                                 if facts["granularity"] else []),
