@@ -4,8 +4,8 @@ Cost (`Cost`): a `scaling.train.compute.CostModel` (bits, nominal, h100, b200, .
 hypothetical model of N params at P bits: C = 6·N·D·(c(P + overhead) + ratio(N)·c_high(P)), where
 c is the model's cost per FLOP of a dense GEMM at those bits, overhead the scale bits per element
 (MX: 0.25), and ratio(N) the FLOPs a run leaves unquantised (attention, head) per dense-GEMM FLOP,
-interpolated from the trained runs (`compute.Shape`; none: every FLOP is a quantised GEMM, Kumar et
-al.'s assumption). With the defaults, C = 6·N·D·P/16. At compute C and precision P the token budget
+a power law in N fitted to the trained runs (`compute.Shape`; none: every FLOP is a quantised GEMM,
+Kumar et al.'s assumption). With the defaults, C = 6·N·D·P/16. At compute C and precision P the token budget
 is D = C / (per-token cost); the fitted loss is then a function of N alone, minimised over log N
 (dense grid, then bounded Brent). Over P: a given set, or continuous P in a range (grid, then Brent
 on the profile min_N L(N, C, P)).

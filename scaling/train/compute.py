@@ -385,8 +385,12 @@ def get(name: str | CostModel) -> CostModel:
 @dataclass(frozen=True)
 class Shape:
     """FLOPs per token of a hypothetical model of N non-embedding params, for the law optimiser:
-    6·N in the dense GEMMs plus 6·N·ratio(N) left unquantised (attention, head), with ratio
-    interpolated in log N between the trained runs' own values (held at the ends outside them).
+    6·N in the dense GEMMs plus 6·N·ratio(N) left unquantised (attention, head), with ratio a power
+    law in N fitted by least squares in log-log to the trained runs' own values (exact through two).
+    Why a fit, not the values joined: the trained shapes differ in depth and width, so their ratios
+    jump between neighbouring sizes, and a ratio interpolated between them puts a kink in the cost at
+    every trained N, where a law's compute-optimal N then snaps. Attention and head FLOPs fall as a
+    share of the dense ones as models grow, which the power law carries beyond the trained sizes.
     No knots: ratio 0 (every FLOP in a quantised GEMM, Kumar et al.'s assumption)."""
 
     knots_N: tuple[float, ...] = ()
@@ -396,15 +400,27 @@ class Shape:
         N = np.asarray(N, float)
         if not self.knots_N:
             return np.zeros_like(N)
-        return np.interp(np.log(N), np.log(self.knots_N), self.knots_ratio)
+        log_n, ratio = np.log(np.asarray(self.knots_N, float)), np.asarray(self.knots_ratio, float)
+        # a knot with no finite ratio (fits made before from_results counted kept blocks as projections
+        # stored inf where a recipe kept every block) says nothing: the others carry the trend
+        log_n, ratio = log_n[np.isfinite(ratio)], ratio[np.isfinite(ratio)]
+        if not len(ratio):
+            return np.zeros_like(N)
+        if len(set(log_n)) < 2 or (ratio <= 0).any():  # one size, or a zero share: its mean, flat
+            return np.full_like(N, float(ratio.mean()))
+        slope, intercept = np.polyfit(log_n, np.log(ratio), 1)
+        return np.exp(intercept + slope * np.log(N))
 
     @classmethod
     def from_results(cls, df: pd.DataFrame) -> "Shape":
-        """Knots from a results table: per N, (attention + head FLOPs) / dense projection FLOPs."""
+        """Knots from a results table: per N, (attention + head FLOPs) / dense projection FLOPs, the
+        projections' blocks a recipe keeps in high precision counted as projections (the architecture's
+        ratio, the same for every recipe: a recipe that keeps every block has no quantised fprop)."""
         if "flops_fprop" not in df.columns or df.empty:
             return cls()
-        other = sum(df[f"flops_{p}"] for p in PARTS if p not in ("fprop", "dgrad", "wgrad"))
-        ratio = (other / (3 * df["flops_fprop"])).groupby(df["N"]).mean().sort_index()
+        other = sum(df[f"flops_{p}"] for p in PARTS if p not in DENSE_PARTS)
+        dense = sum(df[f"flops_{p}"] for p in DENSE_PARTS if f"flops_{p}" in df.columns)
+        ratio = (other / dense).groupby(df["N"]).mean().sort_index()
         return cls(tuple(float(n) for n in ratio.index), tuple(float(r) for r in ratio))
 
     def to_dict(self) -> dict:
