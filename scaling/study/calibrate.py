@@ -29,23 +29,25 @@ Calibration (`calibration`), from the k backtests inside the fitted budgets (eve
   covers at its nominal rate when the per-decade misses are exchangeable; with k = 1 that tail is
   Cauchy's (t quantile 12.7 at 95%), so a level interval from one backtest is honestly wide, while
   gaps and ranks, where the shared part cancels, are not.
-- per recipe, a correction and a term: a law that misprices a recipe keeps mispricing it (the
-  committed study's per-recipe parts at 3e12 and at 1e13: quartet +0.067 and +0.056, nvfp4 -0.037 and
-  -0.023, fp8 -0.017 and -0.007), so each recipe's in-sample mean residual, less their mean over
-  recipes (`bias`: it leaves the shared part alone), is added to its prediction; what the backtests
-  miss per recipe after that correction gives sigma_recipe = sqrt(sum of squared per-recipe parts /
-  (k (R - 1))), t with k (R - 1) dof, one draw per recipe and draw (not scaled by distance). Unlike the
-  shared sign this correction is learned from R recipes, not from k backtests, and checked by them;
+- per recipe, a correction and a term. A law that misprices a recipe tends to keep mispricing it, so
+  each recipe's in-sample mean residual, less their mean over recipes (`bias`: it leaves the shared
+  part alone), is added to its prediction with a weight w in [0, 1]: the least-squares slope of the
+  backtests' per-recipe parts on their own fits' in-sample biases (learned from R recipes per backtest,
+  not from k backtests; 0 without a backtest). On the committed study the slope is about a half (the
+  FP4 recipes' in-sample misfit does not carry over; quartet's and fp8's do); on data whose offsets
+  persist it is about 1. What the backtests miss per recipe after the weighted correction gives
+  sigma_recipe = sqrt(sum of squared parts / (k (R - 1))), t with k (R - 1) dof, one draw per recipe
+  and draw (not scaled by distance);
 - per row: sigma_row, the pooled scatter of backtest rows about their recipe's mean error (noise and
   the law's misfit along N), normal.
 - the fit: the law's bootstrap resamples (runs resampled), one per draw, cycled.
 
-A draw of a row's loss is law_b(x) + bias_recipe + S·d + delta_recipe + eps_row, with S common to every row and
+A draw of a row's loss is law_b(x) + w·bias_recipe + S·d + delta_recipe + eps_row, with S common to every row and
 recipe of the draw; a level interval is the percentile interval of a row's draws.
 
 Gaps (a row minus the reference recipe's row at the same N, D; seed too in a backtest) are calibrated
 on the backtests' own gap errors, where the shared shift has already cancelled: the law's resampled
-gap + a zero-mean per-recipe gap term (the RMS of the recipes' mean gap errors over the backtests, t
+gap (with the weighted correction) + a zero-mean per-recipe gap term (the RMS of the recipes' mean gap errors over the backtests, t
 with as many dof as those means) + the gap rows' scatter about their recipe's mean. Not the difference
 of two level draws: a law's misfit along N is mostly common to the recipes at one N, so the level
 rows' scatter (0.04 nats for the committed study's law) would count twice what a gap sees. Without
@@ -66,15 +68,18 @@ JSON keys. backtest_all -> {method, law, level, bootstrap, budgets, reference, s
 pair =
 {fit_budget, target_budget, distance (decades), law, fit_rows, fit_runs, target_rows, target_runs,
 n (rows predicted), unpredicted (recipes at the target without fitted runs), mean_error,
-mean_abs_error (of the corrected prediction), law_mean_abs_error, law_per_recipe (of the law alone), shared, per_recipe {recipe: part}, recipe_mean {recipe: mean error}, row_sd, row_ss,
+mean_abs_error, shared (all of the law alone, no correction), recipe_bias {recipe: the fit's in-sample
+misfit, centred over the target's recipes}, per_recipe {recipe: part}, recipe_mean {recipe: mean error}, row_sd, row_ss,
 row_dof, gap_n (matched gaps to the reference), gap_mean_error, gap_recipe_mean {recipe: mean gap
 error}, gap_row_sd, gap_row_ss, gap_row_dof,
 old: {coverage, inside, n, mean_width, sigma, gap_coverage, gap_inside, gap_n, gap_mean_width,
 rank_points, rank_hit, rank_p_measured, rank_called, rank_called_right (see _rank_score; rank keys
 only where there are matched gaps)},
-calibrated: {available, reason, calibrated_on [[a, b], ...], the same coverage keys as old, and
-calibration}}; calibration = {k, backtests [[a, b], ...], shared [per backtest], distance
-[per backtest], tau (shared shift per decade, or None), shared_dof, sigma_recipe, recipe_dof,
+calibrated: {available, reason, calibrated_on [[a, b], ...], the same coverage keys as old, mean_error,
+mean_abs_error, gap_mean_error, gap_mean_abs_error (of the corrected centre), and calibration}};
+calibration = {k, backtests [[a, b], ...], shared [per backtest], distance [per backtest], tau (shared
+shift per decade, or None), shared_dof, recipe_weight (w), recipe_rms {law, corrected} (the backtests'
+per-recipe parts before and after the correction), sigma_recipe, recipe_dof,
 sigma_row, row_dof, sigma_gap_recipe, gap_recipe_dof, sigma_gap_row, gap_row_dof, notes [str]}.
 Errors are measured - predicted (negative: the runs came in lower than the law said). Widths are the
 mean of hi - lo over the rows (or gaps) scored.
@@ -95,8 +100,9 @@ from scaling.study import analysis, fit as fit_lib, laws, selection
 from scaling.study.analysis import LEVEL
 
 DRAWS = 4000  # joint predictive draws (the law's resamples cycled)
-METHOD = ("law + bootstrap, a zero-mean shared shift tau·d·t_k (tau per decade from k backtests inside the fitted "
-          "budgets), a per-recipe term and row scatter from the same backtests")
+METHOD = ("law + each recipe's in-sample misfit + bootstrap, a zero-mean shared shift tau·d·t_k (tau per decade "
+          "from k backtests inside the fitted budgets), a per-recipe term and row scatter from the same backtests; "
+          "gaps on the backtests' own gap errors")
 
 
 # ----------------------------------------------------------------------------- which rows
@@ -170,9 +176,9 @@ class Model:
             out[c] = out["recipe"].map(self.columns[c]).to_numpy(float)
         return out
 
-    def draws(self, frame: pd.DataFrame, correct: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    def draws(self, frame: pd.DataFrame, weight: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
         """(centre (rows,), draws (resamples, rows)): the fit's prediction and each resample's, each row
-        plus its recipe's `bias` when `correct`."""
+        plus `weight` times its recipe's `bias`."""
         law = laws.get(self.fit.law)
         x = fit_lib._columns(law, frame, require_rows=False)
         centre = np.asarray(law.predict(self.fit.params, x, np), float)
@@ -181,8 +187,8 @@ class Model:
             draws = np.array([np.asarray(law.predict(p, x, np), float) for p in samples])
         draws = draws[np.isfinite(draws).all(axis=1)]
         draws = draws if len(draws) else centre[None]
-        if correct:
-            shift = frame["recipe"].map(self.bias).fillna(0.0).to_numpy(float)
+        if weight:
+            shift = weight * frame["recipe"].map(self.bias).fillna(0.0).to_numpy(float)
             centre, draws = centre + shift, draws + shift[None, :]
         return centre, draws
 
@@ -266,8 +272,7 @@ def _backtest(rows: pd.DataFrame, a: float, b: float, fits: _Fits, reference: st
     unpredicted = sorted(set(target.loc[~known, "recipe"].astype(str)))
     target = target[known].reset_index(drop=True)
     frame = model.frame(target)
-    law_centre, _ = model.draws(frame)
-    centre, draws = model.draws(frame, correct=True)
+    centre, draws = model.draws(frame)
     measured = target["val_loss"].to_numpy(float)
     errors = measured - centre
     recipes = frame["recipe"].to_numpy()
@@ -276,19 +281,22 @@ def _backtest(rows: pd.DataFrame, a: float, b: float, fits: _Fits, reference: st
            "target_rows": int(target_mask.sum()), "target_runs": int(rows.loc[target_mask, "run_id"].nunique()),
            "n": int(len(target)), "unpredicted": unpredicted,
            "mean_error": float(np.mean(errors)) if len(errors) else None,
-           "mean_abs_error": float(np.mean(np.abs(errors))) if len(errors) else None,
-           "law_mean_abs_error": float(np.mean(np.abs(measured - law_centre))) if len(errors) else None,
-           "law_per_recipe": decompose(measured - law_centre, recipes)["per_recipe"] if len(errors) else {}}
+           "mean_abs_error": float(np.mean(np.abs(errors))) if len(errors) else None}
     out.update(decompose(errors, recipes) if len(errors) else {"shared": None, "per_recipe": {}, "recipe_mean": {},
                                                                "row_sd": None, "row_ss": 0.0, "row_dof": 0})
+    bias = model.bias.reindex(sorted(set(recipes))).fillna(0.0)
+    out["recipe_bias"] = {r: float(v) for r, v in (bias - bias.mean()).items()}
     internal = {"model": model, "frame": frame, "target": target, "centre": centre, "draws": draws, "measured": measured}
     internal.update(_matched_gaps(rows, target, internal, reference, b))
     pairs = internal["pairs"]
     if pairs:
         i, j = np.array(pairs).T
-        full_centre, _ = model.draws(internal["frame"], correct=True)
+        full_centre, _ = model.draws(internal["frame"])
         gap_errors = (internal["measured"][i] - internal["measured"][j]) - (full_centre[i] - full_centre[j])
-        gap = decompose(gap_errors, internal["frame"]["recipe"].to_numpy()[i])
+        gap_recipes = internal["frame"]["recipe"].to_numpy()
+        gap_bias = (pd.Series(gap_recipes).map(model.bias).fillna(0.0).to_numpy(float))
+        internal.update(gap_errors=gap_errors, gap_recipes=gap_recipes[i], gap_bias=gap_bias[i] - gap_bias[j])
+        gap = decompose(gap_errors, gap_recipes[i])
         out.update(gap_n=len(pairs), gap_mean_error=float(np.mean(gap_errors)), gap_recipe_mean=gap["recipe_mean"],
                    gap_row_sd=gap["row_sd"], gap_row_ss=gap["row_ss"], gap_row_dof=gap["row_dof"])
     else:
@@ -302,7 +310,8 @@ def calibration(backtests: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     k = len(done)
     out: dict[str, Any] = {"k": k, "backtests": [[bt["fit_budget"], bt["target_budget"]] for bt in done],
                            "shared": [bt["shared"] for bt in done], "distance": [bt["distance"] for bt in done],
-                           "tau": None, "shared_dof": k, "sigma_recipe": None, "recipe_dof": 0,
+                           "tau": None, "shared_dof": k, "recipe_weight": 0.0, "recipe_rms": None,
+                           "sigma_recipe": None, "recipe_dof": 0,
                            "sigma_row": None, "row_dof": 0, "sigma_gap_recipe": None, "gap_recipe_dof": 0,
                            "sigma_gap_row": None, "gap_row_dof": 0, "notes": []}
     if not k:
@@ -310,7 +319,13 @@ def calibration(backtests: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
                             "per-recipe and row terms cannot be estimated")
         return out
     out["tau"] = math.sqrt(float(np.mean([(bt["shared"] / bt["distance"]) ** 2 for bt in done])))
-    parts = [p for bt in done for p in bt["per_recipe"].values()]
+    law_parts = np.array([p for bt in done for p in bt["per_recipe"].values()])
+    bias = np.array([bt["recipe_bias"].get(r, 0.0) for bt in done for r in bt["per_recipe"]])
+    weight = float(np.clip(law_parts @ bias / (bias @ bias), 0.0, 1.0)) if bias @ bias > 0 else 0.0
+    out["recipe_weight"] = weight
+    out["recipe_rms"] = {"law": float(np.sqrt(np.mean(law_parts ** 2))),
+                         "corrected": float(np.sqrt(np.mean((law_parts - weight * bias) ** 2)))}
+    parts = list(law_parts - weight * bias)
     dof = sum(max(0, len(bt["per_recipe"]) - 1) for bt in done)
     if dof:
         out["sigma_recipe"], out["recipe_dof"] = math.sqrt(float(np.sum(np.square(parts))) / dof), int(dof)
@@ -322,12 +337,14 @@ def calibration(backtests: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         out["sigma_row"], out["row_dof"] = math.sqrt(sum(bt["row_ss"] for bt in done) / row_dof), int(row_dof)
     else:
         out["notes"].append("no backtest row beyond one per recipe: the row scatter cannot be estimated")
-    gap_means = [m for bt in done for m in bt.get("gap_recipe_mean", {}).values()]
-    gap_dof = sum(bt.get("gap_row_dof", 0) for bt in done)
+    gaps = [decompose(bt["_"]["gap_errors"] - weight * bt["_"]["gap_bias"], bt["_"]["gap_recipes"])
+            for bt in done if "gap_errors" in bt.get("_", {})]
+    gap_means = [m for g in gaps for m in g["recipe_mean"].values()]
+    gap_dof = sum(g["row_dof"] for g in gaps)
     if gap_means and gap_dof > 0:
         out["sigma_gap_recipe"] = math.sqrt(float(np.mean(np.square(gap_means))))
         out["gap_recipe_dof"] = len(gap_means)
-        out["sigma_gap_row"] = math.sqrt(sum(bt["gap_row_ss"] for bt in done) / gap_dof)
+        out["sigma_gap_row"] = math.sqrt(sum(g["row_ss"] for g in gaps) / gap_dof)
         out["gap_row_dof"] = int(gap_dof)
     else:
         out["notes"].append("no matched gaps to the reference in the backtests: gap intervals come from the level "
@@ -351,7 +368,7 @@ def joint_draws(model: Model, frame: pd.DataFrame, calib: Mapping[str, Any] | No
                 n: int = DRAWS, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """(centre, draws (n, rows)) of each row's loss: calibrated when `calib` is given (see module doc),
     else the old kind (law resamples + independent in-sample noise per row)."""
-    centre, law = model.draws(frame, correct=calib is not None)
+    centre, law = model.draws(frame, calib["recipe_weight"] if calib is not None else 0.0)
     rng = np.random.default_rng(seed)
     base = law[np.arange(n) % len(law)]
     if calib is None:
@@ -367,7 +384,7 @@ def joint_draws(model: Model, frame: pd.DataFrame, calib: Mapping[str, Any] | No
 def gap_draws(model: Model, frame: pd.DataFrame, pairs: Sequence[tuple[int, int]], calib: Mapping[str, Any] | None,
               level_draws: np.ndarray, *, seed: int = 0) -> np.ndarray:
     """Draws (n, pairs) of each pair's gap, row i minus its reference row j: calibrated on the backtests'
-    own gap errors where they had matched gaps (the law's resampled gap + a zero-mean per-recipe gap term,
+    own gap errors where they had matched gaps (the law's resampled gap (with the weighted correction) + a zero-mean per-recipe gap term,
     t with as many dof as recipe means, + a gap-row normal), else the difference of the level draws."""
     n = len(level_draws)
     if not pairs:
@@ -375,7 +392,7 @@ def gap_draws(model: Model, frame: pd.DataFrame, pairs: Sequence[tuple[int, int]
     i, j = np.array(pairs).T
     if calib is None or calib.get("sigma_gap_row") is None:
         return level_draws[:, i] - level_draws[:, j]
-    _, law = model.draws(frame, correct=True)
+    _, law = model.draws(frame, calib["recipe_weight"])
     base = law[np.arange(n) % len(law)]
     rng = np.random.default_rng(seed)
     names, idx = np.unique(frame["recipe"].to_numpy()[i], return_inverse=True)
@@ -494,7 +511,7 @@ def _score_pair(rows: pd.DataFrame, a: float, b: float, fits: _Fits, reference: 
                 draws: int, seed: int) -> dict[str, Any]:
     bt = _backtest(rows, a, b, fits, reference)
     inner = bt.pop("_")
-    calib = calibration([{k: v for k, v in x.items() if k != "_"} for x in _inner(rows, a, b, fits, reference)])
+    calib = calibration(_inner(rows, a, b, fits, reference))
     frame, measured, n_levels, model, pairs = (inner["frame"], inner["measured"], inner["n_levels"], inner["model"],
                                                inner["pairs"])
     _, old = joint_draws(model, frame, None, n=draws, seed=seed)
@@ -504,9 +521,15 @@ def _score_pair(rows: pd.DataFrame, a: float, b: float, fits: _Fits, reference: 
     cal = {"available": reason is None, "reason": reason, "calibrated_on": calib["backtests"], "calibration": calib}
     if reason is None:
         dist = np.full(len(frame), math.log10(b / a))
-        _, new = joint_draws(model, frame, calib, distance=dist, n=draws, seed=seed + 1)
+        centre, new = joint_draws(model, frame, calib, distance=dist, n=draws, seed=seed + 1)
         gaps = gap_draws(model, frame, pairs, calib, new, seed=seed + 2)
         cal.update(_score(new, measured, pairs, level, n_levels, gaps))
+        errors = measured[:n_levels] - centre[:n_levels]
+        cal.update(mean_error=float(np.mean(errors)), mean_abs_error=float(np.mean(np.abs(errors))))
+        if pairs:
+            i, j = np.array(pairs).T
+            gap_errors = (measured[i] - measured[j]) - (centre[i] - centre[j])
+            cal.update(gap_mean_error=float(np.mean(gap_errors)), gap_mean_abs_error=float(np.mean(np.abs(gap_errors))))
     bt["calibrated"] = cal
     return bt
 
@@ -566,15 +589,15 @@ def predict_table(results: pd.DataFrame, table: pd.DataFrame, law: str | None = 
     found = budgets(rows)
     reference = reference or analysis.high_precision_recipe(rows)
     backtests = [_backtest(rows, a, b, fits, reference) for j, b in enumerate(found) for a in found[:j]]
+    calib = calibration(backtests)
     for bt in backtests:
         bt.pop("_")
-    calib = calibration(backtests)
     table = table.assign(N=pd.to_numeric(table["N"]).astype(float), D=pd.to_numeric(table["D"]).astype(float),
                          recipe=table["recipe"].astype(str)).reset_index(drop=True)
     frame = model.frame(table)
     reason = usable(calib)
     law_centre, old = joint_draws(model, frame, None, n=draws, seed=seed)
-    centre, _ = model.draws(frame, correct=True)
+    centre, _ = model.draws(frame, calib["recipe_weight"])
     out = table.copy()
     out["loss"], out["law_loss"] = centre, law_centre
     out["distance"] = model.distance(frame)

@@ -6,7 +6,7 @@ log10 C: each step between budgets N(0, (tau·decades)^2), one draw per dataset)
 Coverage is judged over many datasets because the shared shift is one draw per dataset: the rows of a
 dataset are covered or missed together. The fits here skip the bootstrap (its compilation alone costs
 ~10 s; tests/cli/test_predict_rows.py runs it). With one backtest below the top budget the shared
-term's tail is t with 1 dof: on these datasets a normal of the same scale covers about 63% of the
+term's tail is t with 1 dof: on these datasets a normal of the same scale covers about 60% of the
 rows (the Cauchy ratio of two draws), t_1 all of them; the old intervals about a quarter."""
 
 from __future__ import annotations
@@ -121,16 +121,17 @@ def test_every_pair_is_scored_and_one_with_no_backtest_below_it_says_so_in_words
 
 def test_the_decomposition_recovers_a_planted_shared_shift_and_per_recipe_offsets():
     """A shift of +0.08 at the top budget only, and offsets the law (no precision term) cannot fit: the
-    top backtest's shared part is the shift, the law's per-recipe parts the offsets about their mean,
-    and what is left per recipe after the in-sample correction about nothing."""
+    top backtest's shared part is the shift, its per-recipe parts the offsets about their mean, and the
+    law's in-sample misfit per recipe (the correction a calibrated prediction weighs in) the same."""
     recipes = {"bf16": (16, 0.0), "fp8": (8, 0.03), "fp4": (4, 0.06)}  # symmetric: the law's robust fit centres on the mean
     df, _ = synthetic(1, noise=0.0005, recipes=recipes, shifts=(0.0, 0.0, 0.08))
     top = calibrate.backtest_pair(df, BUDGETS[1], BUDGETS[2], LAW, bootstrap=0, fit_kwargs=FIT_KWARGS, draws=500)
     assert top["shared"] == pytest.approx(0.08, abs=0.01)
     mean = np.mean([o for _, o in recipes.values()])
     for recipe, (_, offset) in recipes.items():
-        assert top["law_per_recipe"][recipe] == pytest.approx(offset - mean, abs=0.004)
-        assert top["per_recipe"][recipe] == pytest.approx(0.0, abs=0.004)
+        assert top["per_recipe"][recipe] == pytest.approx(offset - mean, abs=0.004)
+        assert top["recipe_bias"][recipe] == pytest.approx(offset - mean, abs=0.004)
+    assert top["calibrated"]["calibration"]["recipe_weight"] == pytest.approx(1.0, abs=0.1)
     assert top["mean_error"] == pytest.approx(0.08, abs=0.01)
 
 
