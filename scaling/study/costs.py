@@ -56,8 +56,7 @@ from scaling.plan import hardware
 from scaling.study import analysis
 from scaling.train import compute as compute_lib
 
-COST_MODELS = ("bits", "h100", "b200")
-COMMITTED_BUDGETS = (1e12, 3e12, 1e13)
+CHIPS = ("h100", "b200")  # the real chips every verdict is also read on, beside the idealised `bits`
 
 
 # ----------------------------------------------------------------------------- units
@@ -122,7 +121,7 @@ def _summary(res: dict[str, Any], budget_ref: float, cost: compute_lib.CostModel
     }
 
 
-def verdicts_by_cost(df: pd.DataFrame, budgets: Sequence[float], cost_models: Sequence[str] = COST_MODELS, *,
+def verdicts_by_cost(df: pd.DataFrame, budgets: Sequence[float], cost_models: Sequence[str] = ("bits", *CHIPS), *,
                      reference: str | None = None, **isoflop_kwargs: Any) -> dict[str, dict[str, Any]]:
     """The IsoFLOP analysis of `df` (`analysis.analyse`) at each budget under each cost model.
 
@@ -158,7 +157,7 @@ def verdicts_by_cost(df: pd.DataFrame, budgets: Sequence[float], cost_models: Se
 
 # ----------------------------------------------------------------------------- charges
 
-def charges(df: pd.DataFrame, N: float | None = None, cost_models: Sequence[str] = COST_MODELS,
+def charges(df: pd.DataFrame, N: float | None = None, cost_models: Sequence[str] = ("bits", *CHIPS),
             reference: str | None = None) -> pd.DataFrame:
     """Each recipe's charge per 6·N·D under each cost model at one model size N: cost per token / 6N
     (1 = every FLOP of a 6N-per-token model at BF16; attention, the head and rotations make it more),
@@ -209,44 +208,4 @@ def _fmt(x: float | None, spec: str = "+.3f") -> str:
     return "–" if x is None else format(x, spec)
 
 
-def verdicts_table(result: dict[str, dict[str, Any]]) -> str:
-    """Markdown: one line per cost model and budget with the winner (or "cannot tell"), best and runner-up,
-    their difference (runner-up minus best) and CI, the counts of recipes fitted, short and absent,
-    the interpolated share, and any pairs."""
-    lines = ["| cost model | budget (ref.-equiv.) | verdict | best vs runner-up | diff (CI) | fitted / short / absent | "
-             "interpolated | pairs |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for model, entry in result.items():
-        for b in entry["budgets"]:
-            verdict = f"**{b['winner']}**" if b["winner"] else (
-                "cannot tell" + (" (edge)" if "edge" in b["reason"] else "") if b["best"] else "no analysis")
-            share = b["interpolated_share"]
-            flag = "" if not share else " (indicative)"
-            diff = f"{_fmt(b['diff'])} [{_fmt(b['diff_ci'][0])}, {_fmt(b['diff_ci'][1])}]" if b["diff_ci"] else "–"
-            pairs = "; ".join(f"{p['a']} − {p['b']} {p['diff']:+.3f} [{p['ci'][0]:+.3f}, {p['ci'][1]:+.3f}]"
-                              for p in b["pairs"]) or "–"
-            lines.append(f"| {model} | {b['budget_reference']:.0e} | {verdict} | {b['best'] or '–'} vs "
-                         f"{b['runner_up'] or '–'} | {diff} | {len(b['fitted'])} / {len(b['short'])} / {len(b['absent'])} | "
-                         f"{_fmt(share, '.0%') if share is not None else '–'}{flag} | {pairs} |")
-    return "\n".join(lines)
-
-
-def committed(path: str = "results/isoflop.csv", budgets: Sequence[float] = COMMITTED_BUDGETS,
-              cost_models: Sequence[str] = COST_MODELS, pairs: Sequence[tuple[str, str]] = (("mxfp6", "fp8"),),
-              N: float | None = 160192, **isoflop_kwargs: Any) -> dict[str, Any]:
-    """The committed study's verdicts per cost model (its main part's ok rows,
-    `ok_rows(study_part(df, "main"))`) and its charge table at N (default 160192: the d64×3 shape, where
-    `bits` charges MXFP6 0.799 per 6ND against FP8's 0.908)."""
-    rows = analysis.ok_rows(analysis.study_part(pd.read_csv(path), "main"))
-    return {"verdicts": verdicts_by_cost(rows, budgets, cost_models, pairs=list(pairs), **isoflop_kwargs),
-            "charges": charges(rows, N, cost_models)}
-
-
-def committed_text(**kwargs: Any) -> str:
-    r = committed(**kwargs)
-    ch = r["charges"]
-    return (f"Charges at N = {ch.attrs['N']:.0f}:\n\n{charges_table(ch)}\n\nVerdicts:\n\n{verdicts_table(r['verdicts'])}\n\n"
-            + "\n".join(f"- {m}: {e['unit']}; k = {e['reference_factor']:.4f}" for m, e in r["verdicts"].items()))
-
-
-__all__ = ["COMMITTED_BUDGETS", "COST_MODELS", "charges", "charges_table", "chip_seconds", "committed",
-           "committed_text", "reference_factor", "unit", "verdicts_by_cost", "verdicts_table"]
+__all__ = ["CHIPS", "charges", "charges_table", "chip_seconds", "reference_factor", "unit", "verdicts_by_cost"]

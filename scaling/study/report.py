@@ -183,7 +183,6 @@ def matched_facts(rows: pd.DataFrame) -> dict | None:
     return result if any(r["n"] for r in result["recipes"]) else None
 
 
-CHIPS = ("h100", "b200")  # the real chips every verdict is also read on (scaling.study.costs)
 
 
 def cost_facts(rows: pd.DataFrame, facts: dict) -> dict | None:
@@ -194,8 +193,8 @@ def cost_facts(rows: pd.DataFrame, facts: dict) -> dict | None:
     if not budgets or "flops_fprop" not in rows.columns:
         return None
     pairs = [(p["a"], p["b"]) for b in facts["budgets"] for p in b.get("pairs", [])]
-    verdicts = costs.verdicts_by_cost(rows, budgets, CHIPS, pairs=list(dict.fromkeys(pairs)))
-    table = costs.charges(rows, cost_models=("bits", *CHIPS))
+    verdicts = costs.verdicts_by_cost(rows, budgets, costs.CHIPS, pairs=list(dict.fromkeys(pairs)))
+    table = costs.charges(rows, cost_models=("bits", *costs.CHIPS))
     return {"chips": verdicts, "charges": {"N": table.attrs["N"], "reference": table.attrs["reference"],
                                            "rows": table.to_dict("records")}}
 

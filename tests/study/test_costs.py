@@ -88,8 +88,6 @@ def test_bits_verdict_comes_from_tokens_and_vanishes_where_both_run_at_one_rate(
         assert b["diff_ci"][0] < 0 < b["diff_ci"][1] and b["pairs"][0]["diff"] == pytest.approx(0, abs=1e-12)
         assert b["chip_seconds"] == pytest.approx(6e12 / hardware.get_gpu(chip).peak("bf16"))
     assert res["bits"]["budgets"][0]["chip_seconds"] is None
-    text = costs.verdicts_table(res)
-    assert "**six**" in text and text.count("cannot tell") == 2 and "(indicative)" in text
 
 
 def test_charges_match_the_per_part_charges_by_hand():
