@@ -7,17 +7,18 @@ backtest inside the lower budgets had already missed by -0.015 to -0.029). scali
 interval is mostly an in-sample, zero-mean lack of fit drawn independently per recipe, so it neither
 covers a shared miss nor lets a gap's interval shrink where the shared part cancels. Here:
 
-Backtest (`backtest`): fit the law on the rows with budget <= a, predict the rows labelled with a higher
-budget b. Whole runs: a run with any row at b is left out of the fit (as selection.heldout_split does),
-so no scored row is a later checkpoint of a fitted run. A row without a budget label (the reference
-evaluated at another recipe's step) counts at the smallest labelled budget its run reaches at or after
-its tokens; one past its run's last budget (a low-bit recipe's step, up to 4x the reference's compute)
-counts at none: it is never fitted, only the matched reference of a gap (the committed study's fit for
-1e13 has 481 rows of 291 runs; the registered prediction fitted 616 of 313, those evaluations
-included, on the results as they stood then). Each recipe at b enters the law with the median of the law's other columns over its fitted
-rows (as predict.recipe_columns). Errors, measured - predicted in nats, are split three ways:
-`shared` (one number per backtest: the mean over recipes of each recipe's mean error), `per_recipe`
-(each recipe's mean minus the shared) and the rows' scatter about their recipe's mean (`row_sd`).
+Backtest (`backtest_pair`): fit the law on the rows with budget <= a, predict the rows labelled with a
+higher budget b. Whole runs: a run with any row at b is left out of the fit (as selection.heldout_split
+does), so no scored row is a later checkpoint of a fitted run. A row without a budget label (the
+reference evaluated at another recipe's step) counts at the smallest labelled budget its run reaches at
+or after its tokens; one past its run's last budget (a low-bit recipe's step, up to 4x the reference's
+compute) counts at none: it is never fitted, only the matched reference of a gap (the committed study's
+fit for 1e13 has 481 rows of 291 runs; the registered prediction fitted 616 of 313, those evaluations
+included, on the results as they stood then). Each recipe at b enters the law with the median of the
+law's other columns over its fitted rows (as predict.recipe_columns). Errors, measured - predicted in
+nats, are split three ways: `shared` (one number per backtest: the mean over recipes of each recipe's
+mean error), `per_recipe` (each recipe's mean minus the shared) and the rows' scatter about their
+recipe's mean (`row_sd`).
 
 Calibration (`calibration`), from the k backtests inside the fitted budgets (every pair a' < b' of them):
 - the shared shift is a zero-mean random shift whose scale grows linearly with the distance beyond the
@@ -42,20 +43,20 @@ Calibration (`calibration`), from the k backtests inside the fitted budgets (eve
   the law's misfit along N), normal.
 - the fit: the law's bootstrap resamples (runs resampled), one per draw, cycled.
 
-A draw of a row's loss is law_b(x) + w·bias_recipe + S·d + delta_recipe + eps_row, with S common to every row and
-recipe of the draw; a level interval is the percentile interval of a row's draws.
+A draw of a row's loss is law_b(x) + w·bias_recipe + S·d + delta_recipe + eps_row, with S common to
+every row and recipe of the draw; a level interval is the percentile interval of a row's draws.
 
-Gaps (a row minus the reference recipe's row at the same N, D; seed too in a backtest) are calibrated
-on the backtests' own gap errors, where the shared shift has already cancelled: the law's resampled
-gap (with the weighted correction) + a zero-mean per-recipe gap term (the RMS of the recipes' mean gap errors over the backtests, t
-with as many dof as those means) + the gap rows' scatter about their recipe's mean. Not the difference
-of two level draws: a law's misfit along N is mostly common to the recipes at one N, so the level
-rows' scatter (0.04 nats for the committed study's law) would count twice what a gap sees. Without
-matched gaps in the backtests a gap falls back to the difference of the level draws. P(best) is the
-share of draws in which a row is the lowest of the rows at its (N, D) (with the reference there, on
-the gap draws, the reference at 0).
-Where a term cannot be estimated (no backtest inside one budget; no rows to scatter), the interval
-it enters is None and `notes` says why in words. Rows at or below the top fitted budget have d = 0.
+Gaps (a row minus the reference recipe's row at the same N, D; seed too in a backtest) are calibrated on
+the backtests' own gap errors, where the shared shift has already cancelled: the law's resampled gap
+(with the weighted correction) + a zero-mean per-recipe gap term (the RMS of the recipes' mean gap
+errors over the backtests, t with as many dof as those means) + the gap rows' scatter about their
+recipe's mean. Not the difference of two level draws: a law's misfit along N is mostly common to the
+recipes at one N, so the level rows' scatter (0.042 nats for the committed study's law, against 0.025
+for its gaps) would count twice what a gap sees. Without matched gaps in the backtests a gap falls back
+to the difference of the level draws. P(best) is the share of draws in which a row is the lowest of the
+rows at its (N, D) (with the reference there, on the gap draws, the reference at 0). Where a term cannot
+be estimated (no backtest inside one budget; no rows to scatter), the interval it enters is None and
+`notes` says why in words. Rows at or below the top fitted budget have d = 0.
 
 The old interval (scaling.study.predict's kind, per row): the bootstrap draws plus a normal of the
 fit's in-sample RMS residual (nats), independent per row, no shared term.
