@@ -327,3 +327,17 @@ def test_gpus_per_run_g_gives_each_run_g_gpus_and_probes_every_one():
     assert kept == [{"CUDA_VISIBLE_DEVICES": "0,1,2,3", "JAX_PLATFORMS": "cuda"}]  # the slot with GPU 5 is left out
     single = sweep.gpu_slots(gpus[:2], workers=None)
     assert sweep.check_gpu_slots(single, sweep.worker_env, check) == [{**p, "JAX_PLATFORMS": "cuda"} for p in single]
+
+
+def test_a_sweep_run_on_g_gpus_gets_parallel_data_g_unless_the_experiment_sets_it(tmp_path):
+    import argparse
+
+    from scaling.cli import sweep as sweep_cli
+
+    plain, own = tmp_path / "plain.toml", tmp_path / "own.toml"
+    plain.write_text('name = "x"\n[grid]\nseed = [0, 1]\n')
+    own.write_text('name = "x"\n[parallel]\ndata = 4\n')
+    ns = lambda path, sets=(): argparse.Namespace(experiment=str(path), set=list(sets))  # noqa: E731
+    assert not sweep_cli._sets_parallel_data(ns(plain))
+    assert sweep_cli._sets_parallel_data(ns(own))
+    assert sweep_cli._sets_parallel_data(ns(plain, ["parallel.data=2"]))
