@@ -45,19 +45,23 @@ def test_select_law_prefers_the_data_dependent_penalty():
     c = by_name(sel)
     assert sel["chosen"] == "kumar_data"
     kd, ku, free = c["kumar_data"], c["kumar"], c["kumar[kappa free]"]
-    # No budget column: the largest size's runs are held out whole; kumar's gap does not grow with D.
+    # No budget column: three splits, each holding out whole runs (the largest N·D, the largest size, the
+    # largest D/N); kumar's gap does not grow with D.
+    assert sel["splits"] == ["compute", "N", "D/N"]
     assert kd["heldout_gap_mae"]["N"] < min(ku["heldout_gap_mae"]["N"], free["heldout_gap_mae"]["N"])
     assert kd["score"] < min(ku["score"], free["score"])
     assert kd["params"]["gamma_D"] > 0  # the fitted penalty grows with D
-    # Held out: the largest size at 6 budgets x 3 low precisions.
-    assert kd["n_heldout"] == {"N": 18} == ku["n_heldout"] and sel["splits"] == ["N"]
-    assert sel["split"]["held_runs"] == 4 and sel["split"]["train_runs"] == 12
+    # Held out along N: the largest size at 6 budgets x 3 low precisions.
+    assert kd["n_heldout"]["N"] == 18 == ku["n_heldout"]["N"]
+    n_split = next(s for s in sel["split_details"] if s["by"] == "N")
+    assert n_split["held_runs"] == 4 and n_split["train_runs"] == 12
     assert (kd["n_params"], ku["n_params"], free["n_params"]) == (10, 6, 7)
     assert free["fixed"] == {} and ku["fixed"] == {"kappa": 3.0} and kd["within_noise"]
     assert kd["aic"] < ku["aic"] and kd["mare"] < ku["mare"]
     assert sel["reference"]["recipes"] == ["fp32"] and sel["clustered_by"] == "recipe"
-    assert [r["recipe"] for r in sel["chosen_residuals"]] == ["fp4", "fp6", "fp8"]
-    assert all(r["n"] == 6 and r["runs"] == 1 and r["ci"] is None for r in sel["chosen_residuals"])
+    by_n = sel["chosen_residuals_by_split"]["N"]
+    assert [r["recipe"] for r in by_n] == ["fp4", "fp6", "fp8"]
+    assert all(r["n"] == 6 and r["runs"] == 1 and r["ci"] is None for r in by_n)
     json.dumps(sel)  # JSON-ready as returned
 
 
@@ -135,7 +139,7 @@ def test_a_leaking_split_favours_a_law_that_memorises_runs_and_the_held_out_budg
     sel = selection.select_law(df, ["kumar", memo_law], **QUICK)
     c = by_name(sel)
     assert sel["chosen"] == "kumar" and c[memo_law]["score"] > 1.3 * c["kumar"]["score"]
-    assert c["kumar"]["n_heldout"] == {"budget": 5} and sel["splits"] == ["budget"]
+    assert c["kumar"]["n_heldout"]["budget"] == 5 and sel["splits"][0] == "budget"
     # left out whole: both recipes' runs at sizes 5..9 (10 runs); fitted: sizes 0..4, every checkpoint
     # (3 each at 1e15, and sizes 3 and 4 at 1e16 too): 2 x (5 + 2) x 3 = 42 rows
     assert sel["split"] == {"by": "budget", "value": 3e16, "held_runs": 10, "train_rows": 42, "train_runs": 10, "note": None}
@@ -176,14 +180,17 @@ def test_without_a_usable_budget_the_largest_size_is_held_out_whole():
 
 def test_a_split_whose_held_out_gaps_come_from_one_run_is_not_used():
     """One run's held-out error has no standard error: the split is noted and not ranked on, so no
-    law is called worse than another on one run (the choice falls back to AIC)."""
+    law is called worse than another on one run; the other splits rank (with none, the choice falls
+    back to AIC)."""
     df = kumar_data_runs()
     df = df[(df["N"] < 3e8) | df["recipe"].isin(["fp32", "fp4"])]  # the largest size: fp32 and one fp4 run
     sel = selection.select_law(df, ["kumar", "kumar[kappa free]"], **QUICK)
     for c in sel["candidates"]:
         assert c["n_heldout"]["N"] == 0 and "from one run" in c["heldout_notes"]["N"], c
-        assert c["score"] is None
-    assert sel["criterion"].startswith("aic") and sel["chosen_residuals"] == []
+        assert c["score"] is not None
+    assert "N" not in sel["splits"] and sel["splits"] and sel["criterion"].startswith("heldout")
+    entries = [{"name": "a", "fittable": True, "n_params": 5, "aic": 1.0}, {"name": "b", "fittable": True, "n_params": 5, "aic": 0.0}]
+    assert selection._choose(entries, {}, np.zeros(0))[1].startswith("aic") and entries[1]["within_noise"]
 
 
 def test_unfittable_laws_are_listed_with_the_reason():

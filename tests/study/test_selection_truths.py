@@ -60,7 +60,7 @@ def test_a_penalty_growing_with_d_picks_the_data_dependent_law():
     assert [s["by"] for s in sel["split_details"]] == ["compute", "N", "D/N"]
     # scored on every split, ranked on their mean; along D/N kumar, whose gap ignores D, misses most
     assert c["kumar_data"]["score"] < c["kumar"]["score"] < c["chinchilla"]["score"]
-    assert c["kumar_data"]["heldout_gap_mae"]["D/N"] < 0.5 * c["kumar"]["heldout_gap_mae"]["D/N"]
+    assert c["kumar_data"]["heldout_gap_mae"]["D/N"] < 0.7 * c["kumar"]["heldout_gap_mae"]["D/N"]
     # the precision test: a precision law beats chinchilla, clustered by (N, seed)
     pt = sel["precision_test"]
     assert pt["small"] == "chinchilla" and pt["big"] == "kumar_data" and pt["beats"]
@@ -100,10 +100,30 @@ def test_c_a_per_recipe_law_ranks_recipes_of_equal_bits_and_a_bits_law_cannot():
     at = pd.DataFrame({"N": 1e8, "D": 4e9, "P": 4, "recipe": ["fp4-a", "fp4-b", "fp4-c"]})
     truly = [-EFFICIENCY[r][0] for r in at["recipe"]]  # the more efficient, the lower the loss
     assert list(np.argsort(eff.predict(at))) == list(np.argsort(truly)) == [2, 1, 0]
-    assert [round(eff.params[f"eN[{r}]"], 1) for r in ("fp4-a", "fp4-b", "fp4-c")] == [0.5, 0.6, 0.8]
+    np.testing.assert_allclose([eff.params[f"eN[{r}]"] for r in ("fp4-a", "fp4-b", "fp4-c")], [0.45, 0.6, 0.8], atol=0.05)
     assert np.ptp(bits.predict(at)) == 0.0  # one prediction for every recipe of 4 bits
     # stored and read back; a recipe it was not fitted on is refused with the ones it knows
     back = fit.FitResult.from_dict(eff.to_dict())
     np.testing.assert_allclose(back.predict(at), eff.predict(at))
     with pytest.raises(fit.ConfigError, match="recipe: got 'mxfp6'.*bf16, fp4-a, fp4-b, fp4-c"):
         back.predict(at.assign(recipe="mxfp6"))
+
+
+def test_pooled_variance_and_the_likelihood_test_by_hand():
+    # split 1: d = 1, 3 in clusters 0, 1 (mean 2); split 2: d = 2, 2, 5 in clusters 0, 1, 1 (mean 3).
+    # weights 1/(2·n_s): u = -1/4, 1/4 | -1/6, -1/6, 1/3; cluster sums -5/12, 5/12; var = 2/1 · 50/144.
+    mean, var, g = selection.pooled_mean_and_var([(np.array([1.0, 3.0]), np.array([0, 1])),
+                                                  (np.array([2.0, 2.0, 5.0]), np.array([0, 1, 1]))])
+    assert (mean, g) == (2.5, 2) and var == pytest.approx(100 / 144, rel=1e-12)
+    d, cl = np.array([1.0, 2.0, 3.0, 6.0]), np.array(list("aabc"))
+    assert selection.pooled_mean_and_var([(d, cl)])[:2] == pytest.approx(selection.clustered_mean_and_var(d, cl))
+    # the big law's held-out errors ±0.1 (s^2 = 0.01), the small one's 0.3, 0.2: d_i = 4, 1.5, 4, 1.5
+    pos = np.arange(4)
+    big = {"N": (pos, np.array([0.1, -0.1, 0.1, -0.1]))}
+    small = {"N": (pos, np.array([0.3, 0.2, 0.3, 0.2]))}
+    t = selection.likelihood_test(big, small, np.arange(4), ["N"])
+    se = (4 / 3 * 4 * 1.25 ** 2 / 16) ** 0.5
+    assert t["loglik_ratio"] == pytest.approx(11.0) and t["mean_loglik_diff"] == pytest.approx(2.75)
+    assert t["statistic"] == pytest.approx(2.75 / se) and t["n_clusters"] == 4 and t["n"] == 4
+    assert t["p_value"] == pytest.approx(float(selection.stats.t.sf(2.75 / se, 3)))
+    assert selection.likelihood_test(small, big, np.arange(4), ["N"])["p_value"] > 0.95  # the other way round
