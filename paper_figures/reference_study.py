@@ -10,7 +10,9 @@ and `paper_figures/make_figures.py` pass in:
 - the forward-only integer arm, like for like with Kumar et al. 2024;
 - runs trained again on another kind of host (`results/<sweep>_hosts.csv`), which size how far the
   host moves a loss (read by the held-out budget's prediction section);
-- the GPU pilot (`results/gpu_pilot.csv`), reported on its own runs by the same rules.
+- the GPU pilot (`results/gpu_pilot.csv`), reported on its own runs by the same rules;
+- the calibrated predictor scored on every pair of the study's budgets (`results/<sweep>_backtests.json`,
+  from `scaling predict --backtest --results results/isoflop.csv --law sun -o results/isoflop_backtests.json`).
 
 A study of your own writes a module like this one: `PAIRS` (recipe contrasts to bootstrap, optional)
 and `sections(results_path) -> list[report.Section]`.
@@ -18,6 +20,7 @@ and `sections(results_path) -> list[report.Section]`.
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -26,6 +29,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from scaling.errors import ConfigError
 from scaling.study import findings as findings_lib
 from scaling.study import plots, prose, report
 from scaling.study import results as results_lib
@@ -69,6 +73,7 @@ def sections(results_path: str | Path | None = None) -> list[report.Section]:
     folder = results_path.parent if results_path is not None else None
     hosts = folder / f"{results_path.stem}_hosts.csv" if folder is not None else None
     pilot = folder / "gpu_pilot.csv" if folder is not None else None
+    backtests = folder / f"{results_path.stem}_backtests.json" if folder is not None else None
     hosts_rows = results_lib.load(hosts) if hosts is not None and hosts.is_file() else None
     pilot_rows = results_lib.load(pilot) if pilot is not None and pilot.is_file() else None
     out = [
@@ -79,10 +84,25 @@ def sections(results_path: str | Path | None = None) -> list[report.Section]:
     ]
     if hosts_rows is not None:  # facts only: the prediction's section reads them
         out.append(report.Section("host_shift", lambda c: host_shift(c.ok, hosts_rows)))
+    if backtests is not None and backtests.is_file():
+        found = load_backtests(backtests)
+        out.append(report.Section("backtests", lambda c: found, "The calibrated predictor, backtested on the study's budgets",
+                                  prose.backtests_section, before="pstar"))
     if pilot_rows is not None:
         out.append(report.Section("gpu_pilot", lambda c: gpu_pilot_facts(pilot_rows), "The GPU pilot",
                                   lambda f: gpu_pilot_section(f["gpu_pilot"]), before="what_was_run"))
     return out
+
+
+def load_backtests(path: Path) -> dict[str, Any]:
+    """`scaling predict --backtest`'s JSON, checked to be one."""
+    try:
+        found = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ConfigError("backtests", str(path), f"a JSON from `scaling predict --backtest` ({e})") from None
+    if not isinstance(found, dict) or not {"pairs", "law", "level", "reference"} <= set(found):
+        raise ConfigError("backtests", str(path), "a JSON from `scaling predict --backtest`")
+    return found
 
 
 # ----------------------------------------------------------------------------- the arms' numbers

@@ -10,6 +10,11 @@ are fitted on the results of the same sweep, the prediction written as JSON for 
 results) gets the law's loss with a calibrated interval (the law's resamples, a shared shift measured by
 backtests inside the results' budgets, per-recipe and row terms), its gap to the reference recipe's row
 at the same (N, D) and P(best) among those rows; OUT.json beside it holds the law and the calibration.
+
+`scaling predict --backtest --results RESULTS.csv [--law NAME] -o OUT.json`: score the method on the
+results' own budgets (scaling.study.calibrate.backtest_all): every pair of budgets, fitted on the lower
+and scored on the higher, with the old and the calibrated intervals (each calibrated only on the pairs
+inside its own fitted budgets). A study's report reads the JSON (paper_figures/reference_study.py).
 """
 
 from __future__ import annotations
@@ -26,6 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rows", default=None,
                         help="a CSV of runs to predict (columns N, D, recipe): writes each row's loss with its "
                              "calibrated interval to -o OUT.csv (needs --results)")
+    parser.add_argument("--backtest", action="store_true",
+                        help="score the calibrated predictor on every pair of the results' budgets: writes -o OUT.json "
+                             "(needs --results)")
     parser.add_argument("--law", default=None,
                         help="with --rows: the law to fit, e.g. sun or 'kumar[kappa free]' (default: chosen by "
                              "held-out precision gaps among --candidate)")
@@ -44,6 +52,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     if args.bootstrap < 0:
         raise ConfigError("--bootstrap", args.bootstrap, "an integer >= 0")
+    if args.backtest:
+        return _backtest(args)
     if args.rows is not None:
         return _rows(args)
     if args.experiment is None:
@@ -86,6 +96,34 @@ def main(args: argparse.Namespace) -> int:
               f"P(best) {e['p_best']:.2f}")
     print(found["reason"])
     print(f"-> {out}")
+    return 0
+
+
+def _backtest(args: argparse.Namespace) -> int:
+    """--backtest mode: the method scored on the results' own budgets, written atomically."""
+    if args.experiment is not None or args.rows is not None:
+        raise ConfigError("--backtest", "with " + ("an experiment" if args.experiment else "--rows"),
+                          "--backtest alone with --results (it scores the method, it predicts nothing new)")
+    if args.results is None or not Path(args.results).is_file():
+        raise ConfigError("--results", args.results, "an existing results .csv or .parquet (required with --backtest)")
+    if args.out is None or not args.out.endswith(".json"):
+        raise ConfigError("--out", args.out, "a .json path to write the backtests to (required with --backtest)")
+    from scaling._io import atomic_write_json
+    from scaling.study import analysis, calibrate, results, selection
+
+    if args.law is not None:
+        selection.parse_candidate(args.law)
+    rows = analysis.ok_rows(analysis.study_part(results.load(args.results), "main"))
+    found = calibrate.backtest_all(rows, args.law, candidates=args.candidate or None, bootstrap=args.bootstrap,
+                                   seed=args.seed)
+    atomic_write_json(Path(args.out), {"results": str(args.results), **found})
+    for p in found["pairs"]:
+        old, cal = p["old"], p["calibrated"]
+        said = (f"calibrated {cal['inside']}/{cal['n']} rows inside (width {cal['mean_width']:.3f}), gaps "
+                f"{cal['gap_inside']}/{cal['gap_n']}" if cal.get("available") else f"calibrated: {cal.get('reason')}")
+        print(f"{p['fit_budget']:g} -> {p['target_budget']:g}: {p['n']} rows, law mean error {p['mean_error']:+.3f}; "
+              f"old {old['inside']}/{old['n']} inside (width {old['mean_width']:.3f}); {said}")
+    print(f"-> {args.out}")
     return 0
 
 

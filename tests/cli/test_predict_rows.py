@@ -92,3 +92,42 @@ def test_the_modes_are_not_mixed(files, capsys):
     assert cli.main(["predict", "experiments/isoflop_heldout.toml", "--law", "sun"]) == 2
     assert "only with --rows" in capsys.readouterr().err
     assert not (files / "bad.csv").exists()
+
+
+def test_backtest_scores_every_pair_of_budgets_and_writes_one_json(files, capsys):
+    """`scaling predict --backtest`: every pair of the results' budgets, the top one calibrated on the one
+    backtest inside its fitted budgets, the lowest pairs saying why they cannot be; the study's report reads it."""
+    import reference_study
+
+    from scaling.study import prose
+
+    out = files / "results_backtests.json"
+    assert cli.main(["predict", "--backtest", "--results", str(files / "results.csv"), "--law", LAW,
+                     "--bootstrap", "3", "-o", str(out)]) == 0
+    found = json.loads(out.read_text())
+    assert [(p["fit_budget"], p["target_budget"]) for p in found["pairs"]] == [(1e16, 10 ** 16.5), (1e16, 1e17),
+                                                                              (10 ** 16.5, 1e17)]
+    assert [p["calibrated"]["available"] for p in found["pairs"]] == [False, False, True]
+    top = found["pairs"][-1]
+    assert top["calibrated"]["calibrated_on"] == [[1e16, 10 ** 16.5]] and top["shared"] > 0  # the planted shift: measured above the law
+    assert "1e+16 -> 1e+17" in capsys.readouterr().out
+    # the reference study reads results/<sweep>_backtests.json beside its results as a section before P*
+    (section,) = [s for s in reference_study.sections(files / "results.csv") if s.key == "backtests"]
+    assert section.before == "pstar" and section.facts(None) == found
+    text = prose.backtests_section({"backtests": found, "prediction": {"budget": 1e17}})
+    assert "| 1e16 | 1e17 | " in text and "cannot be estimated" in text
+    assert f"{top['calibrated']['inside']}/{top['n']} ({top['calibrated']['mean_width']:.3f})" in text
+    assert "scores the calibrated method on it post hoc" in text
+    (files / "bad_backtests.json").write_text('{"pairs": []}')
+    with pytest.raises(Exception, match="scaling predict --backtest"):
+        reference_study.load_backtests(files / "bad_backtests.json")
+
+
+@pytest.mark.parametrize("extra, key", [(["--rows", "rows.csv"], "--backtest"), ([], "--out")])
+def test_backtest_bad_input_is_one_line(files, capsys, extra, key):
+    extra = [str(files / e) if e.endswith(".csv") else e for e in extra]
+    args = ["predict", "--backtest", "--results", str(files / "results.csv"), *extra]
+    args += ["-o", str(files / "x.csv")] if key == "--out" else ["-o", str(files / "x.json")]
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and key in err and not (files / "x.json").exists()

@@ -123,8 +123,9 @@ def test_a_gpu_fraction_shares_memory_unless_the_user_set_it():
 @pytest.mark.parametrize("gpus_per_run, executor, gpus, allowed", [
     (1, "local", [], "0 on a machine without GPUs"),
     (0.3, "local", ["0"], "0, 1 or 1/k with the local executor"),
-    (2, "ray", ["0"], "a number in [0, 1]"),
+    (2.5, "ray", ["0"], "a whole number of GPUs"),
     (-1, "local", ["0"], "a number in [0, 1]"),
+    (4, "local", ["0", "1"], "at most the 2 GPUs visible here"),
 ])
 def test_gpus_per_run_that_cannot_be_met_is_one_line(gpus_per_run, executor, gpus, allowed):
     with pytest.raises(ConfigError, match=r"^--gpus-per-run: got .*; allowed: ") as err:
@@ -133,6 +134,8 @@ def test_gpus_per_run_that_cannot_be_met_is_one_line(gpus_per_run, executor, gpu
     sweep.check_gpus_per_run(0, "local", [])
     sweep.check_gpus_per_run(1, "local", ["0"])
     sweep.check_gpus_per_run(0.25, "local", ["0"])  # 4 runs share the GPU
+    sweep.check_gpus_per_run(2, "local", ["0", "1"])  # one run across both (parallel.data = 2)
+    sweep.check_gpus_per_run(8, "ray", [])  # Ray places it: num_gpus = 8
     sweep.check_gpus_per_run(1 / 3, "local", ["0"])
     sweep.check_gpus_per_run(0.5, "ray", [])  # a Ray cluster's GPUs may be on other machines
 

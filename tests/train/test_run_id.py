@@ -90,13 +90,15 @@ CHANGED = {
     "train.grad_clip": 0.0, "train.log_every": 5, "train.checkpoint_every": 0, "train.tracker": ["tensorboard"],
     "health.spike_factor": 5.0, "health.spike_window": 20, "health.max_saturation": 0.1,
     "study.flop_budgets": [1e11, 2e11, 4e11], "study.cost": "nominal",
+    "parallel.data": 2, "parallel.fsdp": True,
 }
 NEEDS = {"data.tokenizer": {"data.source": "stdlib"}, "train.schedule": {"train.eval_at": [1.0]},
          "study.cost": {"study.flop_budgets": [1e11, 2e11, 4e11]}}  # what a changed value needs to be valid
 
 
 # Checks, not settings of the experiment: the run is the same, only where it may train is narrowed.
-NOT_HASHED = {"data.fingerprint"}
+# The device layout: float32 summation order only, no per-device granularity (docs/training.md).
+NOT_HASHED = {"data.fingerprint", "parallel.data", "parallel.fsdp"}
 
 
 def test_every_key_enters_the_run_id():
