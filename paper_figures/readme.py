@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from scaling.errors import ConfigError
+from scaling.study import findings as findings_lib
 from scaling.study.findings import PUBLISHED, host_shift_between, other_hosts
 from scaling.study import report
 
@@ -161,7 +162,28 @@ def _prediction(f: dict, unit: str) -> list[str]:
         lines.append(f"  - Post hoc, not a prediction (the same method, run after this budget's runs existed, from "
                      f"{post['fitted_on']['runs']} runs at C = {', '.join(_num(b) for b in post['fitted_on']['budgets'])}): "
                      + _scored(post, unit))
+    calibrated = _calibrated(f.get("backtests"), p["budget"])
+    if calibrated:
+        lines[-1] += " " + calibrated
     return lines
+
+
+def _calibrated(b: dict | None, budget: float) -> str:
+    """The calibrated predictor on the predicted budget (the backtests' pair that ends there and could be
+    calibrated), against the old interval on the same rows; '' without one."""
+    pairs = [p for p in (b or {}).get("pairs", []) if p["calibrated"].get("available")
+             and abs(p["target_budget"] / budget - 1) < 1e-9]
+    if not pairs:
+        return ""
+    p = pairs[-1]
+    cal, old, k = p["calibrated"], p["old"], p["calibrated"]["calibration"]["k"]
+    text = (f"The calibrated method (post hoc, fitted on C ≤ {_num(p['fit_budget'])}, its shared shift scaled by {k} "
+            f"backtest{'s' if k != 1 else ''} inside): {cal['inside']}/{cal['n']} runs inside at "
+            f"{cal['mean_width'] / old['mean_width']:.1f}x the old interval's width (old: {old['inside']}/{old['n']})")
+    if cal.get("gap_n") and old.get("gap_mean_width"):
+        text += (f"; gaps to {b['reference']} {cal['gap_inside']}/{cal['gap_n']} inside at "
+                 f"{cal['gap_mean_width'] / old['gap_mean_width']:.2f}x the old width")
+    return text + " (REPORT's backtests)."
 
 
 def _scored(p: dict, unit: str) -> str:
@@ -247,8 +269,12 @@ def _law(law: dict) -> list[str]:
 def _pstar(f: dict) -> list[str]:
     if not f.get("P_star"):
         return ["- **P\\***: no precision-aware law was fitted, so there is no P\\*."]
-    lines = ["- **P\\*, the compute-optimal precision** (the law's choice, its spread over specifications and "
-             "what the measurement cannot rule out, together):"]
+    profiled = any((e.get("profile") or {}).get("rows") for e in f["P_star"])
+    lines = ["- **P\\*, as a profile over the formats chips run** (the law's loss at each format's compute-optimal N; "
+             "formats within the law's held-out error of the best are not told apart; REPORT's table per budget):"
+             if profiled else
+             "- **P\\*, the compute-optimal precision** (the law's choice, its spread over specifications and "
+             "what the measurement cannot rule out):"]
     for e in f["P_star"]:
         head = f"  - C = {_num(e['compute'])}: "
         if "error" in e:
@@ -263,14 +289,41 @@ def _pstar(f: dict) -> list[str]:
             law_choice = f"; the law prefers {ranked[0]['recipe']}" if ranked else ""
             text = (f"**{names}**: a choice among measured recipes, not an interval of P\\* "
                     f"(`{e['no_bits_axis']}` has no bits axis{law_choice}")
+        elif (e.get("profile") or {}).get("rows"):
+            text = _profile(e["profile"], e)
         else:
             ci = f", bootstrap 95% CI {e['P_ci'][0]:.3g}–{e['P_ci'][1]:.3g}" if e.get("P_ci") else ""
-            text = f"**{_bits(e['interval'])}** (the law's P\\* {e['P']:.3g} bits{ci}"
+            text = f"**{_bits(e.get('law_interval') or e['interval'])}** (the law's P\\* {e['P']:.3g} bits{ci}"
         measured = e.get("measured") or []
         if measured:
             text += "; the measurement cannot rule out " + ", ".join(f"{m['recipe']} ({m['bits']:.3g} bits)" for m in measured)
+        if (e.get("profile") or {}).get("rows"):  # the published ranges against the law's own interval alone
+            law_iv = e.get("law_interval") or e["interval"]
+            lines.append(head + text + f". The law's interval {_bits(law_iv)}: "
+                         + _published({n: findings_lib.verdict(law_iv, a, b) for n, (a, b) in PUBLISHED.items()}) + ".")
+            continue
         lines.append(head + text + "); " + _published(e["published"]) + ".")
     return lines
+
+
+def _profile(p: dict, e: dict) -> str:
+    """One budget's P* profile: the best format, those within the law's held-out error of it, and
+    whether the law has a continuous P*."""
+    rows = sorted(p["rows"], key=lambda r: r["loss"])
+    best = rows[0]
+    error = (p.get("heldout_error") or 0.0) * best["loss"]
+    close = [r["name"] + (" (untrained)" if r.get("untrained") else "") for r in rows[1:] if r["loss"] - best["loss"] < error]
+    text = (f"under `{p['cost_model'].split(',')[0]}`, **{best['name']}** ({best['bits_per_element']:.3g} bits per element"
+            + (f", P(best) {best['p_best']:.2f}" if best.get("p_best") is not None else "") + ")")
+    text += (f"; within the law's error ({p['heldout_error']:.1%}) of it: {', '.join(close)}" if close else
+             "; no other format within the law's error of it")
+    star = p.get("pstar") or {}
+    if star.get("P") is not None:
+        text += f"; continuous P\\* {star['P']:.3g} bits" + (f" (95% CI {star['ci'][0]:.3g}–{star['ci'][1]:.3g})" if star.get("ci") else "")
+    else:
+        text += f"; no continuous P\\* (`{p['law']}`" + (" reads integer exponent and mantissa bits" if e.get("P_grid") else
+                                                         ": none inside the trained bits") + ")"
+    return text
 
 
 def _integer_arm(f: dict, unit: str) -> list[str]:
