@@ -167,7 +167,7 @@ def test_hung_and_crashed_runs_land_with_failure_records(tmp_path):
     (["--workers", "-1"], "--workers"),
     (["--gpus-per-run", "1"], "--gpus-per-run"),  # no GPU visible (CUDA_VISIBLE_DEVICES="" below)
     (["--gpus-per-run", "0.5"], "--gpus-per-run"),  # local: whole GPUs only
-    (["--gpus-per-run", "2", "--executor", "ray"], "--gpus-per-run"),
+    (["--gpus-per-run", "2.5", "--executor", "ray"], "--gpus-per-run"),  # a fraction above 1
 ])
 def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, args, key):
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
