@@ -84,7 +84,8 @@ def quantise_operand(x: jax.Array, s: RoleStructure, fmt: jax.Array, axis: int, 
     """`quant.quantize` of a 2-D operand along `axis`, the element format the runtime vector `fmt`;
     with its telemetry where `measure` (a bool, may be traced) is given (see `_telemetry`)."""
     spec = _spec(s, axis, key)
-    q = quant.quantize(x, spec, key=key if spec.rounding == "stochastic" else None, history=history, fmt_params=fmt)
+    q = quant.quantize(x, spec, key=key if spec.rounding == "stochastic" else None, history=history,
+                       fmt_params=None if s.native else fmt)
     op = Operand(q, spec, fmt[3])
     return op if measure is None else op._replace(telemetry=_telemetry(x, op, measure))
 
@@ -463,5 +464,5 @@ def fake_quant_along(x: jax.Array, s: RoleStructure, fmt: jax.Array, axis: int, 
     straight-through gradient: the attention role (Q, K along head_dim; P, V along the keys)."""
     spec = _spec(s, axis, key)
     xhat = quant.fake_quant(jax.lax.stop_gradient(x), spec, key=key if spec.rounding == "stochastic" else None,
-                            fmt_params=fmt)
+                            fmt_params=None if s.native else fmt)
     return x + jax.lax.stop_gradient(xhat - x)

@@ -191,6 +191,9 @@ class RoleStructure:
 
     spec: Any  # quant.QuantSpec
     exact_in_bf16: bool
+    # the spec holds the real format, static (not a stand-in): an unscaled bf16/fp16 role rounded to
+    # nearest is XLA's ReducePrecision plus a select (formats.round_native), not the ~60-op emulation
+    native: bool = False
 
     @property
     def granularity(self) -> str:
@@ -257,6 +260,10 @@ def _attention_dtype(spec: Any) -> str | None:
 
 def role_structure(spec: Any) -> RoleStructure:
     exact = _exact_in_bf16(formats.get(spec.format))
+    if spec.granularity == "none" and spec.rounding == "nearest" and formats.native(spec.format) is not None:
+        # no scale, no randomness: the program depends on the format anyway, so it is static here
+        return RoleStructure(spec=dataclasses.replace(spec, format=formats.native(spec.format).name),
+                             exact_in_bf16=exact, native=True)
     # the stand-in only has to pass QuantSpec's checks; nvfp4 requires E2M1 elements
     canonical = "fp4_e2m1" if spec.granularity == "nvfp4" else ("fp8_e4m3" if exact else "fp16")
     return RoleStructure(spec=dataclasses.replace(spec, format=canonical), exact_in_bf16=exact)

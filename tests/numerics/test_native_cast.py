@@ -176,3 +176,47 @@ def test_fake_quant_of_a_bf16_operand_is_a_few_ops():
     emulated = _primitives(lambda v: quant.fake_quant(v, quant.QuantSpec(format="bf16", granularity="none"),
                                                       fmt_params=precision.format_vector("bf16")), x)
     assert emulated >= 50, emulated
+
+
+def _emulated_structure(st: precision.RecipeStructure) -> precision.RecipeStructure:
+    """The same recipe with every role on the runtime-format emulation (how training ran before
+    RoleStructure.native): the reference the native program must match bit for bit."""
+    import dataclasses
+
+    roles = {r: dataclasses.replace(getattr(st, r), native=False) for r in precision.ROLES if getattr(st, r) is not None}
+    return dataclasses.replace(st, **roles)
+
+
+@pytest.mark.parametrize("recipe", ["bf16", "fp16"])
+def test_a_bf16_recipes_gemm_trains_natively_with_the_same_bits(recipe):
+    """Training passes formats as runtime vectors; an unscaled bf16 / fp16 role rounded to nearest is
+    static in its RoleStructure (`native`), so the quantised GEMM rounds with ReducePrecision: the
+    forward output and both gradients bit-identical to the emulation, in a fraction of the ops."""
+    from scaling.numerics import gemm
+
+    r = precision.get(recipe)
+    st = r.structure()
+    # unscaled roles are native; fp16's gradients carry a per-tensor scale (loss scaling): runtime format
+    assert [getattr(st, role).native for role in ("weight", "activation", "grad")] == [True, True, recipe == "bf16"]
+    assert not precision.get("fp8").structure().weight.native  # scaled: the runtime format stays
+    rng = np.random.default_rng(2)
+    x = jnp.asarray(rng.standard_normal((32, 64)) * np.exp2(rng.uniform(-20, 20, (32, 64))), jnp.float32)
+    w = jnp.asarray(rng.standard_normal((64, 48)) * 0.1, jnp.float32)
+    state = gemm.qdot_state(r, st)
+
+    def loss(st_):
+        def f(x_, w_):
+            y, _, _ = gemm.qdot_apply(x_, w_, st_, state, measure=False)
+            return jnp.sum(y * jnp.cos(y)), y
+        return f
+
+    emulated = _emulated_structure(st)
+    (_, y_n), g_n = jax.value_and_grad(loss(st), argnums=(0, 1), has_aux=True)(x, w)
+    (_, y_e), g_e = jax.value_and_grad(loss(emulated), argnums=(0, 1), has_aux=True)(x, w)
+    np.testing.assert_array_equal(_bits(y_n), _bits(y_e))
+    for a, b in zip(g_n, g_e):
+        np.testing.assert_array_equal(_bits(a), _bits(b))
+    grad = lambda st_: jax.grad(lambda x_, w_: loss(st_)(x_, w_)[0], argnums=(0, 1))  # noqa: E731
+    native_ops, emulated_ops = _primitives(grad(st), x, w), _primitives(grad(emulated), x, w)
+    # measured: bf16 (three native roles) and fp16 (two, gradients scaled) as counted here
+    assert native_ops < emulated_ops * (0.5 if recipe == "bf16" else 0.7), (native_ops, emulated_ops)
