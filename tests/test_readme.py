@@ -51,8 +51,13 @@ def test_findings_block_states_each_verdict_and_pstar_as_its_law_allows():
     for budget in findings["budgets"]:  # a winner where the data tell, else "cannot tell"
         verdict = budget["winner"] or "cannot tell"
         assert f"C = {readme._num(budget['budget'])}: **{verdict}**" in text
-    # a law with a bits axis: P* with its bootstrap CI
-    entry = {**findings["P_star"][0], "no_bits_axis": None, "P": 5.5, "P_ci": [4.8, 6.6], "interval": [4.8, 6.6]}
+    # the committed law: its profile over the formats chips run, the best format and those within its error
+    profile = findings["P_star"][0]["profile"]
+    best = min(profile["rows"], key=lambda r: r["loss"])
+    assert f"under `bits`, **{best['name']}** ({best['bits_per_element']:.3g} bits per element" in text
+    # a law with a bits axis and no profile: P* with its bootstrap CI
+    entry = {**findings["P_star"][0], "no_bits_axis": None, "P": 5.5, "P_ci": [4.8, 6.6], "interval": [4.8, 6.6],
+             "law_interval": [4.8, 6.6], "profile": None}
     text = readme.findings_markdown({**findings, "P_star": [entry]})
     assert "**4.8–6.6 bits** (the law's P\\* 5.5 bits, bootstrap 95% CI 4.8–6.6" in text
     # a law without one: the measured recipes it chooses among, never an interval of bits

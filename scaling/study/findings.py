@@ -230,14 +230,16 @@ def _pstar_over_bits(fit: Any, compute: float, specs: list[tuple[str, Any]], cho
     one span), with its verdict against each published range (or `error` if the optimum cannot be
     found). P_grid: why P and P_ci are whole bits, for a law on integer E, M bits (None otherwise)."""
     entry: dict[str, Any] = {"compute": float(compute), "measured": measured}
-    entry["P_grid"] = (f"the {fit.law} law reads integer exponent and mantissa bits: P* and its CI are searched "
-                       "over whole bits (each split 1 + E + M at the fitted data's median block), so a CI of one "
-                       "bit width is the grid's, not the data's; see `profile`"
+    entry["P_grid"] = (f"the {fit.law} law reads integer exponent and mantissa bits: P* is searched over whole "
+                       "bits (each split 1 + E + M at the fitted data's median block), so it has no bootstrap CI "
+                       "(one over a grid of whole bits is the grid's, not the data's); see `profile`"
                        if {"ebits", "mbits"} <= set(_law_columns(fit)) else None)
     try:
         best = optimal.optimal_precision(fit, compute, cost=chosen_cost, p_range=(2.0, 32.0))
         entry.update(P=best["P"], N=best["N"], D=best["D"])
-        if len(getattr(fit, "samples", [])) >= 2:
+        if entry["P_grid"]:
+            entry["P_ci"] = None  # the profile's paired, family-wise intervals are this law's uncertainty
+        elif len(getattr(fit, "samples", [])) >= 2:
             entry["P_ci"] = list(optimal.optimal_precision_ci(fit, compute, cost=chosen_cost, p_range=(2.0, 32.0),
                                                               max_samples=ci_samples)["P"])
         else:

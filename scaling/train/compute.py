@@ -397,19 +397,22 @@ class Shape:
     knots_ratio: tuple[float, ...] = ()
 
     def ratio(self, N):
-        N = np.asarray(N, float)
-        if not self.knots_N:
-            return np.zeros_like(N)
+        slope, intercept = self._power_law
+        return np.exp(intercept + slope * np.log(np.asarray(N, float)))
+
+    @functools.cached_property
+    def _power_law(self) -> tuple[float, float]:
+        """(slope, intercept) of log ratio on log N, fitted once (the optimiser calls ratio millions of times)."""
         log_n, ratio = np.log(np.asarray(self.knots_N, float)), np.asarray(self.knots_ratio, float)
         # a knot with no finite ratio (fits made before from_results counted kept blocks as projections
         # stored inf where a recipe kept every block) says nothing: the others carry the trend
         log_n, ratio = log_n[np.isfinite(ratio)], ratio[np.isfinite(ratio)]
-        if not len(ratio):
-            return np.zeros_like(N)
+        if not len(ratio) or (ratio <= 0).all():
+            return 0.0, -np.inf  # no knots: ratio 0
         if len(set(log_n)) < 2 or (ratio <= 0).any():  # one size, or a zero share: its mean, flat
-            return np.full_like(N, float(ratio.mean()))
+            return 0.0, float(np.log(ratio.mean()))
         slope, intercept = np.polyfit(log_n, np.log(ratio), 1)
-        return np.exp(intercept + slope * np.log(N))
+        return float(slope), float(intercept)
 
     @classmethod
     def from_results(cls, df: pd.DataFrame) -> "Shape":
