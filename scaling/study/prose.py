@@ -606,7 +606,8 @@ def profile_text(p: dict) -> str:
         q = pairs.get(r["name"])
         diff = ci = verdict = "–"
         if q:
-            diff, ci = f"{q['diff']:+.4f}", f"{q['ci'][0]:+.4f} to {q['ci'][1]:+.4f}"
+            diff = f"{q['diff']:+.4f}"
+            ci = f"{q['ci'][0]:+.4f} to {q['ci'][1]:+.4f}" if q.get("ci") else "– (no resamples)"
             verdict = "within the law's error" if q.get("within_heldout_error") else q["verdict"]
         lo, hi = r["loss_ci"] if r.get("loss_ci") else (None, None)
         lines.append(f"| {r['name']} | {r.get('chips') or '–'} | {r['bits_per_element']:.3g} | {fmt(r['N'])} | "

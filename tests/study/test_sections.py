@@ -51,7 +51,7 @@ def test_a_study_adds_its_own_section_and_contrasts_from_a_file(tmp_path, no_fig
                      "--sections", str(own), "--out", str(out)]) == 0
     text = (out / "REPORT.md").read_text()
     assert "## My arm\n\n12 runs, mine.\n" in text and "Never written" not in text
-    assert text.index("## My arm") < text.index("## P*:") and text.index("## Findings") < text.index("## My arm")
+    assert text.index("## My arm") < text.index("## P*:") and text.index("## IsoFLOP profiles") < text.index("## My arm")
     facts = json.loads((out / "findings.json").read_text())
     assert facts["my_arm"] == {"runs": 12, "budgets": len(facts["budgets"])} and facts["nothing"] == []
     assert [(p["a"], p["b"]) for b in facts["budgets"] for p in b["pairs"]] == [("mxfp4", "fp8")] * len(facts["budgets"])

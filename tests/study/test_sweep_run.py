@@ -265,7 +265,7 @@ def test_reproduce_runs_an_isoflop_study_reuses_landed_runs_and_reports_only_the
     findings = json.loads((out / "paper_figures" / "findings.json").read_text())
     assert [b["budget"] for b in findings["budgets"]] == [1.5e10, 3e10]
     assert all(len(b["recipes"]) == 2 for b in findings["budgets"])
-    assert report == out / "paper_figures" / "REPORT.md" and "Findings" in report.read_text()
+    assert report == out / "paper_figures" / "REPORT.md" and "## IsoFLOP profiles under the `" in report.read_text()
 
 
 def test_the_sweep_keeps_a_summary_and_a_machine_without_the_run_directories_reuses_it(smoke_results, tmp_path):
