@@ -14,7 +14,6 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from scaling.errors import ConfigError
-from scaling.study import findings as findings_lib
 from scaling.study.findings import PUBLISHED, host_shift_between, other_hosts
 from scaling.study import report
 
@@ -299,8 +298,7 @@ def _pstar(f: dict) -> list[str]:
             text += "; the measurement cannot rule out " + ", ".join(f"{m['recipe']} ({m['bits']:.3g} bits)" for m in measured)
         if (e.get("profile") or {}).get("rows"):  # the published ranges against the law's own interval alone
             law_iv = e.get("law_interval") or e["interval"]
-            lines.append(head + text + f". The law's interval {_bits(law_iv)}: "
-                         + _published({n: findings_lib.verdict(law_iv, a, b) for n, (a, b) in PUBLISHED.items()}) + ".")
+            lines.append(head + text + f". The law's interval {_bits(law_iv)}: " + _published(e.get("published_law") or e["published"]) + ".")
             continue
         lines.append(head + text + "); " + _published(e["published"]) + ".")
     return lines
@@ -311,11 +309,11 @@ def _profile(p: dict, e: dict) -> str:
     whether the law has a continuous P*."""
     rows = sorted(p["rows"], key=lambda r: r["loss"])
     best = rows[0]
-    error = (p.get("heldout_error") or 0.0) * best["loss"]
+    error = (p.get("law_error") or 0.0) * best["loss"]
     close = [r["name"] + (" (untrained)" if r.get("untrained") else "") for r in rows[1:] if r["loss"] - best["loss"] < error]
     text = (f"under `{p['cost_model'].split(',')[0]}`, **{best['name']}** ({best['bits_per_element']:.3g} bits per element"
             + (f", P(best) {best['p_best']:.2f}" if best.get("p_best") is not None else "") + ")")
-    text += (f"; within the law's error ({p['heldout_error']:.1%}) of it: {', '.join(close)}" if close else
+    text += (f"; within the law's error ({p['law_error']:.1%}) of it: {', '.join(close)}" if close else
              "; no other format within the law's error of it")
     star = p.get("pstar") or {}
     if star.get("P") is not None:

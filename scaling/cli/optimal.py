@@ -135,7 +135,7 @@ def profile_lines(prof: dict) -> list[str]:
         lines.append(f"neighbours (next minus this, {fam or 'no CI'}):")
         for p in prof["pairs"]:
             ci = f" [{p['ci'][0]:+.4f}, {p['ci'][1]:+.4f}]" if p["ci"] else ""
-            noise = " (within the law's held-out error)" if p["within_heldout_error"] else ""
+            noise = " (within the law's held-out error)" if p["within_law_error"] else ""
             lines.append(f"  {p['to']} - {p['from']}: {p['diff']:+.4f}{ci} {p['verdict']}{noise}")
     ps = prof["pstar"]
     if ps.get("P") is not None:

@@ -142,7 +142,8 @@ def findings(df: pd.DataFrame, fit: Any | None, *, cost: str = "bits", budgets: 
     loss at each format real chips run, with bootstrap CIs, family-wise neighbour differences, untrained
     formats flagged and a continuous P* only where the law and data support one; {"error": ...} where
     it cannot be made), `law_interval` (the law's P* span: P, P_ci, the specification range, or for a law
-    without a bits axis its best recipes' bits and the within-noise laws' P*) and `measured_bits` (the
+    without a bits axis its best recipes' bits and the within-noise laws' P*) with `published_law` (its
+    verdict against each published range, apart from the measured recipes') and `measured_bits` (the
     effective bits, bits_eff, of the recipes the IsoFLOP measurement cannot rule out: measured recipes, not
     the law). `interval` spans both, a law's bits and measured recipes' bits_eff together, as before;
     `P_grid` says when P and P_ci are whole-bit grid points (a law on integer E, M bits)."""
@@ -251,6 +252,7 @@ def _pstar_over_bits(fit: Any, compute: float, specs: list[tuple[str, Any]], cho
     entry.update(P_range=spec["P_range"], specifications=spec["table"])
     law_span = [entry["P"], *(entry["P_ci"] or []), *(spec["P_range"] or [])]
     entry["law_interval"] = [min(law_span), max(law_span)]
+    entry["published_law"] = {name: verdict(entry["law_interval"], a, b) for name, (a, b) in PUBLISHED.items()}
     span = [*law_span, *(m["bits"] for m in entry["measured"])]
     lo, hi = min(span), max(span)
     entry["interval"] = [lo, hi]
@@ -283,6 +285,8 @@ def _pstar_over_recipes(main: pd.DataFrame, fit: Any, compute: float, specs: lis
         entry.update(P_range=[float(min(ps)), float(max(ps))], specifications=table)
     bits = [e["bits"] for e in entry["recipes"] if e["best"]] + [b for e in entry["recipes"] for b in e["bits_ci"]]
     entry["law_interval"] = [min([*bits, *ps]), max([*bits, *ps])] if bits or ps else None
+    if entry["law_interval"]:
+        entry["published_law"] = {name: verdict(entry["law_interval"], a, b) for name, (a, b) in PUBLISHED.items()}
     span = [*bits, *ps, *(m["bits"] for m in entry["measured"])]
     if not span:
         entry["error"] = (f"the chosen law ({fit.law}) prices precision by measured quantisation error, not "

@@ -184,10 +184,10 @@ def precision_profile(fit: FitResult | Mapping[str, Any], compute: float,
     only, said as `trained_formats_known` False); level: of every CI (default the bootstrap's);
     max_samples: resamples used (None: all).
 
-    Returns {compute, law, cost_model, level, family_level, resamples, heldout_error, trained_formats_known,
+    Returns {compute, law, cost_model, level, family_level, resamples, law_error, trained_formats_known,
     rows: [{name, format, granularity, chips, bits, ebits, mbits, block, block_from, overhead,
     bits_per_element, N, D, loss, loss_ci, p_best, untrained, untrained_reasons}] in bits-per-element
-    order, pairs: [{from, to, diff (to - from), ci (family-wise), verdict, within_heldout_error}],
+    order, pairs: [{from, to, diff (to - from), ci (family-wise), verdict, within_law_error}],
     best (the lowest-loss row's name), pstar: {P, N, D, loss, ci, interior_share, reason},
     no_bits_axis: None or why the law has no profile}."""
     fit = optimal._fit(fit)
@@ -198,7 +198,7 @@ def precision_profile(fit: FitResult | Mapping[str, Any], compute: float,
     level = float(level if level is not None else (fit.bootstrap or {}).get("level", 0.95))
     mare = (fit.heldout or {}).get("mare")
     out: dict[str, Any] = {"compute": float(compute), "law": fit.law, "cost_model": cost.name, "level": level,
-                           "family_level": None, "resamples": 0, "heldout_error": mare,
+                           "family_level": None, "resamples": 0, "law_error": None,
                            "trained_formats_known": trained is not None, "rows": [], "pairs": [], "best": None,
                            "pstar": {"P": None, "reason": None}, "no_bits_axis": None}
     if not law.bits_axis:
@@ -240,12 +240,24 @@ def precision_profile(fit: FitResult | Mapping[str, Any], compute: float,
             d = boot[:, k + 1] - boot[:, k]
             ci = [float(np.percentile(d, ftail)), float(np.percentile(d, 100 - ftail))]
         verdict = "cannot tell" if ci is None or ci[0] <= 0 <= ci[1] else ("lower" if ci[1] < 0 else "higher")
-        out["pairs"].append({"from": a["name"], "to": b["name"], "diff": float(diff), "ci": ci, "verdict": verdict,
-                             "within_heldout_error": None if mare is None else bool(abs(diff) < mare * a["loss"])})
+        out["pairs"].append({"from": a["name"], "to": b["name"], "diff": float(diff), "ci": ci, "verdict": verdict})
     out["rows"] = rows
+    judge_within_error(out, mare)
     out["best"] = min(rows, key=lambda r: r["loss"])["name"]
     out["pstar"] = continuous_pstar(fit, compute, cost, samples, level, n_range, p_range, context)
     return out
+
+
+def judge_within_error(profile: dict[str, Any], law_error: float | None) -> dict[str, Any]:
+    """Set the profile's `law_error` (the law's error as a fraction of the loss: its held-out error by
+    default, or the larger error a study measured, e.g. a budget predicted before it was trained) and
+    each neighbour pair's `within_law_error`: |difference| below that error times the lower-bits
+    format's loss, whatever the bootstrap CI says (None without an error). Returns the profile."""
+    profile["law_error"] = None if law_error is None else float(law_error)
+    loss = {r["name"]: r["loss"] for r in profile.get("rows", [])}
+    for q in profile.get("pairs", []):
+        q["within_law_error"] = None if law_error is None else bool(abs(q["diff"]) < law_error * loss[q["from"]])
+    return profile
 
 
 def continuous_pstar(fit: FitResult, compute: float, cost: optimal.Cost, samples: pd.DataFrame, level: float,

@@ -147,6 +147,8 @@ def fitted_law(fit: Any) -> str:
 def selection_text(selection: dict) -> str:
     """How the law was chosen (selection.select_law): each candidate's held-out error on the precision gaps,
     the laws within noise of the best, and the chosen law's held-out errors per recipe."""
+    if selection.get("split_details") is not None:
+        return _splits_selection_text(selection)
     if selection.get("split"):
         return _heldout_budget_selection_text(selection)
     rows = []
@@ -178,6 +180,84 @@ def selection_text(selection: dict) -> str:
                if any(c["law"] == "chinchilla" and c.get("within_noise") and c["name"] != selection["chosen"]
                       for c in selection["candidates"]) else "")
             + _degenerate_text(selection) + "\n\n" + _markdown(pd.DataFrame(rows)))
+
+
+_SPLIT_WORDS = {"compute": "the largest compute N·D", "budget": "the largest compute budget", "N": "the largest size",
+                "D/N": "the most tokens per parameter"}
+
+
+def _splits_selection_text(selection: dict) -> str:
+    """selection_text for a selection scored on several held-out splits (selection.SPLITS) with a
+    precision test and nested-law tests (selection._choose)."""
+    chosen, used = selection["chosen"], selection.get("splits") or []
+    ref = ", ".join(selection.get("reference", {}).get("recipes", []) or ["reference"])
+    details = {d["by"]: d for d in selection.get("split_details") or [] if d.get("by")}
+    if not used:
+        how = ("No held-out split could be made (" + "; ".join(f"{k}: {v}" for k, v in (selection.get("split_notes") or {}).items())
+               + "), so the law with the lowest AIC was taken.")
+    else:
+        parts = []
+        for by in used:
+            d = details.get(by, {})
+            parts.append(f"{_SPLIT_WORDS.get(by, by)} ({by} ≥ {fmt(d.get('value'))}: {d.get('held_runs', '?')} runs left out "
+                         f"whole, {d.get('train_runs', '?')} fitted)")
+        skipped = {k: v for k, v in (selection.get("split_notes") or {}).items() if k not in used}
+        how = (f"Laws are compared on the precision gaps (loss minus the same-size, same-tokens {ref} run's, nats), each "
+               f"fitted without the runs it is scored on, on {len(used)} held-out split{'s' if len(used) != 1 else ''}: "
+               + "; ".join(parts) + " (no held-out gap is a later checkpoint of a fitted run). A law's score is its mean "
+               "held-out gap MAE over the splits."
+               + (" Not used: " + "; ".join(f"{k} ({v})" for k, v in skipped.items()) + "." if skipped else ""))
+    pt = selection.get("precision_test") or {}
+    tests = []
+    if pt.get("big"):
+        tests.append(f"Precision test (a held-out likelihood ratio clustered by (N, seed), one-sided at {pt['alpha']:g}): "
+                     f"{pt['verdict']} (t = {fmt(pt.get('statistic'))}, p = {fmt(pt.get('p_value'))}, "
+                     f"{pt.get('n_clusters')} clusters, {pt.get('n')} gaps).")
+    elif pt.get("reason"):
+        tests.append(f"No precision test: {pt['reason']}.")
+    for t in selection.get("nested_tests") or []:
+        tests.append(f"Nested test: `{t['big']}` {'beats' if t['beats'] else 'does not beat'} `{t['small']}` "
+                     f"(t = {fmt(t.get('statistic'))}, p = {fmt(t.get('p_value'))}).")
+    close = [c["name"] for c in selection["candidates"] if c.get("within_noise") and c["name"] != chosen]
+    clustered = f"{selection.get('noise_se', 2):g} standard errors clustered by {selection.get('clustered_by', 'run')}"
+    verdict = (f"Chosen: `{chosen}`. Within noise of it ({clustered}): " + ", ".join(f"`{n}`" for n in close)
+               + " on held-out MAE alone; the tests above, which pair each gap across laws, decide between nested laws." if close else
+               f"Chosen: `{chosen}`; no other law is within noise of it ({clustered}).")
+    rows = []
+    for c in selection["candidates"]:
+        diff = c.get("gap_mae_diff") or {}
+        mae = c.get("heldout_gap_mae") or {}
+        row = {"candidate": c["name"] + (" (chosen)" if c["name"] == chosen else ""), "params": c.get("n_params"),
+               "bits axis": "yes" if laws.has_bits_axis(c["law"]) else "no"}
+        row.update({f"gap MAE, {by} out": mae.get(by) for by in used})
+        row.update({"mean": c.get("score"),
+                    "excess over chosen": (None if not diff or c["name"] == chosen else
+                                           f"{diff['value']:+.4f} ± {diff['se']:.4f}" if diff.get("se") is not None
+                                           else f"{diff['value']:+.4f}"),
+                    "within noise": "yes" if c.get("within_noise") else ("not fitted" if not c.get("fittable", True) else "no")})
+        rows.append(row)
+    by_bits = _by_bits_text(selection, used)
+    return (" ".join([how, *tests, verdict]) + _degenerate_text(selection) + "\n\n" + _markdown(pd.DataFrame(rows))
+            + by_bits + _residuals_text(selection))
+
+
+def _by_bits_text(selection: dict, used: Sequence[str]) -> str:
+    """The candidates' held-out gap MAE apart for 6-8 and ≤4 bits (selection.BITS_GROUPS), mean over the splits."""
+    groups = selection.get("bits_groups") or {}
+    rows = []
+    for c in selection["candidates"]:
+        got = c.get("heldout_gap_mae_by_bits") or {}
+        row = {"candidate": c["name"]}
+        for g in groups:
+            vals = [got.get(g, {}).get(by) for by in used]
+            vals = [v for v in vals if v is not None]
+            row[f"{g} bits"] = float(np.mean(vals)) if vals else None
+        if any(v is not None for k, v in row.items() if k != "candidate"):
+            rows.append(row)
+    if not rows:
+        return ""
+    return ("\n\nThe same held-out gap MAE apart by the recipe's bits (mean over the splits; a law can be right on "
+            "the 6-8-bit formats and wrong on FP4, or the reverse):\n\n" + _markdown(pd.DataFrame(rows)))
 
 
 def _heldout_budget_selection_text(selection: dict) -> str:
@@ -576,7 +656,7 @@ def _published_text(e: dict) -> str:
     law_iv = e.get("law_interval") or e.get("interval")
     said = []
     for name, (a, b) in _published().items():
-        v = findings_lib.verdict(law_iv, a, b)
+        v = (e.get("published_law") or e["published"])[name]
         said.append(f"whether it lies in {name}'s {a:g}–{b:g} bits, cannot tell" if v == "cannot tell"
                     else f"{'inside' if v == 'inside' else 'outside'} {name}'s {a:g}–{b:g} bits")
     text = f"The law's interval (P* with its CI and specification range) is {law_iv[0]:.3g}–{law_iv[1]:.3g} bits: {'; '.join(said)}."
@@ -591,15 +671,16 @@ def _published_text(e: dict) -> str:
 def profile_text(p: dict) -> str:
     """The P* profile (scaling.study.profile.precision_profile) as a table: each format's loss at its
     compute-optimal N with its CI, and each difference to the next format with its family-wise CI; a
-    difference below the law's held-out error is said to be within it, whatever its bootstrap CI."""
-    heldout = p.get("heldout_error")
+    difference below the law's error (profile.judge_within_error: the largest it measured) is said to be
+    within it, whatever its bootstrap CI."""
+    error = p.get("law_error")
     pairs = {q["from"]: q for q in p.get("pairs", [])}
     lines = [f"**C = {fmt(p['compute'])}**, the `{p['law']}` law under the {p['cost_model']} cost model: its loss at each "
              f"format chips run, at that format's compute-optimal N ({p['level']:.0%} bootstrap CIs over "
              f"{p['resamples']} resamples; each difference is the next format's loss minus this one's, paired over "
              f"the same resamples, family-wise over the {len(pairs)} neighbour pairs)"
-             + (f"; a difference below the law's held-out error ({heldout:.2%} of the loss) is within its error, "
-                "whatever the bootstrap says" if heldout else "") + ". Untrained: no fitted run had that format.", "",
+             + (f"; a difference below the law's error ({error:.2%} of the loss, the largest it measured: see "
+                "Limitations) is within its error, whatever the bootstrap says" if error else "") + ". Untrained: no fitted run had that format.", "",
              "| format | chips | bits per element | N | loss | 95% CI | P(best) | trained | next minus this | family-wise CI | verdict |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in p["rows"]:
@@ -608,7 +689,7 @@ def profile_text(p: dict) -> str:
         if q:
             diff = f"{q['diff']:+.4f}"
             ci = f"{q['ci'][0]:+.4f} to {q['ci'][1]:+.4f}" if q.get("ci") else "– (no resamples)"
-            verdict = "within the law's error" if q.get("within_heldout_error") else q["verdict"]
+            verdict = "within the law's error" if q.get("within_law_error") else q["verdict"]
         lo, hi = r["loss_ci"] if r.get("loss_ci") else (None, None)
         lines.append(f"| {r['name']} | {r.get('chips') or '–'} | {r['bits_per_element']:.3g} | {fmt(r['N'])} | "
                      f"{r['loss']:.4f} | {'–' if lo is None else f'{lo:.4f} to {hi:.4f}'} | "
@@ -750,10 +831,7 @@ def limitations(ok: pd.DataFrame, fit: Any | None, found: list[dict], heldout: f
             sentences.append(f"The irreducible loss E went to ≈0 ({floor:.2g}): the runs are far from the loss plateau, "
                              "so E, and with it the law's trade-off between size and tokens away from the data, is "
                              "not identified.")
-        errors = [(heldout, "on the largest sizes held out")] if heldout is not None else []
-        miss = budget_miss(prediction)
-        if miss is not None:
-            errors.append((miss, f"on the budget predicted before it was trained (C = {fmt(prediction['budget'])})"))
+        errors = law_errors(heldout, prediction)
         if errors:
             largest = max(e for e, _ in errors)
             sentences.append("The law's extrapolation errors are " + " and ".join(f"{e:.2%} of the loss {where}" for e, where in errors)
@@ -761,6 +839,17 @@ def limitations(ok: pd.DataFrame, fit: Any | None, found: list[dict], heldout: f
     sentences.append("Low precision is simulated (fake quantisation with FP32 accumulation) on CPU, so the results say "
                      "what the number formats do to learning, not how fast real low-precision hardware runs.")
     return " ".join(sentences)
+
+
+def law_errors(heldout: float | None, prediction: dict | None) -> list[tuple[float, str]]:
+    """The law's measured extrapolation errors as (fraction of the loss, where): the held-out largest
+    sizes' and the registered prediction's miss at its budget. A difference the law puts below the
+    largest of them is within its error (Limitations, the P* profile)."""
+    errors = [(heldout, "on the largest sizes held out")] if heldout is not None else []
+    miss = budget_miss(prediction)
+    if miss is not None:
+        errors.append((miss, f"on the budget predicted before it was trained (C = {fmt(prediction['budget'])})"))
+    return errors
 
 
 def budget_miss(prediction: dict | None) -> float | None:

@@ -20,8 +20,9 @@ import pandas as pd
 from scaling.study import analysis, costs, fit, matched, plots
 from scaling.study import findings as findings_lib
 from scaling.study import predict as predict_lib
+from scaling.study import profile as profile_lib
 from scaling.study.prose import (chips_section, corpus_of, findings_section, fitted_law, fmt, granularity_section,
-                                 heldout_error, limitations, matched_section, outliers_section, prediction_sections, pstar_section,
+                                 heldout_error, law_errors, limitations, matched_section, outliers_section, prediction_sections, pstar_section,
                                  what_was_run)
 from scaling._io import atomic_write_json, atomic_write_text
 from scaling.errors import ConfigError
@@ -123,10 +124,15 @@ def write_report(results_df: pd.DataFrame, fit_result: Any, out_dir: str | Path,
         facts["prediction"] = prediction_facts(prediction, facts)
     if posthoc is not None:
         facts["prediction_posthoc"] = prediction_facts(posthoc, facts)
+    law_sections, heldout = _law_sections(ok, fitted, fit_result)
+    errors = law_errors(heldout, facts.get("prediction"))
+    if errors:  # the profile's "within the law's error" reads the largest error the law was measured at
+        for e in facts.get("P_star") or []:
+            if (e.get("profile") or {}).get("rows"):
+                profile_lib.judge_within_error(e["profile"], max(x for x, _ in errors))
     table = plan_table if plan_table is not None else plots.cluster_time_table(fit_result)
     figures = plots.make_figures(results_df, fit_result, out_dir, curves=curves, facts=facts, plan_table=table)
     atomic_write_json(out_dir / "findings.json", facts)
-    law_sections, heldout = _law_sections(ok, fitted, fit_result)
     built_in = {"matched": (["## At matched tokens: what the formats do", "", matched_section(facts), ""]
                             if facts.get("matched") else []),
                 "findings": [f"## IsoFLOP profiles under the `{str(facts['cost_model']).split(':')[0]}` cost model", "",

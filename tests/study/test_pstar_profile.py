@@ -99,7 +99,7 @@ def test_neighbour_cis_are_paired_and_family_wise():
         marginal = np.percentile(d, [5, 95])
         assert p["ci"][0] <= marginal[0] and marginal[1] <= p["ci"][1]
         assert p["verdict"] == ("lower" if p["ci"][1] < 0 else "higher" if p["ci"][0] > 0 else "cannot tell")
-        assert p["within_heldout_error"] == (abs(p["diff"]) < 0.01 * rows[k]["loss"])
+        assert p["within_law_error"] == (abs(p["diff"]) < 0.01 * rows[k]["loss"])
     # FP4 far below the 7-bit sweet spot costs loss that every resample agrees on
     by = {(p["from"], p["to"]): p for p in pairs}
     assert by[("nvfp4", "mxfp6 e2m3")]["verdict"] == "lower"

@@ -62,3 +62,38 @@ def test_without_budgets_the_paragraph_says_the_largest_size_was_held_out_and_wh
     sel["split"] = {"by": "N", "value": 3e8, "held_runs": 4, "train_rows": 72, "train_runs": 12, "note": "no budget column"}
     text = prose.selection_text(sel)
     assert "at the largest size (N = 3e08; no budget split: no budget column)" in text and "4 runs left out whole" in text
+
+
+def _three_splits() -> dict:
+    """A selection_law summary with three held-out splits, a precision test and a nested test."""
+    test = {"alpha": 0.05, "n_clusters": 8, "n": 114, "splits": ["compute", "N", "D/N"]}
+    return {
+        "chosen": "kumar_data", "reference": {"recipes": ["bf16"]}, "noise_se": 2.0, "clustered_by": "recipe",
+        "splits": ["compute", "N", "D/N"], "split_notes": {},
+        "split_details": [{"by": "compute", "value": 1.6e18, "held_runs": 24, "train_runs": 72},
+                          {"by": "N", "value": 3e8, "held_runs": 24, "train_runs": 72},
+                          {"by": "D/N", "value": 160.0, "held_runs": 32, "train_runs": 64}],
+        "bits_groups": {"6-8": [6.0, 8.0], "<=4": [0.0, 4.0]},
+        "precision_test": {**test, "big": "kumar_data", "small": "chinchilla", "statistic": 11.13, "p_value": 5.2e-06,
+                           "beats": True, "verdict": "`kumar_data` beats `chinchilla` (no precision term)"},
+        "nested_tests": [{**test, "big": "kumar_data", "small": "kumar", "statistic": 0.8, "p_value": 0.22, "beats": False}],
+        "candidates": [
+            {"name": "chinchilla", "law": "chinchilla", "fittable": True, "n_params": 5, "score": 0.057,
+             "heldout_gap_mae": {"compute": 0.05, "N": 0.0385, "D/N": 0.0825},
+             "heldout_gap_mae_by_bits": {"6-8": {"compute": 0.02, "N": 0.02, "D/N": 0.025}, "<=4": {"compute": 0.13}},
+             "gap_mae_diff": {"value": 0.034, "se": 0.01}, "within_noise": False},
+            {"name": "kumar_data", "law": "kumar_data", "fittable": True, "n_params": 10, "score": 0.023,
+             "heldout_gap_mae": {"compute": 0.03, "N": 0.014, "D/N": 0.025},
+             "heldout_gap_mae_by_bits": {"6-8": {"compute": 0.016}, "<=4": {"compute": 0.038}},
+             "gap_mae_diff": {"value": 0.0, "se": 0.0}, "within_noise": True}]}
+
+
+def test_a_three_split_selection_names_its_splits_tests_and_scores_by_bits():
+    text = prose.selection_text(_three_splits())
+    assert "on 3 held-out splits" in text
+    assert "the most tokens per parameter (D/N ≥ 160: 32 runs left out whole, 64 fitted)" in text
+    assert "`kumar_data` beats `chinchilla` (no precision term) (t = 11.13, p = 5.2e-06, 8 clusters, 114 gaps)" in text
+    assert "Nested test: `kumar_data` does not beat `kumar` (t = 0.8, p = 0.22)" in text
+    assert "no other law is within noise of it" in text
+    assert "| chinchilla | 5 | no | 0.05 | 0.0385 | 0.0825 | 0.057 | +0.0340 ± 0.0100 | no |" in text
+    assert "| chinchilla | 0.02167 | 0.13 |" in text and "| kumar_data | 0.016 | 0.038 |" in text
