@@ -55,6 +55,7 @@ def main(args: argparse.Namespace) -> int:
     from scaling.study.optimal import (Cost, cost_models, optimal_precision, optimal_precision_ci, shape_of,
                                        specification_range)
     from scaling.study.optimum_check import describe, verdict
+    from scaling.study import laws
     from scaling.study.profile import precision_profile
 
     fit = FitResult.from_json(args.fit)
@@ -68,6 +69,8 @@ def main(args: argparse.Namespace) -> int:
         else:
             print("\n".join([header, *describe(check)]))
         return 0
+    if not laws.get(fit.law).bits_axis:
+        return _recipe_ranking(fit, args, cost, check, header)
     p_range = (2.0, 32.0)
     best = optimal_precision(fit, args.compute, args.precisions, cost=cost, p_range=p_range)
     check = verdict(fit, best, cost)
@@ -107,6 +110,47 @@ def main(args: argparse.Namespace) -> int:
         print(f"P* across cost models ({'; '.join(c.name for c in cost_models(fit))}): "
               f"{spec['P_range'][0]:.3g}-{spec['P_range'][1]:.3g} bits; across laws and exponents: see `scaling figures` findings.json")
     print("\n".join(profile_lines(prof)))
+    return 0
+
+
+def _recipe_ranking(fit, args: argparse.Namespace, cost, check: dict, header: str) -> int:
+    """A law without a bits axis (quantisation errors, an efficiency per recipe) has no loss at a
+    hypothetical P: it ranks the measured recipes (findings.recipe_optima), each at its own errors or
+    efficiency and bits, from the runs in --results."""
+    from scaling.errors import ConfigError
+    from scaling.study import laws
+    from scaling.study.analysis import ok_rows
+    from scaling.study.findings import recipe_optima
+    from scaling.study.optimum_check import describe
+    from scaling.study.results import load
+    from scaling.train import compute as compute_lib
+
+    axis = laws.get(fit.law).precision_axis
+    if args.results is None:
+        raise ConfigError("--results", None, f"the runs law {fit.law} was fitted on: it reads precision as "
+                          f"{'no term at all' if axis is None else axis}, not bits, so it has no P* and ranks the "
+                          "measured recipes at their own " + ("efficiency" if axis == "recipe" else "errors"))
+    ranked = recipe_optima(ok_rows(load(args.results)), fit, args.compute, cost, compute_lib.get(args.cost_model),
+                           ci_samples=args.ci_samples or None, bootstrap=args.ci_samples > 0)
+    if not ranked:
+        raise ConfigError("--results", args.results, f"runs of the recipes law {fit.law} was fitted on, with their "
+                          f"{'quantisation errors' if axis == 'quantisation error' else 'recipe'} columns")
+    if args.json:
+        print(json.dumps({**check, "P": None, "P_ci": None, "P_range": None, "N": ranked[0]["N"], "D": ranked[0]["D"],
+                          "loss": ranked[0]["loss"], "compute": args.compute, "law": fit.law, "recipes": ranked,
+                          "profile": None, "no_bits_axis": axis}, indent=2))
+        return 0
+    print(header)
+    print(f"no P*: law {fit.law} reads precision as {axis}, not bits; the measured recipes ranked, each at its "
+          "compute-optimal N (bits: the recipe's effective bits, as the cost's P)")
+    rows = [[r["recipe"], f"{r['bits']:.3g}", f"{r['N']:.4g}", f"{r['D']:.4g}", f"{r['loss']:.5f}",
+             "-" if r["p_best"] is None else f"{r['p_best']:.2f}"] for r in ranked]
+    head = ["recipe", "bits", "N", "D", "loss", "P(best)"]
+    widths = [max(len(h), *(len(c[i]) for c in rows)) for i, h in enumerate(head)]
+    print("  ".join(h.rjust(w) for h, w in zip(head, widths)))
+    print("\n".join("  ".join(v.rjust(w) for v, w in zip(c, widths)) for c in rows))
+    for line in describe(check):
+        print(line)
     return 0
 
 

@@ -162,7 +162,7 @@ def plan_fit(
     scaling.plan.cluster.plan_optimum. The verdict is scaling.study.optimum_check's, the one `scaling
     optimal` prints: where no optimum exists, a one-line ConfigError naming every reason."""
     # lazy: keeps `scaling plan --flops` free of the fitting stack
-    from scaling.study import fit, optimal, optimum_check
+    from scaling.study import fit, laws, optimal, optimum_check
 
     if (compute is None) == (target_loss is None):
         raise ConfigError("fit", str(fit_path), "exactly one of --compute or --target-loss")
@@ -170,6 +170,11 @@ def plan_fit(
         raise ConfigError("fit", str(fit_path), "an existing fitted-law JSON file (fits/NAME.json)")
     fit_result = fit.FitResult.from_json(fit_path)
     cost = optimal.Cost(shape=optimal.shape_of(fit_result))
+    axis = laws.get(fit_result.law).precision_axis
+    if axis != "bits":
+        raise ConfigError(f"--fit {fit_path}", f"{fit_result.law} fit", f"a law with a bits axis ({fit_result.law} reads precision "
+                          f"as {axis or 'no term at all'}, so there is no compute-optimal P to plan; `scaling optimal FIT "
+                          "--results RESULTS` ranks its measured recipes)")
     check = optimum_check.verdict(fit_result, cost=cost)
     if not check["exists"]:
         raise ConfigError(f"--fit {fit_path}", f"{fit_result.law} fit, " + "; ".join(check["reasons"]),

@@ -158,7 +158,7 @@ def findings(df: pd.DataFrame, fit: Any | None, *, cost: str = "bits", budgets: 
         return out
     out["law"] = {"name": fit.law, "params": fit.params, "fixed": fit.fixed,
                   "heldout": fit.heldout, "selection": getattr(fit, "selection", None)}
-    if not ({"P", "P_w", "P_a", "P_g", "P_fwd", "P_bwd", "ebits", "qerr_w"} & set(_law_columns(fit))):
+    if laws.get(fit.law).precision_axis is None:  # chinchilla: the cost alone would pick the fewest bits
         return out
     # no IsoFLOP budget: the law is still read at the largest compute a run reached
     at = budgets or ([float(with_cost(main, cost_model)["C"].max())] if costable else [])
@@ -289,8 +289,8 @@ def _pstar_over_recipes(main: pd.DataFrame, fit: Any, compute: float, specs: lis
         entry["published_law"] = {name: verdict(entry["law_interval"], a, b) for name, (a, b) in PUBLISHED.items()}
     span = [*bits, *ps, *(m["bits"] for m in entry["measured"])]
     if not span:
-        entry["error"] = (f"the chosen law ({fit.law}) prices precision by measured quantisation error, not "
-                          "bits, and no law with a bits axis is within noise of it: these data give no P*")
+        entry["error"] = (f"{laws.get(fit.law).no_bits_reason}, and no law with a bits axis is within noise of the "
+                          "chosen one: these data give no P*")
     else:
         entry["interval"] = [min(span), max(span)]
         entry["published"] = {name: verdict(entry["interval"], a, b) for name, (a, b) in PUBLISHED.items()}
@@ -307,26 +307,30 @@ def measured_choice(analysis: dict, level: float = LEVEL) -> list[dict]:
 
 def recipe_optima(df: pd.DataFrame, fit: Any, compute: float, cost: optimal.Cost, cost_model: compute_lib.CostModel,
                   ci_samples: int | None = None, bootstrap: bool = True) -> list[dict]:
-    """A law on quantisation errors (capacity) read at `compute` for each measured recipe: its median
-    qerr_w/a/g over the runs and its mean effective bits as the cost's P (every quantised FLOP at
-    that width: an approximation for recipes that quantise only some roles); the compute-optimal
-    N, D and loss under the law, sorted best first. With bootstrap samples: p_best (share of resamples
-    in which the recipe is the law's best) and bits_ci (the best recipe's bits over the resamples, on
-    the best recipe's row only; `bootstrap=False` skips the resamples). Recipes with no quantisation
-    error recorded are left out."""
-    law = laws.get(fit.law)
+    """A law without a bits axis read at `compute` for each measured recipe: a law on quantisation
+    errors (capacity) at the recipe's median qerr_w/a/g over the runs, a law with a fitted efficiency
+    per recipe (kumar_eff) at the recipe's own efficiency; the recipe's mean effective bits as the
+    cost's P (every quantised FLOP at that width: an approximation for recipes that quantise only some
+    roles); the compute-optimal N, D and loss under the law, sorted best first. With bootstrap samples:
+    p_best (share of resamples in which the recipe is the law's best) and bits_ci (the best recipe's
+    bits over the resamples, on the best recipe's row only; `bootstrap=False` skips the resamples).
+    Recipes with no quantisation error recorded, or that a per-recipe law was not fitted on, are left out."""
+    law = fit.law_form
     df = laws.with_derived_columns(df, law.error_columns)
     cols = [c for c in law.error_columns if c in df.columns]
-    if not cols or "recipe" not in df.columns:
+    if not (cols or law.per_recipe) or "recipe" not in df.columns:
         return []
     runs = with_cost(df, cost_model).dropna(subset=cols)
+    if law.per_recipe:
+        runs = runs[runs["recipe"].astype(str).isin(law.recipes)]
     per = runs.groupby("recipe").agg(**{c: (c, "median") for c in cols}, bits=("bits_eff", "mean"))
 
     def rank(params: dict | None) -> list[dict]:
         rows = []
         for recipe, r in per.iterrows():
+            context = {c: float(r[c]) for c in cols} | ({"recipe": str(recipe)} if law.per_recipe else {})
             best = optimal.optimal_precision(fit, compute, [float(r["bits"])], cost=cost, params=params,
-                                             context={c: float(r[c]) for c in cols})
+                                             context=context)
             rows.append({"recipe": str(recipe), "bits": float(r["bits"]), "N": best["N"], "D": best["D"],
                          "loss": best["loss"]})
         return sorted(rows, key=lambda e: e["loss"])

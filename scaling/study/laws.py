@@ -113,6 +113,19 @@ class Law:
             return "bits"
         return "quantisation error" if self.error_columns else "recipe" if self.per_recipe else None
 
+    @property
+    def no_bits_reason(self) -> str | None:
+        """Why the law has no loss at a hypothetical bit width (so no P* and no profile), or None where it does."""
+        if self.bits_axis:
+            return None
+        if self.error_columns:
+            return (f"the {self.name} law prices precision by measured quantisation error, not bits, so it has no "
+                    "loss at a format it was not measured at")
+        if self.per_recipe:
+            return (f"the {self.name} law prices precision by a fitted efficiency per recipe, not bits, so it has no "
+                    "loss at a format it was not fitted on")
+        return f"the {self.name} law has no precision term"
+
     def free_params(self, fixed: Mapping[str, float]) -> tuple[str, ...]:
         return tuple(p for p in self.params if p not in fixed)
 

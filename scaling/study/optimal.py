@@ -88,6 +88,10 @@ def precision_columns(law: laws.Law, P: float, context: Mapping[str, float], dat
     `context`; a law without precision columns (chinchilla) sees P only through the cost.
     """
     fixed = dict(context)
+    if "recipe" in law.columns and isinstance(fixed.get("recipe"), str):  # a per-recipe law: the recipe's code
+        if fixed["recipe"] not in law.recipes:
+            raise ConfigError("recipe", fixed["recipe"], f"a recipe law {law.name} was fitted on ({', '.join(law.recipes)})")
+        fixed["recipe"] = float(law.recipes.index(fixed["recipe"]))
     if "block" in law.columns and "block" not in fixed:
         block = data.get("columns", {}).get("block", {}).get("median")
         if block is None:
@@ -180,7 +184,7 @@ def optimal_precision(fit: FitResult | Mapping[str, Any], compute: float, precis
     skips that table (None), for callers that keep only the optimum (bootstrap CIs, specification ranges).
     """
     fit = _fit(fit)
-    law = laws.get(fit.law)
+    law = fit.law_form
     params = dict(fit.params if params is None else params)
     context = dict(context or {})
     if not compute > 0:
@@ -257,7 +261,7 @@ def iso_loss(fit: FitResult | Mapping[str, Any], compute: float, N: Sequence[flo
     """Loss over an (N, P) grid at fixed compute (D = C/(6·N·f(P))): long format N, P, D, loss
     (pivot for contours; for laws with E/M bits, each P takes its best split)."""
     fit = _fit(fit)
-    law = laws.get(fit.law)
+    law = fit.law_form
     N = np.asarray(N, float)
     rows = []
     for p in P:
@@ -271,7 +275,7 @@ def loss_grid(fit: FitResult | Mapping[str, Any], N: Sequence[float], D: Sequenc
               context: Mapping[str, float] | None = None) -> pd.DataFrame:
     """Loss over an (N, D) grid at precision P: long format N, D, P, loss (iso-loss contours in N-D)."""
     fit = _fit(fit)
-    law = laws.get(fit.law)
+    law = fit.law_form
     NN, DD = np.meshgrid(np.asarray(N, float), np.asarray(D, float), indexing="ij")
     loss = np.min([_loss(law, fit.params, NN.ravel(), DD.ravel(), cols)
                    for cols in precision_columns(law, float(P), context or {}, fit.data)], axis=0)

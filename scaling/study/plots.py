@@ -236,20 +236,6 @@ def precision_grid(fit: Any) -> np.ndarray:
     return P_GRID
 
 
-def precision_term(fit: Any) -> bool:
-    """Whether the law sees precision at all (columns P, P_w/P_a/P_g or E/M bits): without it the
-    cost model alone would pick the fewest bits, which says nothing about a sweet spot."""
-    return bool({"P", "P_w", "P_a", "P_g", "ebits", "mbits"} & set(laws.get(fit.law).columns))
-
-
-def no_bits_reason(law: str) -> str:
-    """Why a law without a bits axis locates no sweet spot over bits."""
-    if laws.get(law).error_columns:
-        return (f"the {law} law prices precision by measured quantisation error, not bits, so it has no "
-                "loss at a hypothetical P")
-    return f"the {law} law has no precision term"
-
-
 def optimum(fit: Any, compute: float, precisions: Sequence[float] | None = None, params: dict | None = None,
             n_range: tuple[float, float] = (1.0, np.inf), cost: Any = None) -> dict:
     """scaling.study.optimal.optimal_precision: the best (P, N, D, loss) and the per_precision table."""
@@ -754,7 +740,7 @@ def cluster_time_table(fit: Any = None, compute: float = CLUSTER_COMPUTE, gpus: 
             days = {k: plan.plan_run(flops, k, gpu, step=plan.cluster_step(model, gpu, k, precision, recipe)).days for k in gpus}
             rows.append({"run": name, "P (bits)": None, "hardware": precision, "N": None, "D": None, "FLOPs": flops,
                          **{f"days @ {k:,} GPUs": d for k, d in days.items()}})
-    if fit is not None and precision_term(fit):
+    if fit is not None and laws.get(fit.law).bits_axis:
         best = optimum(fit, compute, [32.0, 16.0, 8.0, 6.0, 4.0])
         for point in best["per_precision"].sort_values("P", ascending=False).to_dict("records"):
             p = plan.plan_optimum(point, list(gpus), gpu)
@@ -836,7 +822,7 @@ def make_figures(results: pd.DataFrame | None, fit: Any, out_dir: str | Path, *,
     analysed = [b for b in (facts or {}).get("budgets", []) if any(e["parabola"] for e in b["recipes"])]
     cost_name = analysed[0]["cost_model"] if analysed else "bits"
     unit = (facts or {}).get("loss_unit", "nats/token")
-    law_missing = _need(fit=fit) or (None if precision_term(fit) else no_bits_reason(fit.law))
+    law_missing = _need(fit=fit) or laws.get(fit.law).no_bits_reason
     largest = max([b["budget"] for b in (facts or {}).get("budgets", [])]
                   + [p["compute"] for p in (facts or {}).get("P_star", []) or []], default=None)
     if largest is None and main is not None and not main.empty and "flops_fprop" in main.columns:

@@ -202,8 +202,7 @@ def precision_profile(fit: FitResult | Mapping[str, Any], compute: float,
                            "trained_formats_known": trained is not None, "rows": [], "pairs": [], "best": None,
                            "pstar": {"P": None, "reason": None}, "no_bits_axis": None}
     if not law.bits_axis:
-        why = (f"the {law.name} law prices precision by measured quantisation error, not bits, so it has no loss "
-               "at a format it was not measured at" if law.error_columns else f"the {law.name} law has no precision term")
+        why = law.no_bits_reason
         out["no_bits_axis"] = why
         out["pstar"]["reason"] = why
         return out

@@ -609,15 +609,18 @@ def pstar_section(f: dict) -> str:
             lines.append(f"- C = {fmt(e['compute'])}: no optimum ({e['error']}).")
             continue
         if e.get("no_bits_axis"):
-            text = (f"- C = {fmt(e['compute'])}: the chosen `{law}` law prices precision by measured quantisation "
-                    "error, not bits, so it has no continuous P*")
+            form = laws.get(law)
+            by = "fitted efficiency" if form.per_recipe else "quantisation errors"
+            text = (f"- C = {fmt(e['compute'])}: the chosen `{law}` law prices precision by "
+                    + ("a fitted efficiency per recipe" if form.per_recipe else "measured quantisation error")
+                    + ", not bits, so it has no continuous P*")
             ranked = e.get("recipes") or []
             if ranked:
                 top = ranked[0]
                 share = f", best in {top['p_best']:.0%} of bootstrap resamples" if top.get("p_best") is not None else ""
                 ci = (f"; the best recipe's effective bits over the resamples span {top['bits_ci'][0]:.3g}–"
                       f"{top['bits_ci'][1]:.3g}" if top.get("bits_ci") and top["bits_ci"][0] != top["bits_ci"][1] else "")
-                text += (f". Read at each measured recipe's own quantisation errors, it prefers {top['recipe']} "
+                text += (f". Read at each measured recipe's own {by}, it prefers {top['recipe']} "
                          f"({top['bits']:.3g} effective bits{share}; N = {fmt(top['N'])}, D = {fmt(top['D'])}), then "
                          + ", ".join(f"{r['recipe']} (+{r['loss'] - top['loss']:.3g} nats)" for r in ranked[1:4]) + ci)
             text += _measured_text(e, ranked[0]["recipe"] if ranked else None)

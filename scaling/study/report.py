@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import pandas as pd
 
-from scaling.study import analysis, costs, fit, matched, plots
+from scaling.study import analysis, costs, fit, laws, matched, plots
 from scaling.study import findings as findings_lib
 from scaling.study import predict as predict_lib
 from scaling.study import profile as profile_lib
@@ -241,8 +241,8 @@ def _law_sections(ok: pd.DataFrame, fitted: pd.DataFrame, fit_result: Any) -> tu
         return ["## Fitted law", "", "No fitted law was given (`--fit`), so there is no P* to report.", ""], None
     error_text, heldout = heldout_error(fit_result, fitted)
     sections = ["## Fitted law", "", fitted_law(fit_result), "", error_text, ""]
-    if not plots.precision_term(fit_result):
-        reason = plots.no_bits_reason(fit_result.law)
+    reason = laws.get(fit_result.law).no_bits_reason
+    if reason:
         sections += [reason[0].upper() + reason[1:]
                      + ": it cannot locate a sweet spot over bits; the IsoFLOP minima above are the measured "
                      "answer, and `scaling fit --law kumar` (or any law with a bits axis) gives a P*.", ""]
