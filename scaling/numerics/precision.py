@@ -19,6 +19,9 @@ Formats are runtime values. The numbers that define a format (mantissa bits, exp
 max) travel as a float32 vector (`format_vector`), so one compiled train step serves every format of
 the same granularity. `RecipeStructure` is the static, format-free part a model stores; its
 `RoleStructure.exact_in_bf16` says whether a role's grid is exact in bfloat16 (the fast path).
+
+One module (about 610 lines): the Recipe, its static RecipeStructure and the preset registry are
+one value and the names it is built from.
 """
 
 from __future__ import annotations

@@ -17,6 +17,9 @@ comparison is clustered by recipe: a law's errors are systematic by recipe (its 
 format), so the rows of one recipe are not independent evidence. Why the likelihood test is clustered by
 (N, seed): a gap is one run's loss minus the reference run's at the same (N, seed), so every gap of that
 cell shares the reference's luck and every checkpoint of a run shares the run's; (N, seed) holds both.
+
+One module (about 650 lines): the splits, the scores, the likelihood tests and the choice all read the
+same held-out errors, computed once per candidate.
 """
 
 from __future__ import annotations

@@ -33,6 +33,9 @@ Several sweeps may share an --out: each run is trained by the one process holdin
 (scaling.train.runs). A sweep that reaches a run another process owns moves on, and once its own runs
 have landed waits for those (training any whose owner died before landing them), so every sweep
 ends with every run of its grid landed, each trained once.
+
+One module (about 630 lines): the grid's expansion, the two executors and the crash-safe bookkeeping
+share the RunSpec and the directory layout above.
 """
 
 from __future__ import annotations

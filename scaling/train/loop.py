@@ -42,6 +42,9 @@ is drawn and sent to the device (jax.device_put) while step t runs, and losses c
 host together at log steps (and before evaluations, branches, checkpoints and the first step of
 an attempt, which times the compile). The health checks then see every step's loss, in order, at
 most log_every steps late; throughput is tokens over the wall time between those waits.
+
+One module (about 600 lines): the trunk, its cooldown branches, evaluation, health checks and
+checkpoints share one training state and its resume point.
 """
 
 from __future__ import annotations
