@@ -31,7 +31,7 @@ from scipy import stats
 
 from scaling.errors import ConfigError
 from scaling.study import findings as findings_lib
-from scaling.study import plots, prose, report
+from scaling.study import law_prose, plots, prose, report
 from scaling.study import results as results_lib
 from scaling.study.analysis import LEVEL, analyse, high_precision_recipe, pair_verdict, replicate_noise
 from scaling.study.findings import PUBLISHED, measured_choice, verdict
@@ -87,7 +87,7 @@ def sections(results_path: str | Path | None = None) -> list[report.Section]:
     if backtests is not None and backtests.is_file():
         found = load_backtests(backtests)
         out.append(report.Section("backtests", lambda c: found, "The calibrated predictor, backtested on the study's budgets",
-                                  prose.backtests_section, before="pstar"))
+                                  law_prose.backtests_section, before="pstar"))
     if pilot_rows is not None:
         out.append(report.Section("gpu_pilot", lambda c: gpu_pilot_facts(pilot_rows), "The GPU pilot",
                                   lambda f: gpu_pilot_section(f["gpu_pilot"]), before="what_was_run"))

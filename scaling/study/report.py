@@ -2,10 +2,10 @@
 P*, the purpose sweeps, the fitted law, the figures and the limits, in that order (BUILT_IN), with a
 study's own sections (Section) where it places them.
 
-The sentences are scaling.study.prose's; this module computes the facts, orders the sections and
-writes the files. Figures are made by `scaling.study.plots.make_figures` into the same directory and
-embedded by relative path; figures whose inputs are absent are listed with the reason. Both files
-are written atomically.
+The sentences are scaling.study.prose's (the measurements) and scaling.study.law_prose's (the fitted
+law); this module computes the facts, orders the sections and writes the files. Figures are made by
+`scaling.study.plots.make_figures` into the same directory and embedded by relative path; figures whose
+inputs are absent are listed with the reason. Both files are written atomically.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from scaling.study import analysis, costs, fit, laws, matched, plots
 from scaling.study import findings as findings_lib
 from scaling.study import predict as predict_lib
 from scaling.study import profile as profile_lib
-from scaling.study.prose import (chips_section, corpus_of, findings_section, fitted_law, fmt, granularity_section,
-                                 heldout_error, law_errors, limitations, matched_section, outliers_section, prediction_sections, pstar_section,
-                                 what_was_run)
+from scaling.study.law_prose import fitted_law, heldout_error, prediction_sections, pstar_section
+from scaling.study.prose import (chips_section, corpus_of, findings_section, fmt, granularity_section, law_errors, limitations,
+                                 matched_section, outliers_section, what_was_run)
 from scaling._io import atomic_write_json, atomic_write_text
 from scaling.errors import ConfigError
 

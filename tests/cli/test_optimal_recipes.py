@@ -73,13 +73,13 @@ def test_plan_refuses_a_law_without_a_bits_axis_and_says_which_verb_ranks_its_re
 def test_the_report_reads_a_per_recipe_law_as_a_choice_among_its_recipes(tmp_path, monkeypatch):
     import pandas as pd
 
-    from scaling.study import findings, prose
+    from scaling.study import findings, law_prose
 
     monkeypatch.setattr(findings, "too_few_runs", lambda df, f: None)  # 12 quick runs: too few for 7 params
     eff = fit.FitResult.from_json(_kumar_eff(tmp_path, {"fp32": 1.0, "fp8": 0.98, "mxfp4": 0.3}))
     out = findings.findings(pd.read_csv(QUICK), eff, n_boot=50)
     assert out["P_star"] and all(e["no_bits_axis"] == "kumar_eff" for e in out["P_star"])
     assert all(e["recipes"][0]["recipe"] == "fp8" for e in out["P_star"])
-    text = prose.pstar_section(out)
+    text = law_prose.pstar_section(out)
     assert "prices precision by a fitted efficiency per recipe, not bits, so it has no continuous P*" in text
     assert "Read at each measured recipe's own fitted efficiency, it prefers fp8" in text

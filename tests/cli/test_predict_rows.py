@@ -99,7 +99,7 @@ def test_backtest_scores_every_pair_of_budgets_and_writes_one_json(files, capsys
     backtest inside its fitted budgets, the lowest pairs saying why they cannot be; the study's report reads it."""
     import reference_study
 
-    from scaling.study import prose
+    from scaling.study import law_prose
 
     out = files / "results_backtests.json"
     assert cli.main(["predict", "--backtest", "--results", str(files / "results.csv"), "--law", LAW,
@@ -114,7 +114,7 @@ def test_backtest_scores_every_pair_of_budgets_and_writes_one_json(files, capsys
     # the reference study reads results/<sweep>_backtests.json beside its results as a section before P*
     (section,) = [s for s in reference_study.sections(files / "results.csv") if s.key == "backtests"]
     assert section.before == "pstar" and section.facts(None) == found
-    text = prose.backtests_section({"backtests": found, "prediction": {"budget": 1e17}})
+    text = law_prose.backtests_section({"backtests": found, "prediction": {"budget": 1e17}})
     assert "| 1e16 | 1e17 | " in text and "cannot be estimated" in text
     assert f"{top['calibrated']['inside']}/{top['n']} ({top['calibrated']['mean_width']:.3f})" in text
     assert "scores the calibrated method on it post hoc" in text

@@ -555,7 +555,7 @@ def test_the_design_reads_each_minimum_from_the_mean_over_landed_seeds_and_never
 def test_a_chosen_law_without_a_bits_axis_gives_p_star_only_from_within_noise_bits_laws():
     """capacity prices precision by measured quantisation error: it has no P* over bits. P* then comes from the
     within-noise laws whose axis is bits, or the report says these data give none (never a raw error)."""
-    from scaling.study import fit, prose
+    from scaling.study import fit, law_prose
 
     runs = _isoflop_runs({"bf16": 0.0, "fp8": 0.01}, noise=0.005)
     kumar = {"E": 1.7, "A": 400.0, "B": 2000.0, "alpha": 0.34, "beta": 0.36, "gamma": 2.5, "kappa": 3.0}
@@ -572,7 +572,7 @@ def test_a_chosen_law_without_a_bits_axis_gives_p_star_only_from_within_noise_bi
     no_qerr = runs.drop(columns=[c for c in runs.columns if c.startswith("qerr_")])  # nothing to rank recipes by
     (alone,) = findings_lib.findings(no_qerr, chosen(False), budgets=[1e14])["P_star"]  # a budget no run reaches
     assert alone["P"] is None and not alone["measured"] and "no P*" in alone["error"] and "capacity" in alone["error"]
-    text = prose.pstar_section({"P_star": [alone], "law": {"name": "capacity"}})
+    text = law_prose.pstar_section({"P_star": [alone], "law": {"name": "capacity"}})
     assert "no P*" in text and "context" not in text
     (measured,) = findings_lib.findings(no_qerr, chosen(False), budgets=[1e12])["P_star"]  # the IsoFLOP measurement alone
     bits = [m["bits"] for m in measured["measured"]]
@@ -584,14 +584,14 @@ def test_a_chosen_law_without_a_bits_axis_gives_p_star_only_from_within_noise_bi
                                                    for s in specs)
     lo, hi = both["interval"]
     assert lo <= both["P_range"][0] <= both["P_range"][1] <= hi and set(both["published"]) == set(findings_lib.PUBLISHED)
-    text = prose.pstar_section({"P_star": [both], "law": {"name": "capacity"}})
+    text = law_prose.pstar_section({"P_star": [both], "law": {"name": "capacity"}})
     assert "no continuous P*" in text and f"{lo:.3g}" in text
 
 
 def test_a_quantisation_error_law_ranks_the_measured_recipes_at_their_own_errors_and_costs():
     """capacity read at each recipe's measured qerr and effective bits: when quantisation costs nothing
     (F large: capacity ~1) the cheapest recipe wins; when it costs much (F tiny) the unquantised one does."""
-    from scaling.study import fit, prose
+    from scaling.study import fit, law_prose
 
     runs = _isoflop_runs({"bf16": 0.0, "fp8": 0.0, "mxfp4": 0.0}, noise=0.005)
     cfg = ladder.config_for_size(2, seq_len=64)
@@ -608,7 +608,7 @@ def test_a_quantisation_error_law_ranks_the_measured_recipes_at_their_own_errors
         assert [r["loss"] for r in ranked] == sorted(r["loss"] for r in ranked)
         assert {r["recipe"]: r["bits"] for r in ranked}["mxfp4"] < {r["recipe"]: r["bits"] for r in ranked}["fp8"] < 16
         assert entry["interval"][0] <= ranked[0]["bits"] <= entry["interval"][1]
-        text = prose.pstar_section({"P_star": [entry], "law": {"name": "capacity"}})
+        text = law_prose.pstar_section({"P_star": [entry], "law": {"name": "capacity"}})
         assert f"it prefers {winner}" in text and "no continuous P*" in text
 
 
@@ -616,7 +616,7 @@ def test_p_star_never_overrules_the_isoflop_measurement():
     """A law that prefers a recipe the IsoFLOP profiles rule out (here capacity with F large prefers the
     cheap mxfp4 while the measured mxfp4 is 0.3 nats worse) widens P*'s interval to what the measurement
     cannot rule out, and the report says the two disagree."""
-    from scaling.study import fit, prose
+    from scaling.study import fit, law_prose
 
     runs = _isoflop_runs({"bf16": 0.0, "fp8": 0.3, "mxfp4": 0.3}, noise=0.005)
     cfg = ladder.config_for_size(2, seq_len=64)
@@ -632,7 +632,7 @@ def test_p_star_never_overrules_the_isoflop_measurement():
     assert entry["recipes"][0]["recipe"] == "mxfp4"
     assert [m["recipe"] for m in entry["measured"]] == ["bf16"] == [facts["budgets"][0]["winner"]]
     assert entry["interval"][0] <= entry["recipes"][0]["bits"] < 16 == entry["interval"][1]
-    text = prose.pstar_section({"P_star": [entry], "law": {"name": "capacity"}})
+    text = law_prose.pstar_section({"P_star": [entry], "law": {"name": "capacity"}})
     assert "disagrees with the law's mxfp4" in text and "cannot rule out as best bf16" in text
 
 

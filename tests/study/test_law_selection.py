@@ -330,6 +330,6 @@ def test_a_degenerate_fit_is_scored_but_not_chosen_while_a_sound_one_exists():
     assert c["flat"]["within_noise"] and c["flat"]["score"] is not None
     entries[1]["degenerate"] = "exponent alpha = -0.01 <= 0"
     assert selection._choose(entries, {n: (pos, e) for n, e in errs.items()}, clusters)[0] == "flat"
-    from scaling.study import prose
-    text = prose._degenerate_text({"candidates": entries})
+    from scaling.study import law_prose
+    text = law_prose._degenerate_text({"candidates": entries})
     assert "`flat` (E = 1.8e-117 is at its bound 0)" in text and "`sound` (exponent alpha" in text

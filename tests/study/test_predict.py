@@ -16,7 +16,7 @@ import pytest
 from scipy import stats
 
 from scaling.errors import ConfigError
-from scaling.study import predict, prose, report, results, sweep
+from scaling.study import law_prose, predict, report, results, sweep
 from scaling.train import compute as compute_lib
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -158,7 +158,7 @@ def test_load_refuses_what_is_not_a_prediction(tmp_path, found):
 
 def test_report_shows_the_prediction_then_predicted_against_measured(found):
     unit = "nats per byte"
-    before = prose.prediction_section(report.prediction_facts({**found, "laws": found["laws"]}, {"budgets": []}), unit)
+    before = law_prose.prediction_section(report.prediction_facts({**found, "laws": found["laws"]}, {"budgets": []}), unit)
     assert "Not measured yet" in before and before.count("\n| ") == 2 + 3  # header, rule, three recipes
     measured = {"budget": HELD, "winner": None, "reason": "cannot tell: stand-in", "recipes": [
         {"recipe": e["recipe"], "loss": e["loss_pi"][1] + 1 if e["recipe"] == "fp8" else e["loss"], "ci": [0, 1],
@@ -168,7 +168,7 @@ def test_report_shows_the_prediction_then_predicted_against_measured(found):
         m["gap"] = None if m["recipe"] == "fp32" else m["loss"] - ref
         m["gap_ci"] = None if m["gap"] is None else [m["gap"] - 0.01, m["gap"] + 0.01]
     facts = report.prediction_facts(found, {"budgets": [measured]})
-    after = prose.prediction_section(facts, unit)
+    after = law_prose.prediction_section(facts, unit)
     assert "2 of 3 measured minima fell inside their 95% prediction intervals" in after
     assert "| fp8 |" in after and "| no |" in after and "Measured: cannot tell: stand-in" in after
     assert "1 of 2 predicted gaps to fp32 fell inside the measured gap's 95% CI" in after
@@ -182,12 +182,12 @@ def test_a_posthoc_prediction_is_scored_in_its_own_section_and_says_it_is_not_a_
     facts = {"budgets": [measured], "loss_unit": "nats per byte"}
     facts["prediction"] = report.prediction_facts(found, facts)
     facts["prediction_posthoc"] = report.prediction_facts(posthoc, facts)
-    text = "\n".join(prose.prediction_sections(facts))
+    text = "\n".join(law_prose.prediction_sections(facts))
     registered, after = text.split("### The same budget predicted again, post hoc")
     assert "before any run at C = 6e11 was trained" in registered and "Post hoc" not in registered
     assert after.lstrip().startswith("Post hoc, not a prediction") and "on pysrc abc" in after
     assert "3 of 3 measured minima fell inside their 95% prediction intervals" in after  # measured = predicted
-    without = "\n".join(prose.prediction_sections({**facts, "prediction_posthoc": None}))
+    without = "\n".join(law_prose.prediction_sections({**facts, "prediction_posthoc": None}))
     assert "post hoc" not in without.lower()
 
 
@@ -240,13 +240,13 @@ def test_a_prediction_fitted_on_its_budgets_data_but_other_hosts_says_so(found):
     p = report.prediction_facts(same_data, facts_on(slow))
     assert p["hosts"]["measured"] == {slow: 2 * len(recipes)}
     assert all(by == {fast: 3 * len(recipes)} for by in p["hosts"]["lower"].values())  # the unfitted recipe left out
-    text = prose.prediction_section(p, "nats/byte", posthoc=True)
+    text = law_prose.prediction_section(p, "nats/byte", posthoc=True)
     assert f"Not the same hosts: this budget's runs trained on {slow} ({2 * len(recipes)} runs)" in text
     assert f"{fast} {3 * len(recipes)}" in text
     assert "kinds of host" in readme._scored(p, "nats/byte")
     for quiet in (report.prediction_facts(same_data, facts_on(fast)),  # one kind of host on both sides
                   report.prediction_facts(found, facts_on(slow))):     # the fit's corpora not recorded
-        assert "Not the same hosts" not in prose.prediction_section(quiet, "nats/byte")
+        assert "Not the same hosts" not in law_prose.prediction_section(quiet, "nats/byte")
         assert "kinds of host" not in readme._scored(quiet, "nats/byte")
 
 

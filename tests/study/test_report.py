@@ -13,7 +13,7 @@ import pytest
 import reference_study
 from test_plots import fake_fit, fake_results
 
-from scaling.study import prose, report
+from scaling.study import law_prose, prose, report
 from scaling.study import findings as findings_lib
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -162,17 +162,17 @@ def test_the_report_says_how_the_law_was_chosen_and_when_no_precision_term_does_
              "within_noise": chinchilla_close},
             {"name": "sun", "law": "sun", "fittable": False, "within_noise": False}]}
 
-    close = prose.selection_text(selection(True))
+    close = law_prose.selection_text(selection(True))
     assert "1 other candidate is within noise" in close and "cannot show that a precision-aware law" in close
     assert "| kumar (chosen) | 6 | 0.01 | 0.02 | yes |" in close and "| sun | – | – | – | not fitted |" in close
-    far = prose.selection_text(selection(False))
+    far = law_prose.selection_text(selection(False))
     assert "No other candidate is within noise" in far and "the data prefer it" in far and "cannot show" not in far
     assert "fitted without the largest size, then without the longest run, and predicts" in far
     # a split nobody could use is named as unused, not as fitted without
     unusable = selection(False)
     for c in unusable["candidates"][:2]:
         c["heldout_gap_mae"] = {"N": None, "D": 0.02, "budget": 0.03}
-    text = prose.selection_text(unusable)
+    text = law_prose.selection_text(unusable)
     assert "without the longest run, then without the largest compute budget, and predicts" in text
     assert "(without the largest size, the held-out gaps come from fewer than two runs" in text
 
@@ -284,7 +284,7 @@ def test_too_few_runs_for_a_p_star_is_said_instead_of_one():
     facts = findings_lib.findings(quick[quick["sweep"] == "quick"], law, n_boot=200)
     assert [e["error"].split(":")[0] for e in facts["P_star"]] == ["too few runs for a P*"] * 2
     assert all(e["measured"] for e in facts["P_star"])  # what the measurement cannot rule out stays
-    assert "no optimum (too few runs for a P*: 12 runs" in prose.pstar_section(facts)
+    assert "no optimum (too few runs for a P*: 12 runs" in law_prose.pstar_section(facts)
     assert "no P\\* (too few runs for a P*: 12 runs" in readme.findings_markdown(facts)
 
 
@@ -370,7 +370,7 @@ def test_runs_on_more_than_one_corpus_are_named_per_recipe_and_budget():
     assert "run_ids" not in p["fitted_on"]
     measured = [{"recipe": e["recipe"], "loss": e["loss"] + 0.01, "N_opt": e["N_opt"]} for e in committed["recipes"]]
     facts["budgets"][1].update(recipes=measured, reason="cannot tell")
-    section = lambda fitted: prose.prediction_section(report.prediction_facts(committed | {"fitted_on": fitted}, facts), "nats")
+    section = lambda fitted: law_prose.prediction_section(report.prediction_facts(committed | {"fitted_on": fitted}, facts), "nats")
     assert ("Not the same data: the prediction's fit saw runs on pysrc 000000000001, pysrc 000000000002, this "
             "budget's runs trained on pysrc 000000000003") in section(fitted_on)
     # a prediction that does not record its fit's corpora (made before it did) is not said to match

@@ -1,7 +1,7 @@
 """The report's law-selection paragraph (held-out budget, within-noise set, the chosen law's residuals per
 recipe) and its P* sentence for a law without a bits axis (a menu of measured recipes, not an interval)."""
 
-from scaling.study import findings as findings_lib, prose
+from scaling.study import findings as findings_lib, law_prose
 
 
 def _selection(close: bool) -> dict:
@@ -24,7 +24,7 @@ def _selection(close: bool) -> dict:
 
 
 def test_the_selection_paragraph_names_the_held_out_budget_the_within_noise_set_and_the_residuals():
-    text = prose.selection_text(_selection(close=True))
+    text = law_prose.selection_text(_selection(close=True))
     assert "largest compute budget (C = 3e12)" in text and "111 runs left out whole, 87 fitted" in text
     assert "no held-out gap is a later checkpoint of a fitted run" in text and "predicts the 93 gaps" in text
     assert "Within noise of the best (2 standard errors clustered by recipe): `capacity`, `kumar_roles`" in text
@@ -34,7 +34,7 @@ def test_the_selection_paragraph_names_the_held_out_budget_the_within_noise_set_
     # the chosen law's residuals per recipe: systematic where the interval excludes zero
     assert "| int4-fwd | 11 | +0.050 | +0.030 to +0.070 |" in text and "| nvfp4 | 1 | -0.020 | – (one run) |" in text
     assert "systematic for int4-fwd, whose interval excludes zero" in text
-    alone = prose.selection_text(_selection(close=False))
+    alone = law_prose.selection_text(_selection(close=False))
     assert "Only `capacity` is within noise (2 standard errors clustered by recipe)" in alone and "do not pick" not in alone
 
 
@@ -48,7 +48,7 @@ def test_a_law_without_a_bits_axis_names_recipes_not_an_interval():
                           "bits_ci": []}],
              "measured": [{"recipe": "fp8", "bits": 8.0, "P": 8.0, "p_best": 0.6}], "interval": [6.25, 8.0],
              "published": {n: "cannot tell" for n in findings_lib.PUBLISHED}}
-    text = prose.pstar_section({"P_star": [entry], "law": {"name": "capacity"}})
+    text = law_prose.pstar_section({"P_star": [entry], "law": {"name": "capacity"}})
     assert "mxfp6 (6.25 bits), fp8 (8 bits); a choice among measured recipes, not an interval of P*" in text
     assert "mxfp4 (4.25 bits)" not in text  # never the law's best: not on the menu
     for name, (a, b) in findings_lib.PUBLISHED.items():
@@ -60,7 +60,7 @@ def test_a_law_without_a_bits_axis_names_recipes_not_an_interval():
 def test_without_budgets_the_paragraph_says_the_largest_size_was_held_out_and_why():
     sel = _selection(close=False)
     sel["split"] = {"by": "N", "value": 3e8, "held_runs": 4, "train_rows": 72, "train_runs": 12, "note": "no budget column"}
-    text = prose.selection_text(sel)
+    text = law_prose.selection_text(sel)
     assert "at the largest size (N = 3e08; no budget split: no budget column)" in text and "4 runs left out whole" in text
 
 
@@ -89,7 +89,7 @@ def _three_splits() -> dict:
 
 
 def test_a_three_split_selection_names_its_splits_tests_and_scores_by_bits():
-    text = prose.selection_text(_three_splits())
+    text = law_prose.selection_text(_three_splits())
     assert "on 3 held-out splits" in text
     assert "the most tokens per parameter (D/N ≥ 160: 32 runs left out whole, 64 fitted)" in text
     assert "`kumar_data` beats `chinchilla` (no precision term) (t = 11.13, p = 5.2e-06, 8 clusters, 114 gaps)" in text

@@ -1,0 +1,579 @@
+"""REPORT.md's text about the fitted law: how it was chosen (each candidate's held-out error, the laws
+within noise), its parameters and held-out error, its P* (the profile, the comparison with the published
+sweet spots — Kumar et al. 2024: compute-optimal precision 7-8 bits; Sun et al. 2025: 4-8 bits — from
+P*'s interval, the verdicts), its predictions for a held-out budget and the calibrated predictor's backtests.
+
+The measurements' text and the formatting every section shares (`fmt`, `_markdown`) are
+scaling.study.prose's; this module imports from it, never the other way round.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+
+from scaling.study import laws, plots
+from scaling.study import findings as findings_lib
+from scaling.study.prose import _markdown, fmt
+
+
+def fitted_law(fit: Any) -> str:
+    rows = []
+    fixed = getattr(fit, "fixed", None) or {}
+    for name, value in fit.params.items():
+        lo, hi = (getattr(fit, "ci", None) or {}).get(name, (math.nan, math.nan))
+        rows.append({"parameter": name + (" (fixed)" if name in fixed else ""), "value": value,
+                     "95% CI low": lo, "95% CI high": hi})
+    n_samples = len(plots.param_samples(fit))
+    text = [f"Law: `{fit.law}`, fitted by Huber loss on log-loss residuals (objective {fmt(getattr(fit, 'objective', None))}); "
+            f"CIs from {n_samples} bootstrap resamples (unit: {(getattr(fit, 'bootstrap', None) or {}).get('unit', 'run')})." if n_samples else
+            f"Law: `{fit.law}` (objective {fmt(getattr(fit, 'objective', None))}); no bootstrap samples stored with the fit.",
+            "", _markdown(pd.DataFrame(rows))]
+    selection = getattr(fit, "selection", None)
+    if selection and selection.get("chosen"):
+        text += ["", selection_text(selection)]
+    return "\n".join(text)
+
+
+def selection_text(selection: dict) -> str:
+    """How the law was chosen (selection.select_law): each candidate's held-out error on the precision gaps,
+    the laws within noise of the best, and the chosen law's held-out errors per recipe."""
+    if selection.get("split_details") is not None:
+        return _splits_selection_text(selection)
+    if selection.get("split"):
+        return _heldout_budget_selection_text(selection)
+    rows = []
+    for c in selection["candidates"]:
+        gap = c.get("heldout_gap_mae") or {}
+        rows.append({"candidate": c["name"] + (" (chosen)" if c["name"] == selection["chosen"] else ""),
+                     "params": c.get("n_params"), "gap MAE, largest N out": gap.get("N"),
+                     "gap MAE, longest D out": gap.get("D"),
+                     **({"gap MAE, largest budget out": gap.get("budget")} if "budget" in gap else {}),
+                     "within noise": "yes" if c.get("within_noise") else ("not fitted" if not c.get("fittable", True) else "no")})
+    close = sum(bool(c.get("within_noise")) for c in selection["candidates"]) - 1
+    labels = {"N": "the largest size", "D": "the longest run", "budget": "the largest compute budget"}
+    measured = {k for c in selection["candidates"] for k, v in (c.get("heldout_gap_mae") or {}).items() if v is not None}
+    tried = {k for c in selection["candidates"] for k in (c.get("heldout_gap_mae") or {})}
+    used = [labels[k] for k in labels if k in measured]
+    unused = [labels[k] for k in ("N", "D") if k in tried and k not in measured]
+    return (f"Chosen by held-out error on the precision gaps (loss minus the same-size, same-tokens "
+            f"{', '.join(selection.get('reference', {}).get('recipes', []) or ['reference'])} run's, nats): the law is fitted "
+            f"without {', then without '.join(used) or 'nothing (no split was usable)'}, and predicts the gaps it did not "
+            "see" + (f" (without {' or '.join(unused)}, the held-out gaps come from fewer than two runs or have no "
+                     "matching reference run: not used)" if unused else "") + ". "
+            + (f"{close} other candidate{'s' if close != 1 else ''} {'are' if close != 1 else 'is'} within noise "
+               "(2 run-clustered standard errors) of the chosen one, so the choice among them is not decided by these "
+               "data; P* is reported across those whose precision axis is bits (the specification range above)."
+               if close > 0 else "No other candidate is within noise (2 run-clustered standard errors) of the chosen "
+               "one: on these held-out gaps the data prefer it.")
+            + (" Among them is `chinchilla`, which has no precision term: these data cannot show that a "
+               "precision-aware law predicts the held-out gaps better than none."
+               if any(c["law"] == "chinchilla" and c.get("within_noise") and c["name"] != selection["chosen"]
+                      for c in selection["candidates"]) else "")
+            + _degenerate_text(selection) + "\n\n" + _markdown(pd.DataFrame(rows)))
+
+
+_SPLIT_WORDS = {"compute": "the largest compute N·D", "budget": "the largest compute budget", "N": "the largest size",
+                "D/N": "the most tokens per parameter"}
+
+
+def _splits_selection_text(selection: dict) -> str:
+    """selection_text for a selection scored on several held-out splits (selection.SPLITS) with a
+    precision test and nested-law tests (selection._choose)."""
+    chosen, used = selection["chosen"], selection.get("splits") or []
+    ref = ", ".join(selection.get("reference", {}).get("recipes", []) or ["reference"])
+    details = {d["by"]: d for d in selection.get("split_details") or [] if d.get("by")}
+    if not used:
+        how = ("No held-out split could be made (" + "; ".join(f"{k}: {v}" for k, v in (selection.get("split_notes") or {}).items())
+               + "), so the law with the lowest AIC was taken.")
+    else:
+        parts = []
+        for by in used:
+            d = details.get(by, {})
+            parts.append(f"{_SPLIT_WORDS.get(by, by)} ({by} ≥ {fmt(d.get('value'))}: {d.get('held_runs', '?')} runs left out "
+                         f"whole, {d.get('train_runs', '?')} fitted)")
+        skipped = {k: v for k, v in (selection.get("split_notes") or {}).items() if k not in used}
+        how = (f"Laws are compared on the precision gaps (loss minus the same-size, same-tokens {ref} run's, nats), each "
+               f"fitted without the runs it is scored on, on {len(used)} held-out split{'s' if len(used) != 1 else ''}: "
+               + "; ".join(parts) + " (no held-out gap is a later checkpoint of a fitted run). A law's score is its mean "
+               "held-out gap MAE over the splits."
+               + (" Not used: " + "; ".join(f"{k} ({v})" for k, v in skipped.items()) + "." if skipped else ""))
+    pt = selection.get("precision_test") or {}
+    tests = []
+    if pt.get("big"):
+        tests.append(f"Precision test (a held-out likelihood ratio clustered by (N, seed), one-sided at {pt['alpha']:g}): "
+                     f"{pt['verdict']} (t = {fmt(pt.get('statistic'))}, p = {fmt(pt.get('p_value'))}, "
+                     f"{pt.get('n_clusters')} clusters, {pt.get('n')} gaps).")
+    elif pt.get("reason"):
+        tests.append(f"No precision test: {pt['reason']}.")
+    for t in selection.get("nested_tests") or []:
+        tests.append(f"Nested test: `{t['big']}` {'beats' if t['beats'] else 'does not beat'} `{t['small']}` "
+                     f"(t = {fmt(t.get('statistic'))}, p = {fmt(t.get('p_value'))}).")
+    close = [c["name"] for c in selection["candidates"] if c.get("within_noise") and c["name"] != chosen]
+    clustered = f"{selection.get('noise_se', 2):g} standard errors clustered by {selection.get('clustered_by', 'run')}"
+    verdict = (f"Chosen: `{chosen}`. Within noise of it ({clustered}): " + ", ".join(f"`{n}`" for n in close)
+               + " on held-out MAE alone; the tests above, which pair each gap across laws, decide between nested laws." if close else
+               f"Chosen: `{chosen}`; no other law is within noise of it ({clustered}).")
+    rows = []
+    for c in selection["candidates"]:
+        diff = c.get("gap_mae_diff") or {}
+        mae = c.get("heldout_gap_mae") or {}
+        row = {"candidate": c["name"] + (" (chosen)" if c["name"] == chosen else ""), "params": c.get("n_params"),
+               "bits axis": "yes" if laws.has_bits_axis(c["law"]) else "no"}
+        row.update({f"gap MAE, {by} out": mae.get(by) for by in used})
+        row.update({"mean": c.get("score"),
+                    "excess over chosen": (None if not diff or c["name"] == chosen else
+                                           f"{diff['value']:+.4f} ± {diff['se']:.4f}" if diff.get("se") is not None
+                                           else f"{diff['value']:+.4f}"),
+                    "within noise": "yes" if c.get("within_noise") else ("not fitted" if not c.get("fittable", True) else "no")})
+        rows.append(row)
+    by_bits = _by_bits_text(selection, used)
+    return (" ".join([how, *tests, verdict]) + _degenerate_text(selection) + "\n\n" + _markdown(pd.DataFrame(rows))
+            + by_bits + _residuals_text(selection))
+
+
+def _by_bits_text(selection: dict, used: Sequence[str]) -> str:
+    """The candidates' held-out gap MAE apart for 6-8 and ≤4 bits (selection.BITS_GROUPS), mean over the splits."""
+    groups = selection.get("bits_groups") or {}
+    rows = []
+    for c in selection["candidates"]:
+        got = c.get("heldout_gap_mae_by_bits") or {}
+        row = {"candidate": c["name"]}
+        for g in groups:
+            vals = [got.get(g, {}).get(by) for by in used]
+            vals = [v for v in vals if v is not None]
+            row[f"{g} bits"] = float(np.mean(vals)) if vals else None
+        if any(v is not None for k, v in row.items() if k != "candidate"):
+            rows.append(row)
+    if not rows:
+        return ""
+    return ("\n\nThe same held-out gap MAE apart by the recipe's bits (mean over the splits; a law can be right on "
+            "the 6-8-bit formats and wrong on FP4, or the reverse):\n\n" + _markdown(pd.DataFrame(rows)))
+
+
+def _heldout_budget_selection_text(selection: dict) -> str:
+    """selection_text for a selection scored on one held-out split with whole runs left out (selection.Split)."""
+    split, chosen = selection["split"], selection["chosen"]
+    ref = ", ".join(selection.get("reference", {}).get("recipes", []) or ["reference"])
+    clustered = f"standard errors clustered by {selection.get('clustered_by', 'run')}"
+    rows = []
+    for c in selection["candidates"]:
+        diff = c.get("gap_mae_diff") or {}
+        rows.append({"candidate": c["name"] + (" (chosen)" if c["name"] == chosen else ""),
+                     "params": c.get("n_params"), "bits axis": "yes" if laws.has_bits_axis(c["law"]) else "no",
+                     "held-out gap MAE": c.get("score"),
+                     "excess over best": (None if not diff or c["name"] == chosen else
+                                          f"{diff['value']:+.4f} ± {diff['se']:.4f}" if diff.get("se") is not None
+                                          else f"{diff['value']:+.4f}"),
+                     "within noise": "yes" if c.get("within_noise") else ("not fitted" if not c.get("fittable", True) else "no")})
+    if split.get("by") is None:
+        how = f"No held-out split could be made ({split.get('note')}), so the law with the lowest AIC was taken."
+    else:
+        where = (f"the largest compute budget (C = {fmt(split['value'])})" if split["by"] == "budget"
+                 else f"the largest size (N = {fmt(split['value'])}; no budget split: {split.get('note')})")
+        n = max((next(iter((c.get("n_heldout") or {0: 0}).values())) for c in selection["candidates"]), default=0)
+        how = (f"Laws are compared on the precision gaps (loss minus the same-size, same-tokens {ref} run's, nats) at "
+               f"{where}: each is fitted without every run that has a point there ({split['held_runs']} runs left out "
+               f"whole, {split['train_runs']} fitted), so no held-out gap is a later checkpoint of a fitted run, and "
+               f"predicts the {n} gaps it did not see.")
+    close = [c["name"] for c in selection["candidates"] if c.get("within_noise")]
+    if len(close) > 1:
+        bits = [n for n in close if laws.has_bits_axis(next(c["law"] for c in selection["candidates"] if c["name"] == n))]
+        verdict = (f" Within noise of the best ({selection.get('noise_se', 2):g} {clustered}): "
+                   + ", ".join(f"`{n}`" for n in close) + ". These data do not pick one law among them; the fit reported "
+                   f"here is `{chosen}`, the lowest held-out error of a fit that is not degenerate" + (
+                       f", and a continuous P* comes only from those with a bits axis ({', '.join(f'`{n}`' for n in bits)})."
+                       if bits else ", and none of them has a bits axis, so there is no continuous P*."))
+    elif selection.get("criterion", "").startswith("heldout"):
+        verdict = (f" Only `{chosen}` is within noise ({selection.get('noise_se', 2):g} {clustered}) of the lowest "
+                   "held-out error: on these gaps the data prefer it.")
+    else:
+        verdict = ""
+    if any(c["law"] == "chinchilla" and c.get("within_noise") and c["name"] != chosen for c in selection["candidates"]):
+        verdict += (" Among them is `chinchilla`, which has no precision term: these data cannot show that a "
+                    "precision-aware law predicts the held-out gaps better than none.")
+    return how + verdict + _degenerate_text(selection) + "\n\n" + _markdown(pd.DataFrame(rows)) + _residuals_text(selection)
+
+
+def _degenerate_text(selection: dict) -> str:
+    """The candidates whose full-data fit is degenerate: scored, never chosen while a sound one exists."""
+    bad = [c for c in selection["candidates"] if c.get("degenerate")]
+    if not bad:
+        return ""
+    return (" Degenerate fits, scored but not chosen (no optimum is derived from them): "
+            + "; ".join(f"`{c['name']}` ({c['degenerate']})" for c in bad) + ".")
+
+
+def _residuals_text(selection: dict) -> str:
+    """The chosen law's held-out gap errors per recipe (selection.heldout_errors_by_recipe) as a small table."""
+    rows = selection.get("chosen_residuals") or []
+    if not rows:
+        return ""
+    table = pd.DataFrame([{"recipe": r["recipe"], "n": r["n"], "mean residual": f"{r['mean']:+.3f}",
+                           "95% CI": f"{r['ci'][0]:+.3f} to {r['ci'][1]:+.3f}" if r.get("ci") else "– (one run)"}
+                          for r in rows])
+    off = [r["recipe"] for r in rows if r.get("ci") and (r["ci"][0] > 0 or r["ci"][1] < 0)]
+    return (f"\n\nHeld-out gap errors of `{selection['chosen']}` by recipe (predicted minus measured gap, nats; "
+            "95% t interval clustered by run)" + (f"; its errors are systematic for {', '.join(off)}, whose interval "
+                                                  "excludes zero" if off else "") + ":\n\n" + _markdown(table))
+
+
+def heldout_error(fit: Any, ok: pd.DataFrame) -> tuple[str, float | None]:
+    """In-sample error of the law and, when the fit ran one (`scaling fit --holdout`), its held-out
+    extrapolation error: fit on the smaller runs, mean absolute relative error on the largest."""
+    rel = np.abs(np.asarray(fit.predict(ok), float) / ok["val_loss"].to_numpy(float) - 1)
+    text = f"Mean absolute relative error of the fitted law on its {len(ok)} points: {rel.mean():.2%}."
+    heldout = getattr(fit, "heldout", None) or {}
+    if heldout.get("mare") is None:
+        if (getattr(fit, "selection", None) or {}).get("chosen"):
+            return text + (" This is in-sample; the law's held-out error on the precision gaps is in the selection "
+                           "table above (the loss itself is not held out: `scaling fit --holdout N`)."), None
+        return text + " The fit records no held-out test (`scaling fit --holdout N`), so this is in-sample only.", None
+    by = "N" if heldout.get("by", "N") == "N" else "compute 6·N·D"
+    text += (f" Held-out extrapolation: fitted on the {heldout.get('n_train', '?')} points with {by} below "
+             f"{fmt(heldout.get('threshold'))}, the law predicts the other {heldout.get('n_test', '?')} "
+             f"with a mean absolute relative error of {float(heldout['mare']):.2%}.")
+    return text, float(heldout["mare"])
+
+
+def pstar_section(f: dict) -> str:
+    """P* per budget: the chosen law's value, its bootstrap CI, the specification range, the verdicts."""
+    if not f["P_star"]:
+        return "No precision-aware law was fitted, so there is no P*."
+    law = f["law"]["name"]
+    lines = []
+    for e in f["P_star"]:
+        if "error" in e and e.get("no_bits_axis"):
+            lines.append(f"- C = {fmt(e['compute'])}: no P*: {e['error']}.")
+            continue
+        if "error" in e:
+            lines.append(f"- C = {fmt(e['compute'])}: no optimum ({e['error']}).")
+            continue
+        if e.get("no_bits_axis"):
+            form = laws.get(law)
+            by = "fitted efficiency" if form.per_recipe else "quantisation errors"
+            text = (f"- C = {fmt(e['compute'])}: the chosen `{law}` law prices precision by "
+                    + ("a fitted efficiency per recipe" if form.per_recipe else "measured quantisation error")
+                    + ", not bits, so it has no continuous P*")
+            ranked = e.get("recipes") or []
+            if ranked:
+                top = ranked[0]
+                share = f", best in {top['p_best']:.0%} of bootstrap resamples" if top.get("p_best") is not None else ""
+                ci = (f"; the best recipe's effective bits over the resamples span {top['bits_ci'][0]:.3g}–"
+                      f"{top['bits_ci'][1]:.3g}" if top.get("bits_ci") and top["bits_ci"][0] != top["bits_ci"][1] else "")
+                text += (f". Read at each measured recipe's own {by}, it prefers {top['recipe']} "
+                         f"({top['bits']:.3g} effective bits{share}; N = {fmt(top['N'])}, D = {fmt(top['D'])}), then "
+                         + ", ".join(f"{r['recipe']} (+{r['loss'] - top['loss']:.3g} nats)" for r in ranked[1:4]) + ci)
+            text += _measured_text(e, ranked[0]["recipe"] if ranked else None)
+            lines.append(text + ". " + _menu_text(e, law) + ".")
+            continue
+        if e.get("profile") and "rows" in e["profile"]:
+            lines += [profile_text(e["profile"]), ""]
+        rng = e.get("P_range")
+        rng_text = f"{rng[0]:.3g}–{rng[1]:.3g} bits across {len(e['specifications'])} specifications" if rng else "–"
+        if e.get("P_grid"):
+            # an integer exponent/mantissa law's optimum is a grid point: no continuous P*, no CI to quote
+            lines.append(f"- C = {fmt(e['compute'])}: the `{law}` law's own optimum is {e['P']:.3g} bits, not a continuous "
+                         f"P*: {e['P_grid'].replace('; see `profile`', '')}; the table above is its answer. Across the "
+                         f"specifications the law's optimum spans {rng_text}{_measured_text(e, None)}. "
+                         + _published_text(e))
+            lines.append("")
+            continue
+        ci = f"bootstrap 95% CI {e['P_ci'][0]:.3g}–{e['P_ci'][1]:.3g}" if e.get("P_ci") else "no bootstrap CI"
+        lines.append(f"- C = {fmt(e['compute'])}: the `{law}` law gives P* = {e['P']:.3g} bits ({ci}); "
+                     f"the specification range is {rng_text}{_measured_text(e, None)}. " + _published_text(e))
+        lines.append("")
+    spec = f["P_star"][0].get("specifications") or []
+    if spec:
+        lines += ["", "Specifications at the first budget (law and exponents × cost model; for a law on measured "
+                  "quantisation errors, the bits of its best recipe):", "",
+                  "| specification | cost model | P* | N | D |", "| --- | --- | --- | --- | --- |"]
+        lines += [f"| {r['spec']} | {r['cost_model']} | " + (f"{r['P']:.3g} | {fmt(r['N'])} | {fmt(r['D'])} |"
+                  if "P" in r else f"{_not_evaluated(r.get('error'))} | – | – |") for r in spec]
+    return "\n".join(lines)
+
+
+def _published_text(e: dict) -> str:
+    """The published ranges read against the law's interval (its P*, CI and specification range) and,
+    apart, against the bits of the recipes the measurement cannot rule out: a hardware choice and an
+    extrapolation are not one interval."""
+    law_iv = e.get("law_interval") or e.get("interval")
+    said = []
+    for name, (a, b) in _published().items():
+        v = (e.get("published_law") or e["published"])[name]
+        said.append(f"whether it lies in {name}'s {a:g}–{b:g} bits, cannot tell" if v == "cannot tell"
+                    else f"{'inside' if v == 'inside' else 'outside'} {name}'s {a:g}–{b:g} bits")
+    text = f"The law's interval (P* with its CI and specification range) is {law_iv[0]:.3g}–{law_iv[1]:.3g} bits: {'; '.join(said)}."
+    bits = e.get("measured_bits") or []
+    if bits:
+        inside = {name: [x for x in bits if a <= x <= b] for name, (a, b) in _published().items()}
+        text += (" Measured, the recipes that may be best carry " + ", ".join(f"{x:.3g}" for x in sorted(set(bits)))
+                 + " bits; " + "; ".join(f"{name}'s range contains {len(v)} of them" for name, v in inside.items()) + ".")
+    return text
+
+
+def profile_text(p: dict) -> str:
+    """The P* profile (scaling.study.profile.precision_profile) as a table: each format's loss at its
+    compute-optimal N with its CI, and each difference to the next format with its family-wise CI; a
+    difference below the law's error (profile.judge_within_error: the largest it measured) is said to be
+    within it, whatever its bootstrap CI."""
+    error = p.get("law_error")
+    pairs = {q["from"]: q for q in p.get("pairs", [])}
+    lines = [f"**C = {fmt(p['compute'])}**, the `{p['law']}` law under the {p['cost_model']} cost model: its loss at each "
+             f"format chips run, at that format's compute-optimal N ({p['level']:.0%} bootstrap CIs over "
+             f"{p['resamples']} resamples; each difference is the next format's loss minus this one's, paired over "
+             f"the same resamples, family-wise over the {len(pairs)} neighbour pairs)"
+             + (f"; a difference below the law's error ({error:.2%} of the loss, the largest it measured: see "
+                "Limitations) is within its error, whatever the bootstrap says" if error else "") + ". Untrained: no fitted run had that format.", "",
+             "| format | chips | bits per element | N | loss | 95% CI | P(best) | trained | next minus this | family-wise CI | verdict |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in p["rows"]:
+        q = pairs.get(r["name"])
+        diff = ci = verdict = "–"
+        if q:
+            diff = f"{q['diff']:+.4f}"
+            ci = f"{q['ci'][0]:+.4f} to {q['ci'][1]:+.4f}" if q.get("ci") else "– (no resamples)"
+            verdict = "within the law's error" if q.get("within_law_error") else q["verdict"]
+        lo, hi = r["loss_ci"] if r.get("loss_ci") else (None, None)
+        lines.append(f"| {r['name']} | {r.get('chips') or '–'} | {r['bits_per_element']:.3g} | {fmt(r['N'])} | "
+                     f"{r['loss']:.4f} | {'–' if lo is None else f'{lo:.4f} to {hi:.4f}'} | "
+                     f"{'–' if r.get('p_best') is None else format(r['p_best'], '.2f')} | "
+                     f"{'no' if r.get('untrained') else 'yes'} | {diff} | {ci} | {verdict} |")
+    star = p.get("pstar") or {}
+    if star.get("P") is not None:
+        lines += ["", f"Continuous P* = {star['P']:.3g} bits" + (f" ({p['level']:.0%} CI {star['ci'][0]:.3g}–{star['ci'][1]:.3g})"
+                                                                 if star.get("ci") else "") + "."]
+    elif star.get("reason"):
+        lines += ["", f"No continuous P*: {star['reason']}."]
+    return "\n".join(lines)
+
+
+def _not_evaluated(error: str | None) -> str:
+    """A sentence for a specification that cannot be optimised, not its raw error: a ConfigError's
+    'key: got value; allowed: what' becomes 'not evaluated: it needs what' (e.g. the sun law read at a
+    hypothetical P has no scale block size)."""
+    if not error:
+        return "–"
+    allowed = error.split("allowed: ", 1)[1] if "allowed: " in error else ""
+    allowed = re.sub(r"\s*\(e\.g\..*\)$", "", allowed).strip()
+    return f"not evaluated: it needs {allowed}" if allowed else "not evaluated"
+
+
+def _menu_text(e: dict, law: str) -> str:
+    """For a law without a bits axis: the best measured recipe(s), named with their bits, as a choice among
+    recipes (not an interval of P*), and which of them each published range contains; a continuous P* only
+    from the within-noise laws with a bits axis, if any."""
+    named: dict[str, float] = {}
+    for r in e.get("recipes") or []:
+        if r.get("best") or (r.get("p_best") or 0) > 0:
+            named[r["recipe"]] = float(r["bits"])
+    for m in e.get("measured") or []:
+        named.setdefault(m["recipe"], float(m["bits"]))
+    if not named:
+        return "No measured recipe can be named best"
+    menu = sorted(named.items(), key=lambda kv: kv[1])
+    listed = ", ".join(f"{r} ({b:.3g} bits)" for r, b in menu)
+    text = (f"The best measured recipe{'s' if len(menu) > 1 else ''} (the law's choice in any bootstrap resample and "
+            f"those the measurement cannot rule out): {listed}; a choice among measured recipes, not an interval of P*")
+    bits_specs = [r["P"] for r in e.get("specifications") or [] if "P" in r and not r["spec"].startswith(law)]
+    if bits_specs:
+        lo, hi = min(bits_specs), max(bits_specs)
+        text += (". The within-noise laws with a bits axis put a continuous P* at "
+                 + (f"{lo:.3g} bits" if f"{lo:.3g}" == f"{hi:.3g}" else f"{lo:.3g}–{hi:.3g} bits"))
+    ranges = []
+    for name, (a, b) in _published().items():
+        inside = [r for r, bits in menu if a <= bits <= b]
+        ranges.append(f"{name}'s {a:g}–{b:g} bits contains " + (", ".join(inside) if inside else "none of them"))
+    return text + ". " + "; ".join(ranges)
+
+
+def _measured_text(e: dict, law_choice: str | None) -> str:
+    """The recipes the IsoFLOP measurement at this budget cannot rule out (findings.measured_choice), and
+    whether the law's choice is among them."""
+    measured = e.get("measured") or []
+    if not measured:
+        return ""
+    text = ("; the IsoFLOP measurement at this budget cannot rule out as best " +
+            ", ".join(f"{m['recipe']} ({m['bits']:.3g} bits, P(best) {m['p_best']:.2f})" for m in measured))
+    if law_choice and law_choice not in {m["recipe"] for m in measured}:
+        text += (f", so it disagrees with the law's {law_choice} (see the law's residuals by recipe, figure 9), and "
+                 "both are named below")
+    return text
+
+
+def _published() -> dict:
+    return findings_lib.PUBLISHED
+
+
+def _host_shift_text(p: dict) -> str:
+    s = findings_lib.host_shift_between(p)
+    if s is None:
+        return "these runs do not measure how large it is"
+    return (f"{s['runs']} runs ({', '.join(s['recipes'])}) trained again on the other kind, same configs and seeds, "
+            f"measure it: {s['hosts'][0]} minus {s['hosts'][1]}, {s['mean']:+.4f} nats/byte on average over runs "
+            f"(95% CI {s['ci'][0]:+.4f} to {s['ci'][1]:+.4f}, t over runs), {s['rms']:.4f} RMS over its "
+            f"{s['points']} points")
+
+
+def backtests_section(f: dict) -> str:
+    """The calibrated predictor scored on a study's own budgets (scaling.study.calibrate.backtest_all, as
+    `scaling predict --backtest` writes it): per pair of budgets the law's error, the old and the calibrated
+    intervals' coverage and width on levels and on gaps, and how often each ranked the measured best first."""
+    b = f["backtests"]
+    level = f"{b['level']:.0%}"
+
+    def rows_text(q: dict) -> str:
+        return "–" if not q.get("n") else f"{q['inside']}/{q['n']} ({q['mean_width']:.3f})"
+
+    def gaps_text(q: dict) -> str:
+        return "–" if not q.get("gap_n") or q.get("gap_mean_width") is None else f"{q['gap_inside']}/{q['gap_n']} ({q['gap_mean_width']:.3f})"
+
+    def rank_text(q: dict) -> str:
+        return "–" if q.get("rank_hit") is None else f"{q['rank_hit']:.0%} (called {q['rank_called_right']}/{q['rank_called']})"
+
+    lines = [f"Every pair of the study's budgets: the `{b['law']}` law fitted on the runs up to the lower one "
+             f"({b['bootstrap']} bootstrap resamples) predicts every run at the higher one (measured − predicted, in "
+             f"nats; a run with a row at the higher budget is left out of the fit). The old interval is the registered "
+             "prediction's method: the law's resamples plus an in-sample lack of fit drawn per recipe. The calibrated "
+             "one adds a zero-mean shift shared by every recipe, scaled by the misses of the backtests inside the pair's "
+             "own fitted budgets (a t with as many dof as backtests), per-recipe and row terms from the same backtests, "
+             "and each recipe's in-sample misfit carried forward as far as the backtests show it persists; so no pair is "
+             f"scored on data its fit or its calibration has seen. Gaps are to {b['reference']} at matched (N, D, seed); "
+             f"ranks: at each matched point, whether the recipe the draws most often put best was the measured best, and "
+             f"how many points one recipe was called best with P ≥ 0.975 (right/called). {level} intervals; "
+             "inside/n (mean width).", "",
+             "| fitted on | predicted | rows | law: mean error (MAE) | shared part | old: rows | calibrated: rows | "
+             "old: gaps | calibrated: gaps | old: best first | calibrated: best first |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    unavailable = []
+    for p in b["pairs"]:
+        old, cal = p["old"], p["calibrated"]
+        if not cal.get("available"):
+            unavailable.append((p, cal.get("reason")))
+        lines.append(f"| {fmt(p['fit_budget'])} | {fmt(p['target_budget'])} | {p['n']} | {p['mean_error']:+.3f} "
+                     f"({p['mean_abs_error']:.3f}) | {p['shared']:+.3f} | {rows_text(old)} | "
+                     f"{rows_text(cal) if cal.get('available') else 'cannot be estimated'} | {gaps_text(old)} | "
+                     f"{gaps_text(cal) if cal.get('available') else '–'} | {rank_text(old)} | "
+                     f"{rank_text(cal) if cal.get('available') else '–'} |")
+    notes = []
+    if unavailable:
+        which = ", ".join(f"{fmt(p['fit_budget'])} → {fmt(p['target_budget'])}" for p, _ in unavailable)
+        notes.append(f"Calibrated intervals cannot be estimated for {which}: {unavailable[0][1]}.")
+    scored = [p for p in b["pairs"] if p["calibrated"].get("available")]
+    for p in scored:
+        cal, old = p["calibrated"], p["old"]
+        k = cal["calibration"]["k"]
+        notes.append(f"Fitted on {fmt(p['fit_budget'])} and predicting {fmt(p['target_budget'])}, calibrated on {k} "
+                     f"backtest{'s' if k != 1 else ''} inside: the calibrated intervals hold {cal['inside']} of {cal['n']} rows "
+                     f"against the old {old['inside']}, at {cal['mean_width'] / old['mean_width']:.1f}x the old width"
+                     + (" (the shared shift's scale rests on one backtest, a t with 1 dof: honest, and wide)" if k == 1 else "")
+                     + (f"; gaps {cal['gap_inside']} of {cal['gap_n']} at {cal['gap_mean_width'] / old['gap_mean_width']:.2f}x "
+                        f"the old gap width, where the shared shift cancels" if cal.get("gap_mean_width") and old.get("gap_mean_width") else "")
+                     + ".")
+    registered = (f.get("prediction") or {}).get("budget")
+    if registered and any(math.isclose(p["target_budget"], registered, rel_tol=1e-9) for p in scored):
+        notes.append(f"C = {fmt(registered)} is the budget predicted before it was trained: the registered prediction "
+                     "above stays as it was made, and this row scores the calibrated method on it post hoc (its runs "
+                     "existed when it was computed).")
+    notes.append("A fourth budget would give the top pair two backtests inside and narrow its level intervals; only "
+                 "new runs can show whether the calibrated coverage holds there.")
+    return "\n\n".join(["\n".join(lines)] + notes)
+
+
+def prediction_section(p: dict, unit: str, posthoc: bool = False) -> str:
+    """The held-out budget: predicted before it was trained, against what it measured (once landed).
+    `posthoc`: a prediction made after that budget's runs existed, said so: a check of the method on
+    other data, never evidence that it predicts."""
+    fitted = p["fitted_on"]
+    lower = f"C = {', '.join(fmt(b) for b in fitted['budgets'])} alone ({fitted['runs']} runs"
+    if posthoc:
+        on = f", on {', '.join(fitted['corpora'])}" if fitted.get("corpora") else ""
+        opening = (f"Post hoc, not a prediction: the same method (`scaling predict`) was run again after the runs at "
+                   f"C = {fmt(p['budget'])} existed, from the runs at {lower}{on}), so its errors say how well the "
+                   f"law carries over to a larger budget on that data, not that it predicted one.")
+    else:
+        opening = (f"The minimum of every recipe's IsoFLOP profile at C = {fmt(p['budget'])} was predicted from the "
+                   f"runs at {lower}), before any run at C = {fmt(p['budget'])} was trained; the prediction file's "
+                   "git history shows when.")
+    lines = [f"{opening} The {p['level']:.0%} "
+             f"prediction intervals pool {len(p['laws'])} laws the held-out precision gaps cannot tell apart "
+             f"({', '.join(p['laws'])}; {p['draws']} draws of refitted resamples), the measured minimum's own noise "
+             f"(σ {p['sigma_measurement']:.3g}) and the laws' miss of the lower budgets' minima beyond it "
+             f"(σ {p['sigma_lack_of_fit']:.3g}). Loss in {unit}.", ""]
+    score = p.get("score")
+    if not score:
+        lines += ["| recipe | predicted minimum | 95% PI | at N (95% PI) | P(best) |", "| --- | --- | --- | --- | --- |"]
+        for e in sorted(p["recipes"], key=lambda e: e["loss"]):
+            lines.append(f"| {e['recipe']} | {e['loss']:.4g} | {e['loss_pi'][0]:.4g}–{e['loss_pi'][1]:.4g} | "
+                         f"{fmt(e['N_opt'])} ({fmt(e['N_pi'][0])}–{fmt(e['N_pi'][1])}) | {e['p_best']:.2f} |")
+        lines += ["", f"Predicted: {p['reason']}. Not measured yet: the results hold none of this budget's runs "
+                      "(they join them once all have landed)."]
+        return "\n".join(lines)
+    lines += ["| recipe | predicted minimum | 95% PI | measured | measured 95% CI | error | inside | N predicted (95% PI) | N measured |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in score["recipes"]:
+        if r.get("measured") is None:
+            lines.append(f"| {r['recipe']} | – | – | not measured | – | – | – | – | – |")
+            continue
+        ci = f"{r['measured_ci'][0]:.4g}–{r['measured_ci'][1]:.4g}" if r.get("measured_ci") else "–"
+        n_measured = fmt(r["N_measured"]) + (" (edge)" if r["measured_at_edge"] else "") if r["N_measured"] else "–"
+        lines.append(f"| {r['recipe']} | {r['predicted']:.4g} | {r['pi'][0]:.4g}–{r['pi'][1]:.4g} | {r['measured']:.4g} | "
+                     f"{ci} | {r['error']:+.4f} | {'yes' if r['inside'] else 'no'} | {fmt(r['N_predicted'])} "
+                     f"({fmt(r['N_pi'][0])}–{fmt(r['N_pi'][1])}) | {n_measured} |")
+    lines += ["", f"{score['inside']} of {score['n']} measured minima fell inside their 95% prediction intervals "
+                  f"({score['N_inside']} of {score['n']} for N at the minimum, whose interval holds the laws' and "
+                  f"their fits' uncertainty only, not the measured vertex's); mean error {score['mean_error']:+.4f}, "
+                  f"mean absolute error {score['mean_abs_error']:.4f}. Predicted: {p['reason']}. "
+                  f"Measured: {score['measured_reason'] or 'no verdict'}."]
+    corpora = p.get("corpora") or {}
+    if corpora.get("measured") and corpora.get("fitted") is None:
+        lines += ["", f"This budget's runs trained on {', '.join(corpora['measured'])}. The prediction file does not "
+                      "record which corpora its fit's runs trained on (the results it was fitted on are those committed "
+                      "with it, in its commit), so whether each error above holds a difference of data as well as "
+                      "the law's is not told here."]
+    elif corpora.get("measured") and corpora["measured"] != corpora["fitted"]:
+        lines += ["", f"Not the same data: the prediction's fit saw runs on {', '.join(corpora['fitted'])}, this "
+                      f"budget's runs trained on {', '.join(corpora['measured'])}, so each error above holds the "
+                      "difference of the corpora as well as the law's (a recipe's gap to the reference is free of it "
+                      "only where both trained on one corpus)."]
+    if findings_lib.other_hosts(p):
+        hosts = p["hosts"]
+        lower = "; ".join(f"C = {fmt(float(b))}: " + ", ".join(f"{h} {n}" for h, n in by.items())
+                          for b, by in hosts["lower"].items())
+        lines += ["", f"Not the same hosts: this budget's runs trained on "
+                      f"{', '.join(f'{h} ({n} runs)' for h, n in hosts['measured'].items())}; the fitted recipes' runs "
+                      f"at the lower budgets on other kinds too ({lower} runs). One config trained on two kinds of "
+                      "host gives two runs whose losses differ (the GEMM paths round differently and training carries it on), so each error "
+                      f"above holds that difference as well as the law's; {_host_shift_text(p)}."]
+    gaps = score.get("gaps") or []
+    if gaps:
+        ref = score["reference"]
+        lines += ["", f"A law can miss every minimum's level alike and still rank the precisions right, so each "
+                      f"recipe's gap to {ref} is scored too: predicted (the difference of the two predicted minima) "
+                      f"against measured (paired, shape-adjusted, with its 95% CI).", "",
+                  "| recipe | predicted gap | measured gap | measured 95% CI | error | inside the CI |",
+                  "| --- | --- | --- | --- | --- | --- |"]
+        for g in gaps:
+            lines.append(f"| {g['recipe']} | {g['predicted']:+.4f} | {g['measured']:+.4f} | "
+                         f"{g['measured_ci'][0]:+.4f} to {g['measured_ci'][1]:+.4f} | {g['error']:+.4f} | "
+                         f"{'yes' if g['inside'] else 'no'} |")
+        lines += ["", f"{score['gaps_inside']} of {len(gaps)} predicted gaps to {ref} fell inside the measured gap's 95% CI "
+                      f"(the measurement's uncertainty only: the prediction file holds no interval for gaps); mean "
+                      f"absolute gap error {score['gap_mean_abs_error']:.4f}, against {score['mean_abs_error']:.4f} "
+                      f"for the minima themselves."]
+    return "\n".join(lines)
+
+
+def prediction_sections(facts: dict) -> list[str]:
+    """The held-out budget's registered prediction and, where one was made, its post-hoc re-prediction."""
+    out = []
+    if facts.get("prediction"):
+        out += ["## A budget predicted before it was trained", "", prediction_section(facts["prediction"], facts["loss_unit"]), ""]
+    if facts.get("prediction_posthoc"):
+        out += ["### The same budget predicted again, post hoc", "",
+                prediction_section(facts["prediction_posthoc"], facts["loss_unit"], posthoc=True), ""]
+    return out
