@@ -243,7 +243,11 @@ def _law(law: dict) -> list[str]:
         chosen = scores.get(selection["chosen"])
         others = sorted((c for n, c in scores.items() if n != selection["chosen"]), key=lambda c: c["score"])
         if chosen is not None:
-            text += f", chosen by held-out precision gaps (mean absolute error {chosen['score']:.3f} nats)"
+            pt = selection.get("precision_test") or {}
+            splits = " and ".join(selection.get("splits") or []) or "one"
+            text += (f", chosen by held-out precision gaps (mean absolute error {chosen['score']:.3f} nats over the "
+                     f"{splits} splits" + (f"; it beats `chinchilla`, which has no precision term, p = {pt['p_value']:.2g}"
+                                           if pt.get("beats") and pt.get("p_value") is not None else "") + ")")
         close = [c["name"] for c in others if c.get("within_noise")]
         far = [f"`{c['name']}` {c['score']:.3f}" for c in others if not c.get("within_noise")]
         if close:
@@ -270,7 +274,8 @@ def _pstar(f: dict) -> list[str]:
         return ["- **P\\***: no precision-aware law was fitted, so there is no P\\*."]
     profiled = any((e.get("profile") or {}).get("rows") for e in f["P_star"])
     lines = ["- **P\\*, as a profile over the formats chips run** (the law's loss at each format's compute-optimal N; "
-             "formats within the law's held-out error of the best are not told apart; REPORT's table per budget):"
+             "formats within the law's error of the best, the larger of its held-out and its predicted budget's, "
+             "are not told apart; REPORT's table per budget):"
              if profiled else
              "- **P\\*, the compute-optimal precision** (the law's choice, its spread over specifications and "
              "what the measurement cannot rule out):"]

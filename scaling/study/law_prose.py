@@ -97,6 +97,10 @@ def _splits_selection_text(selection: dict) -> str:
             parts.append(f"{_SPLIT_WORDS.get(by, by)} ({by} ≥ {fmt(d.get('value'))}: {d.get('held_runs', '?')} runs left out "
                          f"whole, {d.get('train_runs', '?')} fitted)")
         skipped = {k: v for k, v in (selection.get("split_notes") or {}).items() if k not in used}
+        for by in details:  # a split made but scored by no law: why, in the candidates' own words
+            if by not in used and by not in skipped:
+                notes = [c["heldout_notes"][by] for c in selection["candidates"] if (c.get("heldout_notes") or {}).get(by)]
+                skipped[by] = notes[0] if notes else "not every law could be scored on it"
         how = (f"Laws are compared on the precision gaps (loss minus the same-size, same-tokens {ref} run's, nats), each "
                f"fitted without the runs it is scored on, on {len(used)} held-out split{'s' if len(used) != 1 else ''}: "
                + "; ".join(parts) + " (no held-out gap is a later checkpoint of a fitted run). A law's score is its mean "
@@ -106,17 +110,22 @@ def _splits_selection_text(selection: dict) -> str:
     tests = []
     if pt.get("big"):
         tests.append(f"Precision test (a held-out likelihood ratio clustered by (N, seed), one-sided at {pt['alpha']:g}): "
-                     f"{pt['verdict']} (t = {fmt(pt.get('statistic'))}, p = {fmt(pt.get('p_value'))}, "
-                     f"{pt.get('n_clusters')} clusters, {pt.get('n')} gaps).")
+                     f"{pt['verdict']} (" + (f"{pt['reason']}; " if pt.get("reason") else
+                                             f"t = {fmt(pt.get('statistic'))}, p = {fmt(pt.get('p_value'))}, ")
+                     + f"{pt.get('n_clusters')} clusters, {pt.get('n')} gaps).")
     elif pt.get("reason"):
         tests.append(f"No precision test: {pt['reason']}.")
     for t in selection.get("nested_tests") or []:
         tests.append(f"Nested test: `{t['big']}` {'beats' if t['beats'] else 'does not beat'} `{t['small']}` "
-                     f"(t = {fmt(t.get('statistic'))}, p = {fmt(t.get('p_value'))}).")
+                     + (f"({t['reason']})." if t.get("reason") else
+                        f"(t = {fmt(t.get('statistic'))}, p = {fmt(t.get('p_value'))})."))
     close = [c["name"] for c in selection["candidates"] if c.get("within_noise") and c["name"] != chosen]
     clustered = f"{selection.get('noise_se', 2):g} standard errors clustered by {selection.get('clustered_by', 'run')}"
     verdict = (f"Chosen: `{chosen}`. Within noise of it ({clustered}): " + ", ".join(f"`{n}`" for n in close)
-               + " on held-out MAE alone; the tests above, which pair each gap across laws, decide between nested laws." if close else
+               + (" on held-out MAE alone; the tests above, which pair each gap across laws, decide between nested laws."
+                  if selection.get("nested_tests") else
+                  "; on held-out MAE alone these data do not rank them (the only paired test is the precision test above)."
+                  if pt.get("big") else "; these data do not rank them.") if close else
                f"Chosen: `{chosen}`; no other law is within noise of it ({clustered}).")
     rows = []
     for c in selection["candidates"]:

@@ -48,8 +48,11 @@ SELECTION_SPLITS = ("budget", "N")  # heldout_split's (the first usable of these
 TOP_SHARE = 0.2
 # within_noise: a law whose held-out gap error exceeds the chosen one's by at most this many standard errors.
 NOISE_SE = 2.0
-# The likelihood tests (precision term vs none, nested laws): one-sided level.
+# The likelihood tests (precision term vs none, nested laws): one-sided level, and the fewest clusters a
+# test is made on: with G clusters the clustered variance has G - 1 degrees of freedom, and with two or
+# three it can come out near zero (a quick study's nested test gave t = 7e15 on 2 clusters).
 ALPHA = 0.05
+MIN_TEST_CLUSTERS = 4
 # Held-out gaps scored separately by the recipe's bits (the `P` column): name -> (lowest, highest) P.
 BITS_GROUPS = {"6-8": (6.0, 8.0), "<=4": (0.0, 4.0)}
 
@@ -461,7 +464,9 @@ def likelihood_test(big: Mapping[str, tuple], small: Mapping[str, tuple], cluste
     one is true the ratio sits at the boundary of its params (gamma -> 0, C_T -> 0), so neither chi-square
     nor a normal reference holds; on held-out rows the extra params cost their estimation noise and the
     paired difference is centred at or below zero when they add nothing (a conservative test for nested
-    laws: Clark and McCracken). loglik_ratio: the sum of d_i over the rows of all splits."""
+    laws: Clark and McCracken). loglik_ratio: the sum of d_i over the rows of all splits. With fewer than
+    MIN_TEST_CLUSTERS clusters there is no statistic (p_value None, `reason` says why): the test does not
+    decide, so the smaller law is kept."""
     parts, total = [], 0.0
     s2 = float(np.mean(np.concatenate([big[by][1] ** 2 for by in splits]))) or 1.0
     for by in splits:
@@ -472,7 +477,9 @@ def likelihood_test(big: Mapping[str, tuple], small: Mapping[str, tuple], cluste
     mean, var, g = pooled_mean_and_var(parts)
     out = {"statistic": None, "p_value": None, "n_clusters": g, "n": int(sum(len(d) for d, _ in parts)),
            "loglik_ratio": total, "mean_loglik_diff": mean, "splits": list(splits)}
-    if g > 1 and var > 0:
+    if g < MIN_TEST_CLUSTERS:
+        out["reason"] = f"{g} clusters: a clustered test needs at least {MIN_TEST_CLUSTERS}, so it cannot decide"
+    elif var > 0:
         t = mean / np.sqrt(var)
         out.update(statistic=float(t), p_value=float(stats.t.sf(t, g - 1)))
     return out

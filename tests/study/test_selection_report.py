@@ -97,3 +97,11 @@ def test_a_three_split_selection_names_its_splits_tests_and_scores_by_bits():
     assert "no other law is within noise of it" in text
     assert "| chinchilla | 5 | no | 0.05 | 0.0385 | 0.0825 | 0.057 | +0.0340 ± 0.0100 | no |" in text
     assert "| chinchilla | 0.02167 | 0.13 |" in text and "| kumar_data | 0.016 | 0.038 |" in text
+    # a split made but scored by no law is named with the reason
+    sel = _three_splits()
+    sel["splits"] = ["compute", "D/N"]
+    for c in sel["candidates"]:
+        c["heldout_gap_mae"]["N"] = None
+        c["heldout_notes"] = {"N": "no row at the largest N has a matching reference run"}
+    text = law_prose.selection_text(sel)
+    assert "on 2 held-out splits" in text and "Not used: N (no row at the largest N has a matching reference run)." in text

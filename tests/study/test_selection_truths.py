@@ -126,3 +126,13 @@ def test_pooled_variance_and_the_likelihood_test_by_hand():
     assert t["statistic"] == pytest.approx(2.75 / se) and t["n_clusters"] == 4 and t["n"] == 4
     assert t["p_value"] == pytest.approx(float(selection.stats.t.sf(2.75 / se, 3)))
     assert selection.likelihood_test(small, big, np.arange(4), ["N"])["p_value"] > 0.95  # the other way round
+    # the same rows in 3 clusters: too few for a clustered test, which then does not decide
+    few = selection.likelihood_test(big, small, np.array([0, 1, 2, 2]), ["N"])
+    assert few["p_value"] is None and few["statistic"] is None and few["n_clusters"] == 3
+    assert few["reason"] == f"3 clusters: a clustered test needs at least {selection.MIN_TEST_CLUSTERS}, so it cannot decide"
+    # and a nested law that cannot be tested does not replace the smaller one, however much better it scores
+    entries = [{"name": n, "law": n, "fixed": {}, "fittable": True, "n_params": k, "aic": 0.0}
+               for n, k in (("kumar", 6), ("kumar_data", 10))]
+    errors = {"kumar": {"N": small["N"]}, "kumar_data": {"N": big["N"]}}
+    chosen, how = selection._choose(entries, errors, np.zeros(4, int), np.array([0, 1, 2, 2]))
+    assert chosen == "kumar" and "does not beat" in how
