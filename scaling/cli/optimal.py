@@ -143,12 +143,11 @@ def _recipe_ranking(fit, args: argparse.Namespace, cost, check: dict, header: st
     print(header)
     print(f"no P*: law {fit.law} reads precision as {axis}, not bits; the measured recipes ranked, each at its "
           "compute-optimal N (bits: the recipe's effective bits, as the cost's P)")
-    rows = [[r["recipe"], f"{r['bits']:.3g}", f"{r['N']:.4g}", f"{r['D']:.4g}", f"{r['loss']:.5f}",
-             "-" if r["p_best"] is None else f"{r['p_best']:.2f}"] for r in ranked]
-    head = ["recipe", "bits", "N", "D", "loss", "P(best)"]
-    widths = [max(len(h), *(len(c[i]) for c in rows)) for i, h in enumerate(head)]
-    print("  ".join(h.rjust(w) for h, w in zip(head, widths)))
-    print("\n".join("  ".join(v.rjust(w) for v, w in zip(c, widths)) for c in rows))
+    import pandas as pd
+
+    table = pd.DataFrame([{"recipe": r["recipe"], "bits": f"{r['bits']:.3g}", "N": r["N"], "D": r["D"], "loss": r["loss"],
+                           "P(best)": "-" if r["p_best"] is None else f"{r['p_best']:.2f}"} for r in ranked])
+    print(_table(table, list(table.columns)))
     for line in describe(check):
         print(line)
     return 0

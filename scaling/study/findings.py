@@ -94,6 +94,11 @@ def verdict(interval: Sequence[float] | None, lo: float, hi: float) -> str:
     return "cannot tell"
 
 
+def published_verdicts(interval: Sequence[float] | None) -> dict[str, str]:
+    """verdict of `interval` against each PUBLISHED range, by name."""
+    return {name: verdict(interval, a, b) for name, (a, b) in PUBLISHED.items()}
+
+
 def specification_fits(df: pd.DataFrame, fit: Any, loss_column: str = "val_loss") -> list[tuple[str, Any]]:
     """The fits P* is reported across: the chosen law; for a law with kappa, kappa at each of KAPPAS
     and fitted; every candidate the selection found within noise of the best (fit.selection) whose
@@ -252,11 +257,11 @@ def _pstar_over_bits(fit: Any, compute: float, specs: list[tuple[str, Any]], cho
     entry.update(P_range=spec["P_range"], specifications=spec["table"])
     law_span = [entry["P"], *(entry["P_ci"] or []), *(spec["P_range"] or [])]
     entry["law_interval"] = [min(law_span), max(law_span)]
-    entry["published_law"] = {name: verdict(entry["law_interval"], a, b) for name, (a, b) in PUBLISHED.items()}
+    entry["published_law"] = published_verdicts(entry["law_interval"])
     span = [*law_span, *(m["bits"] for m in entry["measured"])]
     lo, hi = min(span), max(span)
     entry["interval"] = [lo, hi]
-    entry["published"] = {name: verdict([lo, hi], a, b) for name, (a, b) in PUBLISHED.items()}
+    entry["published"] = published_verdicts([lo, hi])
     return entry
 
 
@@ -286,14 +291,14 @@ def _pstar_over_recipes(main: pd.DataFrame, fit: Any, compute: float, specs: lis
     bits = [e["bits"] for e in entry["recipes"] if e["best"]] + [b for e in entry["recipes"] for b in e["bits_ci"]]
     entry["law_interval"] = [min([*bits, *ps]), max([*bits, *ps])] if bits or ps else None
     if entry["law_interval"]:
-        entry["published_law"] = {name: verdict(entry["law_interval"], a, b) for name, (a, b) in PUBLISHED.items()}
+        entry["published_law"] = published_verdicts(entry["law_interval"])
     span = [*bits, *ps, *(m["bits"] for m in entry["measured"])]
     if not span:
         entry["error"] = (f"{laws.get(fit.law).no_bits_reason}, and no law with a bits axis is within noise of the "
                           "chosen one: these data give no P*")
     else:
         entry["interval"] = [min(span), max(span)]
-        entry["published"] = {name: verdict(entry["interval"], a, b) for name, (a, b) in PUBLISHED.items()}
+        entry["published"] = published_verdicts(entry["interval"])
     return entry
 
 
