@@ -197,15 +197,23 @@ def _top_rows(key: np.ndarray, share: float = TOP_SHARE) -> np.ndarray:
     return finite & (rounded >= threshold)
 
 
-def heldout_splits(df: pd.DataFrame, ids: np.ndarray | None = None) -> tuple[list[Split], dict[str, str]]:
+def heldout_splits(df: pd.DataFrame, ids: np.ndarray | None = None, ref: np.ndarray | None = None
+                   ) -> tuple[list[Split], dict[str, str]]:
     """Every held-out split the table allows (SPLITS, in order) and, by name, why each other one is not made.
 
     compute: the largest IsoFLOP `budget` (by 'budget'); a table without two budgets: the rows at the
     largest N·D (by 'compute', TOP_SHARE). N: the largest size. D/N: the largest tokens per parameter
-    (TOP_SHARE). Each scores the rows it selects and fits on every run without a row at their points."""
+    (TOP_SHARE). "Largest" among the rows with a measurable gap (a matching reference row, `ref`:
+    reference_mask by default): a size trained only in low precision has no gap to hold out, and the
+    split moves to the largest size that has one. Each scores the rows it selects and fits on every run
+    without a row at their points."""
     df = df.reset_index(drop=True)
     ids = _match_ids(df) if ids is None else ids
-    num = {c: pd.to_numeric(df[c], errors="coerce").to_numpy(float) for c in ("N", "D", "budget") if c in df.columns}
+    ref = reference_mask(df) if ref is None else ref
+    n_ids = int(ids.max()) + 1 if len(ids) else 0
+    gappable = ~ref & (np.bincount(ids[ref], minlength=n_ids)[ids] > 0) if n_ids else np.zeros(len(df), bool)
+    num = {c: np.where(gappable, pd.to_numeric(df[c], errors="coerce").to_numpy(float), np.nan)
+           for c in ("N", "D", "budget") if c in df.columns}
     splits, notes = [], {}
     for name in SPLITS:
         if name == "compute" and "budget" in num and len(np.unique(num["budget"][np.isfinite(num["budget"])])) >= 2:
@@ -215,13 +223,13 @@ def heldout_splits(df: pd.DataFrame, ids: np.ndarray | None = None) -> tuple[lis
             continue
         elif name == "N":
             if "N" not in num or len(np.unique(num["N"][np.isfinite(num["N"])])) < 2:
-                notes[name] = "fewer than two values of N" if "N" in num else "no N column"
+                notes[name] = "fewer than two values of N with a gap to the reference" if "N" in num else "no N column"
                 continue
             by, scored = "N", np.isfinite(num["N"]) & (num["N"] == np.nanmax(num["N"]))
         else:
             key = num["N"] * num["D"] if name == "compute" else num["D"] / num["N"]
             if len(np.unique(np.round(np.log(key[np.isfinite(key) & (key > 0)]), 6))) < 2:
-                notes[name] = f"fewer than two values of {'N·D' if name == 'compute' else 'D/N'}"
+                notes[name] = f"fewer than two values of {'N·D' if name == 'compute' else 'D/N'} with a gap to the reference"
                 continue
             by, scored = name, _top_rows(key)
         got = _split_at(df, by, scored, ids)
@@ -391,7 +399,7 @@ def select(df: pd.DataFrame, candidates: Sequence[str] | None, loss_column: str 
     df = df.reset_index(drop=True)
     parsed = [parse_candidate(c) for c in dict.fromkeys(candidates or default_candidates())]
     ref, ids = reference_mask(df, reference), _match_ids(df)
-    splits, split_notes = heldout_splits(df, ids)
+    splits, split_notes = heldout_splits(df, ids, ref)
     primary = heldout_split(df, ids)
     clusters, clustered_by = recipe_clusters(df)
     init = dict(fit_kwargs.get("init") or {})

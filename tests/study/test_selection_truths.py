@@ -136,3 +136,15 @@ def test_pooled_variance_and_the_likelihood_test_by_hand():
     errors = {"kumar": {"N": small["N"]}, "kumar_data": {"N": big["N"]}}
     chosen, how = selection._choose(entries, errors, np.zeros(4, int), np.array([0, 1, 2, 2]))
     assert chosen == "kumar" and "does not beat" in how
+
+
+def test_a_size_trained_only_in_low_precision_moves_the_n_split_to_the_largest_size_with_a_gap():
+    df = ladder("chinchilla", CHINCHILLA)
+    extra = df[(df["N"] == max(SIZES)) & (df["recipe"] == "fp4")].assign(N=1e9, run_id=lambda d: d["run_id"] + "-1e9")
+    splits, notes = selection.heldout_splits(pd.concat([df, extra], ignore_index=True))
+    by = {s.by: s for s in splits}
+    assert set(by) == {"compute", "N", "D/N"} and notes == {}
+    scored = pd.concat([df, extra], ignore_index=True).loc[by["N"].scored]
+    assert set(scored["N"]) == {max(SIZES)} and "bf16" not in set(scored["recipe"])  # gaps are scored, not references
+    # the 1e9 runs have no gap anywhere: never scored, and fitted on by the N split
+    assert not by["N"].scored[len(df):].any() and by["N"].train[len(df):].all()
