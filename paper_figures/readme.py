@@ -246,12 +246,14 @@ def _law(law: dict) -> list[str]:
             pt = selection.get("precision_test") or {}
             splits = " and ".join(selection.get("splits") or []) or "one"
             text += (f", chosen by held-out precision gaps (mean absolute error {chosen['score']:.3f} nats over the "
-                     f"{splits} splits" + (f"; it beats `chinchilla`, which has no precision term, p = {pt['p_value']:.2g}"
+                     f"{splits} splits" + (f"; it beats `chinchilla`, which has no precision term: p = {pt['p_value']:.2g}, "
+                                              f"{pt['n_clusters']} (N, seed) clusters, {pt['n']} held-out gaps"
                                            if pt.get("beats") and pt.get("p_value") is not None else "") + ")")
-        close = [c["name"] for c in others if c.get("within_noise")]
+        close = [f"`{c['name']}`" + (" (degenerate: no optimum from it)" if c.get("degenerate") else "")
+                 for c in others if c.get("within_noise")]
         far = [f"`{c['name']}` {c['score']:.3f}" for c in others if not c.get("within_noise")]
         if close:
-            text += f"; within noise of it: {', '.join(f'`{n}`' for n in close)}"
+            text += f"; within noise of it: {', '.join(close)}"
         if far:
             text += (f"; worse by more than {selection['noise_se']:g} {selection.get('clustered_by', 'run')}-clustered standard errors: "
                      + ", ".join(far))
@@ -301,6 +303,8 @@ def _pstar(f: dict) -> list[str]:
         measured = e.get("measured") or []
         if measured:
             text += "; the measurement cannot rule out " + ", ".join(f"{m['recipe']} ({m['bits']:.3g} bits)" for m in measured)
+        if e.get("no_bits_axis") and (e.get("profile") or {}).get("rows"):  # drawn from a within-noise law
+            text += f"); over the formats chips run, the `{e['profile']['law']}` law (within noise of it) puts " + _profile(e["profile"], e)
         if (e.get("profile") or {}).get("rows"):  # the published ranges against the law's own interval alone
             law_iv = e.get("law_interval") or e["interval"]
             lines.append(head + text + f". The law's interval {_bits(law_iv)}: " + _published(e.get("published_law") or e["published"]) + ".")
@@ -324,7 +328,7 @@ def _profile(p: dict, e: dict) -> str:
     if star.get("P") is not None:
         text += f"; continuous P\\* {star['P']:.3g} bits" + (f" (95% CI {star['ci'][0]:.3g}–{star['ci'][1]:.3g})" if star.get("ci") else "")
     else:
-        text += f"; no continuous P\\* (`{p['law']}`" + (" reads integer exponent and mantissa bits" if e.get("P_grid") else
+        text += f"; no continuous P\\* (`{p['law']}`" + (" reads integer exponent and mantissa bits" if e.get("P_grid") or "integer exponent" in str(star.get("reason")) else
                                                          ": none inside the trained bits") + ")"
     return text
 

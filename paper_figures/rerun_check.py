@@ -28,9 +28,7 @@ def study(csv: Path, fit_json: Path | None = None):
     else:
         rows = analysis.ok_rows(df)
         choice, fits = selection.select(rows, reproduce.CANDIDATES["quick"], loss_column="val_loss")
-        law = fits[choice["chosen"]]
-        law.selection = choice
-        fit.bootstrap_fit(rows, law, 100, seed=0, loss_column="val_loss")
+        law = selection.chosen_fit(rows, choice, fits, bootstrap=100, seed=0, loss_column="val_loss")
     return law, findings.findings(df, law)
 
 

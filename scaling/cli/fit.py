@@ -158,7 +158,7 @@ def num_or_dash(v: Any, fmt: str) -> str:
 
 def main(args: argparse.Namespace) -> int:
     from scaling.study import results, selection
-    from scaling.study.fit import bootstrap_fit, fit_law, holdout_error
+    from scaling.study.fit import fit_law, holdout_error
 
     df = results.load(args.results)
     if args.sweep is not None:
@@ -177,11 +177,9 @@ def main(args: argparse.Namespace) -> int:
         _print_selection(law_choice)
         if law_choice["chosen"] is None:
             raise ConfigError("--law", "auto", "data on which at least one candidate law can be fitted (see the table)")
-        result = fits[law_choice["chosen"]]
-        result.selection = law_choice
+        result = selection.chosen_fit(df, law_choice, fits, bootstrap=args.bootstrap, seed=args.seed,
+                                      loss_column=loss_column)
         law, fixed = result.law, result.fixed
-        if args.bootstrap:
-            bootstrap_fit(df, result, args.bootstrap, args.seed, loss_column)
     else:
         if args.candidate or args.reference:
             raise ConfigError("--candidate/--reference", args.candidate or args.reference, "only with --law auto")

@@ -122,6 +122,7 @@ def _recipe_ranking(fit, args: argparse.Namespace, cost, check: dict, header: st
     from scaling.study.analysis import ok_rows
     from scaling.study.findings import recipe_optima
     from scaling.study.optimum_check import describe
+    from scaling.study.profile import precision_profile
     from scaling.study.results import load
     from scaling.train import compute as compute_lib
 
@@ -130,15 +131,19 @@ def _recipe_ranking(fit, args: argparse.Namespace, cost, check: dict, header: st
         raise ConfigError("--results", None, f"the runs law {fit.law} was fitted on: it reads precision as "
                           f"{'no term at all' if axis is None else axis}, not bits, so it has no P* and ranks the "
                           "measured recipes at their own " + ("efficiency" if axis == "recipe" else "errors"))
-    ranked = recipe_optima(ok_rows(load(args.results)), fit, args.compute, cost, compute_lib.get(args.cost_model),
+    trained = load(args.results)
+    ranked = recipe_optima(ok_rows(trained), fit, args.compute, cost, compute_lib.get(args.cost_model),
                            ci_samples=args.ci_samples or None, bootstrap=args.ci_samples > 0)
     if not ranked:
         raise ConfigError("--results", args.results, f"runs of the recipes law {fit.law} was fitted on, with their "
                           f"{'quantisation errors' if axis == 'quantisation error' else 'recipe'} columns")
+    # the profile over the formats chips run: another law's where the fit's selection stored one
+    # (profile.profile_source), otherwise none, saying why
+    prof = precision_profile(fit, args.compute, args.formats, cost, trained=trained, max_samples=args.ci_samples)
     if args.json:
         print(json.dumps({**check, "P": None, "P_ci": None, "P_range": None, "N": ranked[0]["N"], "D": ranked[0]["D"],
                           "loss": ranked[0]["loss"], "compute": args.compute, "law": fit.law, "recipes": ranked,
-                          "profile": None, "no_bits_axis": axis}, indent=2))
+                          "profile": prof, "no_bits_axis": axis}, indent=2))
         return 0
     print(header)
     print(f"no P*: law {fit.law} reads precision as {axis}, not bits; the measured recipes ranked, each at its "
@@ -150,6 +155,7 @@ def _recipe_ranking(fit, args: argparse.Namespace, cost, check: dict, header: st
     print(_table(table, list(table.columns)))
     for line in describe(check):
         print(line)
+    print("\n".join(profile_lines(prof)))
     return 0
 
 
@@ -158,7 +164,8 @@ def profile_lines(prof: dict) -> list[str]:
     difference with its family-wise CI and verdict, then the continuous P* or why there is none."""
     if prof.get("no_bits_axis"):
         return [f"profile: none: {prof['no_bits_axis']}"]
-    lines = [f"profile: the law's loss at each format's compute-optimal N ({prof['cost_model']}, each format's scale "
+    lines = [f"profile drawn from another law: {prof['drawn_from']}"] if prof.get("drawn_from") else []
+    lines += [f"profile: the law's loss at each format's compute-optimal N ({prof['cost_model']}, each format's scale "
              f"bits counted; {prof['resamples']} bootstrap resamples, {prof['level']:.0%} CIs)"]
     head = ("format", "bits/el", "E", "M", "block", "N", "loss", "CI", "P(best)", "trained")
     cells = []

@@ -36,13 +36,13 @@ format family, `RoleStructure.exact_in_bf16`) changes the program.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from scaling.numerics import formats, precision, quant, transforms
+from scaling.numerics import formats, quant, transforms
 from scaling import host
 from scaling.errors import ConfigError
 from scaling.numerics.precision import GEMM_ROLES, Recipe, RecipeStructure, RoleStructure

@@ -118,8 +118,12 @@ def specification_fits(df: pd.DataFrame, fit: Any, loss_column: str = "val_loss"
     chosen = (getattr(fit, "selection", None) or {}).get("chosen")
     for cand in (getattr(fit, "selection", None) or {}).get("candidates", []):
         if cand.get("within_noise") and cand.get("params") and cand.get("name") != chosen and _has_bits(cand["law"]):
+            # its own data's ranges (sun reads a hypothetical format at their median block), the chosen fit's shape
+            data = fit_lib.data_summary(rows, cand["law"], cand.get("fixed"), loss_column)
+            if (fit.data or {}).get("shape"):
+                data["shape"] = fit.data["shape"]
             alt = fit_lib.FitResult(law=cand["law"], params=dict(cand["params"]), objective=0.0,
-                                    residuals=np.zeros(0), fixed=cand.get("fixed") or {}, data=fit.data)
+                                    residuals=np.zeros(0), fixed=cand.get("fixed") or {}, data=data)
             out.append((f"{cand['name']} (within noise)", alt))
     return out
 

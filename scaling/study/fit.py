@@ -545,6 +545,13 @@ def degenerate_reason(result: FitResult) -> str | None:
     return None
 
 
+def data_summary(df: pd.DataFrame, law: str, fixed: Mapping[str, float] | None = None,
+                 loss_column: str = "val_loss") -> dict[str, Any]:
+    """What fit_law records of the data `law` is fitted on (`FitResult.data`): points, units, each column's
+    min, max and median (a law read at a hypothetical format takes its block size from here), the runs' shape."""
+    return {**_data_summary(_prepare(df, law, fixed, loss_column)), **_shape(df)}
+
+
 def _data_summary(problem: _Problem) -> dict[str, Any]:
     cols = {c: {"min": float(v.min()), "max": float(v.max()), "median": float(np.median(v)),
                 "n_unique": int(len(np.unique(v)))} for c, v in problem.x.items()}

@@ -278,7 +278,9 @@ def pstar_section(f: dict) -> str:
                          f"({top['bits']:.3g} effective bits{share}; N = {fmt(top['N'])}, D = {fmt(top['D'])}), then "
                          + ", ".join(f"{r['recipe']} (+{r['loss'] - top['loss']:.3g} nats)" for r in ranked[1:4]) + ci)
             text += _measured_text(e, ranked[0]["recipe"] if ranked else None)
-            lines.append(text + ". " + _menu_text(e, law) + ".")
+            drawn = bool((e.get("profile") or {}).get("rows"))  # from a within-noise law with a bits axis
+            lines += [profile_text(e["profile"]), ""] if drawn else []
+            lines += [text + ". " + _menu_text(e, law) + ".", *([""] if drawn else [])]
             continue
         if e.get("profile") and "rows" in e["profile"]:
             lines += [profile_text(e["profile"]), ""]
@@ -336,8 +338,11 @@ def profile_text(p: dict) -> str:
              f"format chips run, at that format's compute-optimal N ({p['level']:.0%} bootstrap CIs over "
              f"{p['resamples']} resamples; each difference is the next format's loss minus this one's, paired over "
              f"the same resamples, family-wise over the {len(pairs)} neighbour pairs)"
-             + (f"; a difference below the law's error ({error:.2%} of the loss, the largest it measured: see "
-                "Limitations) is within its error, whatever the bootstrap says" if error else "") + ". Untrained: no fitted run had that format.", "",
+             + (f"; a difference below the law's error ({error:.2%} of the loss, the largest "
+                + ("the chosen law was measured at" if p.get("drawn_from") else "it measured")
+                + ": see Limitations) is within its error, whatever the bootstrap says" if error else "")
+             + ". Untrained: no fitted run had that format."
+             + (f" Not the chosen law's profile: {p['drawn_from']}." if p.get("drawn_from") else ""), "",
              "| format | chips | bits per element | N | loss | 95% CI | P(best) | trained | next minus this | family-wise CI | verdict |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in p["rows"]:

@@ -47,7 +47,7 @@ import seaborn as sns  # noqa: E402
 
 from scaling.study import laws, optimal, analysis
 from scaling.study import findings as findings_lib
-from scaling.study import optimum_check
+from scaling.study import optimum_check, profile
 from scaling.train import compute
 from scaling import plan
 from scaling.study import curves as curves_lib  # noqa: E402
@@ -358,12 +358,14 @@ def _shape_effects_panel(ax: Any, entries: Sequence[dict], unit: str) -> None:
     ax.legend(fontsize=7)
 
 
-def iso_loss(fit: Any, compute: float, stem: str | Path, cost: Any = None, unit: str = "nats/token") -> Figure:
+def iso_loss(fit: Any, compute: float, stem: str | Path, cost: Any = None, unit: str = "nats/token",
+             chosen: str | None = None) -> Figure:
     """Figure 2: the law's loss over (N, P) at fixed C, each (N, P) given the tokens C affords it under
     `cost` (a scaling.study.optimal.Cost; default: the fit's runs' shape under the `bits` cost model);
     the frontier N*(P) and the optimum, under the verdict `scaling optimal` prints (optimum_check.verdict):
     a filled star only for an optimum that exists inside the trained runs, a hollow one labelled
-    extrapolated for one outside them, none where no optimum exists (the caption says why)."""
+    extrapolated for one outside them, none where no optimum exists (the caption says why). chosen: the
+    law selection chose, where `fit` is another (profile.profile_source: the chosen law has no bits axis)."""
     cost = cost or optimal.Cost(shape=optimal.shape_of(fit))
     best = optimum(fit, compute, cost=cost)
     check = optimum_check.verdict(fit, best, cost)
@@ -410,7 +412,9 @@ def iso_loss(fit: Any, compute: float, stem: str | Path, cost: Any = None, unit:
                  fontsize=10)
     ax.legend(loc="lower left", fontsize=8)
     fig.tight_layout()
-    caption = (f"iso-loss contours of the fitted {fit.law} law at C = {_fmt(compute)}; the red line is the best N for each P, "
+    drawn = (f" (within noise of the chosen {chosen} law, which has no bits axis: see P*)"
+             if chosen and chosen != fit.law else "")
+    caption = (f"iso-loss contours of the fitted {fit.law} law{drawn} at C = {_fmt(compute)}; the red line is the best N for each P, "
                f"{star}"
                + (f"; hatched: the model sizes the law was fitted on ({_fmt(sizes[0])}–{_fmt(sizes[1])})." if sizes else "."))
     return _figure(2, Path(stem), fig, caption)
@@ -822,7 +826,9 @@ def make_figures(results: pd.DataFrame | None, fit: Any, out_dir: str | Path, *,
     analysed = [b for b in (facts or {}).get("budgets", []) if any(e["parabola"] for e in b["recipes"])]
     cost_name = analysed[0]["cost_model"] if analysed else "bits"
     unit = (facts or {}).get("loss_unit", "nats/token")
-    law_missing = _need(fit=fit) or laws.get(fit.law).no_bits_reason
+    # figure 2 needs a bits axis: the chosen law's, or the within-noise law its selection stored for one
+    iso_fit = profile.profile_source(fit)[0] if fit is not None else None
+    law_missing = _need(fit=fit) or laws.get(iso_fit.law).no_bits_reason
     largest = max([b["budget"] for b in (facts or {}).get("budgets", [])]
                   + [p["compute"] for p in (facts or {}).get("P_star", []) or []], default=None)
     if largest is None and main is not None and not main.empty and "flops_fprop" in main.columns:
@@ -832,7 +838,8 @@ def make_figures(results: pd.DataFrame | None, fit: Any, out_dir: str | Path, *,
          lambda: isoflop_profiles([(b, analysis.points_at(main, b["budget"], compute.get(cost_name))) for b in analysed],
                                   stem[1], unit)),
         (2, law_missing or (None if largest else "no compute budget (results without FLOPs by part)"),
-         lambda: iso_loss(fit, largest, stem[2], optimal.Cost(model=compute.get(cost_name), shape=optimal.shape_of(fit)), unit)),
+         lambda: iso_loss(iso_fit, largest, stem[2], optimal.Cost(model=compute.get(cost_name), shape=optimal.shape_of(fit)),
+                          unit, chosen=fit.law)),
         (3, _need(fit=fit, results=main), lambda: fitted_vs_observed(fit, main, stem[3], heldout_mask(fit, main), unit)),
         (4, _need_curves(main_curves, ("tokens", "N", "recipe")), lambda: training_curves(main_curves, stem[4], unit)),
         (5, _no_granularity_sweep(results) or _need_granularity(grain), lambda: granularity_format(grain, stem[5], unit)),

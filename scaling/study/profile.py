@@ -22,7 +22,9 @@ columns are bits (kumar, quartet, ...), searched over continuous P (never a grid
 the optimum strictly inside the trained bits, and the CI from each resample's own continuous optimum
 (the share of resamples whose optimum is interior said). A law on integer exponent/mantissa bits
 (sun) has none: it says so and the profile is its answer. A law without a bits axis (chinchilla,
-capacity) gets no profile and says why.
+capacity) has no loss at an untrained format; `profile_source` then draws the profile from the law with
+a bits axis that law selection could not tell from it (selection.chosen_fit), said as `drawn_from`, or
+gives none and says why.
 
 The module is apart from optimal.py (which it uses: the same per-format N search) because it is the
 only place that knows the chips' formats (and so imports scaling.numerics, lazily: JAX loads only when a
@@ -172,6 +174,21 @@ def _losses(law, params, compute, rows, cols, costs, n_range) -> list[dict]:
     return [optimal._best_n(law, params, compute, r["bits"], c, cost, n_range) for r, c, cost in zip(rows, cols, costs)]
 
 
+def profile_source(fit: FitResult) -> tuple[FitResult, str | None]:
+    """The fit a P* profile is drawn from, and why it is not `fit` itself (None when it is): `fit` when its
+    law has a bits axis or its selection stored no other (selection.chosen_fit's `profile`), otherwise that
+    stored fit, carrying `fit`'s runs' shape for the cost of a hypothetical model."""
+    stored = (fit.selection or {}).get("profile") if not laws.get(fit.law).bits_axis else None
+    if not stored:
+        return fit, None
+    alt = FitResult.from_dict(stored["fit"])
+    alt.data = {**(alt.data or {}), "shape": (fit.data or {}).get("shape") or (alt.data or {}).get("shape")}
+    why = (f"{laws.get(fit.law).no_bits_reason}; the profile is the `{stored['name']}` law's, the law with a bits axis "
+           f"that law selection could not tell from the chosen `{fit.law}` (within noise) with the lowest held-out "
+           f"gap error, fitted on the same runs and resampled the same way")
+    return alt, why
+
+
 def precision_profile(fit: FitResult | Mapping[str, Any], compute: float,
                       formats: Sequence[str | ChipFormat] | None = None, cost: optimal.Cost | None = None, *,
                       trained: pd.DataFrame | None = None, level: float | None = None,
@@ -189,8 +206,9 @@ def precision_profile(fit: FitResult | Mapping[str, Any], compute: float,
     bits_per_element, N, D, loss, loss_ci, p_best, untrained, untrained_reasons}] in bits-per-element
     order, pairs: [{from, to, diff (to - from), ci (family-wise), verdict, within_law_error}],
     best (the lowest-loss row's name), pstar: {P, N, D, loss, ci, interior_share, reason},
-    no_bits_axis: None or why the law has no profile}."""
-    fit = optimal._fit(fit)
+    no_bits_axis: None or why the law has no profile, drawn_from: None or why the profile is another law's
+    (profile_source)}."""
+    fit, drawn_from = profile_source(optimal._fit(fit))
     law = laws.get(fit.law)
     cost = cost or optimal.Cost(shape=optimal.shape_of(fit))
     if not compute > 0:
@@ -200,7 +218,8 @@ def precision_profile(fit: FitResult | Mapping[str, Any], compute: float,
     out: dict[str, Any] = {"compute": float(compute), "law": fit.law, "cost_model": cost.name, "level": level,
                            "family_level": None, "resamples": 0, "law_error": None,
                            "trained_formats_known": trained is not None, "rows": [], "pairs": [], "best": None,
-                           "pstar": {"P": None, "reason": None}, "no_bits_axis": None}
+                           "pstar": {"P": None, "reason": None}, "no_bits_axis": None,
+                           "drawn_from": drawn_from}
     if not law.bits_axis:
         why = law.no_bits_reason
         out["no_bits_axis"] = why

@@ -242,10 +242,13 @@ def _law_sections(ok: pd.DataFrame, fitted: pd.DataFrame, fit_result: Any) -> tu
     error_text, heldout = heldout_error(fit_result, fitted)
     sections = ["## Fitted law", "", fitted_law(fit_result), "", error_text, ""]
     reason = laws.get(fit_result.law).no_bits_reason
+    stored = ((fit_result.selection or {}).get("profile") or {}).get("name")
     if reason:
         sections += [reason[0].upper() + reason[1:]
-                     + ": it cannot locate a sweet spot over bits; the IsoFLOP minima above are the measured "
-                     "answer, and `scaling fit --law kumar` (or any law with a bits axis) gives a P*.", ""]
+                     + ": it cannot locate a sweet spot over bits; the IsoFLOP minima above are the measured answer"
+                     + (f", and the P* profile over the formats chips run is the `{stored}` law's, the law with a bits "
+                        "axis within noise of it with the lowest held-out gap error." if stored else
+                        ", and `scaling fit --law kumar` (or any law with a bits axis) gives a P*."), ""]
     return sections, heldout
 
 

@@ -435,6 +435,35 @@ def select(df: pd.DataFrame, candidates: Sequence[str] | None, loss_column: str 
     return _json_safe(summary), fits
 
 
+def chosen_fit(df: pd.DataFrame, choice: dict[str, Any], fits: Mapping[str, FitResult], *, bootstrap: int = 0,
+               seed: int = 0, loss_column: str = "val_loss") -> FitResult:
+    """The chosen law's full-data fit (select's `fits[choice["chosen"]]`) carrying `choice` as its selection,
+    with `bootstrap` resamples. A law without a bits axis (capacity, kumar_eff) has no loss at a format it
+    was not measured at, so the P* profile over the formats chips run is drawn from another law: the
+    sound one with a bits axis that the data cannot tell from the chosen law (`within_noise`) and has the
+    lowest held-out score, fitted on the same rows and resampled as the chosen one; stored as
+    `choice["profile"]` = {name, fit: its FitResult.to_dict() without residuals}, or None (the chosen law
+    has a bits axis, or no such law is within noise, or each one's resamples make it degenerate)."""
+    result = fits[choice["chosen"]]
+    result.selection = choice
+    if bootstrap:
+        fit.bootstrap_fit(df, result, bootstrap, seed, loss_column)
+    choice["profile"] = None
+    if laws.get(result.law).bits_axis:
+        return result
+    ranked = sorted((e for e in choice["candidates"] if e.get("within_noise") and e["name"] in fits
+                     and laws.get(e["law"]).bits_axis and e.get("degenerate") is None), key=lambda e: e["score"])
+    for entry in ranked:
+        alt = fits[entry["name"]]
+        if bootstrap:
+            fit.bootstrap_fit(df, alt, bootstrap, seed, loss_column)
+        if alt.degenerate is None:
+            choice["profile"] = {"name": entry["name"],
+                                 "fit": {k: v for k, v in alt.to_dict().items() if k not in ("residuals", "selection")}}
+            break
+    return result
+
+
 def _describe_split(df: pd.DataFrame, split: Split | str) -> dict[str, Any]:
     """What was held out: the split, its smallest held-out value (the largest value for budget and N),
     runs left out and rows fitted (or why none)."""

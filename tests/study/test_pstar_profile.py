@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from scaling import cli
-from scaling.study import findings, laws, optimal, plots, profile
+from scaling.study import findings, laws, optimal, plots, profile, selection
 from scaling.study.fit import FitResult
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -135,6 +135,45 @@ def test_a_law_without_a_bits_axis_says_so():
     prof = profile.precision_profile(fit, 1e20)
     assert prof["rows"] == [] and prof["pstar"]["P"] is None
     assert prof["no_bits_axis"] == "the chinchilla law has no precision term"
+
+
+def _capacity_choice(entries: list[tuple[str, str, float, bool, str | None]]):
+    """A selection summary whose chosen law is `capacity` (no bits axis) and the fits select returned:
+    entries are (name, law, score, within noise, degenerate)."""
+    fits = {"capacity": FitResult(law="capacity", params={}, objective=0.0, residuals=np.zeros(0),
+                                  data={"shape": {"N": [1e4, 1e8], "ratio": [0.5, 0.1]}})}
+    candidates = [{"name": "capacity", "law": "capacity", "score": 0.028, "within_noise": True, "degenerate": None}]
+    for name, law, score, close, degenerate in entries:
+        candidates.append({"name": name, "law": law, "score": score, "within_noise": close, "degenerate": degenerate})
+        fits[name] = kumar_fit(7.0, n_samples=4) if law == "kumar" else sun_fit(4)
+        fits[name].degenerate = degenerate
+    return {"chosen": "capacity", "candidates": candidates}, fits
+
+
+def test_a_law_without_a_bits_axis_draws_its_profile_from_the_closest_law_with_one():
+    choice, fits = _capacity_choice([("chinchilla", "chinchilla", 0.027, True, None),   # no bits axis either
+                                     ("kumar_data", "kumar", 0.010, False, None),      # better, but not within noise
+                                     ("sun", "sun", 0.029, True, "eps at its bound"),  # within noise, degenerate
+                                     ("kumar", "kumar", 0.031, True, None),
+                                     ("kumar[kappa free]", "kumar", 0.030, True, None)])
+    chosen = selection.chosen_fit(pd.DataFrame(), choice, fits)  # no resamples: the rows are not read
+    assert chosen is fits["capacity"] and chosen.selection is choice
+    assert choice["profile"]["name"] == "kumar[kappa free]" and "residuals" not in choice["profile"]["fit"]
+    source, why = profile.profile_source(chosen)
+    assert source.law == "kumar" and source.params == fits["kumar[kappa free]"].params
+    assert source.data["shape"] == chosen.data["shape"]  # the chosen fit's runs cost a hypothetical model
+    assert why.startswith("the capacity law prices precision by measured quantisation error") and "`kumar[kappa free]`" in why
+    prof = profile.precision_profile(chosen, 1e20)
+    assert prof["law"] == "kumar" and prof["drawn_from"] == why and len(prof["rows"]) == len(profile.CHIP_FORMATS)
+    assert prof["resamples"] == 4 and prof["no_bits_axis"] is None
+    # a chosen law with a bits axis is its own profile; no sound law with one within noise: none, said
+    kumar = kumar_fit(7.0, n_samples=4)
+    kumar.selection = {"chosen": "kumar", "candidates": []}
+    assert selection.chosen_fit(pd.DataFrame(), kumar.selection, {"kumar": kumar}) is kumar
+    assert kumar.selection["profile"] is None and profile.profile_source(kumar) == (kumar, None)
+    choice, fits = _capacity_choice([("sun", "sun", 0.029, True, "eps at its bound"), ("kumar", "kumar", 0.02, False, None)])
+    chosen = selection.chosen_fit(pd.DataFrame(), choice, fits)
+    assert choice["profile"] is None and profile.precision_profile(chosen, 1e20)["no_bits_axis"].startswith("the capacity law")
 
 
 def test_findings_keep_the_law_interval_apart_from_the_measured_bits():

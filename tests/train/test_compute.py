@@ -5,7 +5,6 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from scaling.numerics import precision
 from scaling.train import compute, ladder
 
 CFG = ladder.config_for_size(4, vocab=256, seq_len=64)
