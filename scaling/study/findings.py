@@ -17,6 +17,7 @@ from scaling.train import compute as compute_lib
 from scaling.study import laws, optimal
 from scaling.study import fit as fit_lib
 from scaling.study import profile as profile_lib
+from scaling.study.fit import FitResult
 from scaling.study.optimum_check import too_few_runs_reason
 from scaling.study.analysis import (LEVEL, analyse, default_budgets, high_precision_recipe, ok_rows,
                                     replicate_noise, sweep_family, with_cost)
@@ -54,7 +55,7 @@ def lr_optima(df: pd.DataFrame, loss_column: str = "val_loss") -> pd.DataFrame:
     return table[["recipe", "N", "lr", "edge", "shift", "resolution", "differs"]]
 
 
-def residuals_by_recipe(df: pd.DataFrame, fit: Any, level: float = LEVEL,
+def residuals_by_recipe(df: pd.DataFrame, fit: FitResult, level: float = LEVEL,
                         loss_column: str = "val_loss") -> tuple[pd.DataFrame, pd.DataFrame]:
     """Where a fitted law is biased: (rows with `residual` = observed - fitted loss, per recipe the
     mean residual over runs with a t confidence interval: recipe, mean, lo, hi, runs). A run's
@@ -99,7 +100,7 @@ def published_verdicts(interval: Sequence[float] | None) -> dict[str, str]:
     return {name: verdict(interval, a, b) for name, (a, b) in PUBLISHED.items()}
 
 
-def specification_fits(df: pd.DataFrame, fit: Any, loss_column: str = "val_loss") -> list[tuple[str, Any]]:
+def specification_fits(df: pd.DataFrame, fit: FitResult, loss_column: str = "val_loss") -> list[tuple[str, Any]]:
     """The fits P* is reported across: the chosen law; for a law with kappa, kappa at each of KAPPAS
     and fitted; every candidate the selection found within noise of the best (fit.selection) whose
     precision axis is bits (`_has_bits`)."""
@@ -135,7 +136,7 @@ def _has_bits(law: str) -> bool:
     return laws.has_bits_axis(law)
 
 
-def findings(df: pd.DataFrame, fit: Any | None, *, cost: str = "bits", budgets: Sequence[float] | None = None,
+def findings(df: pd.DataFrame, fit: FitResult | None, *, cost: str = "bits", budgets: Sequence[float] | None = None,
              n_boot: int = 2000, ci_samples: int = 100, loss_column: str = "val_loss",
              noise_rows: pd.DataFrame | None = None, level: float = LEVEL,
              pairs: Sequence[tuple[str, str]] = ()) -> dict[str, Any]:
@@ -199,7 +200,7 @@ def findings(df: pd.DataFrame, fit: Any | None, *, cost: str = "bits", budgets: 
     return out
 
 
-def too_few_runs(df: pd.DataFrame, fit: Any) -> str | None:
+def too_few_runs(df: pd.DataFrame, fit: FitResult) -> str | None:
     """Why these runs are too few for a P* from `fit`, or None: the rule every verb shares
     (optimum_check.too_few_runs_reason, DISTINCT_RUNS_PER_PARAM), on the runs of `df`."""
     n = int(df["run_id"].nunique()) if "run_id" in df.columns else len(df)
@@ -223,7 +224,7 @@ def _measured_findings(df: pd.DataFrame, main: pd.DataFrame, budgets: Sequence[f
     }
 
 
-def _with_shape(fit: Any, main: pd.DataFrame) -> Any:
+def _with_shape(fit: FitResult, main: pd.DataFrame) -> FitResult:
     """The fit, carrying its runs' unquantised share (for the cost of a hypothetical model) if it lacks one."""
     if (fit.data or {}).get("shape"):
         return fit
@@ -232,7 +233,7 @@ def _with_shape(fit: Any, main: pd.DataFrame) -> Any:
     return fit
 
 
-def _pstar_over_bits(fit: Any, compute: float, specs: list[tuple[str, Any]], chosen_cost: optimal.Cost,
+def _pstar_over_bits(fit: FitResult, compute: float, specs: list[tuple[str, Any]], chosen_cost: optimal.Cost,
                      ci_samples: int, measured: list[dict]) -> dict[str, Any]:
     """P* at `compute` for a law whose precision axis is bits: the optimum with its bootstrap CI, the
     specification range across laws and cost models, `law_interval` spanning them, and `interval`
@@ -269,7 +270,7 @@ def _pstar_over_bits(fit: Any, compute: float, specs: list[tuple[str, Any]], cho
     return entry
 
 
-def _pstar_over_recipes(main: pd.DataFrame, fit: Any, compute: float, specs: list[tuple[str, Any]],
+def _pstar_over_recipes(main: pd.DataFrame, fit: FitResult, compute: float, specs: list[tuple[str, Any]],
                         chosen_cost: optimal.Cost, cost_model: compute_lib.CostModel, ci_samples: int,
                         measured: list[dict]) -> dict[str, Any]:
     """P* at `compute` for a law without a bits axis (e.g. capacity: precision as measured quantisation
@@ -314,7 +315,7 @@ def measured_choice(analysis: dict, level: float = LEVEL) -> list[dict]:
             for e in sorted(keep, key=lambda e: -e["p_best"])]
 
 
-def recipe_optima(df: pd.DataFrame, fit: Any, compute: float, cost: optimal.Cost, cost_model: compute_lib.CostModel,
+def recipe_optima(df: pd.DataFrame, fit: FitResult, compute: float, cost: optimal.Cost, cost_model: compute_lib.CostModel,
                   ci_samples: int | None = None, bootstrap: bool = True) -> list[dict]:
     """A law without a bits axis read at `compute` for each measured recipe: a law on quantisation
     errors (capacity) at the recipe's median qerr_w/a/g over the runs, a law with a fitted efficiency
@@ -356,7 +357,7 @@ def recipe_optima(df: pd.DataFrame, fit: Any, compute: float, cost: optimal.Cost
     return table
 
 
-def _law_columns(fit: Any) -> tuple[str, ...]:
+def _law_columns(fit: FitResult) -> tuple[str, ...]:
     return laws.get(fit.law).columns
 
 

@@ -11,17 +11,18 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 import pandas as pd
 
 from scaling.study import laws, plots
 from scaling.study import findings as findings_lib
+from scaling.study.fit import FitResult
 from scaling.study.prose import _markdown, fmt
 
 
-def fitted_law(fit: Any) -> str:
+def fitted_law(fit: FitResult) -> str:
     rows = []
     fixed = getattr(fit, "fixed", None) or {}
     for name, value in fit.params.items():
@@ -231,7 +232,7 @@ def _residuals_text(selection: dict) -> str:
                                                   "excludes zero" if off else "") + ":\n\n" + _markdown(table))
 
 
-def heldout_error(fit: Any, ok: pd.DataFrame) -> tuple[str, float | None]:
+def heldout_error(fit: FitResult, ok: pd.DataFrame) -> tuple[str, float | None]:
     """In-sample error of the law and, when the fit ran one (`scaling fit --holdout`), its held-out
     extrapolation error: fit on the smaller runs, mean absolute relative error on the largest."""
     rel = np.abs(np.asarray(fit.predict(ok), float) / ok["val_loss"].to_numpy(float) - 1)

@@ -22,6 +22,7 @@ import pandas as pd
 
 from scaling.study import analysis, plots
 from scaling.study import findings as findings_lib
+from scaling.study.fit import FitResult
 from scaling.study.design_checks import HIGH_BITS, QUANTISED_PARTS, UNQUANTISED_DOMINATES
 
 # Chinchilla's compute-optimal ratio (Hoffmann et al. 2022), for the limitations paragraph.
@@ -387,7 +388,7 @@ def _optima_ratio_text(budgets: Sequence[dict]) -> str:
     return f" The measured IsoFLOP optima (inside their sizes) sit at {'; '.join(spans)}." if spans else ""
 
 
-def limitations(ok: pd.DataFrame, fit: Any | None, found: list[dict], heldout: float | None,
+def limitations(ok: pd.DataFrame, fit: FitResult | None, found: list[dict], heldout: float | None,
                 budgets: Sequence[dict] = (), prediction: dict | None = None) -> str:
     """A paragraph written from the data's spans: what the measurements can and cannot support.
     budgets: the IsoFLOP analyses (findings.findings' "budgets"), for how well a parabola in N fits them.

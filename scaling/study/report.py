@@ -19,6 +19,7 @@ import pandas as pd
 
 from scaling.study import analysis, costs, fit, laws, matched, plots
 from scaling.study import findings as findings_lib
+from scaling.study.fit import FitResult
 from scaling.study import predict as predict_lib
 from scaling.study import profile as profile_lib
 from scaling.study.law_prose import fitted_law, heldout_error, prediction_sections, pstar_section
@@ -43,7 +44,7 @@ def _allocation_note(fit_result) -> str:
 LITERATURE_SPLIT = (0.4, 0.75)
 
 
-def literature_exponents(fit: Any) -> bool:
+def literature_exponents(fit: FitResult | None) -> bool:
     """Whether a fit's exponents split compute between N and D as the published laws do."""
     if fit is None or not {"alpha", "beta"} <= set(fit.params):
         return False
@@ -71,7 +72,7 @@ class Context:
     ok: pd.DataFrame
     main: pd.DataFrame
     noise: pd.DataFrame
-    fit: Any
+    fit: FitResult | None
     facts: dict
 
 

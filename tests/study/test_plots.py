@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from scaling import cli
-from scaling.study import curves, plots
+from scaling.study import curves, figure_base, plots
 from scaling.train import ladder
 from scaling._io import append_jsonl, atomic_write_json
 from scaling.errors import ConfigError
@@ -375,7 +375,7 @@ def test_granularity_figure_draws_every_run_at_a_single_size(tmp_path, monkeypat
         drawn["axes"] = [ax for ax in fig.axes if ax.get_title()]
         return stem.with_suffix(".png"), stem.with_suffix(".pdf")
 
-    monkeypatch.setattr(plots, "_save", keep)
+    monkeypatch.setattr(figure_base, "_save", keep)
     plots.granularity_format(results, tmp_path / "fig5")
     final = plots.final_rows(results)
     for ax in drawn["axes"]:

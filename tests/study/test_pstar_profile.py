@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from scaling import cli
-from scaling.study import findings, laws, optimal, plots, profile, selection
+from scaling.study import figure_base, findings, laws, optimal, plots, profile, selection
 from scaling.study.fit import FitResult
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -198,7 +198,7 @@ def _drawn(monkeypatch):
                           if type(c).__name__ == "PathCollection" and "optimum" in str(c.get_label())]
         return stem.with_suffix(".png"), stem.with_suffix(".pdf")
 
-    monkeypatch.setattr(plots, "_save", keep)
+    monkeypatch.setattr(figure_base, "_save", keep)
     return drawn
 
 

@@ -1,0 +1,318 @@
+"""The figures drawn from a fitted law (`scaling figures`, listed by scaling.study.plots.make_figures).
+
+  2 iso_loss            the law's L(N, D(C, N, P), P) over (N, P) at fixed C under the findings'
+                        cost model, with the frontier N*(P)
+  3 fitted_vs_observed  predicted vs measured loss, y = x, held-out points marked
+  8 cluster_table       training days on GPU clusters from `scaling.plan.cluster`, the reference runs'
+                        and the law's per-precision optima (cluster_time_table)
+  9 residuals           observed - fitted loss per recipe against N, with each recipe's mean and CI
+                        (scaling.study.findings.residuals_by_recipe): where the law is biased
+
+with the fit adapters they read the law through (its bootstrap samples, precision grid, optimum,
+fitted sizes, held-out split). Each figure writes <stem>.png and <stem>.pdf through
+scaling.study.figure_base and returns a `Figure`, as the measured-data figures of scaling.study.plots do.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+from typing import Any, Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")  # figures are files; never open a window (CI, ssh, Ray workers)
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import seaborn as sns  # noqa: E402
+
+from scaling import plan  # noqa: E402
+from scaling.study import laws, optimal, optimum_check  # noqa: E402
+from scaling.study.figure_base import (TITLES, Figure, _figure, _fmt, _log_n_axis, loss_label,  # noqa: E402
+                                       palette_for, with_precision)
+from scaling.study.fit import FitResult  # noqa: E402
+
+# The continuous precision grid of the law's curves (bits, log-spaced).
+P_GRID = np.geomspace(3.0, 32.0, 48)
+
+
+# ---------------------------------------------------------------------------------------------
+# Fit adapters
+# ---------------------------------------------------------------------------------------------
+
+
+def param_samples(fit: FitResult) -> list[dict]:
+    """The bootstrap's per-resample parameter sets (empty when the fit was made without a bootstrap)."""
+    samples = getattr(fit, "samples", None)
+    return [] if samples is None or len(samples) == 0 else samples.to_dict("records")
+
+
+def precision_grid(fit: FitResult) -> np.ndarray:
+    """Bits to draw L*(P) at: log-spaced in 3-32 bits, or the integers 3..32 for laws on (E, M) bits."""
+    if {"ebits", "mbits"} <= set(laws.get(fit.law).columns):
+        return np.arange(3.0, 33.0)
+    return P_GRID
+
+
+def optimum(fit: FitResult, compute: float, precisions: Sequence[float] | None = None, params: dict | None = None,
+            n_range: tuple[float, float] = (1.0, np.inf), cost: Any = None) -> dict:
+    """scaling.study.optimal.optimal_precision: the best (P, N, D, loss) and the per_precision table."""
+    return optimal.optimal_precision(fit, compute=compute, precisions=None if precisions is None else list(precisions),
+                                     params=params, n_range=n_range, **({"cost": cost} if cost is not None else {}))
+
+
+def fitted_sizes(fit: Any) -> tuple[float, float] | None:
+    """The (smallest, largest) N the law was fitted on, from the fit's data summary; None if not recorded.
+    fit: a FitResult or its dict (FitResult.to_dict, as a fit JSON holds it)."""
+    data = (fit.get("data") if isinstance(fit, dict) else getattr(fit, "data", None)) or {}
+    n = data.get("columns", {}).get("N", {})
+    return (float(n["min"]), float(n["max"])) if "min" in n and "max" in n else None
+
+
+def loss_vs_precision(fit: FitResult, compute: float, bits: Sequence[float] | None = None, params: dict | None = None,
+                      cost: Any = None) -> pd.DataFrame:
+    """L*(P; C): for each P the cost-model-optimal N, D and loss (scaling.study.optimal's per_precision table)."""
+    bits = precision_grid(fit) if bits is None else bits
+    table = optimum(fit, compute, bits, params, cost=cost)["per_precision"]
+    return table.sort_values("P").reset_index(drop=True)
+
+
+
+# ---------------------------------------------------------------------------------------------
+# 2, 3, 9: the law against the runs
+# ---------------------------------------------------------------------------------------------
+
+
+def iso_loss(fit: FitResult, compute: float, stem: str | Path, cost: Any = None, unit: str = "nats/token",
+             chosen: str | None = None) -> Figure:
+    """Figure 2: the law's loss over (N, P) at fixed C, each (N, P) given the tokens C affords it under
+    `cost` (a scaling.study.optimal.Cost; default: the fit's runs' shape under the `bits` cost model);
+    the frontier N*(P) and the optimum, under the verdict `scaling optimal` prints (optimum_check.verdict):
+    a filled star only for an optimum that exists inside the trained runs, a hollow one labelled
+    extrapolated for one outside them, none where no optimum exists (the caption says why). chosen: the
+    law selection chose, where `fit` is another (profile.profile_source: the chosen law has no bits axis)."""
+    cost = cost or optimal.Cost(shape=optimal.shape_of(fit))
+    best = optimum(fit, compute, cost=cost)
+    check = optimum_check.verdict(fit, best, cost)
+    frontier = loss_vs_precision(fit, compute, cost=cost)
+    sizes = fitted_sizes(fit)
+    n_lo = min(frontier["N"].min(), best["N"], *(sizes or ())) / 10
+    n_hi = max(frontier["N"].max(), best["N"], *(sizes or ())) * 10
+    n_grid = np.geomspace(n_lo, n_hi, 120)
+    p_grid = precision_grid(fit)
+    grid = optimal.iso_loss(fit, compute, n_grid, p_grid, cost=cost).pivot(index="P", columns="N", values="loss")
+    NN, PP = np.meshgrid(grid.columns.to_numpy(float), grid.index.to_numpy(float))
+    loss = grid.to_numpy(float)
+    fig, ax = plt.subplots(figsize=(6.4, 4.8))
+    lo, hi = np.nanmin(loss), np.nanpercentile(loss, 90)
+    levels = np.linspace(lo, hi, 14)
+    filled = ax.contourf(NN, PP, np.minimum(loss, hi), levels=levels, cmap="viridis_r")
+    lines = ax.contour(NN, PP, loss, levels=levels[1::2], colors="white", linewidths=0.6)
+    ax.clabel(lines, fmt="%.3g", fontsize=7)
+    fig.colorbar(filled, ax=ax, label=loss_label(unit), format="%.3g")
+    if sizes:  # where the law is a measurement, not an extrapolation
+        ax.axvspan(*sizes, facecolor="none", edgecolor="k", hatch="//", lw=0.8, alpha=0.5, label="model sizes fitted")
+    ax.plot(frontier["N"], frontier["P"], color="tab:red", lw=2, label="compute-optimal N*(P)")
+    split = f" (E{best['ebits']:g}M{best['mbits']:g}, whole bits)" if "ebits" in best else ""
+    if check["exists"] and not check["extrapolated"]:
+        ax.scatter([best["N"]], [best["P"]], marker="*", s=220, color="tab:red", edgecolor="k", zorder=4,
+                   label=f"optimum: P* = {best['P']:.2g} bits, N = {_fmt(best['N'])}")
+        star = f"the star the overall optimum (P* = {best['P']:.3g} bits{split}, loss {best['loss']:.4g})"
+    elif check["exists"]:
+        ax.scatter([best["N"]], [best["P"]], marker="*", s=220, facecolor="none", edgecolor="tab:red", lw=1.5,
+                   zorder=4, label=f"law's optimum, extrapolated: P = {best['P']:.2g} bits, N = {_fmt(best['N'])}")
+        star = (f"the hollow star the law's optimum, an extrapolation (P = {best['P']:.3g} bits{split}, loss "
+                f"{best['loss']:.4g}; " + "; ".join(e["text"] for e in check["extrapolation"]) + ")")
+    else:
+        star = "no optimum is starred: " + "; ".join(check["reasons"])
+    ax.set_xscale("log")
+    ax.set_yscale("log", base=2)
+    ticks = [3, 4, 6, 8, 12, 16, 32]
+    ax.set_yticks(ticks)
+    ax.set_yticklabels([str(t) for t in ticks])
+    ax.minorticks_off()
+    ax.set_xlabel("non-embedding parameters N")
+    ax.set_ylabel("precision P (bits)")
+    ax.set_title(f"{TITLES[2]}\nC = {_fmt(compute)} (16-bit FLOP units, {cost.model.name} cost model): D = what C affords",
+                 fontsize=10)
+    ax.legend(loc="lower left", fontsize=8)
+    fig.tight_layout()
+    drawn = (f" (within noise of the chosen {chosen} law, which has no bits axis: see P*)"
+             if chosen and chosen != fit.law else "")
+    caption = (f"iso-loss contours of the fitted {fit.law} law{drawn} at C = {_fmt(compute)}; the red line is the best N for each P, "
+               f"{star}"
+               + (f"; hatched: the model sizes the law was fitted on ({_fmt(sizes[0])}–{_fmt(sizes[1])})." if sizes else "."))
+    return _figure(2, Path(stem), fig, caption)
+
+
+def heldout_mask(fit: FitResult, results: pd.DataFrame) -> np.ndarray | None:
+    """Which result rows the fit's held-out test predicted (None when the fit records no held-out test).
+
+    scaling.study.fit.holdout_error holds out the rows whose split key (N, or compute 6·N·D) is >= threshold.
+    """
+    heldout = getattr(fit, "heldout", None)
+    if not heldout or "threshold" not in heldout:
+        return None
+    by = heldout.get("by", "N")
+    key = results["N"].to_numpy(float) * (6.0 * results["D"].to_numpy(float) if by == "compute" else 1.0)
+    return key >= float(heldout["threshold"])
+
+
+def heldout_predictions(fit: FitResult, results: pd.DataFrame, mask: np.ndarray | None) -> np.ndarray:
+    """The law's prediction per row: the full fit, except held-out rows when the fit kept the params of its
+    held-out fit (fitted without those rows), which then predicts them — the extrapolation test itself."""
+    predicted = np.asarray(fit.predict(results), float)
+    params = (getattr(fit, "heldout", None) or {}).get("params")
+    if mask is not None and mask.any() and params:
+        extrapolating = dataclasses.replace(fit, params={**fit.params, **params})
+        predicted[mask] = np.asarray(extrapolating.predict(results[mask]), float)
+    return predicted
+
+
+def fitted_vs_observed(fit: FitResult, results: pd.DataFrame, stem: str | Path, heldout: np.ndarray | None = None,
+                       unit: str = "nats/token") -> Figure:
+    """Figure 3: the law's prediction against every measured loss; held-out points hollow."""
+    df = with_precision(results)
+    df["heldout"] = np.zeros(len(df), bool) if heldout is None else np.asarray(heldout, bool)
+    df["predicted"] = heldout_predictions(fit, df, heldout)
+    # without the held-out fit's params the held-out rows can only be shown with the full fit's prediction
+    extrapolated = bool((getattr(fit, "heldout", None) or {}).get("params"))
+    held_label = " (held out)" if extrapolated else " (held-out set, full-fit prediction)"
+    palette = palette_for(df["precision"])
+    fig, ax = plt.subplots(figsize=(5.4, 5.0))
+    for label in palette:
+        for held, marker in ((False, "o"), (True, "s")):
+            part = df[(df["precision"] == label) & (df["heldout"] == held)]
+            if part.empty:
+                continue
+            ax.scatter(part["val_loss"], part["predicted"], s=30, marker=marker,
+                       facecolor="none" if held else palette[label], edgecolor=palette[label], linewidth=1.3,
+                       label=f"{label}{held_label if held else ''}")
+    lo = float(min(df["val_loss"].min(), df["predicted"].min()))
+    hi = float(max(df["val_loss"].max(), df["predicted"].max()))
+    pad = 0.03 * (hi - lo or 1.0)
+    ax.plot([lo - pad, hi + pad], [lo - pad, hi + pad], color="0.3", ls="--", lw=1, label="y = x")
+    rel = np.abs(df["predicted"] / df["val_loss"] - 1)
+    # one in-sample number (the full fit on every point, as REPORT's fitted-law section states it) and
+    # one out-of-sample number (the held-out fit on the points it did not see)
+    full = np.abs(np.asarray(fit.predict(df), float) / df["val_loss"].to_numpy(float) - 1)
+    text = f"mean |rel. error| of the fit on its {len(df)} points: {full.mean():.2%}"
+    if df["heldout"].any():
+        recorded = fit.heldout.get("mare")
+        if extrapolated:
+            text += (f"; fitted without the {int(df['heldout'].sum())} held-out points, the law predicts them within "
+                     f"{rel[df['heldout']].mean():.2%}")
+        elif recorded is not None:
+            text += f"; the fit's held-out test: {recorded:.2%}"
+    ax.text(0.03, 0.97, text, transform=ax.transAxes, va="top", fontsize=8)
+    ax.set_xlabel(f"observed {loss_label(unit)}")
+    ax.set_ylabel(f"fitted {loss_label(unit)}")
+    ax.set_title(f"{TITLES[3]} ({fit.law} law, {len(df)} points)", fontsize=10)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    caption = text + (" (no held-out split recorded in the fit)" if heldout is None else "") + "."
+    return _figure(3, Path(stem), fig, caption)
+
+
+def residuals(rows: pd.DataFrame, by_recipe: pd.DataFrame, fit: FitResult, stem: str | Path, unit: str = "nats/token") -> Figure:
+    """Figure 9: each evaluation's residual (observed - fitted) against N, coloured by recipe, and
+    each recipe's mean residual over runs with its CI (findings.residuals_by_recipe)."""
+    recipes = list(by_recipe["recipe"])
+    colours = dict(zip(recipes, sns.color_palette("colorblind", len(recipes))))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.2), gridspec_kw={"width_ratios": [2, 1]})
+    for recipe in recipes:
+        part = rows[rows["recipe"] == recipe]
+        left.scatter(part["N"], part["residual"], s=16, alpha=0.7, color=colours[recipe], label=recipe)
+    left.axhline(0, color="0.3", lw=1)
+    _log_n_axis(left)
+    left.set_ylabel(f"observed - fitted loss ({unit})")
+    left.legend(fontsize=7)
+    y = np.arange(len(recipes))
+    right.errorbar(by_recipe["mean"], y, xerr=[by_recipe["mean"] - by_recipe["lo"], by_recipe["hi"] - by_recipe["mean"]],
+                   fmt="o", color="k", capsize=3)
+    right.axvline(0, color="0.3", lw=1)
+    right.set_yticks(y, [f"{r} (n={n})" for r, n in zip(recipes, by_recipe["runs"])], fontsize=8)
+    right.set_xlabel(f"mean residual over runs ({unit}), 95% CI")
+    fig.suptitle(f"{TITLES[9]} ({fit.law} law)", fontsize=10)
+    fig.tight_layout()
+    parts = []
+    for r in by_recipe.itertuples():
+        ci = "" if not np.isfinite(r.lo) else f", 95% CI [{r.lo:+.3f}, {r.hi:+.3f}]"
+        biased = np.isfinite(r.lo) and (r.lo > 0 or r.hi < 0)
+        parts.append(f"{r.recipe} {r.mean:+.3f}{ci}, n = {r.runs} runs{' (biased)' if biased else ''}")
+    return _figure(9, Path(stem), fig, f"mean residual (observed - fitted, {unit}): " + "; ".join(parts) + ".")
+
+
+# ---------------------------------------------------------------------------------------------
+# 8: cluster time
+# ---------------------------------------------------------------------------------------------
+
+# The talk's reference runs (issue #6: name -> step-model preset, training FLOPs): inputs, not results.
+REFERENCE_RUNS = {name: (model, flops) for name, (model, flops, _) in plan.TALK_TABLE.items()}
+CLUSTERS = (1024, 5000, 10000)
+# The budget at which the fitted law's per-precision optima are put on a cluster: a cluster-scale
+# run (DeepSeek-V3's), since our CPU budgets would take microseconds there.
+CLUSTER_COMPUTE = REFERENCE_RUNS["DeepSeek-V3"][1]
+
+
+def cluster_time_table(fit: FitResult | None = None, compute: float = CLUSTER_COMPUTE, gpus: Sequence[int] = CLUSTERS,
+                       gpu: str = "h100") -> pd.DataFrame:
+    """Days on `gpus` GPUs from the step model (scaling.plan.cluster.cluster_step): the reference runs in
+    BF16 and FP8 under their written-down layouts (plan.CLUSTER_RECIPES), and, given a fit, its
+    compute-optimal (N, D) per precision at `compute` as dense shapes (plan.DENSE_RECIPE) at the
+    hardware format for P bits."""
+    rows = []
+    for name, (model_name, flops) in REFERENCE_RUNS.items():
+        model, recipe = plan.load_model(model_name), plan.CLUSTER_RECIPES[model_name]
+        for precision in ("bf16", "fp8"):
+            days = {k: plan.plan_run(flops, k, gpu, step=plan.cluster_step(model, gpu, k, precision, recipe)).days for k in gpus}
+            rows.append({"run": name, "P (bits)": None, "hardware": precision, "N": None, "D": None, "FLOPs": flops,
+                         **{f"days @ {k:,} GPUs": d for k, d in days.items()}})
+    if fit is not None and laws.get(fit.law).bits_axis:
+        best = optimum(fit, compute, [32.0, 16.0, 8.0, 6.0, 4.0])
+        for point in best["per_precision"].sort_values("P", ascending=False).to_dict("records"):
+            p = plan.plan_optimum(point, list(gpus), gpu)
+            rows.append({"run": f"law optimum, P = {point['P']:g}", "P (bits)": point["P"], "hardware": p.hardware_precision,
+                         "N": point["N"], "D": point["D"], "FLOPs": p.flops,
+                         **{f"days @ {k:,} GPUs": r.days for k, r in zip(gpus, p.runs)}})
+    table = pd.DataFrame(rows)
+    table.attrs["gpu"] = plan.get_gpu(gpu).name
+    return table
+
+
+def _cell(v: Any) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "–"
+    if isinstance(v, (int, float, np.floating, np.integer)):
+        return _fmt(float(v)) if abs(v) >= 1e4 else f"{float(v):.3g}"
+    return str(v)
+
+
+def table_cells(table: pd.DataFrame) -> list[list[str]]:
+    """Every cell as text: numbers in 3 significant figures, missing values as '–'."""
+    return [[_cell(v) for v in row] for row in table.itertuples(index=False)]
+
+
+def table_markdown(table: pd.DataFrame) -> str:
+    """A GitHub markdown table of `table_cells`."""
+    header = "| " + " | ".join(map(str, table.columns)) + " |"
+    rule = "| " + " | ".join("---" for _ in table.columns) + " |"
+    return "\n".join([header, rule, *("| " + " | ".join(row) + " |" for row in table_cells(table))])
+
+
+def cluster_table(table: pd.DataFrame, stem: str | Path) -> Figure:
+    """Figure 8: the cluster-time table drawn as a table."""
+    fig, ax = plt.subplots(figsize=(1.35 * len(table.columns) + 1, 0.36 * len(table) + 1.2))
+    ax.axis("off")
+    drawn = ax.table(cellText=table_cells(table), colLabels=list(table.columns), loc="center", cellLoc="center")
+    drawn.auto_set_font_size(False)
+    drawn.set_fontsize(8)
+    drawn.scale(1.0, 1.3)
+    gpu = table.attrs.get("gpu", "GPU")
+    ax.set_title(f"{TITLES[8]}: days on {gpu} clusters (scaling.plan.cluster step model)", fontsize=10)
+    fig.tight_layout()
+    return _figure(8, Path(stem), fig, f"days of training on {gpu} clusters from the op-by-op step model of each run "
+                   "under a written-down layout (scaling.plan.cluster.cluster_step); FLOPs = 6·N·D.")
