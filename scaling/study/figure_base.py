@@ -158,15 +158,6 @@ def _figure(number: int, stem: Path, fig: plt.Figure, caption: str) -> Figure:
     return Figure(number, TITLES[number], png, pdf, caption)
 
 
-def _bits_axis(ax: plt.Axes, lo: float, hi: float) -> None:
-    ax.set_xscale("log", base=2)
-    ticks = [t for t in (3, 4, 5, 6, 8, 10, 12, 16, 24, 32) if lo <= t <= hi]
-    ax.set_xticks(ticks)
-    ax.set_xticklabels([str(t) for t in ticks])
-    ax.minorticks_off()
-    ax.set_xlim(lo / 1.06, hi * 1.06)  # a margin, so markers at the end precisions are drawn whole
-
-
 def _fmt(x: float) -> str:
     """3 significant digits, exponent without '+': 1.2e+18 -> '1.2e18'."""
     return f"{x:.3g}".replace("e+", "e")

@@ -5,6 +5,8 @@ per model shape and recipe structure and shared by every run in the process.
     eval_loss(model_def, model_state, tokens_BxL1) -> loss
     init(model_cfg, recipe, tx, seed) -> state = {"model": ..., "optimizer": ...}
 
+`packed()` gives the same three for k runs as one program (a vmap over a leading member axis).
+
 The learning rate is an argument of each update, so one compiled step serves every schedule
 and WSD branch. `measure` says whether to compute the quantisation telemetry (the trainer asks
 for it on its logged steps only; it is NaN on the others): on a CPU a runtime argument of one
@@ -60,6 +62,17 @@ def optimizer_tx(grad_clip: float, weight_decay: float):
 # ---------------------------------------------------------------- compiled steps (shared across runs)
 
 
+def _update(model_def, opt_def, state, tokens_BxL1, seed, step, lr, measure):
+    """One run's training step on one device: (state, loss, grad_norm, telemetry)."""
+    model = nnx.merge(model_def, state["model"])
+    optimizer = nnx.merge(opt_def, state["optimizer"])
+    key = jax.random.fold_in(jax.random.key(seed), step)
+    loss, grads, telemetry = model_lib.grad_step(model, tokens_BxL1, key, measure)
+    grad_norm = optax.tree.norm(grads)
+    optimizer.update(model, grads, learning_rate=lr)
+    return {"model": nnx.state(model), "optimizer": nnx.state(optimizer)}, loss, grad_norm, telemetry
+
+
 @functools.lru_cache(maxsize=None)
 def compiled(layout=None):
     """The jitted train and eval steps. Graph definitions are static arguments, so runs of the same
@@ -76,17 +89,10 @@ def compiled(layout=None):
         return tree if layout is None else layout.constrain(tree)
 
     def step_fn(model_def, opt_def, state, tokens_BxL1, seed, step, lr, measure):
-        if layout is not None:
-            state, tokens_BxL1 = layout.constrain(state), layout.constrain_batch(tokens_BxL1)
-        model = nnx.merge(model_def, state["model"])
-        optimizer = nnx.merge(opt_def, state["optimizer"])
-        key = jax.random.fold_in(jax.random.key(seed), step)
-        loss, grads, telemetry = model_lib.grad_step(model, tokens_BxL1, key, measure)
-        grad_norm = optax.tree.norm(grads)
-        optimizer.update(model, grads, learning_rate=lr)
-        state = {"model": nnx.state(model), "optimizer": nnx.state(optimizer)}
         if layout is None:
-            return state, loss, grad_norm, telemetry
+            return _update(model_def, opt_def, state, tokens_BxL1, seed, step, lr, measure)
+        state, tokens_BxL1 = layout.constrain(state), layout.constrain_batch(tokens_BxL1)
+        state, loss, grad_norm, telemetry = _update(model_def, opt_def, state, tokens_BxL1, seed, step, lr, measure)
         return (layout.constrain(state), *layout.constrain_replicated((loss, grad_norm, telemetry)))
 
     one_step = jax.jit(step_fn, static_argnums=(0, 1))  # measure traced
@@ -143,3 +149,48 @@ def graph_defs(model_cfg, recipe, tx, seed):
     model = model_lib.Transformer(model_cfg, recipe, rngs=nnx.Rngs(seed))
     optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
     return nnx.graphdef(model), nnx.graphdef(optimizer)
+
+
+# ---------------------------------------------------------------- many runs, one program
+
+
+@functools.lru_cache(maxsize=None)
+def packed():
+    """Runs of one model shape and recipe structure trained as one program: `jax.vmap` of the single
+    run's step over a leading member axis of the state, the batch, the seed and the learning rate; the
+    step count is shared (members advance together), `measure` is static (two programs, as on a GPU).
+    Runs sharing a GPU as processes are time-sliced, their kernels never overlap; members of one
+    program fill it together. Members may differ in seed, initialisation, batch, learning rate and
+    format (a format is a runtime value of the state: fp8/fp6 or mxfp8/mxfp6 pack, see
+    `packable`). Each member's update agrees with its single run's to the last bits, not bit for bit on
+    a CPU (a batched dot sums in another order), so the sweep does not pack runs yet
+    (tests/train/test_packed.py says what holds).
+
+        train_step(model_def, opt_def, states, tokens_KxBxL1, seeds_K, step, lrs_K, measure)
+            -> (states, losses_K, grad_norms_K, telemetry with a leading K axis)
+        eval_loss(model_def, model_states, tokens_KxBxL1) -> losses_K
+        init(model_cfg, recipes, tx, seeds) -> states (each member's single-run init, stacked)"""
+    single_init = compiled()[2]
+
+    @functools.partial(jax.jit, static_argnums=(0, 1, 7))
+    def train_step(model_def, opt_def, states, tokens_KxBxL1, seeds_K, step, lrs_K, measure):
+        def member(state, tokens_BxL1, seed, lr):
+            return _update(model_def, opt_def, state, tokens_BxL1, seed, step, lr, measure)
+        return jax.vmap(member)(states, tokens_KxBxL1, seeds_K, lrs_K)
+
+    @functools.partial(jax.jit, static_argnums=0)
+    def eval_loss(model_def, model_states, tokens_KxBxL1):
+        return jax.vmap(lambda st, tok: model_lib.eval_loss(nnx.merge(model_def, st), tok))(model_states, tokens_KxBxL1)
+
+    def init(model_cfg, recipes, tx, seeds):
+        states = [single_init(model_cfg, r, tx, s) for r, s in zip(recipes, seeds, strict=True)]
+        return jax.tree.map(lambda *xs: jax.numpy.stack(xs), *states)
+
+    return train_step, eval_loss, init
+
+
+def packable(model_cfg, recipes, tx) -> bool:
+    """Whether runs of these recipes can be members of one packed program: one graph definition
+    (model shape and recipe structure; formats differ only as values)."""
+    defs = {nnx.eval_shape(lambda r=r: graph_defs(model_cfg, r, tx, 0)) for r in recipes}
+    return len(defs) == 1

@@ -1,0 +1,79 @@
+"""Many runs, one program (scaling.train.step.packed): each member's losses against its single run's,
+over members of different seed, batch, learning rate and format of one structure. On a CPU the weights
+agree to the last bits, not bit for bit: XLA's YNNPACK batched dot sums in another order than its single
+dot (off with --xla_cpu_experimental_ynn_fusion_type=, the first step's gradients are then bit-identical),
+and a later step differs in the last bits even so; the losses are bit-identical for the MX and fp6 pairs
+over these steps, not for fp8 (marked)."""
+
+import jax
+import numpy as np
+import pytest
+
+from scaling.numerics import precision
+from scaling.train import step as step_lib
+from scaling.train.ladder import ModelConfig
+
+CFG = ModelConfig(d_model=32, n_layers=2, n_heads=2, d_ff=64, vocab=64, seq_len=16)
+STEPS = 3
+
+
+def _batch(seed: int, step: int):
+    return np.random.default_rng([seed, step]).integers(0, CFG.vocab, (4, CFG.seq_len + 1), dtype=np.int32)
+
+
+def compare(members) -> dict:
+    """Train each member alone and all of them packed for STEPS steps: whether every loss (training and
+    eval) is equal, the largest absolute difference of any state leaf, and the last step's losses."""
+    tx = step_lib.optimizer_tx(1.0, 0.1)
+    recipes = [precision.get(r) for r, _, _ in members]
+    assert step_lib.packable(CFG, recipes, tx)
+    model_def, opt_def = step_lib.graph_defs(CFG, recipes[0], tx, 0)
+    single_step, single_eval, single_init = step_lib.compiled()
+    want_losses, want_states, want_evals = [], [], []
+    for recipe, (_, seed, lr) in zip(recipes, members):
+        state, losses = single_init(CFG, recipe, tx, seed), []
+        for t in range(STEPS):
+            state, loss, _, _ = single_step(model_def, opt_def, state, _batch(seed, t), seed, t, np.float32(lr), False)
+            losses.append(float(loss))
+        want_losses.append(losses)
+        want_states.append(state)
+        want_evals.append(float(single_eval(model_def, state["model"], _batch(seed, 99))))
+
+    train_step, eval_loss, init = step_lib.packed()
+    seeds = np.array([s for _, s, _ in members], np.int32)
+    lrs = np.array([lr for _, _, lr in members], np.float32)
+    states = init(CFG, recipes, tx, seeds.tolist())
+    got = []
+    for t in range(STEPS):
+        tokens = np.stack([_batch(int(s), t) for s in seeds])
+        states, losses, norms, _ = train_step(model_def, opt_def, states, tokens, seeds, t, lrs, False)
+        assert losses.shape == norms.shape == (len(members),)
+        got.append(np.asarray(losses).tolist())
+    evals = np.asarray(eval_loss(model_def, states["model"], np.stack([_batch(int(s), 99) for s in seeds]))).tolist()
+    worst = 0.0
+    for k in range(len(members)):
+        for want, leaf in zip(jax.tree_util.tree_leaves(want_states[k]), jax.tree_util.tree_leaves(states)):
+            a, b = np.asarray(want, np.float64), np.asarray(leaf, np.float64)[k]
+            assert np.array_equal(np.isnan(a), np.isnan(b))
+            worst = max(worst, float(np.nanmax(np.abs(a - b), initial=0.0)))
+    return {"losses_equal": [[g[k] for g in got] for k in range(len(members))] == want_losses and evals == want_evals,
+            "state_max_diff": worst, "last": got[-1]}
+
+
+@pytest.mark.parametrize("members", [
+    [("mxfp6", 1, 2e-3), ("mxfp8", 1, 2e-3)],
+    [("fp6", 2, 3e-3), ("fp6", 1, 1e-3)],
+    pytest.param([("fp8", 1, 1e-3), ("fp8", 2, 3e-3)], marks=pytest.mark.xfail(strict=True, reason=(
+        "not yet bit-identical: the per-tensor fp8 members' losses differ from step 2 on (their weights "
+        "by ~1e-7 after step 1, with the YNNPACK dot fusions off too)"))),
+], ids=["mxfp6 and mxfp8", "fp6", "fp8"])
+def test_each_member_of_a_packed_program_has_its_single_runs_losses_bit_for_bit(members):
+    out = compare(members)
+    assert out["state_max_diff"] < 1e-6, out  # the weights: within the last bits (a batched dot sums in another order)
+    assert len(set(out["last"])) == len(out["last"])  # the members did train differently
+    assert out["losses_equal"], out
+
+
+def test_recipes_of_different_structure_do_not_pack():
+    tx = step_lib.optimizer_tx(1.0, 0.1)
+    assert not step_lib.packable(CFG, [precision.get("fp8"), precision.get("mxfp6")], tx)
