@@ -60,6 +60,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx
@@ -363,10 +364,10 @@ class _Trainer:
         return runs.land(self.out_dir, summary) if self.primary else summary
 
     def _branch(self, budget: Budget) -> None:
-        """The cooldown to `budget` from the trunk's current state; the trunk state is untouched
-        (arrays are immutable and steps are not donated, so keeping the reference is the snapshot)."""
+        """The cooldown to `budget` from the trunk's current state; the trunk state is untouched (a
+        step donates the state it is given, so the branch starts from a copy)."""
         self._drain()  # the trunk's losses so far are checked before the branch's
-        state = self.state
+        state = jax.tree.map(jnp.copy, self.state)
         for step in range(budget.cooldown_start, budget.end):
             state = self._step(state, step, budget, phase="cooldown")
         self.progress.evals.append(self._evaluate(state, budget.end, budget=budget))

@@ -95,8 +95,10 @@ def compiled(layout=None):
         state, loss, grad_norm, telemetry = _update(model_def, opt_def, state, tokens_BxL1, seed, step, lr, measure)
         return (layout.constrain(state), *layout.constrain_replicated((loss, grad_norm, telemetry)))
 
-    one_step = jax.jit(step_fn, static_argnums=(0, 1))  # measure traced
-    logged_or_not = jax.jit(step_fn, static_argnums=(0, 1, 7))  # measure static: two programs
+    # the state is donated: its buffers become the next state's (no second copy of the weights and
+    # optimiser moments per step); a caller keeping the old state copies it first (loop._branch)
+    one_step = jax.jit(step_fn, static_argnums=(0, 1), donate_argnums=2)  # measure traced
+    logged_or_not = jax.jit(step_fn, static_argnums=(0, 1, 7), donate_argnums=2)  # measure static: two programs
 
     def program(measure):
         """The jitted step for this backend and the form of `measure` it takes."""
@@ -172,7 +174,7 @@ def packed():
         init(model_cfg, recipes, tx, seeds) -> states (each member's single-run init, stacked)"""
     single_init = compiled()[2]
 
-    @functools.partial(jax.jit, static_argnums=(0, 1, 7))
+    @functools.partial(jax.jit, static_argnums=(0, 1, 7), donate_argnums=2)
     def train_step(model_def, opt_def, states, tokens_KxBxL1, seeds_K, step, lrs_K, measure):
         def member(state, tokens_BxL1, seed, lr):
             return _update(model_def, opt_def, state, tokens_BxL1, seed, step, lr, measure)
