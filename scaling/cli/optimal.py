@@ -52,14 +52,14 @@ def _table(df: pd.DataFrame, columns: Sequence[str]) -> str:
 
 def main(args: argparse.Namespace) -> int:
     from scaling.study.fit import FitResult
-    from scaling.study.optimal import (Cost, cost_models, optimal_precision, optimal_precision_ci, shape_of,
+    from scaling.study.optimal import (Cost, cost_models, optimal_precision, optimal_precision_ci, share_of,
                                        specification_range)
     from scaling.study.optimum_check import describe, verdict
     from scaling.study import laws
     from scaling.study.profile import precision_profile
 
     fit = FitResult.from_json(args.fit)
-    cost = Cost(model=args.cost_model, shape=shape_of(fit), overhead=args.overhead)
+    cost = Cost(model=args.cost_model, share=share_of(fit), overhead=args.overhead)
     header = f"law {fit.law}, compute {args.compute:.3g} in 16-bit FLOP units under cost model: {cost.name}"
     check = verdict(fit, cost=cost)
     if not check["exists"]:  # the same refusal as REPORT's P* and `scaling plan --fit`: no numbers at all

@@ -169,7 +169,7 @@ def plan_fit(
     if not Path(fit_path).is_file():
         raise ConfigError("fit", str(fit_path), "an existing fitted-law JSON file (fits/NAME.json)")
     fit_result = fit.FitResult.from_json(fit_path)
-    cost = optimal.Cost(shape=optimal.shape_of(fit_result))
+    cost = optimal.Cost(share=optimal.share_of(fit_result))
     axis = laws.get(fit_result.law).precision_axis
     if axis != "bits":
         raise ConfigError(f"--fit {fit_path}", f"{fit_result.law} fit", f"a law with a bits axis ({fit_result.law} reads precision "

@@ -114,15 +114,16 @@ def specification_fits(df: pd.DataFrame, fit: FitResult, loss_column: str = "val
                 alt = fit_lib.fit_law(rows, fit.law, fixed=fixed, loss_column=loss_column)
             except ConfigError:
                 continue
-            alt.data = {**alt.data, "shape": (fit.data or {}).get("shape")}
+            alt.data = {**alt.data, fit_lib.SHARE_KEY: fit_lib.stored_share(fit.data)}
             out.append((f"{fit.law}, kappa {'fitted' if kappa is None else format(kappa, 'g')}", alt))
     chosen = (getattr(fit, "selection", None) or {}).get("chosen")
     for cand in (getattr(fit, "selection", None) or {}).get("candidates", []):
         if cand.get("within_noise") and cand.get("params") and cand.get("name") != chosen and _has_bits(cand["law"]):
-            # its own data's ranges (sun reads a hypothetical format at their median block), the chosen fit's shape
+            # its own data's ranges (sun reads a hypothetical format at their median block), the chosen fit's
+            # unquantised share
             data = fit_lib.data_summary(rows, cand["law"], cand.get("fixed"), loss_column)
-            if (fit.data or {}).get("shape"):
-                data["shape"] = fit.data["shape"]
+            if fit_lib.stored_share(fit.data):
+                data[fit_lib.SHARE_KEY] = fit_lib.stored_share(fit.data)
             alt = fit_lib.FitResult(law=cand["law"], params=dict(cand["params"]), objective=0.0,
                                     residuals=np.zeros(0), fixed=cand.get("fixed") or {}, data=data)
             out.append((f"{cand['name']} (within noise)", alt))
@@ -181,9 +182,9 @@ def findings(df: pd.DataFrame, fit: FitResult | None, *, cost: str = "bits", bud
                           "measured_bits": [m["bits"] for m in measured.get(float(c), [])],
                           "profile": {"error": few}} for c in at]
         return out
-    fit = _with_shape(fit, main)
+    fit = _with_share(fit, main)
     specs = specification_fits(main, fit, loss_column)
-    chosen_cost = optimal.Cost(model=cost_model, shape=optimal.shape_of(fit))
+    chosen_cost = optimal.Cost(model=cost_model, share=optimal.share_of(fit))
     for c in at:
         if _has_bits(fit.law):
             entry = _pstar_over_bits(fit, c, specs, chosen_cost, ci_samples, measured.get(float(c), []))
@@ -224,12 +225,13 @@ def _measured_findings(df: pd.DataFrame, main: pd.DataFrame, budgets: Sequence[f
     }
 
 
-def _with_shape(fit: FitResult, main: pd.DataFrame) -> FitResult:
+def _with_share(fit: FitResult, main: pd.DataFrame) -> FitResult:
     """The fit, carrying its runs' unquantised share (for the cost of a hypothetical model) if it lacks one."""
-    if (fit.data or {}).get("shape"):
+    if fit_lib.stored_share(fit.data):
         return fit
     fit = copy.copy(fit)
-    fit.data = {**(fit.data or {}), "shape": compute_lib.Shape.from_results(compute_lib.backfill(main)).to_dict()}
+    share = compute_lib.UnquantisedShare.from_results(compute_lib.backfill(main))
+    fit.data = {**(fit.data or {}), fit_lib.SHARE_KEY: share.to_dict()}
     return fit
 
 

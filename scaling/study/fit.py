@@ -548,8 +548,9 @@ def degenerate_reason(result: FitResult) -> str | None:
 def data_summary(df: pd.DataFrame, law: str, fixed: Mapping[str, float] | None = None,
                  loss_column: str = "val_loss") -> dict[str, Any]:
     """What fit_law records of the data `law` is fitted on (`FitResult.data`): points, units, each column's
-    min, max and median (a law read at a hypothetical format takes its block size from here), the runs' shape."""
-    return {**_data_summary(_prepare(df, law, fixed, loss_column)), **_shape(df)}
+    min, max and median (a law read at a hypothetical format takes its block size from here), the runs'
+    unquantised share."""
+    return {**_data_summary(_prepare(df, law, fixed, loss_column)), **_share(df)}
 
 
 def _data_summary(problem: _Problem) -> dict[str, Any]:
@@ -560,11 +561,21 @@ def _data_summary(problem: _Problem) -> dict[str, Any]:
     return {"n_points": int(len(loss)), "n_units": int(len(np.unique(problem.units))), "columns": cols}
 
 
-def _shape(df: pd.DataFrame) -> dict[str, Any]:
-    """The fitted runs' unquantised FLOPs per dense FLOP by N (compute.Shape), which scaling.study.optimal
-    needs to cost a hypothetical model like the runs it was fitted on; {} for tables without FLOPs by part."""
-    shape = compute.Shape.from_results(df)
-    return {"shape": shape.to_dict()} if shape.knots_N else {}
+SHARE_KEY = "unquantised_share"  # FitResult.data's key of the fitted runs' compute.UnquantisedShare
+
+
+def stored_share(data: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The unquantised share a fit's data records (compute.UnquantisedShare.to_dict()), or None."""
+    data = data or {}
+    return data.get(SHARE_KEY) or data.get("shape")  # "shape": the key of fits written before the rename
+
+
+def _share(df: pd.DataFrame) -> dict[str, Any]:
+    """The fitted runs' unquantised FLOPs per dense FLOP by N (compute.UnquantisedShare), which
+    scaling.study.optimal needs to cost a hypothetical model like the runs it was fitted on; {} for
+    tables without FLOPs by part."""
+    share = compute.UnquantisedShare.from_results(df)
+    return {SHARE_KEY: share.to_dict()} if share.knots_N else {}
 
 
 # ----------------------------------------------------------------------------- fitting
@@ -599,7 +610,7 @@ def fit_law(df: pd.DataFrame, law: str = "kumar", *, fixed: Mapping[str, float] 
     residuals = np.asarray(problem.law.log_predict(params, problem.x, np)) - problem.log_loss
     result = FitResult(
         law=problem.law.name, params=params, objective=best_value, residuals=residuals, fixed=problem.fixed,
-        data={**_data_summary(problem), **_shape(df)},
+        data={**_data_summary(problem), **_share(df)},
         optimizer={"method": "batched L-BFGS (JAX) over the init grid + scipy L-BFGS-B float64 polish",
                    "n_starts": int(len(starts)), "iters": list(iters), "keep": keep, "polished": polish,
                    "huber_delta": delta, "loss_column": loss_column,

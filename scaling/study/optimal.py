@@ -4,7 +4,7 @@ Cost (`Cost`): a `scaling.train.compute.CostModel` (bits, nominal, h100, b200, .
 hypothetical model of N params at P bits: C = 6·N·D·(c(P + overhead) + ratio(N)·c_high(P)), where
 c is the model's cost per FLOP of a dense GEMM at those bits, overhead the scale bits per element
 (MX: 0.25), and ratio(N) the FLOPs a run leaves unquantised (attention, head) per dense-GEMM FLOP,
-a power law in N fitted to the trained runs (`compute.Shape`; none: every FLOP is a quantised GEMM,
+a power law in N fitted to the trained runs (`compute.UnquantisedShare`; none: every FLOP is a quantised GEMM,
 Kumar et al.'s assumption). With the defaults, C = 6·N·D·P/16. At compute C and precision P the token budget
 is D = C / (per-token cost); the fitted loss is then a function of N alone, minimised over log N
 (dense grid, then bounded Brent). Over P: a given set, or continuous P in a range (grid, then Brent
@@ -26,7 +26,7 @@ from scipy.optimize import minimize_scalar
 from scaling.train import compute as compute_lib
 from scaling.study import laws
 from scaling.errors import ConfigError
-from scaling.study.fit import FitResult
+from scaling.study.fit import FitResult, stored_share
 
 TABLE_PRECISIONS = (4, 6, 8, 16, 32)
 _N_GRID = 400  # log-N grid points before the Brent refinement
@@ -37,7 +37,7 @@ class Cost:
     """Training compute of a hypothetical (N, D, P) in 16-bit FLOP units (see module doc)."""
 
     model: compute_lib.CostModel = field(default_factory=compute_lib.CostModel)
-    shape: compute_lib.Shape = field(default_factory=compute_lib.Shape)
+    share: compute_lib.UnquantisedShare = field(default_factory=compute_lib.UnquantisedShare)
     overhead: float = 0.0
     flops_per_param_token: float = 6.0
 
@@ -51,11 +51,11 @@ class Cost:
         parts = [self.model.name]
         if self.overhead:
             parts.append(f"+{self.overhead:g} scale bits")
-        parts.append("unquantised share from the runs" if self.shape.knots_N else "every FLOP quantised")
+        parts.append("unquantised share from the runs" if self.share.knots_N else "every FLOP quantised")
         return ", ".join(parts)
 
     def per_token(self, N, P):
-        return compute_lib.hypothetical_compute(self.model, self.shape, N, 1.0, P, self.overhead)
+        return compute_lib.hypothetical_compute(self.model, self.share, N, 1.0, P, self.overhead)
 
     def compute(self, N, D, P):
         return self.per_token(N, P) * np.asarray(D, float)
@@ -295,19 +295,19 @@ def critical_data_size(fit: FitResult | Mapping[str, Any], N, *, ebits: float, m
 
 # ----------------------------------------------------------------------------- specification range
 
-def shape_of(fit: FitResult) -> compute_lib.Shape:
-    """The unquantised share the fit's runs had (recorded by `scaling fit` as data['shape'])."""
-    return compute_lib.Shape.from_dict((fit.data or {}).get("shape"))
+def share_of(fit: FitResult) -> compute_lib.UnquantisedShare:
+    """The unquantised share the fit's runs had (recorded by `scaling fit` in data, fit.stored_share)."""
+    return compute_lib.UnquantisedShare.from_dict(stored_share(fit.data))
 
 
 def cost_models(fit: FitResult, names: Sequence[str] = ("bits", "h100", "b200")) -> list[Cost]:
     """The cost models a P* is reported across: each named model with the runs' unquantised share,
     and `bits` also with MX's 0.25 scale bits per element and with every FLOP quantised."""
-    shape = shape_of(fit)
-    out = [Cost(model=n, shape=shape) for n in names]
+    share = share_of(fit)
+    out = [Cost(model=n, share=share) for n in names]
     if "bits" in names:
-        out.append(Cost(model="bits", shape=shape, overhead=0.25))
-        if shape.knots_N:
+        out.append(Cost(model="bits", share=share, overhead=0.25))
+        if share.knots_N:
             out.append(Cost(model="bits"))
     return out
 

@@ -420,7 +420,7 @@ def make_figures(results: pd.DataFrame | None, fit: FitResult | None, out_dir: s
          lambda: isoflop_profiles([(b, analysis.points_at(main, b["budget"], compute.get(cost_name))) for b in analysed],
                                   stem[1], unit)),
         (2, law_missing or (None if largest else "no compute budget (results without FLOPs by part)"),
-         lambda: iso_loss(iso_fit, largest, stem[2], optimal.Cost(model=compute.get(cost_name), shape=optimal.shape_of(fit)),
+         lambda: iso_loss(iso_fit, largest, stem[2], optimal.Cost(model=compute.get(cost_name), share=optimal.share_of(fit)),
                           unit, chosen=fit.law)),
         (3, _need(fit=fit, results=main), lambda: fitted_vs_observed(fit, main, stem[3], heldout_mask(fit, main), unit)),
         (4, _need_curves(main_curves, ("tokens", "N", "recipe")), lambda: training_curves(main_curves, stem[4], unit)),

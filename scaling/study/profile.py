@@ -41,7 +41,7 @@ import pandas as pd
 
 from scaling.errors import ConfigError
 from scaling.study import laws, optimal
-from scaling.study.fit import FitResult
+from scaling.study.fit import SHARE_KEY, FitResult, stored_share
 
 
 @dataclass(frozen=True)
@@ -177,12 +177,12 @@ def _losses(law, params, compute, rows, cols, costs, n_range) -> list[dict]:
 def profile_source(fit: FitResult) -> tuple[FitResult, str | None]:
     """The fit a P* profile is drawn from, and why it is not `fit` itself (None when it is): `fit` when its
     law has a bits axis or its selection stored no other (selection.chosen_fit's `profile`), otherwise that
-    stored fit, carrying `fit`'s runs' shape for the cost of a hypothetical model."""
+    stored fit, carrying `fit`'s runs' unquantised share for the cost of a hypothetical model."""
     stored = (fit.selection or {}).get("profile") if not laws.get(fit.law).bits_axis else None
     if not stored:
         return fit, None
     alt = FitResult.from_dict(stored["fit"])
-    alt.data = {**(alt.data or {}), "shape": (fit.data or {}).get("shape") or (alt.data or {}).get("shape")}
+    alt.data = {**(alt.data or {}), SHARE_KEY: stored_share(fit.data) or stored_share(alt.data)}
     why = (f"{laws.get(fit.law).no_bits_reason}; the profile is the `{stored['name']}` law's, the law with a bits axis "
            f"that law selection could not tell from the chosen `{fit.law}` (within noise) with the lowest held-out "
            f"gap error, fitted on the same runs and resampled the same way")
@@ -196,9 +196,9 @@ def precision_profile(fit: FitResult | Mapping[str, Any], compute: float,
                       n_range: tuple[float, float] = (1.0, np.inf),
                       p_range: tuple[float, float] = (2.0, 32.0)) -> dict[str, Any]:
     """The law's loss at each format at `compute` (see the module doc). cost: the cost model (its
-    overhead is replaced by each format's scale bits; default: `bits` with the fit's runs' shape);
-    trained: the fitted runs (columns ebits, mbits, granularity) for the untrained flags (None: ranges
-    only, said as `trained_formats_known` False); level: of every CI (default the bootstrap's);
+    overhead is replaced by each format's scale bits; default: `bits` with the fit's runs' unquantised
+    share); trained: the fitted runs (columns ebits, mbits, granularity) for the untrained flags (None:
+    ranges only, said as `trained_formats_known` False); level: of every CI (default the bootstrap's);
     max_samples: resamples used (None: all).
 
     Returns {compute, law, cost_model, level, family_level, resamples, law_error, trained_formats_known,
@@ -210,7 +210,7 @@ def precision_profile(fit: FitResult | Mapping[str, Any], compute: float,
     (profile_source)}."""
     fit, drawn_from = profile_source(optimal._fit(fit))
     law = laws.get(fit.law)
-    cost = cost or optimal.Cost(shape=optimal.shape_of(fit))
+    cost = cost or optimal.Cost(share=optimal.share_of(fit))
     if not compute > 0:
         raise ConfigError("compute", compute, "a positive number of 16-bit FLOP units")
     level = float(level if level is not None else (fit.bootstrap or {}).get("level", 0.95))
@@ -229,7 +229,7 @@ def precision_profile(fit: FitResult | Mapping[str, Any], compute: float,
     rows = [format_row(f, fit) for f in parse_formats(formats)]
     rows.sort(key=lambda r: (r["bits_per_element"], r["ebits"]))
     cols = [_law_columns(law, r, context) for r in rows]
-    costs = [optimal.Cost(model=cost.model, shape=cost.shape, overhead=r["overhead"],
+    costs = [optimal.Cost(model=cost.model, share=cost.share, overhead=r["overhead"],
                           flops_per_param_token=cost.flops_per_param_token) for r in rows]
     point = _losses(law, fit.params, compute, rows, cols, costs, n_range)
     samples = fit.samples

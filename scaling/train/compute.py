@@ -383,10 +383,11 @@ def get(name: str | CostModel) -> CostModel:
 
 
 @dataclass(frozen=True)
-class Shape:
-    """FLOPs per token of a hypothetical model of N non-embedding params, for the law optimiser:
-    6·N in the dense GEMMs plus 6·N·ratio(N) left unquantised (attention, head), with ratio a power
-    law in N fitted by least squares in log-log to the trained runs' own values (exact through two).
+class UnquantisedShare:
+    """The unquantised share of a hypothetical model of N non-embedding params, for the law optimiser:
+    its FLOPs per token are 6·N in the dense GEMMs plus 6·N·ratio(N) left unquantised (attention, head),
+    ratio(N) the FLOPs left unquantised per dense FLOP, a power law in N fitted by least squares in
+    log-log to the trained runs' own values (exact through two).
     Why a fit, not the values joined: the trained shapes differ in depth and width, so their ratios
     jump between neighbouring sizes, and a ratio interpolated between them puts a kink in the cost at
     every trained N, where a law's compute-optimal N then snaps. Attention and head FLOPs fall as a
@@ -415,7 +416,7 @@ class Shape:
         return float(slope), float(intercept)
 
     @classmethod
-    def from_results(cls, df: pd.DataFrame) -> "Shape":
+    def from_results(cls, df: pd.DataFrame) -> "UnquantisedShare":
         """Knots from a results table: per N, (attention + head FLOPs) / dense projection FLOPs, the
         projections' blocks a recipe keeps in high precision counted as projections (the architecture's
         ratio, the same for every recipe: a recipe that keeps every block has no quantised fprop)."""
@@ -430,22 +431,22 @@ class Shape:
         return {"N": list(self.knots_N), "ratio": list(self.knots_ratio)}
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any] | None) -> "Shape":
+    def from_dict(cls, d: Mapping[str, Any] | None) -> "UnquantisedShare":
         return cls() if not d else cls(tuple(d["N"]), tuple(d["ratio"]))
 
 
-def hypothetical_compute(cost: CostModel, shape: Shape, N, D, P, overhead: float = 0.0):
-    """16-bit FLOP units to train N params for D tokens at P bits under `cost` and `shape`."""
+def hypothetical_compute(cost: CostModel, share: UnquantisedShare, N, D, P, overhead: float = 0.0):
+    """16-bit FLOP units to train N params for D tokens at P bits under `cost` and unquantised `share`."""
     N = np.asarray(N, float)
     if cost.kind == "nominal":
         return 6.0 * N * np.asarray(D, float) * np.asarray(P, float) / 16.0
-    per_token = 6.0 * N * (cost.factor(P, overhead) + shape.ratio(N) * cost.high_factor(P))
+    per_token = 6.0 * N * (cost.factor(P, overhead) + share.ratio(N) * cost.high_factor(P))
     return per_token * np.asarray(D, float)
 
 
-def hypothetical_tokens(cost: CostModel, shape: Shape, N, C, P, overhead: float = 0.0):
+def hypothetical_tokens(cost: CostModel, share: UnquantisedShare, N, C, P, overhead: float = 0.0):
     """D affordable at compute C (inverse of hypothetical_compute)."""
-    return C / hypothetical_compute(cost, shape, N, 1.0, P, overhead)
+    return C / hypothetical_compute(cost, share, N, 1.0, P, overhead)
 
 
 def run_row(cfg, vocab: int = 256) -> dict[str, float]:

@@ -18,12 +18,12 @@ def result(law, params, **kwargs) -> FitResult:
     return FitResult(law=law, params=dict(params), objective=0.0, residuals=np.zeros(0), **kwargs)
 
 
-SHAPE = compute.Shape(knots_N=(1e6, 1e9), knots_ratio=(1.0, 0.25))  # unquantised FLOPs per dense FLOP
+SHARE = compute.UnquantisedShare(knots_N=(1e6, 1e9), knots_ratio=(1.0, 0.25))  # unquantised FLOPs per dense FLOP
 
 
 def test_cost_model_hand_computed():
     assert optimal.Cost().compute(1e9, 1e10, 8) == pytest.approx(6e19 * 8 / 16)  # (6/16)·N·D·P
-    shared = optimal.Cost(shape=SHAPE)  # at N = 1e9 a quarter more FLOPs, left in BF16
+    shared = optimal.Cost(share=SHARE)  # at N = 1e9 a quarter more FLOPs, left in BF16
     assert shared.compute(1e9, 1e10, 8) == pytest.approx(6e19 * (8 / 16 + 0.25 * 1.0))
     assert shared.compute(1e9, 1e10, 32) == pytest.approx(6e19 * 2 * 1.25)  # the FP32 run: all at 32 bits
     assert shared.tokens(1e9, shared.compute(1e9, 1e10, 8), 8) == pytest.approx(1e10)
@@ -34,6 +34,13 @@ def test_cost_model_hand_computed():
     assert h100.compute(1e9, 1e10, 16) == pytest.approx(6e19)
     with pytest.raises(ConfigError, match="cost_model"):
         optimal.Cost(model="abacus")
+
+
+def test_a_fit_reads_its_unquantised_share_under_the_new_key_or_the_old():
+    """`scaling fit` writes data["unquantised_share"]; fits written before the rename have data["shape"]."""
+    assert optimal.share_of(result("kumar", KUMAR, data={"unquantised_share": SHARE.to_dict()})) == SHARE
+    assert optimal.share_of(result("kumar", KUMAR, data={"shape": SHARE.to_dict()})) == SHARE
+    assert optimal.share_of(result("kumar", KUMAR)) == compute.UnquantisedShare()
 
 
 @pytest.mark.parametrize("kappa", [3.0, 2.0])
@@ -64,7 +71,7 @@ def _brute_force(law, params, compute, precisions, cost=optimal.Cost()):
     return best
 
 
-@pytest.mark.parametrize("cost", [optimal.Cost(), optimal.Cost(shape=SHAPE)])
+@pytest.mark.parametrize("cost", [optimal.Cost(), optimal.Cost(share=SHARE)])
 def test_optimum_equals_brute_force_grid_search(cost):
     precisions = [2, 3, 4, 5, 6, 8, 16, 32]
     fit = result("kumar", KUMAR)
@@ -80,7 +87,7 @@ def test_optimum_equals_brute_force_grid_search(cost):
         assert list(table["P"]) == precisions and table["loss"].min() == ours["loss"]
 
 
-@pytest.mark.parametrize("cost", [optimal.Cost(), optimal.Cost(shape=SHAPE, overhead=0.25), optimal.Cost(model="h100")])
+@pytest.mark.parametrize("cost", [optimal.Cost(), optimal.Cost(share=SHARE, overhead=0.25), optimal.Cost(model="h100")])
 @pytest.mark.parametrize("law, params", [("kumar", KUMAR), ("chinchilla", CHINCHILLA)])
 def test_the_p_profile_in_one_array_equals_one_grid_search_per_p(cost, law, params):
     """The continuous P* search brackets on `_grid_profile`; it must be the per-P N-grid minima exactly."""
@@ -170,7 +177,7 @@ def test_cli_optimal_prints_the_table(tmp_path, capsys):
 def test_cli_optimal_json_reports_the_range_across_cost_models(tmp_path, capsys):
     import json
 
-    fit = result("kumar", KUMAR, fixed={"kappa": 3.0}, data={"shape": SHAPE.to_dict()})
+    fit = result("kumar", KUMAR, fixed={"kappa": 3.0}, data={"unquantised_share": SHARE.to_dict()})
     path = fit.to_json(tmp_path / "k.json")
     assert cli.main(["optimal", str(path), "--compute", "1e20", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
@@ -179,10 +186,10 @@ def test_cli_optimal_json_reports_the_range_across_cost_models(tmp_path, capsys)
     assert lo <= out["P"] <= hi and out["law"] == "kumar" and out["P_ci"] is None
     # the unquantised share makes low bits cheaper only in the quantised part: P* rises above gamma·x
     every_flop = optimal.optimal_precision(fit, 1e20, cost=optimal.Cost())["P"]
-    shared = optimal.optimal_precision(fit, 1e20, cost=optimal.Cost(shape=SHAPE))["P"]
+    shared = optimal.optimal_precision(fit, 1e20, cost=optimal.Cost(share=SHARE))["P"]
     assert shared > every_flop + 0.5 and hi >= shared
     # on H100 a GEMM costs the same from 5 to 8 bits, so the law takes all 8
-    assert optimal.optimal_precision(fit, 1e20, cost=optimal.Cost(model="h100", shape=SHAPE))["P"] == pytest.approx(8, abs=0.05)
+    assert optimal.optimal_precision(fit, 1e20, cost=optimal.Cost(model="h100", share=SHARE))["P"] == pytest.approx(8, abs=0.05)
 
 
 def test_quartet_optimum_runs_both_passes_at_p():

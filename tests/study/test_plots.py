@@ -270,7 +270,7 @@ def test_every_figure_is_written_as_png_and_pdf(tmp_path):
         valid_pdf(f.pdf)
         assert f.png.parent == tmp_path / "out"
     assert made[0].caption.startswith("at C = 3e11: ") and "at C = 1e12: " in made[0].caption
-    best = optimal.optimal_precision(law, compute=1e12, cost=optimal.Cost(shape=optimal.shape_of(law)))
+    best = optimal.optimal_precision(law, compute=1e12, cost=optimal.Cost(share=optimal.share_of(law)))
     assert f"P* = {best['P']:.3g} bits" in made[1].caption
     # residuals: the law is the truth up to noise 0.005, so no recipe's mean residual is far off
     assert made[8].caption.startswith("mean residual (observed - fitted, nats/byte): fp32 ")

@@ -141,7 +141,7 @@ def _capacity_choice(entries: list[tuple[str, str, float, bool, str | None]]):
     """A selection summary whose chosen law is `capacity` (no bits axis) and the fits select returned:
     entries are (name, law, score, within noise, degenerate)."""
     fits = {"capacity": FitResult(law="capacity", params={}, objective=0.0, residuals=np.zeros(0),
-                                  data={"shape": {"N": [1e4, 1e8], "ratio": [0.5, 0.1]}})}
+                                  data={"unquantised_share": {"N": [1e4, 1e8], "ratio": [0.5, 0.1]}})}
     candidates = [{"name": "capacity", "law": "capacity", "score": 0.028, "within_noise": True, "degenerate": None}]
     for name, law, score, close, degenerate in entries:
         candidates.append({"name": name, "law": law, "score": score, "within_noise": close, "degenerate": degenerate})
@@ -161,7 +161,7 @@ def test_a_law_without_a_bits_axis_draws_its_profile_from_the_closest_law_with_o
     assert choice["profile"]["name"] == "kumar[kappa free]" and "residuals" not in choice["profile"]["fit"]
     source, why = profile.profile_source(chosen)
     assert source.law == "kumar" and source.params == fits["kumar[kappa free]"].params
-    assert source.data["shape"] == chosen.data["shape"]  # the chosen fit's runs cost a hypothetical model
+    assert source.data["unquantised_share"] == chosen.data["unquantised_share"]  # the chosen fit's runs cost a hypothetical model
     assert why.startswith("the capacity law prices precision by measured quantisation error") and "`kumar[kappa free]`" in why
     prof = profile.precision_profile(chosen, 1e20)
     assert prof["law"] == "kumar" and prof["drawn_from"] == why and len(prof["rows"]) == len(profile.CHIP_FORMATS)

@@ -261,7 +261,7 @@ def test_reproduce_runs_an_isoflop_study_reuses_landed_runs_and_reports_only_the
     fitted = json.loads((out / "fits" / "repro.json").read_text())
     assert fitted["selection"]["chosen"] == fitted["law"] and fitted["data"]["n_points"] == len(table)
     assert {c["name"] for c in fitted["selection"]["candidates"]} == {"chinchilla", "kumar"}
-    assert fitted["data"]["shape"]["N"] == sorted(set(table["N"]))  # what optimal costs hypothetical models by
+    assert fitted["data"]["unquantised_share"]["N"] == sorted(set(table["N"]))  # what optimal costs hypothetical models by
     findings = json.loads((out / "paper_figures" / "findings.json").read_text())
     assert [b["budget"] for b in findings["budgets"]] == [1.5e10, 3e10]
     assert all(len(b["recipes"]) == 2 for b in findings["budgets"])

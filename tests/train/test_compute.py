@@ -53,22 +53,22 @@ def test_cost_models_count_the_extras_and_older_tables_still_cost():
 
 
 def test_the_unquantised_share_is_one_smooth_power_law_in_N():
-    """Shape.ratio: a least-squares power law through the trained sizes' ratios (exact through two),
+    """UnquantisedShare.ratio: a least-squares power law through the trained sizes' ratios (exact through two),
     so the cost has no kink at a trained N for a law's optimum to snap to; a knot with no finite
     ratio is dropped, and kept blocks count as projections (a recipe keeping every block is finite)."""
     import numpy as np
 
-    two = compute.Shape(knots_N=(1e6, 1e9), knots_ratio=(1.0, 0.25))
+    two = compute.UnquantisedShare(knots_N=(1e6, 1e9), knots_ratio=(1.0, 0.25))
     assert two.ratio(np.array([1e6, 1e9])) == pytest.approx([1.0, 0.25])
     assert two.ratio(1e12) == pytest.approx(0.0625)  # the power law carried on: -0.2 per decade in log10
-    jagged = compute.Shape(knots_N=(1e4, 2e4, 4e4, 8e4), knots_ratio=(1.2, 0.7, 0.8, 0.3))
+    jagged = compute.UnquantisedShare(knots_N=(1e4, 2e4, 4e4, 8e4), knots_ratio=(1.2, 0.7, 0.8, 0.3))
     n = np.exp(np.linspace(np.log(1e4), np.log(8e4), 400))
     slope = np.diff(np.log(jagged.ratio(n))) / np.diff(np.log(n))
     assert np.ptp(slope) < 1e-9 and slope[0] < 0  # one exponent everywhere: no kink at 2e4 or 4e4
-    with_inf = compute.Shape(knots_N=(1e4, 2e4, 4e4), knots_ratio=(float("inf"), 0.8, 0.4))
+    with_inf = compute.UnquantisedShare(knots_N=(1e4, 2e4, 4e4), knots_ratio=(float("inf"), 0.8, 0.4))
     assert with_inf.ratio(np.array([2e4, 4e4])) == pytest.approx([0.8, 0.4])
     rows = pd.DataFrame({"N": [1e4, 1e4], "flops_fprop": [4.0, 0.0], "flops_dgrad": [4.0, 0.0], "flops_wgrad": [4.0, 0.0],
                          "flops_kept_fprop": [0.0, 4.0], "flops_kept_dgrad": [0.0, 4.0], "flops_kept_wgrad": [0.0, 4.0],
                          "flops_head_fprop": 1.0, "flops_head_dgrad": 1.0, "flops_head_wgrad": 1.0,
                          "flops_attn_fwd": 1.0, "flops_attn_bwd": 2.0})
-    assert compute.Shape.from_results(rows).knots_ratio == pytest.approx((0.5,))  # 6 / 12 for both recipes
+    assert compute.UnquantisedShare.from_results(rows).knots_ratio == pytest.approx((0.5,))  # 6 / 12 for both recipes
