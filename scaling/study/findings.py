@@ -121,7 +121,10 @@ def specification_fits(df: pd.DataFrame, fit: FitResult, loss_column: str = "val
         if cand.get("within_noise") and cand.get("params") and cand.get("name") != chosen and _has_bits(cand["law"]):
             # its own data's ranges (sun reads a hypothetical format at their median block), the chosen fit's
             # unquantised share
-            data = fit_lib.data_summary(rows, cand["law"], cand.get("fixed"), loss_column)
+            try:
+                data = fit_lib.data_summary(rows, cand["law"], cand.get("fixed"), loss_column)
+            except ConfigError:  # rows without the law's columns: its optimum then says what it lacks
+                data = {}
             if fit_lib.stored_share(fit.data):
                 data[fit_lib.SHARE_KEY] = fit_lib.stored_share(fit.data)
             alt = fit_lib.FitResult(law=cand["law"], params=dict(cand["params"]), objective=0.0,
