@@ -101,12 +101,6 @@ def effective_bits(spec: Any, K: float) -> float:
     return bits + SCALE_BITS[g] / k
 
 
-def _projections(cfg) -> list[tuple[int, int]]:
-    """(d_in, d_out) of each dense projection in one layer: qkv, out, up+gate (fused), down."""
-    d, f = cfg.d_model, cfg.d_ff
-    return [(d, 3 * d), (d, d), (d, 2 * f), (f, d)]
-
-
 def element_bits(spec: Any) -> float:
     from scaling.numerics import formats
 
@@ -131,7 +125,7 @@ def parts(cfg: Any, recipe: Any, tokens_per_step: int) -> list[Part]:
     bwd_g, bwd_w, bwd_a = (None, None, None) if recipe.forward_only else (g, w, a)
     if recipe.backward_operands == "forward":  # the forward's W and X re-quantised as gradients
         bwd_w = bwd_a = g
-    proj = _projections(cfg)
+    proj = ladder.projections(cfg)
     # (flops weight, K) per projection for each GEMM: fprop reduces over d_in, dgrad over d_out, wgrad over tokens
     fprop_k = [(i * o, i) for i, o in proj]
     dgrad_k = [(i * o, o) for i, o in proj]
@@ -233,7 +227,7 @@ def role_columns(cfg: Any, recipe: Any) -> dict[str, float]:
         out[f"qerr_{short}"] = quant_error(spec)
     out["P_fwd"] = max(out["P_w"], out["P_a"])
     out["P_bwd"] = out["P_g"]
-    out["block"] = scale_block(recipe.weight, _projections(cfg))
+    out["block"] = scale_block(recipe.weight, ladder.projections(cfg))
     return out
 
 
@@ -480,7 +474,7 @@ def backfill(df: pd.DataFrame, *, batch_size: int = 16) -> pd.DataFrame:
         if key not in cache:
             base = ladder.config_for_size(int(size))
             # flops_per_token = 6·(N_matmul + d·V) + 12·n_layers·T·d  =>  T
-            n_matmul = base.n_layers * sum(i * o for i, o in _projections(base))
+            n_matmul = base.n_layers * sum(i * o for i, o in ladder.projections(base))
             T = round((float(fpt) - 6 * (n_matmul + base.d_model * base.vocab)) / (12 * base.n_layers * base.d_model))
             cfg = ladder.config_for_size(int(size), seq_len=T)
             rec = precision.get(_recipe_by_name(str(recipe)))

@@ -79,6 +79,15 @@ def ladder_lr(size: int) -> float:
     return LR_AT_WIDTH_32 * (32 / config_for_size(size).d_model) ** LR_WIDTH_EXPONENT
 
 
+def projections(cfg: ModelConfig) -> list[tuple[int, int]]:
+    """(d_in, d_out) of each dense projection in one layer of `scaling.train.model.Transformer`: fused
+    QKV, attention out, fused up+gate (SwiGLU), down. The one description of the model's GEMM weights:
+    parameter counts, FLOPs per token and the FLOPs by part (scaling.train.compute) read it;
+    tests/train/test_model.py checks it against the model's own kernels."""
+    d, f = cfg.d_model, cfg.d_ff
+    return [(d, 3 * d), (d, d), (d, 2 * f), (f, d)]
+
+
 def param_counts(cfg: ModelConfig) -> dict[str, int]:
     """N (non-embedding: every parameter except the embedding table and the output head, what
     Kaplan et al. and Kumar et al. fit on) and the total.
@@ -86,8 +95,8 @@ def param_counts(cfg: ModelConfig) -> dict[str, int]:
     per layer: attention 4·d² (fused QKV 3d² + out d²), MLP 3·d·d_ff (up, gate, down), 2 RMSNorm
     gains d each; plus the final norm d. Embedding V·d and untied head d·V are the rest.
     """
-    d, f, L, V = cfg.d_model, cfg.d_ff, cfg.n_layers, cfg.vocab
-    non_embedding = L * (4 * d * d + 3 * d * f + 2 * d) + d
+    d, L, V = cfg.d_model, cfg.n_layers, cfg.vocab
+    non_embedding = L * (sum(i * o for i, o in projections(cfg)) + 2 * d) + d
     return {"non_embedding": non_embedding, "total": non_embedding + 2 * V * d}
 
 
@@ -102,6 +111,6 @@ def flops_per_token(cfg: ModelConfig) -> float:
     not counted. Attention scores Q·Kᵀ and the weighted sum P·V cost 2·T·d each per token and
     layer forward, over the full T×T (no causal discount), hence 3·4 = 12·n_layers·T·d.
     """
-    d, f, L, V, T = cfg.d_model, cfg.d_ff, cfg.n_layers, cfg.vocab, cfg.seq_len
-    n_matmul = L * (4 * d * d + 3 * d * f)
+    d, L, V, T = cfg.d_model, cfg.n_layers, cfg.vocab, cfg.seq_len
+    n_matmul = L * sum(i * o for i, o in projections(cfg))
     return float(6 * (n_matmul + d * V) + 12 * L * T * d)

@@ -43,6 +43,9 @@ def test_param_counts_match_the_param_leaves(cfg):
     assert embedding == 2 * cfg.vocab * cfg.d_model
     counts = ladder.param_counts(cfg)
     assert counts == {"non_embedding": total - embedding, "total": total}
+    kernels = [tuple(v.shape) for path, v in jax.tree_util.tree_leaves_with_path(params)
+               if "blocks" in jax.tree_util.keystr(path) and "kernel" in jax.tree_util.keystr(path)]  # stacked by layer
+    assert sorted(kernels) == sorted((cfg.n_layers, i, o) for i, o in ladder.projections(cfg))
     # quantisation state is not a parameter
     assert len(nnx.state(abstract, model.FormatVector)) > 0
 
