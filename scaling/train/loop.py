@@ -70,6 +70,7 @@ from scaling.train import config as config_lib
 from scaling.train import data, health, ladder, parallel, runs, tracking
 from scaling.numerics import formats, gemm, precision
 from scaling import host
+from scaling.train import model as model_lib
 from scaling.train import step as step_lib
 from scaling._io import append_jsonl, atomic_write_json, read_jsonl
 from scaling.errors import ConfigError
@@ -394,6 +395,8 @@ class _Trainer:
         state, loss, grad_norm, telemetry = self.train_step(self.model_def, self.opt_def, state, self._batch(step),
                                                             self.cfg.seed, step, np.float32(lr), np.bool_(logged))
         self.pending.append((step, phase, loss))  # dispatched, not waited for
+        if not self.compiled:  # traced by now: say which attention kernel a 16-bit attention runs
+            self._attention_line(step)
         if step + 1 < budget.end:
             self._prefetch(step + 1)  # batch t+1 goes to the device while step t runs
         self.progress.tokens_trained += schedule.tokens_per_step
@@ -419,6 +422,13 @@ class _Trainer:
                   f"{record['tokens_per_s']:.0f} tok/s")
         self.clock = time.perf_counter()
         return state
+
+    def _attention_line(self, step: int) -> None:
+        dtype = self.cfg.recipe.structure().attention_dtype
+        kernel = model_lib.attention_kernels().get(dtype) if dtype else None
+        if kernel and self.primary:
+            self._log({"event": "attention", "step": step, "dtype": dtype, "kernel": kernel})
+            self.echo(f"attention ({dtype} inputs): {kernel}")
 
     def _drain(self) -> list[float]:
         """Wait for the steps dispatched since the last wait, time them (the first of an attempt

@@ -10,8 +10,8 @@ The n_layers blocks are one Block whose variables are stacked on a leading layer
 A recipe that keeps its first / last k blocks in high precision runs three scans over slices of the
 same stack: the kept head and tail under the `high_precision` recipe, the middle under the recipe.
 Attention: causal multi-head with RoPE, never materialising B×H×L×L scores where nothing in it is
-rounded: inputs that are bf16/fp16 run `jax.nn.dot_product_attention` (cuDNN flash attention on a
-GPU), FP32 ones the blocked flash-style `_causal_attention`; only quantised (scaled or sub-16-bit)
+rounded: inputs that are bf16/fp16 run `jax.nn.dot_product_attention` (cuDNN flash attention asked
+for by name on a GPU, XLA's form where it cannot run: `attention_kernels` says which), FP32 ones the blocked flash-style `_causal_attention`; only quantised (scaled or sub-16-bit)
 inputs or softmax outputs rounded through bf16 take the dense form. Every float32 dot runs at the
 recipe's `dot_precision`. MLP: SwiGLU, optionally Smooth-SwiGLU (Fishman et al. 2024).
 Tensor names carry their shapes (nanodo style): B batch, L length, D d_model, H heads, K head_dim,
@@ -259,20 +259,44 @@ class Attention(nnx.Module):
         return ctx.dense(self.out, o_BxLxHxK.reshape(B, L, D))
 
 
+# What each 16-bit attention traced in this process ran, by input dtype: "cudnn" or "xla ..." (with why
+# on a GPU). jax.nn.dot_product_attention's implementation=None is XLA's form in the installed JAX, so a
+# GPU asks for cuDNN by name and falls back to XLA, saying so; the trainer logs it (`attention_kernels`).
+ATTENTION_KERNELS: dict[str, str] = {}
+
+
+def attention_kernels() -> dict[str, str]:
+    """Which kernel the 16-bit attention traced in this process ran, by input dtype (a copy)."""
+    return dict(ATTENTION_KERNELS)
+
+
 def _fused_attention(q_BxLxHxK: jax.Array, k_BxLxHxK: jax.Array, v_BxLxHxK: jax.Array, dtype) -> jax.Array:
-    """Causal attention on Q, K, V cast to `dtype` (bf16/fp16): `jax.nn.dot_product_attention`
-    picks cuDNN's flash attention on a GPU (scores and softmax in fp32, probabilities rounded to
-    `dtype` for P·V: the attention role's rounding) and XLA's form elsewhere. Output in fp32.
-    XLA:CPU has no fp16 dot accumulating in fp32: there fp16 runs the same computation written out."""
+    """Causal attention on Q, K, V cast to `dtype` (bf16/fp16): on a GPU cuDNN's flash attention, asked
+    for by name (scores and softmax in fp32, probabilities rounded to `dtype` for P·V: the attention
+    role's rounding), XLA's form where cuDNN cannot run it (recorded in ATTENTION_KERNELS with the
+    reason); XLA's form elsewhere. Output in fp32. XLA:CPU has no fp16 dot accumulating in fp32: there
+    fp16 runs the same computation written out."""
     q, k, v = (x.astype(dtype) for x in (q_BxLxHxK, k_BxLxHxK, v_BxLxHxK))
+    name = jnp.dtype(dtype).name
     if dtype == jnp.float16 and jax.default_backend() == "cpu":
+        ATTENTION_KERNELS[name] = "xla (written out: XLA:CPU has no fp16 dot accumulating in fp32)"
         K, L = q.shape[3], q.shape[1]
         logits = jnp.einsum("blhk,bmhk->bhlm", q, k, preferred_element_type=jnp.float32) / math.sqrt(K)
         probs = jax.nn.softmax(jnp.where(jnp.tril(jnp.ones((L, L), bool)), logits, -1e30), axis=-1)
         o = jnp.einsum("bhlm,bmhk->blhk", probs.astype(dtype).astype(jnp.float32), v.astype(jnp.float32),
                        precision=jax.lax.Precision.HIGHEST)
         return o.astype(dtype).astype(jnp.float32)
-    return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=None).astype(jnp.float32)
+    if jax.default_backend() == "gpu":
+        try:
+            out = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn")
+            ATTENTION_KERNELS[name] = "cudnn"
+            return out.astype(jnp.float32)
+        except Exception as e:  # noqa: BLE001 - no cuDNN, too old, or a shape it does not take: XLA's form, said
+            reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+            ATTENTION_KERNELS[name] = f"xla (cuDNN flash attention did not run: {reason})"
+    else:
+        ATTENTION_KERNELS[name] = "xla"
+    return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="xla").astype(jnp.float32)
 
 
 @jax.checkpoint

@@ -1,6 +1,6 @@
 """Attention never holds B×H×L×L scores per layer where nothing in it is rounded: FP32 inputs run
 the blocked flash-style attention on every backend, bf16/fp16 inputs `jax.nn.dot_product_attention`
-(cuDNN flash attention on a GPU). Checked on a CPU against the dense form, values and gradients,
+(cuDNN flash attention asked for by name on a GPU, XLA's form where it cannot run, said). Checked on a CPU against the dense form, values and gradients,
 and by the compiled step's memory at bench_gpu's default shape (traced as on a GPU)."""
 
 from __future__ import annotations
@@ -118,3 +118,40 @@ def test_the_compiled_step_holds_no_LxL_scores_per_layer(monkeypatch):
     per_layer = (temp[4] - temp[2]) / 2
     scores = batch * base.n_heads * L * L * 4
     assert 0 < per_layer < scores, (per_layer / 1e9, scores / 1e9)
+
+
+def test_a_gpu_asks_for_cudnn_by_name_and_says_when_xla_ran_instead(monkeypatch):
+    """jax.nn.dot_product_attention's default (implementation=None) is XLA's form: a GPU asks for cuDNN
+    by name; where cuDNN cannot run (here: no GPU at all) XLA's form runs, and the record says why."""
+    q, k, v, _ = _qkvg(16)
+    want = model._fused_attention(q, k, v, jnp.bfloat16)
+    assert model.attention_kernels()["bfloat16"] == "xla"
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    got = model._fused_attention(q, k, v, jnp.bfloat16)  # cuDNN's lowering refuses a CPU
+    assert np.array_equal(np.asarray(got), np.asarray(want))
+    assert model.attention_kernels()["bfloat16"].startswith("xla (cuDNN flash attention did not run: ")
+    asked = []
+    real = jax.nn.dot_product_attention
+
+    def fake(*args, implementation=None, **kwargs):
+        asked.append(implementation)
+        return real(*args, implementation="xla", **kwargs)
+
+    monkeypatch.setattr(jax.nn, "dot_product_attention", fake)
+    model._fused_attention(q, k, v, jnp.bfloat16)
+    assert asked == ["cudnn"] and model.attention_kernels()["bfloat16"] == "cudnn"
+
+
+def test_a_run_with_16_bit_attention_logs_which_kernel_ran(tmp_path):
+    from scaling import train
+    from scaling._io import read_jsonl
+    from scaling.train import config
+
+    recipe = Path(__file__).resolve().parents[2] / "experiments" / "recipes" / "bf16-attention.toml"
+    cfg = config.validate({"name": "t", "precision": str(recipe), "seed": 0, "model": {"size": 1, "seq_len": 32},
+                           "data": {"source": "synthetic", "eval_tokens": 1024},
+                           "train": {"tokens": 8 * 32 * 4, "batch_size": 8, "lr": 1e-2, "log_every": 2,
+                                     "checkpoint_every": 0}})
+    train.run(cfg, tmp_path)
+    events = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if r.get("event") == "attention"]
+    assert events == [{"event": "attention", "step": 0, "dtype": "bfloat16", "kernel": "xla"}]
