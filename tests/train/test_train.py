@@ -378,30 +378,9 @@ def test_tensorboard_after_a_resume_holds_each_step_once(tmp_path, monkeypatch):
 # ---------------------------------------------------------------- telemetry only on logged steps
 
 
-def _step_ops(measure: bool) -> "collections.Counter[str]":
-    """StableHLO op counts of the lowered train step of a tiny MXFP4 model (telemetry on every
-    quantised operand), logged (`measure`) or not."""
-    import collections
-    import re
-
-    import jax
-
-    from scaling.numerics import precision
-
-    cfg = ladder.ModelConfig(d_model=32, n_layers=2, n_heads=2, d_ff=64, vocab=64, seq_len=16)
-    train_step, _, init = step_lib.compiled()
-    tx = step_lib.optimizer_tx(1.0, 0.1)
-    recipe = precision.get("mxfp4")
-    model_def, opt_def = step_lib.graph_defs(cfg, recipe, tx, 0)
-    state = jax.eval_shape(lambda: init(cfg, recipe, tx, 0))
-    tokens = jax.ShapeDtypeStruct((2, cfg.seq_len + 1), np.int32)
-    text = train_step.lower(model_def, opt_def, state, tokens, 0, 0, np.float32(1e-3), measure).as_text()
-    return collections.Counter(re.findall(r"= \"?(stablehlo\.\w+)", text))
-
-
-def test_the_step_donates_the_state_it_updates(monkeypatch):
-    """The weights and both Adam moments are updated in place (their buffers become the next state's),
-    on the CPU program and on the two programs of a GPU."""
+def _lowered_step(measure: bool) -> tuple[str, int]:
+    """The lowered train step of a tiny MXFP4 model (telemetry on every quantised operand), logged
+    (`measure`) or not, as StableHLO text, and its number of parameter leaves."""
     import jax
     from flax import nnx
 
@@ -415,10 +394,26 @@ def test_the_step_donates_the_state_it_updates(monkeypatch):
     state = jax.eval_shape(lambda: init(cfg, recipe, tx, 0))
     params = len(jax.tree.leaves(nnx.state(nnx.merge(model_def, state["model"]), nnx.Param)))
     tokens = jax.ShapeDtypeStruct((2, cfg.seq_len + 1), np.int32)
+    return train_step.lower(model_def, opt_def, state, tokens, 0, 0, np.float32(1e-3), measure).as_text(), params
+
+
+def _step_ops(measure: bool) -> "collections.Counter[str]":
+    """StableHLO op counts of `_lowered_step(measure)`."""
+    import collections
+    import re
+
+    return collections.Counter(re.findall(r"= \"?(stablehlo\.\w+)", _lowered_step(measure)[0]))
+
+
+def test_the_step_donates_the_state_it_updates(monkeypatch):
+    """The weights and both Adam moments are updated in place (their buffers become the next state's),
+    on the CPU program and on the two programs of a GPU."""
+    import jax
+
     programs = []
     for backend, measure in (("cpu", True), ("gpu", True), ("gpu", False)):  # a GPU's logged and unlogged
         monkeypatch.setattr(jax, "default_backend", lambda backend=backend: backend)
-        text = train_step.lower(model_def, opt_def, state, tokens, 0, 0, np.float32(1e-3), measure).as_text()
+        text, params = _lowered_step(measure)
         assert text.count("tf.aliasing_output") >= 3 * params, (backend, measure)  # weights, mu, nu
         programs.append(text)
     assert len(set(programs)) == 3
