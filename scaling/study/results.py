@@ -25,7 +25,7 @@ COLUMNS = [
     "smooth_swiglu", "seed", "train_loss", "val_loss", "status", "wall_s", "tokens_per_s",
 ]
 # Run-level extras that fits and figures use (the floating-point law needs ebits/mbits/block).
-EXTRAS = ["size", "n_layers", "d_model", "lr", "tokens", "ebits", "mbits", "block", "flops_per_token", "step", "corpus", "tokenizer",
+EXTRAS = ["size", "n_layers", "d_model", "architecture", "lr", "tokens", "ebits", "mbits", "block", "flops_per_token", "step", "corpus", "tokenizer",
           "val_bpb", "train_bpb",
           "hardware"]  # scaling.host.describe() where it trained: the GEMM path moves a loss's last bits
 EVAL_KEYS = ("D", "step", "val_loss", "train_loss", "val_bpb", "train_bpb")  # what each evaluation row carries

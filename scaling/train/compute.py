@@ -56,7 +56,7 @@ import numpy as np
 import pandas as pd
 
 from scaling.plan import hardware
-from scaling.train import ladder
+from scaling.train import architectures, ladder
 from scaling.errors import ConfigError
 
 # The JAX-side modules (formats, precision, quant) are imported inside the functions that quantise
@@ -114,13 +114,13 @@ def _mean_bits(spec: Any, shapes: Sequence[tuple[float, float]]) -> float:
 
 
 def parts(cfg: Any, recipe: Any, tokens_per_step: int) -> list[Part]:
-    """The GEMM parts of one training step of `scaling.train.model.Transformer(cfg, recipe)`, per token.
+    """The GEMM parts of one training step of the config's architecture under `recipe`, per token.
 
     tokens_per_step (batch·seq_len) is wgrad's reduction length (only per-channel scales see it)."""
     from scaling.numerics import precision
 
     recipe = precision.get(recipe)
-    L, T, d, V = cfg.n_layers, cfg.seq_len, cfg.d_model, cfg.vocab
+    L, d, V = cfg.n_layers, cfg.d_model, cfg.vocab
     w, a, g = recipe.weight, recipe.activation, recipe.grad
     bwd_g, bwd_w, bwd_a = (None, None, None) if recipe.forward_only else (g, w, a)
     if recipe.backward_operands == "forward":  # the forward's W and X re-quantised as gradients
@@ -140,7 +140,8 @@ def parts(cfg: Any, recipe: Any, tokens_per_step: int) -> list[Part]:
         return Part(name, flops, bits, max(element_bits(spec_0), element_bits(spec_1)))
 
     hd = (lambda s: s) if head else (lambda s: None)
-    attn_k = [(1, cfg.head_dim), (1, T)]  # Q·Kᵀ reduces over head_dim, P·V over T
+    attention = architectures.of(cfg).attention(cfg)  # the transformer's: Q·Kᵀ over head_dim, P·V over T
+    attn_flops = L * sum(f for f, _ in attention)
     extra = []
     if kept_layers:
         k = recipe.kept()
@@ -163,9 +164,9 @@ def parts(cfg: Any, recipe: Any, tokens_per_step: int) -> list[Part]:
         part("head_fprop", 2.0 * d * V, hd(a), hd(w), [(1, d)]),
         part("head_dgrad", 2.0 * d * V, hd(bwd_g), hd(bwd_w), [(1, V)]),
         part("head_wgrad", 2.0 * d * V, hd(bwd_a), hd(bwd_g), [(1, tokens_per_step)]),
-        part("attn_fwd", 4.0 * L * T * d, t, t, attn_k),
+        part("attn_fwd", attn_flops, t, t, attention),
         # backward: the saved (quantised) Q, K, V, P meet unquantised gradients
-        part("attn_bwd", 8.0 * L * T * d, t, None, attn_k),
+        part("attn_bwd", 2.0 * attn_flops, t, None, attention),
     ] + extra
 
 

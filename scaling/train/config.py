@@ -5,7 +5,7 @@ explicit, versioned canonical form (`canonical_form`).
     name = "smoke"
     precision = "fp8"          # a preset, a format name, a recipe file (.toml) or a [precision] table
     seed = 0
-    [model]  size, seq_len, smooth_swiglu, n_layers
+    [model]  size, seq_len, smooth_swiglu, n_layers, architecture
     [data]   source, tokenizer, eval_tokens
     [train]  tokens, batch_size, lr, weight_decay, warmup, schedule, decay, eval_at (token budgets:
              fractions of train.tokens), grad_clip, log_every, checkpoint_every, tracker
@@ -36,7 +36,7 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from scaling.train import data, ladder
+from scaling.train import architectures, data, ladder
 from scaling.plan import hardware
 from scaling.errors import ConfigError
 
@@ -155,6 +155,13 @@ def _fingerprint(key: str, value: Any) -> str:
     return value
 
 
+@_allowing('a registered architecture (scaling.train.architectures): "transformer", or one your module registers')
+def _architecture(key: str, value: Any) -> str:
+    if value not in architectures.names():
+        raise ConfigError(key, value, f"a registered architecture: {', '.join(architectures.names())}")
+    return value
+
+
 @_allowing(data.TOKENIZER_ALLOWED + " (a BPE for text sources only)")
 def _tokenizer(key: str, value: Any) -> str:
     vocab = data.tokenizer_vocab(value)  # raises ConfigError naming data.tokenizer
@@ -252,11 +259,14 @@ class Model:
                                   "channel by a power of two before it is quantised (Fishman et al. 2024).")
     n_layers: int | None = setting(None, _optional(_integer(1)), "Another depth at the size's width; unset "
                                    "(or the ladder's depth) is the ladder size.")
+    architecture: str = setting(architectures.DEFAULT, _architecture, "The model the ladder's dimensions build: "
+                                "the built-in transformer (scaling.train.model) or one registered with "
+                                "scaling.train.architectures.register (docs/training.md).")
 
     def shape(self, vocab: int = 256) -> ladder.ModelConfig:
-        """The transformer's shape (scaling.train.ladder.config_for_size)."""
-        return ladder.config_for_size(self.size, vocab=vocab, seq_len=self.seq_len,
-                                      smooth_swiglu=self.smooth_swiglu, n_layers=self.n_layers)
+        """The model's dimensions and architecture (scaling.train.ladder.config_for_size)."""
+        return ladder.config_for_size(self.size, vocab=vocab, seq_len=self.seq_len, smooth_swiglu=self.smooth_swiglu,
+                                      n_layers=self.n_layers, architecture=self.architecture)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -426,6 +436,7 @@ def canonical_form(cfg: RunConfig) -> dict:
     names they had when these ids were first made (train.budgets, study.budgets); train.eval_every,
     a knob since removed, is hashed at the value every run had (0). Keys added after the first ids
     enter only where they differ from what every earlier run had: model.n_layers when set,
+    model.architecture when not "transformer",
     data.tokenizer when not "bytes", train.tracker when not empty, and [study] when it has flop
     budgets (without them study.cost labels nothing and is left out). [parallel] is never hashed:
     the device count and the sharding are a layout of one global computation whose numerics are
@@ -448,6 +459,8 @@ def canonical_form(cfg: RunConfig) -> dict:
     }
     if m.n_layers is not None:
         form["model"]["n_layers"] = m.n_layers
+    if m.architecture != architectures.DEFAULT:
+        form["model"]["architecture"] = m.architecture
     if d.tokenizer != "bytes":
         form["data"]["tokenizer"] = d.tokenizer
     if t.tracker:
@@ -563,7 +576,8 @@ def _recipe(spec: str | dict):
 def _check_model(cfg: dict) -> None:
     """The ladder owns which sizes exist; let it reject what it cannot build."""
     m = cfg["model"]
-    ladder.config_for_size(m["size"], seq_len=m["seq_len"], smooth_swiglu=m["smooth_swiglu"], n_layers=m["n_layers"])
+    ladder.config_for_size(m["size"], seq_len=m["seq_len"], smooth_swiglu=m["smooth_swiglu"], n_layers=m["n_layers"],
+                           architecture=m["architecture"])
 
 
 # ---------------------------------------------------------------- config.json of earlier versions

@@ -6,35 +6,14 @@ models, sweep planning and `scaling plan` read sizes without loading the model.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 from scaling.errors import ConfigError
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    d_model: int
-    n_layers: int
-    n_heads: int
-    d_ff: int
-    vocab: int = 256  # byte tokens
-    seq_len: int = 256
-    smooth_swiglu: bool = False
-    rope_base: float = 10_000.0
-    init_std: float = 0.02  # N(0, 0.02²) init; output projections additionally / sqrt(2·n_layers)
-    norm_eps: float = 1e-6
-
-    @property
-    def head_dim(self) -> int:
-        return self.d_model // self.n_heads
-
-    def __post_init__(self) -> None:
-        if self.d_model % self.n_heads or self.head_dim % 2:
-            raise ValueError(f"d_model={self.d_model} must split into n_heads={self.n_heads} even-sized heads")
+from scaling.train import architectures
+from scaling.train.architectures import ModelConfig  # the ladder's product; defined with the architectures
 
 
 def config_for_size(size: int, *, vocab: int = 256, seq_len: int = 256, smooth_swiglu: bool = False,
-                    n_layers: int | None = None) -> ModelConfig:
+                    n_layers: int | None = None, architecture: str = architectures.DEFAULT) -> ModelConfig:
     """The ladder: one knob -> width, depth, heads (OLMo-ladder style: a formula, not a table).
 
         d_model  = 32·size
@@ -49,6 +28,7 @@ def config_for_size(size: int, *, vocab: int = 256, seq_len: int = 256, smooth_s
     n_layers overrides the depth at the size's width (`model.n_layers`): the ladder's widths are
     multiples of 32 (MX blocks) and 6x apart in N between sizes 1 and 2, so an IsoFLOP design at
     CPU budgets fills that gap with deeper narrow models (e.g. d 32 x 4 layers, d 64 x 2).
+    `architecture` (scaling.train.architectures) reads the same dimensions its own way.
     """
     if not isinstance(size, int) or size < 1:
         raise ConfigError("model.size", size, "an integer >= 1")
@@ -57,7 +37,7 @@ def config_for_size(size: int, *, vocab: int = 256, seq_len: int = 256, smooth_s
     d = 32 * size
     d_ff = 32 * math.ceil(8 * d / 3 / 32)
     return ModelConfig(d_model=d, n_layers=2 + size // 2 if n_layers is None else n_layers, n_heads=max(2, d // 32), d_ff=d_ff,
-                       vocab=vocab, seq_len=seq_len, smooth_swiglu=smooth_swiglu)
+                       vocab=vocab, seq_len=seq_len, smooth_swiglu=smooth_swiglu, architecture=architecture)
 
 
 def depth_override(size: int, n_layers: int | None) -> int | None:
@@ -80,23 +60,23 @@ def ladder_lr(size: int) -> float:
 
 
 def projections(cfg: ModelConfig) -> list[tuple[int, int]]:
-    """(d_in, d_out) of each dense projection in one layer of `scaling.train.model.Transformer`: fused
-    QKV, attention out, fused up+gate (SwiGLU), down. The one description of the model's GEMM weights:
-    parameter counts, FLOPs per token and the FLOPs by part (scaling.train.compute) read it;
-    tests/train/test_model.py checks it against the model's own kernels."""
-    d, f = cfg.d_model, cfg.d_ff
-    return [(d, 3 * d), (d, d), (d, 2 * f), (f, d)]
+    """(d_in, d_out) of each dense projection in one layer of the config's architecture
+    (`Architecture.projections`; the transformer's: fused QKV, attention out, fused up+gate, down):
+    the one description of the model's GEMM weights that parameter counts, FLOPs per token and the
+    FLOPs by part (scaling.train.compute) read."""
+    return architectures.of(cfg).projections(cfg)
 
 
 def param_counts(cfg: ModelConfig) -> dict[str, int]:
     """N (non-embedding: every parameter except the embedding table and the output head, what
     Kaplan et al. and Kumar et al. fit on) and the total.
 
-    per layer: attention 4·d² (fused QKV 3d² + out d²), MLP 3·d·d_ff (up, gate, down), 2 RMSNorm
-    gains d each; plus the final norm d. Embedding V·d and untied head d·V are the rest.
+    The transformer's, per layer: attention 4·d² (fused QKV 3d² + out d²), MLP 3·d·d_ff (up, gate,
+    down), 2 RMSNorm gains d each; plus the final norm d (`Architecture.other_params`). Embedding
+    V·d and untied head d·V are the rest.
     """
     d, L, V = cfg.d_model, cfg.n_layers, cfg.vocab
-    non_embedding = L * (sum(i * o for i, o in projections(cfg)) + 2 * d) + d
+    non_embedding = L * sum(i * o for i, o in projections(cfg)) + architectures.of(cfg).other_params(cfg)
     return {"non_embedding": non_embedding, "total": non_embedding + 2 * V * d}
 
 
@@ -104,13 +84,14 @@ def flops_per_token(cfg: ModelConfig) -> float:
     """Training FLOPs per token (forward + backward = 3 × forward), Chinchilla's convention
     (Hoffmann et al. 2022, App. F):
 
-        6·(N_matmul + d·V)  +  12·n_layers·seq_len·d_model
+        6·(N_matmul + d·V)  +  3·n_layers·(attention FLOPs per token and layer, forward)
 
-    N_matmul = n_layers·(4·d² + 3·d·d_ff) are the dense-projection weights (each does 2 FLOPs
-    per token forward), d·V the output head; the embedding lookup, norms, softmax and RoPE are
-    not counted. Attention scores Q·Kᵀ and the weighted sum P·V cost 2·T·d each per token and
-    layer forward, over the full T×T (no causal discount), hence 3·4 = 12·n_layers·T·d.
+    N_matmul = n_layers·(4·d² + 3·d·d_ff) are the transformer's dense-projection weights (each does
+    2 FLOPs per token forward; `projections`), d·V the output head; the embedding lookup, norms,
+    softmax and RoPE are not counted. Attention scores Q·Kᵀ and the weighted sum P·V cost 2·T·d each
+    per token and layer forward, over the full T×T (no causal discount; `Architecture.attention`),
+    hence 12·n_layers·T·d for the transformer.
     """
-    d, L, V, T = cfg.d_model, cfg.n_layers, cfg.vocab, cfg.seq_len
+    d, L, V = cfg.d_model, cfg.n_layers, cfg.vocab
     n_matmul = L * sum(i * o for i, o in projections(cfg))
-    return float(6 * (n_matmul + d * V) + 12 * L * T * d)
+    return float(6 * (n_matmul + d * V) + 3 * L * sum(f for f, _ in architectures.of(cfg).attention(cfg)))

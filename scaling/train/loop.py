@@ -67,7 +67,7 @@ from flax import nnx
 
 from scaling.train import compute as compute_lib
 from scaling.train import config as config_lib
-from scaling.train import data, health, ladder, parallel, runs, tracking
+from scaling.train import architectures, data, health, ladder, parallel, runs, tracking
 from scaling.numerics import formats, gemm, precision
 from scaling import host
 from scaling.train import model as model_lib
@@ -498,12 +498,15 @@ class _Trainer:
         self.progress.wall_s += self._elapsed()
         summary = summarize(self.setup, self.progress, status, reason)
         if self.layout is not None:  # the devices it ran on (a layout: not part of the run id)
-            shape_file = self.out_dir / "plan_model.json"
-            if self.primary and not shape_file.exists():
-                atomic_write_json(shape_file, parallel.plan_shape(self.setup.model_cfg))
-            argv = parallel.plan_step_argv(self.layout, self.setup.model_cfg, self.cfg.recipe.name,
-                                           self.cfg.train.batch_size, str(shape_file))
-            summary["parallel"] = {**self.layout.describe(), "plan_step": "scaling " + " ".join(argv)}
+            summary["parallel"] = self.layout.describe()
+            plan_shape = architectures.of(self.setup.model_cfg).plan_shape
+            if plan_shape is not None:  # the planner's prediction of this step, where it can price the model
+                shape_file = self.out_dir / "plan_model.json"
+                if self.primary and not shape_file.exists():
+                    atomic_write_json(shape_file, plan_shape(self.setup.model_cfg))
+                argv = parallel.plan_step_argv(self.layout, self.setup.model_cfg, self.cfg.recipe.name,
+                                               self.cfg.train.batch_size, str(shape_file))
+                summary["parallel"]["plan_step"] = "scaling " + " ".join(argv)
         return summary
 
     def land(self, status: str, step: int, reason: str, error: BaseException | None) -> dict:
@@ -548,6 +551,7 @@ def summarize(setup: Setup, progress: Progress, status: str, reason: str | None)
         "size": cfg.model.size,
         "n_layers": setup.model_cfg.n_layers,
         "d_model": setup.model_cfg.d_model,
+        "architecture": cfg.model.architecture,
         "lr": cfg.train.lr,
         "tokens": cfg.train.tokens,
         "seed": cfg.seed,

@@ -4,7 +4,7 @@ Pre-norm blocks: x += Attn(RMSNorm(x)); x += MLP(RMSNorm(x)); final RMSNorm; unt
 The dense projections are `scaling.numerics.layers.QDense`, the layer offered for a model of one's
 own, with its variables (FormatVector, AmaxHistory, GradSink, QuantTelemetry) and telemetry; the
 model keeps the formats once (not per layer) and passes them, with the structure, PRNG key and
-telemetry flags of the call, through a per-call context (`_Ctx.dense`).
+telemetry flags of the call, through a per-call context (`Context.dense`).
 The n_layers blocks are one Block whose variables are stacked on a leading layer axis, run as one
 `lax.scan` (XLA compiles one block, not n_layers copies); `layer(blocks, i)` gives layer i alone.
 A recipe that keeps its first / last k blocks in high precision runs three scans over slices of the
@@ -41,7 +41,7 @@ from scaling.errors import ConfigError
 from scaling.numerics import formats, gemm, layers, precision
 # the quantised dense layer and its variables: numerics' own (also reachable here, as model.GradSink etc.)
 from scaling.numerics.layers import AmaxHistory, FormatVector, GradSink, QDense, QuantTelemetry
-from scaling.train.ladder import ModelConfig
+from scaling.train.architectures import ModelConfig
 from scaling.numerics.precision import Recipe, RecipeStructure
 
 # ---------------------------------------------------------------------------------------------
@@ -81,7 +81,7 @@ def _dense(d_in: int, d_out: int, structure: RecipeStructure, std: float, rngs: 
     return QDense(d_in, d_out, structure, kernel_init=nnx.initializers.normal(std), rngs=rngs)
 
 
-class _Ctx:
+class Context:
     """Per-call context threaded through the layers: formats, structure, PRNG, telemetry sink and
     whether to measure telemetry (a bool, may be traced)."""
 
@@ -228,7 +228,7 @@ class Attention(nnx.Module):
         self.qkv = _dense(d, 3 * d, structure, cfg.init_std, rngs)
         self.out = _dense(d, d, structure, cfg.init_std / math.sqrt(2 * cfg.n_layers), rngs)
 
-    def __call__(self, x_BxLxD: jax.Array, ctx: _Ctx) -> jax.Array:
+    def __call__(self, x_BxLxD: jax.Array, ctx: Context) -> jax.Array:
         B, L, D = x_BxLxD.shape
         H, K = self.cfg.n_heads, self.cfg.head_dim
         qkv_BxLx3D = ctx.dense(self.qkv, x_BxLxD)
@@ -321,7 +321,7 @@ class MLP(nnx.Module):
         self.up_gate = _dense(cfg.d_model, 2 * cfg.d_ff, structure, cfg.init_std, rngs)
         self.down = _dense(cfg.d_ff, cfg.d_model, structure, cfg.init_std / math.sqrt(2 * cfg.n_layers), rngs)
 
-    def __call__(self, x_BxLxD: jax.Array, ctx: _Ctx) -> tuple[jax.Array, jax.Array]:
+    def __call__(self, x_BxLxD: jax.Array, ctx: Context) -> tuple[jax.Array, jax.Array]:
         up_BxLxF, gate_BxLxF = jnp.split(ctx.dense(self.up_gate, x_BxLxD), 2, axis=-1)
         h_BxLxF = _swiglu(up_BxLxF, gate_BxLxF)
         h_max = _abs_max(h_BxLxF)
@@ -333,13 +333,20 @@ class MLP(nnx.Module):
 
 
 class Block(nnx.Module):
+    """x += attention(norm(x)); x += mlp(norm(x)). A variant block is a subclass naming another
+    `attention_type` or `mlp_type` (built as `(cfg, structure, rngs=)`, called as `(x_BxLxD, ctx)`;
+    an MLP returns (y_BxLxD, max |hidden|)); examples/own_architecture.py."""
+
+    attention_type: type = Attention
+    mlp_type: type = MLP
+
     def __init__(self, cfg: ModelConfig, structure: RecipeStructure, *, rngs: nnx.Rngs):
         self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.attn = Attention(cfg, structure, rngs=rngs)
+        self.attn = self.attention_type(cfg, structure, rngs=rngs)
         self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.mlp = MLP(cfg, structure, rngs=rngs)
+        self.mlp = self.mlp_type(cfg, structure, rngs=rngs)
 
-    def __call__(self, x_BxLxD: jax.Array, ctx: _Ctx) -> tuple[jax.Array, jax.Array]:
+    def __call__(self, x_BxLxD: jax.Array, ctx: Context) -> tuple[jax.Array, jax.Array]:
         st = ctx.structure
         x_BxLxD = _sensitive(x_BxLxD + self.attn(_sensitive(self.attn_norm(x_BxLxD), st), ctx), st)
         y_BxLxD, h_max = self.mlp(_sensitive(self.mlp_norm(x_BxLxD), st), ctx)
@@ -363,7 +370,11 @@ def layer(blocks: Block, i: int) -> Block:
 
 class Transformer(nnx.Module):
     """Decoder-only LM. Holds only the recipe's static structure plus its formats as Variables,
-    so the compiled program depends on shapes and granularity, not on the element formats."""
+    so the compiled program depends on shapes and granularity, not on the element formats. The
+    architecture `transformer` (scaling.train.architectures); a subclass naming another
+    `block_type` is a variant of it."""
+
+    block_type: type = Block
 
     def __init__(self, cfg: ModelConfig, recipe: Recipe | str | dict, *, rngs: nnx.Rngs):
         recipe = precision.get(recipe)
@@ -371,7 +382,7 @@ class Transformer(nnx.Module):
         self.cfg, self.structure = cfg, structure
         d, V = cfg.d_model, cfg.vocab
         self.embed = nnx.Param(jax.random.normal(rngs.params(), (V, d), jnp.float32))  # unit-variance rows
-        self.blocks = _stack([Block(cfg, structure, rngs=rngs) for _ in range(cfg.n_layers)])
+        self.blocks = _stack([self.block_type(cfg, structure, rngs=rngs) for _ in range(cfg.n_layers)])
         self.final_norm = RMSNorm(d, cfg.norm_eps)
         head_structure = structure if not structure.high_precision_embed else self._head_structure()
         self.head = _dense(d, V, head_structure, cfg.init_std, rngs)
@@ -405,19 +416,19 @@ class Transformer(nnx.Module):
         'swiglu_max': (n_layers,)}."""
         st = self.structure
         blocks_key, head_key = (None, None) if key is None else jax.random.split(key)
-        ctx = _Ctx(st, self.formats(), head_key, update_state, measure)
+        ctx = Context(st, self.formats(), head_key, update_state, measure)
         emb = self.embed[...]
         if not st.high_precision_embed and st.weight is not None:
             emb = gemm.fake_quant_along(emb, st.weight, ctx.fmt["weight"], 1)
         x_BxLxD = jnp.take(emb, tokens_BxL, axis=0)
         x_BxLxD, act_max, swiglu_max = self._scan_blocks(x_BxLxD, ctx, blocks_key)
         x_BxLxD = _sensitive(self.final_norm(x_BxLxD), st)
-        head_ctx = ctx if not st.high_precision_embed else _Ctx(self._head_structure(), {}, None, False)
+        head_ctx = ctx if not st.high_precision_embed else Context(self._head_structure(), {}, None, False)
         logits_BxLxV = head_ctx.dense(self.head, x_BxLxD)
         aux = {"telemetry": ctx.telemetry, "act_max": act_max, "swiglu_max": swiglu_max}
         return logits_BxLxV, aux
 
-    def _scan_blocks(self, x_BxLxD: jax.Array, ctx: _Ctx, key: jax.Array | None):
+    def _scan_blocks(self, x_BxLxD: jax.Array, ctx: Context, key: jax.Array | None):
         """The layer stack as `lax.scan`s over the stacked block parameters: XLA compiles one block
         per recipe, not n_layers copies, so compile time does not grow with depth. Each layer gets
         its own PRNG key; its telemetry rows and amax histories come out stacked by layer. Blocks
@@ -439,7 +450,7 @@ class Transformer(nnx.Module):
             def layer(x_BxLxD, per_layer, structure=structure, fmt=fmt):
                 p, h, r, k = per_layer
                 block = nnx.merge(graphdef, p, h, r)
-                layer_ctx = _Ctx(structure, fmt, k, ctx.update_state, ctx.measure)
+                layer_ctx = Context(structure, fmt, k, ctx.update_state, ctx.measure)
                 x_BxLxD, h_max = block(x_BxLxD, layer_ctx)
                 telemetry = {role: jnp.stack(rows) for role, rows in layer_ctx.telemetry.items()}
                 return x_BxLxD, (nnx.state(block, AmaxHistory), nnx.state(block, QuantTelemetry), telemetry,

@@ -214,9 +214,3 @@ def plan_step_argv(layout: Layout | None, model_cfg: Any, recipe_name: str, batc
             "--micro-batch", str(batch_size // devices), "--micro-batches", "1"]
     precision = PLAN_RECIPES.get(recipe_name, recipe_name)
     return argv + (["--precision", precision] if precision in RECIPES else [])
-
-
-def plan_shape(model_cfg: Any) -> dict:
-    """The run's transformer in scaling.plan.shapes' keys (SwiGLU: gated)."""
-    return {"layers": model_cfg.n_layers, "hidden": model_cfg.d_model, "heads": model_cfg.n_heads,
-            "kv_heads": model_cfg.n_heads, "ffn": model_cfg.d_ff, "vocab": model_cfg.vocab, "gated": True}

@@ -85,7 +85,7 @@ def _plant_outlier_channel(m: model.Transformer, factor: float) -> None:
 
 @nnx.jit
 def _mlp_out(m, x_BxLxD):
-    ctx = model._Ctx(m.structure, m.formats(), None, False)
+    ctx = model.Context(m.structure, m.formats(), None, False)
     return model.layer(m.blocks, 0).mlp(x_BxLxD, ctx)[0]
 
 
@@ -184,9 +184,9 @@ def test_blocks_kept_in_high_precision_run_the_kept_recipe():
     x = jnp.take(m.embed[...], tokens, axis=0)
     for i in range(cfg.n_layers):
         r = kept if i in (0, 2, 3) else recipe
-        ctx = model._Ctx(r.structure(), r.formats(), None, False)
+        ctx = model.Context(r.structure(), r.formats(), None, False)
         x, _ = model.layer(m.blocks, i)(x, ctx)
-    want = model._Ctx(precision.RecipeStructure(), {}, None, False).dense(m.head, m.final_norm(x))
+    want = model.Context(precision.RecipeStructure(), {}, None, False).dense(m.head, m.final_norm(x))
     # the same function, not always the same bits: the scanned stack and this layer-by-layer loop may
     # block their dots differently (1-ulp differences seen on an AVX512-BF16 host, none on AVX2)
     np.testing.assert_allclose(logits, want, rtol=1e-5, atol=1e-6)
