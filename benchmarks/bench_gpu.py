@@ -2,30 +2,42 @@
 
     pip install -e '.[gpu]' torch        # torch for the reference only; never a dependency
     python benchmarks/bench_gpu.py [--params 20e6,100e6 | --sizes 14,24] [--seq-len 1024] [--batch 16]
-        [--steps 20] [--warmup 3] [--recipes bf16,fp8,mxfp6,mxfp4,nvfp4] [--gpu auto|h100|h200|b200|a100]
-        [--torch auto|compile|eager|off] [--pilot [EXPERIMENT.toml]]
-    python benchmarks/bench_gpu.py --sizes 1 --seq-len 64 --batch 4 --steps 3 --warmup 1   # CPU smoke run
+        [--steps 20] [--warmup 3] [--windows 3] [--recipes autocast,bf16,fp8,mxfp6,mxfp4,nvfp4]
+        [--gpu auto|h100|h200|b200|a100] [--torch auto|compile|eager|off] [--pilot [EXPERIMENT.toml]] [--pack K]
+    python benchmarks/bench_gpu.py --sizes 1 --seq-len 64 --batch 4 --steps 3 --warmup 1 --pack 2 --pilot  # CPU smoke run
 
 Per ladder size (the one whose non-embedding N is nearest each --params target, ladder.param_counts),
 one process measures, the same way for each: our training step as `scaling train` runs it
 (scaling.train.step: the model's quantised GEMMs, AdamW, clipping; fast path where bf16 is native),
-compiled and warmed up, then --steps steps dispatched back to back and waited for once; and the
-same model in PyTorch (benchmarks/bench_torch.TorchLM) under bf16 autocast with fused AdamW,
-torch.compile'd when it compiles. Printed per row: step time, tokens/s, and model FLOP/s
-utilisation = ladder.flops_per_token x tokens/s / the GPU's dense bf16 peak (scaling.plan.hardware.GPUS;
-"-" on a device the table lacks, unless --gpu names one). Ratios: our bf16 tokens/s over PyTorch's
-(target >= 0.8), and each simulated recipe's step time over our bf16's (target <= 1.3).
-The first line is host.describe() and host.process_env_status(): timings hold for that machine only.
+compiled and warmed up, then --windows windows of --steps steps, each dispatched back to back and
+waited for once (the median window is printed, with the range); and the same model in PyTorch
+(benchmarks/bench_torch.TorchLM) under bf16 autocast with fused AdamW, torch.compile'd when it
+compiles, timed the same way and, where XLA_FLAGS asks XLA for deterministic ops, with
+torch.use_deterministic_algorithms(True): both sides under the same determinism setting.
+
+Like with like: `autocast` is our step as PyTorch's bf16 autocast trains (every matmul's inputs in
+bf16, attention and the output head included: the `bf16` preset with bf16 attention inputs and
+`high_precision_embed = false`), the row whose tokens/s is compared with PyTorch's (target >= 0.8);
+our `bf16` preset (attention and head in FP32) is its own row, the price of FP32 attention. Each
+simulated recipe's step time is compared with our bf16's (target <= 1.3). MFU = ladder.flops_per_token
+x tokens/s / the GPU's dense bf16 peak (scaling.plan.hardware.GPUS; "-" on a device the table lacks,
+unless --gpu names one). The header is host.describe(), the allocator setting and XLA_FLAGS: timings
+hold for that machine and those flags only.
 
 --pilot (default experiments/gpu_pilot.toml) also measures an experiment's own runs: each distinct
 model shape, batch and sequence length of its expanded grid (scaling.study.sweep.expand, the IsoFLOP
 design placed) with the recipes it trains, then the experiment's training time at those speeds
-(its tokens over each run's measured tokens/s; evaluations and compiles not included).
+(its tokens over each run's measured tokens/s; evaluations and compiles not included). --pack K
+times, per pilot shape and recipe, K runs trained as one vmapped program (scaling.train.step.packed:
+own seeds, batches and learning rates) against one run alone (target: K at a time >= 4x one run's
+tokens/s).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -39,7 +51,30 @@ from scaling.plan import hardware
 from scaling.numerics import precision
 from scaling.train import step as step_lib
 
-TORCH_VS_OURS_TARGET, RECIPE_VS_BF16_TARGET = 0.8, 1.3
+TORCH_VS_OURS_TARGET, RECIPE_VS_BF16_TARGET, PACKED_TARGET = 0.8, 1.3, 4.0
+# PyTorch's bf16 autocast as one of our recipes: bf16 inputs to every matmul, attention and head included
+AUTOCAST = {"base": "bf16", "name": "bf16-autocast", "attention": {"format": "bf16", "granularity": "none"},
+            "high_precision_embed": False}
+
+
+def recipe_for(name: str):
+    return precision.get(AUTOCAST if name == "autocast" else name)
+
+
+def deterministic() -> bool:
+    """Whether XLA_FLAGS asks XLA:GPU for deterministic ops (the sweep's runs get it)."""
+    return "--xla_gpu_deterministic_ops=true" in os.environ.get("XLA_FLAGS", "")
+
+
+def windows(run_steps, steps: int, n: int) -> tuple[float, float, float]:
+    """(median, min, max) seconds per step over n windows of `steps` steps; run_steps(k) dispatches k
+    steps and waits for the last."""
+    per_step = []
+    for _ in range(n):
+        started = time.perf_counter()
+        run_steps(steps)
+        per_step.append((time.perf_counter() - started) / steps)
+    return statistics.median(per_step), min(per_step), max(per_step)
 
 
 def size_near(params: float) -> int:
@@ -49,35 +84,65 @@ def size_near(params: float) -> int:
     return min(sizes, key=lambda s: abs(np.log(counts[s] / params)))
 
 
-def time_ours(cfg: ladder.ModelConfig, recipe_name: str, tokens: np.ndarray, steps: int, warmup: int) -> tuple[float, float]:
-    """(compile seconds, seconds per step) of the training step `scaling train` runs."""
-    recipe = precision.get(recipe_name)
+def time_ours(cfg: ladder.ModelConfig, recipe_name: str, tokens: np.ndarray, steps: int, warmup: int,
+              n_windows: int = 3) -> tuple[float, tuple[float, float, float]]:
+    """(compile seconds, (median, min, max) seconds per step) of the training step `scaling train` runs."""
+    recipe = recipe_for(recipe_name)
     tx = step_lib.optimizer_tx(grad_clip=1.0, weight_decay=0.1)
     train_step, _, init = step_lib.compiled()
     from flax import nnx
 
     model_def, opt_def = nnx.eval_shape(lambda: step_lib.graph_defs(cfg, recipe, tx, 0))
-    state = init(cfg, recipe, tx, 0)
+    box = {"state": init(cfg, recipe, tx, 0), "step": 0}
     batch, lr = jax.device_put(tokens), np.float32(1e-4)
+
+    def run_steps(k: int) -> None:
+        for _ in range(k):
+            box["state"], loss, _, _ = train_step(model_def, opt_def, box["state"], batch, 0, box["step"], lr, False)
+            box["step"] += 1
+        jax.block_until_ready(loss)
+
     started = time.perf_counter()
-    state, loss, _, _ = train_step(model_def, opt_def, state, batch, 0, 0, lr, False)
-    jax.block_until_ready(loss)
+    run_steps(1)
     compile_s = time.perf_counter() - started
-    for i in range(warmup):
-        state, loss, _, _ = train_step(model_def, opt_def, state, batch, 0, i + 1, lr, False)
-    jax.block_until_ready(loss)
-    started = time.perf_counter()
-    for i in range(steps):
-        state, loss, _, _ = train_step(model_def, opt_def, state, batch, 0, warmup + i + 1, lr, False)
-    jax.block_until_ready(loss)
-    return compile_s, (time.perf_counter() - started) / steps
+    if warmup:
+        run_steps(warmup)
+    return compile_s, windows(run_steps, steps, n_windows)
 
 
-def time_torch(cfg: ladder.ModelConfig, tokens: np.ndarray, steps: int, warmup: int, mode: str) -> tuple[str, float, float]:
-    """(label, compile seconds, seconds per step) of the PyTorch bf16 reference (bf16 autocast
-    matmuls, fp32 master weights, as our bf16 recipe)."""
+def time_packed(cfg: ladder.ModelConfig, recipe_name: str, tokens: np.ndarray, members: int, steps: int,
+                warmup: int, n_windows: int = 3) -> tuple[float, float, float]:
+    """(median, min, max) seconds per step of `members` runs of this shape trained as one program
+    (scaling.train.step.packed; each member its own seed, learning rate and batch)."""
+    recipe = recipe_for(recipe_name)
+    tx = step_lib.optimizer_tx(grad_clip=1.0, weight_decay=0.1)
+    model_def, opt_def = step_lib.graph_defs(cfg, recipe, tx, 0)
+    train_step, _, init = step_lib.packed()
+    seeds = np.arange(members, dtype=np.int32)
+    lrs = np.geomspace(1e-4, 1e-3, members).astype(np.float32)
+    batch = jax.device_put(np.stack([np.roll(tokens, m, axis=0) for m in range(members)]))
+    box = {"state": init(cfg, [recipe] * members, tx, seeds.tolist()), "step": 0}
+
+    def run_steps(k: int) -> None:
+        for _ in range(k):
+            box["state"], losses, _, _ = train_step(model_def, opt_def, box["state"], batch, seeds, box["step"], lrs, False)
+            box["step"] += 1
+        jax.block_until_ready(losses)
+
+    run_steps(1 + warmup)
+    return windows(run_steps, steps, n_windows)
+
+
+def time_torch(cfg: ladder.ModelConfig, tokens: np.ndarray, steps: int, warmup: int, mode: str,
+               n_windows: int = 3) -> tuple[str, float, tuple[float, float, float]]:
+    """(label, compile seconds, (median, min, max) seconds per step) of the PyTorch bf16 reference
+    (bf16 autocast matmuls, fp32 master weights, as our `autocast` row), deterministic where XLA's is."""
     import torch
     import torch.nn.functional as F
+
+    if deterministic():  # the same setting on both sides (cuBLAS needs a fixed workspace for it)
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from bench_torch import TorchLM
@@ -117,14 +182,16 @@ def time_torch(cfg: ladder.ModelConfig, tokens: np.ndarray, steps: int, warmup: 
         step(net)
         sync()
     compile_s = time.perf_counter() - started
-    for _ in range(warmup):
-        step(forward)
-    sync()
-    started = time.perf_counter()
-    for _ in range(steps):
-        step(forward)
-    sync()
-    return f"pytorch bf16 ({label}, torch {torch.__version__})", compile_s, (time.perf_counter() - started) / steps
+
+    def run_steps(k: int) -> None:
+        for _ in range(k):
+            step(forward)
+        sync()
+
+    if warmup:
+        run_steps(warmup)
+    label = f"pytorch bf16 ({label}, torch {torch.__version__}{', deterministic' if deterministic() else ''})"
+    return label, compile_s, windows(run_steps, steps, n_windows)
 
 
 PILOT = Path(__file__).resolve().parents[1] / "experiments" / "gpu_pilot.toml"
@@ -138,12 +205,16 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--recipes", default="bf16,fp8,mxfp6,mxfp4,nvfp4")
+    ap.add_argument("--windows", type=int, default=3, help="timed windows of --steps steps; the median is printed")
+    ap.add_argument("--recipes", default="autocast,bf16,fp8,mxfp6,mxfp4,nvfp4",
+                    help="presets, recipe files, or `autocast` (our step as PyTorch's bf16 autocast trains)")
     ap.add_argument("--gpu", default="auto", help="GPUS entry whose dense bf16 peak MFU divides by (auto: by device kind)")
     ap.add_argument("--torch", choices=["auto", "compile", "eager", "off"], default="auto",
                     help="PyTorch reference: torch.compile where it compiles (auto), forced, eager, or none")
     ap.add_argument("--pilot", nargs="?", const=str(PILOT), default=None, metavar="EXPERIMENT",
                     help=f"also time an experiment's own shapes and recipes (default {PILOT.relative_to(PILOT.parents[1])})")
+    ap.add_argument("--pack", type=int, default=0, metavar="K",
+                    help="with --pilot: also time K runs of each pilot shape and recipe as one vmapped program")
     return ap
 
 
@@ -176,30 +247,47 @@ def bench_shape(cfg: ladder.ModelConfig, batch: int, recipes: list[str], args: a
     rows = {}
     if args.torch != "off":
         try:
-            label, compile_s, step_s = time_torch(cfg, tokens, args.steps, args.warmup, args.torch)
+            label, compile_s, step_s = time_torch(cfg, tokens, args.steps, args.warmup, args.torch, args.windows)
             rows[label] = (compile_s, step_s)
         except ImportError:
             print("PyTorch is not installed: no reference row (pip install torch)")
     for name in recipes:
-        rows[f"ours {name}"] = time_ours(cfg, name, tokens, args.steps, args.warmup)
+        rows[f"ours {name}"] = time_ours(cfg, name, tokens, args.steps, args.warmup, args.windows)
     torch_label = next((label for label in rows if label.startswith("pytorch")), None)
-    ours_bf16 = rows["ours bf16"][1] if "ours bf16" in rows else None
-    print(f"{'implementation':52s} {'compile s':>9s} {'step ms':>9s} {'tokens/s':>11s} {'MFU':>6s}  ratio")
-    for label, (compile_s, step_s) in rows.items():
+    ours_bf16 = rows["ours bf16"][1][0] if "ours bf16" in rows else None
+    print(f"{'implementation':52s} {'compile s':>9s} {'step ms':>9s} {'range ms':>15s} {'tokens/s':>11s} {'MFU':>6s}  ratio")
+    for label, (compile_s, (step_s, lo, hi)) in rows.items():
         mfu = f"{flops_step / step_s / peak:6.3f}" if peak else f"{'-':>6s}"
-        if label == "ours bf16" and torch_label:
-            ratio = f"{rows[torch_label][1] / step_s:.2f} tokens/s vs PyTorch (target >= {TORCH_VS_OURS_TARGET})"
-        elif label.startswith("ours") and label != "ours bf16" and ours_bf16:
+        vs_torch = f"{rows[torch_label][1][0] / step_s:.2f} tokens/s vs PyTorch" if torch_label else ""
+        if label == "ours autocast" and torch_label:
+            ratio = f"{vs_torch} (like with like; target >= {TORCH_VS_OURS_TARGET})"
+        elif label == "ours bf16" and torch_label:
+            ratio = f"{vs_torch} (attention and head in FP32)"
+        elif label.startswith("ours") and label not in ("ours bf16", "ours autocast") and ours_bf16:
             ratio = f"{step_s / ours_bf16:.2f} step time vs our bf16 (target <= {RECIPE_VS_BF16_TARGET})"
         else:
             ratio = ""
-        print(f"{label:52s} {compile_s:9.1f} {step_s * 1e3:9.2f} {n_tok / step_s:11,.0f} {mfu}  {ratio}")
-    return {label[len("ours "):]: n_tok / step_s for label, (_, step_s) in rows.items() if label.startswith("ours ")}
+        spread = f"{lo * 1e3:.2f}-{hi * 1e3:.2f}"
+        print(f"{label:52s} {compile_s:9.1f} {step_s * 1e3:9.2f} {spread:>15s} {n_tok / step_s:11,.0f} {mfu}  {ratio}")
+    print(f"(step ms: the median of {args.windows} windows of {args.steps} steps; range: the fastest and slowest window)")
+    return {label[len("ours "):]: n_tok / step_s for label, (_, (step_s, _, _)) in rows.items() if label.startswith("ours ")}
+
+
+def bench_packing(cfg: ladder.ModelConfig, batch: int, recipes: list[str], single: dict[str, float],
+                  args: argparse.Namespace) -> None:
+    """Per recipe: --pack runs of this shape as one program against one run's tokens/s (`single`)."""
+    tokens = data.batch(data.synthetic_corpus().train, 0, 0, batch, cfg.seq_len)
+    k = args.pack
+    for name in recipes:
+        step_s, lo, hi = time_packed(cfg, name, tokens, k, args.steps, args.warmup, args.windows)
+        rate = k * batch * cfg.seq_len / step_s
+        print(f"  {k} x {name} packed: {step_s * 1e3:.2f} ms per step ({lo * 1e3:.2f}-{hi * 1e3:.2f}), "
+              f"{rate:,.0f} tokens/s = {rate / single[name]:.2f}x one run's (target >= {PACKED_TARGET})")
 
 
 def main() -> None:
     # the header names the machine and the allocator setting: timings hold for those only
-    print(f"{host.describe()}; {host.process_env_status()}", flush=True)
+    print(f"{host.describe()}; {host.process_env_status()}; XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}", flush=True)
     ap = build_parser()
     args = ap.parse_args()
     recipes = args.recipes.split(",")
@@ -225,6 +313,8 @@ def main() -> None:
             print(f"\n{Path(args.pilot).name}: ", end="")
             speed = bench_shape(cfg, batch, entry["recipes"], args, peak)
             seconds += sum(tokens / speed[name] for name, tokens in entry["tokens"].items())
+            if args.pack > 1:
+                bench_packing(cfg, batch, entry["recipes"], speed, args)
         print(f"\n{Path(args.pilot).name}: {seconds / 60:.1f} min of training steps at these speeds "
               "(evaluations and compiles not included)")
 
