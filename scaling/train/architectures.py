@@ -93,13 +93,6 @@ class Architecture:
     plan_shape: Callable[[ModelConfig], dict] | None
     doc: str
 
-    def model(self, cfg: ModelConfig, recipe: Any, *, rngs: Any) -> LanguageModel:
-        build = self.build
-        if isinstance(build, str):
-            module, attribute = build.split(":")
-            build = getattr(importlib.import_module(module), attribute)
-        return build(cfg, recipe, rngs=rngs)
-
 
 _REGISTRY: dict[str, Architecture] = {}
 
@@ -110,7 +103,8 @@ def register(name: str, *, build: Callable[..., LanguageModel] | str,
              other_params: Callable[[ModelConfig], int] | None = None,
              plan_shape: Callable[[ModelConfig], dict] | None = None, doc: str = "") -> Architecture:
     """Add an architecture (module docstring); `attention` defaults to causal softmax attention's
-    (`causal_attention`), `other_params` to a pre-norm layer's norm gains (`pre_norm_gains`). A name already registered or not a non-empty string raises ConfigError."""
+    (`causal_attention`), `other_params` to a pre-norm layer's norm gains (`pre_norm_gains`). A name
+    already registered or not a non-empty string raises ConfigError."""
     if not isinstance(name, str) or not name:
         raise ConfigError("architecture", name, "a non-empty string")
     if name in _REGISTRY:
@@ -137,6 +131,15 @@ def names() -> tuple[str, ...]:
 
 def of(cfg: ModelConfig) -> Architecture:
     return get(cfg.architecture)
+
+
+def build(cfg: ModelConfig, recipe: Any, *, rngs: Any) -> LanguageModel:
+    """The model of `cfg.architecture` under `recipe` (a "module:attribute" builder imported here)."""
+    make = of(cfg).build
+    if isinstance(make, str):
+        module, attribute = make.split(":")
+        make = getattr(importlib.import_module(module), attribute)
+    return make(cfg, recipe, rngs=rngs)
 
 
 # ---------------------------------------------------------------- the built-in transformer

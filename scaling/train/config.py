@@ -157,9 +157,7 @@ def _fingerprint(key: str, value: Any) -> str:
 
 @_allowing('a registered architecture (scaling.train.architectures): "transformer", or one your module registers')
 def _architecture(key: str, value: Any) -> str:
-    if value not in architectures.names():
-        raise ConfigError(key, value, f"a registered architecture: {', '.join(architectures.names())}")
-    return value
+    return architectures.get(value).name  # raises ConfigError naming model.architecture and the registered names
 
 
 @_allowing(data.TOKENIZER_ALLOWED + " (a BPE for text sources only)")

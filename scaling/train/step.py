@@ -1,6 +1,6 @@
 """The compiled training step: the model's grad step (scaling.train.model) + AdamW (optax), jitted once
 per model shape and recipe structure and shared by every run in the process. The model is the
-config's architecture (scaling.train.architectures; `build`).
+config's architecture (`scaling.train.architectures.build`).
 
     train_step(model_def, opt_def, state, tokens_BxL1, seed, step, lr, measure) -> (state, loss, grad_norm, telemetry)
     eval_loss(model_def, model_state, tokens_BxL1) -> loss
@@ -61,11 +61,6 @@ def optimizer_tx(grad_clip: float, weight_decay: float):
 
 
 # ---------------------------------------------------------------- compiled steps (shared across runs)
-
-
-def build(model_cfg, recipe, *, rngs):
-    """The model of `model_cfg.architecture` (scaling.train.architectures) under `recipe`."""
-    return architectures.of(model_cfg).model(model_cfg, recipe, rngs=rngs)
 
 
 def _update(model_def, opt_def, state, tokens_BxL1, seed, step, lr, measure):
@@ -136,11 +131,11 @@ def compiled(layout=None):
     # drawn where they live (partitionable threefry: the same values whatever the layout).
     @functools.partial(jax.jit, static_argnums=0)
     def init_params(model_cfg, seed):
-        return laid_out(nnx.state(build(model_cfg, "fp32", rngs=nnx.Rngs(jax.random.key(seed))), nnx.Param))
+        return laid_out(nnx.state(architectures.build(model_cfg, "fp32", rngs=nnx.Rngs(jax.random.key(seed))), nnx.Param))
 
     @functools.partial(jax.jit, static_argnums=(0, 1, 2))
     def init_around(model_cfg, recipe, tx, params):
-        model = build(model_cfg, recipe, rngs=nnx.Rngs(0))  # its own draws: dead code
+        model = architectures.build(model_cfg, recipe, rngs=nnx.Rngs(0))  # its own draws: dead code
         nnx.update(model, params)
         optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
         return laid_out({"model": nnx.state(model), "optimizer": nnx.state(optimizer)})
@@ -153,7 +148,7 @@ def compiled(layout=None):
 
 def graph_defs(model_cfg, recipe, tx, seed):
     """The static graph definitions of the model and its optimiser (traced, never computed)."""
-    model = build(model_cfg, recipe, rngs=nnx.Rngs(seed))
+    model = architectures.build(model_cfg, recipe, rngs=nnx.Rngs(seed))
     optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
     return nnx.graphdef(model), nnx.graphdef(optimizer)
 

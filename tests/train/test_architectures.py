@@ -15,7 +15,7 @@ import pytest
 from flax import nnx
 
 from scaling.errors import ConfigError
-from scaling.train import architectures, compute, config, ladder, step
+from scaling.train import architectures, compute, config, ladder
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "own_architecture.py"
 
@@ -29,7 +29,7 @@ def example():
 
 
 def _param_sizes(cfg, recipe="fp8"):
-    abstract = nnx.eval_shape(lambda: step.build(cfg, recipe, rngs=nnx.Rngs(0)))
+    abstract = nnx.eval_shape(lambda: architectures.build(cfg, recipe, rngs=nnx.Rngs(0)))
     params = nnx.state(abstract, nnx.Param)
     return abstract, {jax.tree_util.keystr(p): v.shape for p, v in jax.tree_util.tree_leaves_with_path(params)}
 
