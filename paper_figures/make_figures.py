@@ -46,7 +46,8 @@ DEFAULTS = {
 }
 
 
-def main(argv: list[str] | None = None) -> int:
+def arguments(argv: list[str] | None = None) -> argparse.Namespace:
+    """`scaling figures`' arguments with the committed reference study as defaults."""
     parser = argparse.ArgumentParser(prog="make_figures.py", description=__doc__.splitlines()[0])
     figures.add_arguments(parser)
     parser.set_defaults(results=str(DEFAULTS["results"]), out=str(DEFAULTS["out"]),
@@ -58,7 +59,11 @@ def main(argv: list[str] | None = None) -> int:
                         sections=[str(DEFAULTS["sections"])])
     parser.add_argument("--readme-only", action="store_true",
                         help="only rewrite README.md's findings block from the committed paper_figures/findings.json")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = arguments(argv)
     try:
         code = 0 if args.readme_only else figures.main(args)
         if code == 0 and (args.readme_only or Path(args.out).resolve() == DEFAULTS["out"].resolve()):

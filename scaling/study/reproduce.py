@@ -9,16 +9,21 @@ Everything lands under --out (default runs/<preset>/) in the repository's own la
 runs/ (one directory per run), results/<sweep>.csv and results/<sweep>_curves.parquet (small
 summaries), fits/<sweep>.json, and paper_figures/ (figures, REPORT.md, findings.json). So
 `scaling reproduce --preset full --out .` regenerates the reference study (hours on 2 cores). A
-second run of the same command reuses every finished run and only refits and redraws; runs in the
-committed summary (results/<sweep>.csv, scaling.study.summary) count as finished on any machine.
+second run of the same command reuses every finished run and redraws; runs in the committed summary
+(results/<sweep>.csv, scaling.study.summary) count as finished on any machine. It refits only where
+the fit would change: fits/<sweep>.json records what it was made from (the rows, the candidate laws,
+the bootstrap, the package's code), and a fit made from the same is reused.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 from pathlib import Path
 from typing import Callable
 
+import pandas as pd
 
 from scaling.study import curves, fit, predict, report, analysis, selection, sweep, takeoff
 from scaling.study.presets import SECTIONS, STUDY_PRESETS, WORKERS
@@ -32,6 +37,30 @@ EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"
 # grid can identify (kappa free and fixed at 2 and 4 enter P*'s specification range in the report);
 # full has recipes that quantise weights or activations alone, so every law (`scaling fit --law auto`).
 CANDIDATES = {"quick": ("chinchilla", "kumar", "kumar_data"), "full": None}
+PACKAGE = Path(__file__).resolve().parents[1]
+
+
+def made_from(rows: pd.DataFrame, candidates, bootstrap: int) -> dict:
+    """What a reproduce fit depends on: the rows it is fitted to, the candidate laws, the bootstrap
+    resamples and the package's code (any change to it refits: the laws, the fitter and the
+    quantisation errors the laws read all live there)."""
+    table = rows.sort_values(["run_id", "D"]).reset_index(drop=True)
+    data = hashlib.sha256(json.dumps(list(table.columns)).encode())
+    data.update(pd.util.hash_pandas_object(table, index=False).to_numpy().tobytes())
+    code = hashlib.sha256()
+    for path in sorted(PACKAGE.rglob("*.py")):
+        code.update(str(path.relative_to(PACKAGE)).encode() + b"\0" + path.read_bytes())
+    return {"rows": len(table), "rows_sha256": data.hexdigest(), "candidates": None if candidates is None else list(candidates),
+            "bootstrap": bootstrap, "code_sha256": code.hexdigest()}
+
+
+def reusable_fit(path: Path, made: dict) -> fit.FitResult | None:
+    """The fit at `path` if it was made from `made` (reproduce's own record of it); None otherwise."""
+    try:
+        result = fit.FitResult.from_json(path)
+    except (ConfigError, OSError):
+        return None
+    return result if result.data.get("made_from") == made else None
 
 
 def reproduce(preset: str, out: str | Path, *, bootstrap: int = 100, workers: int = WORKERS,
@@ -89,14 +118,21 @@ def reproduce(preset: str, out: str | Path, *, bootstrap: int = 100, workers: in
     df = committed.rows()
     df = df[df["run_id"].isin(ids)].reset_index(drop=True)
     rows = analysis.ok_rows(df[df["sweep"] == studied])
-    law_choice, fits = selection.select(rows, CANDIDATES.get(preset), loss_column="val_loss")  # None: every law
-    if law_choice["chosen"] is None:
-        raise ConfigError("results", studied, "runs on which at least one candidate law can be fitted")
-    echo(f"{preset}: law {law_choice['chosen']} chosen by held-out precision gaps ({law_choice['criterion']})")
-    result = selection.chosen_fit(rows, law_choice, fits, bootstrap=bootstrap, seed=0, loss_column="val_loss")
-    if rows["N"].nunique() > 1:  # figure 3: what the law predicts for the largest size, fitted without it
-        result.heldout = fit.holdout_error(rows, result.law, by="N", fixed=result.fixed, loss_column="val_loss")
-    result.to_json(out / "fits" / f"{studied}.json")
+    made = made_from(rows, CANDIDATES.get(preset), bootstrap)
+    result = reusable_fit(out / "fits" / f"{studied}.json", made)
+    if result is not None:
+        echo(f"{preset}: law {result.law} reused from fits/{studied}.json (made from the same {len(rows)} rows, "
+             "candidates, bootstrap and code)")
+    else:
+        law_choice, fits = selection.select(rows, CANDIDATES.get(preset), loss_column="val_loss")  # None: every law
+        if law_choice["chosen"] is None:
+            raise ConfigError("results", studied, "runs on which at least one candidate law can be fitted")
+        echo(f"{preset}: law {law_choice['chosen']} chosen by held-out precision gaps ({law_choice['criterion']})")
+        result = selection.chosen_fit(rows, law_choice, fits, bootstrap=bootstrap, seed=0, loss_column="val_loss")
+        if rows["N"].nunique() > 1:  # figure 3: what the law predicts for the largest size, fitted without it
+            result.heldout = fit.holdout_error(rows, result.law, by="N", fixed=result.fixed, loss_column="val_loss")
+        result.data["made_from"] = made
+        result.to_json(out / "fits" / f"{studied}.json")
     run_curves = curves.load_curves(committed.curves_path)
     run_curves = run_curves[run_curves["run_id"].isin(ids)].reset_index(drop=True)
     # a held-out budget's prediction, committed beside the results before that budget trained

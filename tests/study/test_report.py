@@ -77,23 +77,17 @@ def test_report_states_the_computed_optimum_and_notes_skipped_figures(tmp_path):
         assert f"N* ∝ C^{share:.2f}, outside the published" in text
 
 
-@pytest.mark.slow
-def test_make_figures_script_regenerates_from_committed_files(tmp_path):
-    from test_plots import fake_fit
+def test_make_figures_takes_the_committed_study_as_defaults_and_a_users_files_over_them():
+    """What make_figures.py adds to `scaling figures` (whose own tests make every figure from a user's
+    results): the reference study's files as defaults, each replaced by the one given."""
+    import make_figures
 
-    results = tmp_path / "ladder.csv"
-    fake_results().to_csv(results, index=False)
-    fit_path = fake_fit(5.0, n_samples=0).to_json(tmp_path / "ladder.json")
-    out = tmp_path / "figs"
-    proc = subprocess.run([sys.executable, str(ROOT / "paper_figures" / "make_figures.py"), "--results", str(results),
-                           "--fit", str(fit_path), "--out", str(out), "--compute", "1.5e13"],
-                          capture_output=True, text=True, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    text = (out / "REPORT.md").read_text()
-    from scaling.study import optimal
-
-    assert f"P* = {optimal.optimal_precision(fake_fit(5.0, n_samples=0), 1.5e13, p_range=(2.0, 32.0))['P']:.3g} bits" in text
-    assert (out / "fig2_iso_loss.pdf").read_bytes().startswith(b"%PDF")
+    committed = make_figures.arguments([])
+    assert Path(committed.results) == ROOT / "results" / "isoflop.csv" and Path(committed.fit) == ROOT / "fits" / "isoflop.json"
+    assert Path(committed.curves) == ROOT / "results" / "isoflop_curves.parquet" and Path(committed.out) == ROOT / "paper_figures"
+    assert committed.sections == [str(ROOT / "paper_figures" / "reference_study.py")] and committed.compute is None
+    mine = make_figures.arguments(["--results", "r.csv", "--fit", "f.json", "--curves", "c.parquet", "--compute", "1.5e13", "--out", "o"])
+    assert (mine.results, mine.fit, mine.curves, mine.compute, mine.out) == ("r.csv", "f.json", "c.parquet", ["1.5e13"], "o")
 
 
 def test_limitations_name_a_size_axis_without_gain_and_an_unidentified_floor():

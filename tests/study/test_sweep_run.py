@@ -248,8 +248,12 @@ def test_reproduce_runs_an_isoflop_study_reuses_landed_runs_and_reports_only_the
         "draws": 8, "sigma_measurement": 0.01, "sigma_lack_of_fit": 0.0, "reason": "cannot tell: stand-in",
         "recipes": [recipe("fp32", 3.1), recipe("fp8", 3.2)]}))
 
+    fitted_at = (out / "fits" / "repro.json").stat().st_mtime_ns
     report = reproduce.reproduce("repro", out, bootstrap=4, progress=False, echo=print)
-    assert "repro: 6 runs, 6 already landed" in capsys.readouterr().out  # nothing retrained
+    echoed = capsys.readouterr().out
+    assert "repro: 6 runs, 6 already landed" in echoed  # nothing retrained
+    assert "reused from fits/repro.json (made from the same 18 rows" in echoed  # nor refitted
+    assert (out / "fits" / "repro.json").stat().st_mtime_ns == fitted_at
     assert "## A budget predicted before it was trained" in report.read_text()
     assert {p: p.stat().st_mtime_ns for p in landed} == landed
     table = pd.read_csv(out / "results" / "repro.csv")
@@ -266,6 +270,34 @@ def test_reproduce_runs_an_isoflop_study_reuses_landed_runs_and_reports_only_the
     assert [b["budget"] for b in findings["budgets"]] == [1.5e10, 3e10]
     assert all(len(b["recipes"]) == 2 for b in findings["budgets"])
     assert report == out / "paper_figures" / "REPORT.md" and "## IsoFLOP profiles under the `" in report.read_text()
+
+
+def test_reproduce_reuses_a_fit_only_when_made_from_the_same_rows_candidates_bootstrap_and_code(tmp_path, monkeypatch):
+    from test_plots import fake_fit
+
+    from scaling.study import reproduce
+
+    package = tmp_path / "package"
+    package.mkdir()
+    (package / "laws.py").write_text("A = 1\n")
+    monkeypatch.setattr(reproduce, "PACKAGE", package)
+    rows = pd.DataFrame({"run_id": ["b", "a", "a"], "D": [2e6, 1e6, 2e6], "N": [1e5, 2e5, 2e5], "val_loss": [2.5, 2.7, 2.6]})
+    made = reproduce.made_from(rows, ("chinchilla", "kumar"), 100)
+    assert made == reproduce.made_from(rows.iloc[::-1], ("chinchilla", "kumar"), 100)  # the rows, not their order
+    assert made["rows"] == 3 and made["candidates"] == ["chinchilla", "kumar"]
+    path = tmp_path / "fits" / "x.json"
+    law = fake_fit(5.0, n_samples=0)
+    law.data["made_from"] = made
+    law.to_json(path)
+    assert reproduce.reusable_fit(path, made).params == law.params
+    changed = [reproduce.made_from(rows.assign(val_loss=[2.5, 2.7, 2.6000001]), ("chinchilla", "kumar"), 100),
+               reproduce.made_from(rows, None, 100), reproduce.made_from(rows, ("chinchilla", "kumar"), 4)]
+    (package / "laws.py").write_text("A = 2\n")
+    changed.append(reproduce.made_from(rows, ("chinchilla", "kumar"), 100))
+    assert all(reproduce.reusable_fit(path, c) is None for c in changed)
+    assert reproduce.reusable_fit(tmp_path / "fits" / "none.json", made) is None
+    path.write_text("{not json")
+    assert reproduce.reusable_fit(path, made) is None
 
 
 def test_the_sweep_keeps_a_summary_and_a_machine_without_the_run_directories_reuses_it(smoke_results, tmp_path):
