@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
@@ -41,6 +42,43 @@ def decay_mask(params):
     return jax.tree_util.tree_map_with_path(decays, params)
 
 
+# Clipping and Adam's bias correction scale every element by a per-run scalar. They are written as a
+# multiplication by its reciprocal, not a division by it, because XLA's simplifier turns
+# `x / broadcast(s)` into `x * broadcast(1 / s)` when s has a member axis (packed runs) and not when
+# it is a scalar (one run): written as the simplifier leaves them, a packed member's update has its
+# single run's bits (tests/train/test_packed.py). optax's own transformations divide; the states are
+# optax's, so checkpoints read back either way.
+
+
+def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
+    """optax.clip_by_global_norm, the updates scaled by max_norm / norm where the norm exceeds it."""
+    def update(updates, state, params=None):
+        norm = optax.tree.norm(updates)
+        keep = norm < max_norm
+        scale = max_norm / norm
+        return jax.tree.map(lambda g: jnp.where(keep, g, g * scale.astype(g.dtype)), updates), state
+
+    return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
+def scale_by_adam(b1: float, b2: float, eps: float) -> optax.GradientTransformation:
+    """optax.scale_by_adam (the same moments and state), its bias corrections as reciprocals."""
+    def init(params):
+        return optax.ScaleByAdamState(count=jnp.zeros([], jnp.int32), mu=optax.tree.zeros_like(params),
+                                      nu=optax.tree.zeros_like(params))
+
+    def update(updates, state, params=None):
+        mu = optax.tree.update_moment(updates, state.mu, b1, 1)
+        nu = optax.tree.update_moment_per_elem_norm(updates, state.nu, b2, 2)
+        count = optax.safe_increment(state.count)
+        mu_scale = 1 / (1 - b1 ** count.astype(jnp.float32))
+        nu_scale = 1 / (1 - b2 ** count.astype(jnp.float32))
+        adam = jax.tree.map(lambda m, v: (m * mu_scale) / (jnp.sqrt(v * nu_scale) + eps), mu, nu)
+        return adam, optax.ScaleByAdamState(count=count, mu=mu, nu=nu)
+
+    return optax.GradientTransformation(init, update)
+
+
 @functools.lru_cache(maxsize=None)
 def optimizer_tx(grad_clip: float, weight_decay: float):
     """AdamW whose learning rate is an argument of each update (`learning_rate=`), not a schedule."""
@@ -53,8 +91,8 @@ def optimizer_tx(grad_clip: float, weight_decay: float):
         return optax.GradientTransformationExtraArgs(lambda params: optax.EmptyState(), update)
 
     return optax.chain(
-        optax.clip_by_global_norm(grad_clip) if grad_clip > 0 else optax.identity(),
-        optax.scale_by_adam(b1=ADAM_B1, b2=ADAM_B2, eps=ADAM_EPS),
+        clip_by_global_norm(grad_clip) if grad_clip > 0 else optax.identity(),
+        scale_by_adam(ADAM_B1, ADAM_B2, ADAM_EPS),
         optax.add_decayed_weights(weight_decay, mask=decay_mask),
         scale_by_learning_rate_arg(),
     )
@@ -164,9 +202,10 @@ def packed():
     Runs sharing a GPU as processes are time-sliced, their kernels never overlap; members of one
     program fill it together. Members may differ in seed, initialisation, batch, learning rate and
     format (a format is a runtime value of the state: fp8/fp6 or mxfp8/mxfp6 pack, see
-    `packable`). Each member's update agrees with its single run's to the last bits, not bit for bit on
-    a CPU (a batched dot sums in another order), so the sweep does not pack runs yet
-    (tests/train/test_packed.py says what holds).
+    `packable`). A member's state and losses are its single run's bit for bit where a batched dot sums
+    in the order of the single one: on a CPU with XLA's YNNPACK fusions off
+    (`--xla_cpu_experimental_ynn_fusion_type=`); with them on (the default) to the last bits. On a
+    GPU: not yet measured, so the sweep does not pack runs yet (tests/train/test_packed.py).
 
         train_step(model_def, opt_def, states, tokens_KxBxL1, seeds_K, step, lrs_K, measure)
             -> (states, losses_K, grad_norms_K, telemetry with a leading K axis)

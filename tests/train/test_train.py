@@ -79,6 +79,30 @@ def test_weight_decay_shrinks_matrices_not_norm_gains():
     assert any("blocks" in k and "scale" in k for k in decayed)  # the stacked gains were checked
 
 
+def test_our_clipping_and_adam_are_optaxs_to_the_last_bits_with_optaxs_state():
+    """step.clip_by_global_norm and step.scale_by_adam multiply by reciprocals where optax divides
+    (so packed runs keep their single run's bits): the same updates within an ulp or two, clipped and
+    not, over steps whose bias corrections differ, and the same state types (checkpoints read back)."""
+    import jax
+    import optax
+
+    rng = np.random.default_rng(0)
+    params = {"w": np.float32(rng.standard_normal((64, 32))), "b": np.float32(rng.standard_normal(32))}
+    ours = optax.chain(step_lib.clip_by_global_norm(1.0), step_lib.scale_by_adam(0.9, 0.95, 1e-8))
+    theirs = optax.chain(optax.clip_by_global_norm(1.0), optax.scale_by_adam(b1=0.9, b2=0.95, eps=1e-8))
+    state_ours, state_theirs = ours.init(params), theirs.init(params)
+    assert jax.tree.structure(state_ours) == jax.tree.structure(state_theirs)
+    clipped = []
+    for step in range(6):
+        grads = jax.tree.map(lambda p: np.float32(rng.standard_normal(p.shape) * (0.001 if step % 2 else 1.0)), params)
+        clipped.append(float(optax.tree.norm(grads)) > 1.0)
+        got, state_ours = ours.update(grads, state_ours)
+        want, state_theirs = theirs.update(grads, state_theirs)
+        for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+            np.testing.assert_array_max_ulp(np.asarray(a), np.asarray(b), maxulp=4)
+    assert clipped == [True, False] * 3
+
+
 def test_initial_state_is_the_recipes_own_model_and_its_weights_compile_once_per_shape(caplog):
     """The trainer's initialiser (weights drawn recipe-free, then the recipe's state around them)
     gives exactly the state of the recipe's model built in one program with the run's seed, and the
