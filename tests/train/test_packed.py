@@ -13,7 +13,6 @@ import sys
 
 import jax
 import numpy as np
-import pytest
 
 from scaling.numerics import precision
 from scaling.train import step as step_lib
