@@ -53,12 +53,11 @@ from scaling.train import step as step_lib
 
 TORCH_VS_OURS_TARGET, RECIPE_VS_BF16_TARGET, PACKED_TARGET = 0.8, 1.3, 4.0
 # PyTorch's bf16 autocast as one of our recipes: bf16 inputs to every matmul, attention and head included
-AUTOCAST = {"base": "bf16", "name": "bf16-autocast", "attention": {"format": "bf16", "granularity": "none"},
-            "high_precision_embed": False}
+AUTOCAST = Path(__file__).resolve().parents[1] / "experiments" / "recipes" / "bf16-autocast.toml"
 
 
 def recipe_for(name: str):
-    return precision.get(AUTOCAST if name == "autocast" else name)
+    return precision.get(str(AUTOCAST) if name == "autocast" else name)
 
 
 def deterministic() -> bool:

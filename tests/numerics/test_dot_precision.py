@@ -6,6 +6,7 @@ FP32 path on dequantised operands, forward-only backward GEMMs), attention and t
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -98,3 +99,17 @@ def test_on_a_cpu_tf32_and_fp32_give_the_same_bits():
             state, loss, grad_norm, _ = train_step(model_def, opt_def, state, tokens, 0, step, np.float32(1e-2), True)
         losses[name] = (float(loss), float(grad_norm))
     assert losses["fp32"] == losses["tf32"]
+
+
+def test_the_autocast_recipe_traced_as_on_a_gpu_runs_every_dot_on_bf16_inputs(monkeypatch):
+    """experiments/recipes/bf16-autocast.toml (what PyTorch's autocast trains; bench_gpu's `autocast`
+    row): on a GPU every dot of its step, attention and head included, multiplies bf16 inputs (bf16
+    operands, or f32 operands under the BF16_BF16_F32 dot algorithm), none runs in FP32; the bf16
+    preset, the study's 16-bit reference, keeps attention and the head at HIGHEST."""
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    autocast = Path(__file__).resolve().parents[2] / "experiments" / "recipes" / "bf16-autocast.toml"
+    dots = [line for line in _lowered_step(precision.get(str(autocast)), False).splitlines() if "stablehlo.dot_general" in line]
+    bf16 = re.compile(r": \(tensor<(?:[0-9?]+x)*bf16>, tensor<(?:[0-9?]+x)*bf16>\)|lhs_precision_type = bf16, rhs_precision_type = bf16")
+    assert dots and all(bf16.search(line) for line in dots), [line for line in dots if not bf16.search(line)][:2]
+    assert set(f32_dot_precisions(_lowered_step(precision.get("bf16"), False))) == {"HIGHEST"}
+
