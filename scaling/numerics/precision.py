@@ -76,8 +76,11 @@ class Recipe:
         the last blocks in BF16); the embedding and head follow `high_precision_embed`.
     dot_precision: how every float32 × float32 dot runs (unquantised GEMMs, the FP32 path on
         dequantised operands, attention, the head): "fp32" (lax.Precision.HIGHEST, true FP32 on
-        every backend) or "tf32" (lax.Precision.DEFAULT: TF32 tensor cores on Ampere and later
-        GPUs, what most GPU users train with; FP32 on a CPU).
+        every backend), "tf32" (lax.Precision.DEFAULT: TF32 tensor cores on Ampere and later
+        GPUs, what most GPU users train with; FP32 on a CPU) or "bf16x6" (the BF16_BF16_F32_X6 dot
+        algorithm: each operand split into three bf16 parts, six bf16 products on tensor cores,
+        FP32's 24 significant bits to within the accumulation's rounding; XLA:CPU ignores dot
+        algorithms and runs FP32).
     """
 
     name: str = "fp32"
@@ -244,14 +247,16 @@ class RecipeStructure:
         return any(getattr(self, r) is not None for r in GEMM_ROLES)
 
     @property
-    def f32_dots(self) -> jax.lax.Precision:
+    def f32_dots(self) -> jax.lax.Precision | jax.lax.DotAlgorithmPreset:
         """The lax precision of this recipe's float32 × float32 dots (see `Recipe.dot_precision`)."""
         return DOT_PRECISIONS[self.dot_precision]
 
 
 # Explicit on every f32 dot: with no precision, JAX runs float32 dots as TF32 on Ampere and later GPUs.
-DOT_PRECISIONS = {"fp32": jax.lax.Precision.HIGHEST, "tf32": jax.lax.Precision.DEFAULT}
-DOT_PRECISION_BITS = {"fp32": 32, "tf32": 19}  # TF32: sign, 8 exponent and 10 mantissa bits
+DOT_PRECISIONS = {"fp32": jax.lax.Precision.HIGHEST, "tf32": jax.lax.Precision.DEFAULT,
+                  "bf16x6": jax.lax.DotAlgorithmPreset.BF16_BF16_F32_X6}
+# TF32: sign, 8 exponent and 10 mantissa bits; bf16x6: three bf16 parts, 24 significant bits as FP32
+DOT_PRECISION_BITS = {"fp32": 32, "tf32": 19, "bf16x6": 32}
 
 
 def _attention_dtype(spec: Any) -> str | None:

@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -31,14 +32,20 @@ def _lowered_step(recipe: precision.Recipe, measure: bool) -> str:
     return train_step.lower(model_def, opt_def, state, tokens, 0, 0, np.float32(1e-3), measure).as_text()
 
 
+X6 = "lhs_precision_type = bf16, rhs_precision_type = bf16, accumulation_type = f32, lhs_component_count = 1, " \
+     "rhs_component_count = 1, num_primitive_operations = 6"
+
+
 def f32_dot_precisions(stablehlo: str) -> list[str]:
-    """The precision of every float32 × float32 dot_general ("DEFAULT" where none is set)."""
+    """The precision of every float32 × float32 dot_general ("DEFAULT" where none is set), or
+    "BF16_BF16_F32_X6" where it carries that dot algorithm."""
     found = []
     for line in stablehlo.splitlines():
         m = DOT.search(line)
         if m and m.group(3) == m.group(4) == "f32":
             assert m.group(1) == m.group(2), line
-            found.append(m.group(1) or "DEFAULT")
+            assert "algorithm" not in line or X6 in line, line  # no other algorithm is asked for
+            found.append("BF16_BF16_F32_X6" if X6 in line else m.group(1) or "DEFAULT")
     return found
 
 
@@ -65,9 +72,12 @@ def test_every_f32_dot_of_every_preset_runs_at_its_recipes_precision(backend, mo
         assert set(found) == {want}, (name, measure, sorted(set(found)))
 
 
-def test_a_forward_only_recipes_fp32_backward_and_a_custom_tf32_recipe_follow_the_recipe():
+@pytest.mark.parametrize("backend", ["cpu", "gpu"])
+def test_a_forward_only_recipes_fp32_backward_and_custom_tf32_and_bf16x6_recipes_follow_the_recipe(backend, monkeypatch):
+    monkeypatch.setattr(jax, "default_backend", lambda: backend)
     for table, want in (({"base": "fp8", "forward_only": True}, "HIGHEST"),
-                        ({"base": "fp8", "dot_precision": "tf32", "high_precision_embed": False}, "DEFAULT")):
+                        ({"base": "fp8", "dot_precision": "tf32", "high_precision_embed": False}, "DEFAULT"),
+                        ({"base": "bf16", "dot_precision": "bf16x6"}, "BF16_BF16_F32_X6")):
         found = f32_dot_precisions(_lowered_step(precision.get(table), False))
         assert found and set(found) == {want}, table
 
@@ -85,20 +95,21 @@ def test_tf32_recipe_is_fp32_storage_with_19_bit_dot_inputs():
 
 
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="a GPU runs DEFAULT as TF32")
-def test_on_a_cpu_tf32_and_fp32_give_the_same_bits():
-    """XLA:CPU runs DEFAULT as FP32: the explicit HIGHEST changed no committed CPU result."""
+def test_on_a_cpu_tf32_bf16x6_and_fp32_give_the_same_bits():
+    """XLA:CPU runs DEFAULT as FP32 (the explicit HIGHEST changed no committed CPU result) and ignores
+    dot algorithms (bf16x6 runs as FP32)."""
     train_step, _, init = step_lib.compiled()
     tx = step_lib.optimizer_tx(1.0, 0.1)
     tokens = jax.random.randint(jax.random.key(0), (2, CFG.seq_len + 1), 0, CFG.vocab)
     losses = {}
-    for name in ("fp32", "tf32"):
-        recipe = precision.get(name)
+    for name in ("fp32", "tf32", "bf16x6"):
+        recipe = precision.get({"base": "fp32", "name": name, "dot_precision": name})
         model_def, opt_def = step_lib.graph_defs(CFG, recipe, tx, 0)
         state = init(CFG, recipe, tx, 0)
         for step in range(2):
             state, loss, grad_norm, _ = train_step(model_def, opt_def, state, tokens, 0, step, np.float32(1e-2), True)
         losses[name] = (float(loss), float(grad_norm))
-    assert losses["fp32"] == losses["tf32"]
+    assert losses["fp32"] == losses["tf32"] == losses["bf16x6"]
 
 
 def test_the_autocast_recipe_traced_as_on_a_gpu_runs_every_dot_on_bf16_inputs(monkeypatch):
@@ -112,4 +123,15 @@ def test_the_autocast_recipe_traced_as_on_a_gpu_runs_every_dot_on_bf16_inputs(mo
     bf16 = re.compile(r": \(tensor<(?:[0-9?]+x)*bf16>, tensor<(?:[0-9?]+x)*bf16>\)|lhs_precision_type = bf16, rhs_precision_type = bf16")
     assert dots and all(bf16.search(line) for line in dots), [line for line in dots if not bf16.search(line)][:2]
     assert set(f32_dot_precisions(_lowered_step(precision.get("bf16"), False))) == {"HIGHEST"}
+
+
+@pytest.mark.skipif(jax.default_backend() != "gpu", reason="XLA:CPU ignores dot algorithms: bf16x6 is FP32 there")
+def test_on_a_gpu_bf16x6_dots_are_as_close_to_float64_as_fp32s_and_tf32_is_not():
+    """The dot of a bf16x6 recipe against float64: within 4 times HIGHEST's error (CUDA-core FP32),
+    and at least 16 times closer than DEFAULT's (TF32); K = 1024, as an attention row's P·V."""
+    a, b = (np.random.default_rng(seed).standard_normal(shape).astype(np.float32) for seed, shape in ((0, (256, 1024)), (1, (1024, 64))))
+    exact = a.astype(np.float64) @ b.astype(np.float64)
+    error = {name: float(np.max(np.abs(np.asarray(jnp.dot(a, b, precision=p), np.float64) - exact)))
+             for name, p in precision.DOT_PRECISIONS.items()}
+    assert error["bf16x6"] <= 4 * error["fp32"] and error["bf16x6"] * 16 <= error["tf32"], error
 
