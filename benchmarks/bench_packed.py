@@ -6,8 +6,8 @@ against the same K runs stepped one after another in the same process.
 
 Both sides run the trainer's own jitted steps (no telemetry: `measure` false), compiled before
 timing; each member has its own seed, batch and learning rate. Prints the median time of a packed
-step (all K members) and of K single steps, their ratio (above 1: packing is faster), and tokens/s
-of each. The header names the device, XLA_FLAGS and the host; the result holds for those only.
+step (all K members) and of K single steps, their ratio (above 1: packing is faster), tokens/s
+of each, and whether each member's state is then its single run's bit for bit. The header names the device, XLA_FLAGS and the host; the result holds for those only.
 """
 
 from __future__ import annotations
@@ -82,6 +82,15 @@ def main() -> None:
     s, p = statistics.median(single_s), statistics.median(packed_s)
     print(f"{k} single steps: {s * 1e3:.1f} ms ({n_tok / s:,.0f} tokens/s); one packed step: {p * 1e3:.1f} ms "
           f"({n_tok / p:,.0f} tokens/s); packed speed-up {s / p:.2f}x (median of {len(single_s)})")
+    # both sides took the same steps on the same batches: is each member still its single run?
+    same, worst = True, 0.0
+    for m in range(k):
+        for a, b in zip(jax.tree.leaves(singles[m]), jax.tree.leaves(packed)):
+            a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)[m]
+            same &= bool(np.array_equal(a, b, equal_nan=True))
+            worst = max(worst, float(np.nanmax(np.abs(a - b), initial=0.0)))
+    print(f"after {step} steps each member's state is its single run's "
+          + ("bit for bit" if same else f"to within {worst:.3g} (not bit for bit)"))
 
 
 if __name__ == "__main__":

@@ -204,7 +204,8 @@ def packed():
     format (a format is a runtime value of the state: fp8/fp6 or mxfp8/mxfp6 pack, see
     `packable`). A member's state and losses are its single run's bit for bit where a batched dot sums
     in the order of the single one: on a CPU with XLA's YNNPACK fusions off
-    (`--xla_cpu_experimental_ynn_fusion_type=`); with them on (the default) to the last bits. On a
+    (`--xla_cpu_experimental_ynn_fusion_type=`); with them on (the default) not (Adam turns last-bit
+    differences in near-zero gradients into weight differences of the order of the learning rate). On a
     GPU: not yet measured, so the sweep does not pack runs yet (tests/train/test_packed.py).
 
         train_step(model_def, opt_def, states, tokens_KxBxL1, seeds_K, step, lrs_K, measure)
