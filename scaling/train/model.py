@@ -481,10 +481,16 @@ def _cross_entropy(logits_BxLxV: jax.Array, targets_BxL: jax.Array) -> jax.Array
     return jnp.mean(logz_BxL - picked_BxL)
 
 
-def _aggregate(per_layer: list[jax.Array]) -> dict[str, Any]:
+def _aggregate(per_layer: list[jax.Array], measure: jax.Array | bool) -> dict[str, Any]:
     """Layers' quant.TELEMETRY_FIELDS vectors (each [..., TELEMETRY_SIZE]: one GEMM's, or stacked
     by layer) -> the largest amax, mean fractions and SNR, and the block amax spread over all
-    layers' blocks (min of mins, median of medians, max of maxes)."""
+    layers' blocks (min of mins, median of medians, max of maxes). A step that measures nothing,
+    known when traced (`measure` a Python False: a GPU's unlogged step, evaluation), gets the NaNs
+    the vectors hold without reducing them (the median is a sort)."""
+    if measure is False:
+        nan = jnp.float32(jnp.nan)
+        return {"amax": nan, "frac_saturated": nan, "frac_underflow": nan, "snr_db": nan,
+                "block_amax": {"min": nan, "p50": nan, "max": nan}}
     t = jnp.concatenate([v.reshape(-1, gemm.TELEMETRY_SIZE) for v in per_layer])
     return {"amax": jnp.max(t[:, 0]), "frac_saturated": jnp.mean(t[:, 1]),
             "frac_underflow": jnp.mean(t[:, 2]), "snr_db": jnp.mean(t[:, 3]),
@@ -498,7 +504,7 @@ def loss_fn(model: Transformer, tokens_BxL: jax.Array, key: jax.Array | None = N
     inputs_BxL, targets_BxL = tokens_BxL[:, :-1], tokens_BxL[:, 1:]
     logits_BxLxV, aux = model(inputs_BxL, key=key, update_state=update_state, measure=measure)
     loss = _cross_entropy(_sensitive(logits_BxLxV, model.structure), targets_BxL)
-    telemetry = {role: _aggregate(v) for role, v in aux["telemetry"].items()}
+    telemetry = {role: _aggregate(v, measure) for role, v in aux["telemetry"].items()}
     return loss, {"telemetry": telemetry, "act_max": aux["act_max"], "swiglu_max": aux["swiglu_max"]}
 
 
@@ -523,7 +529,7 @@ def grad_step(model: Transformer, tokens_BxL: jax.Array, key: jax.Array,
     sink_leaves = [leaf[start:stop] if leaf.ndim == 2 else leaf for leaf in jax.tree.leaves(nnx.state(model, GradSink))]
     sink_leaves = [leaf for leaf in sink_leaves if leaf.size]
     if sink_leaves:
-        telemetry["grad"] = _aggregate([leaf[..., :gemm.TELEMETRY_SIZE] for leaf in sink_leaves])
+        telemetry["grad"] = _aggregate([leaf[..., :gemm.TELEMETRY_SIZE] for leaf in sink_leaves], measure)
     telemetry["act_max"] = aux["act_max"]
     telemetry["swiglu_max"] = aux["swiglu_max"]
     return loss, grads, telemetry
