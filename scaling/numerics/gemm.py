@@ -393,9 +393,9 @@ def _qdot_bwd(res, cts):
     g_n = None
     if sg is not None:
         g_n = quantise_operand(dy_n, sg, state.fmt["grad"], 1, key=k_g1, history=hist_g, measure=measure)
-        sink = sink.at[:TELEMETRY_SIZE].set(g_n.telemetry)
-        if g_n.q.history is not None:
-            sink = sink.at[TELEMETRY_SIZE:].set(g_n.q.history)
+        # by concatenation, not `.at[].set`: a scatter, vmapped over layers or packed runs
+        history = sink[TELEMETRY_SIZE:] if g_n.q.history is None else g_n.q.history
+        sink = jnp.concatenate([g_n.telemetry.astype(sink.dtype), history.astype(sink.dtype)])
     w_n = None if sw is None else _restored(b_saved, sw, fmt_w, 1)
     if sw is not None and w_n is None:  # same scale as the forward (delayed: pre-update history)
         w_n = quantise_operand(w_n_in, sw, fmt_w, 1, key=k_w, history=None if again else state.hist.get("weight"))

@@ -194,9 +194,17 @@ def _row_backward(q_HxLxK, k_HxLxK, v_HxLxK, o_HxLxK, m_HxLx1, s_HxLx1, do_HxLxK
         dp_HxCxS = jnp.einsum("hlk,hmk->hlm", do_HxLxK[:, rows], v_HxLxK[:, :stop], precision=precision)
         ds_HxCxS = p_HxCxS * (dp_HxCxS - d_HxLx1[:, rows]) / math.sqrt(K)
         dq.append(jnp.einsum("hlm,hmk->hlk", ds_HxCxS, k_HxLxK[:, :stop], precision=precision))
-        dk_HxLxK = dk_HxLxK.at[:, :stop].add(jnp.einsum("hlm,hlk->hmk", ds_HxCxS, q_HxLxK[:, rows], precision=precision))
-        dv_HxLxK = dv_HxLxK.at[:, :stop].add(jnp.einsum("hlm,hlk->hmk", p_HxCxS, do_HxLxK[:, rows], precision=precision))
+        dk_HxLxK = _add_to_leading_keys(dk_HxLxK, jnp.einsum("hlm,hlk->hmk", ds_HxCxS, q_HxLxK[:, rows], precision=precision))
+        dv_HxLxK = _add_to_leading_keys(dv_HxLxK, jnp.einsum("hlm,hlk->hmk", p_HxCxS, do_HxLxK[:, rows], precision=precision))
     return jnp.concatenate(dq, axis=1), dk_HxLxK, dv_HxLxK
+
+
+def _add_to_leading_keys(acc_HxLxK: jax.Array, part_HxSxK: jax.Array) -> jax.Array:
+    """acc[:, :S] + part by static slices. `.at[:, :S].add` is a scatter-add, and a slice update
+    becomes a scatter once vmapped over batch rows (as on a GPU): a GPU runs those with atomics, or
+    serially under deterministic ops. The same sums, element by element."""
+    S = part_HxSxK.shape[1]
+    return jnp.concatenate([acc_HxLxK[:, :S] + part_HxSxK, acc_HxLxK[:, S:]], axis=1)
 
 
 @jax.custom_vjp

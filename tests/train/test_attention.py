@@ -120,6 +120,18 @@ def test_the_compiled_step_holds_no_LxL_scores_per_layer(monkeypatch):
     assert 0 < per_layer < scores, (per_layer / 1e9, scores / 1e9)
 
 
+@pytest.mark.parametrize("backend", ["cpu", "gpu"])
+def test_the_blocked_attentions_gradient_has_no_scatter(backend, monkeypatch):
+    """dK and dV sum each query block's part into the keys it saw by static slices: no scatter (a
+    GPU runs a scatter-add with atomics, or serially under deterministic ops), where rows run one at a
+    time (a CPU) and where they are vmapped (a GPU)."""
+    monkeypatch.setattr(jax, "default_backend", lambda: backend)
+    q, k, v, g = _qkvg(2 * model.ATTENTION_CHUNK + 5)
+    grad = jax.grad(lambda q, k, v: jnp.sum(model._causal_attention(q, k, v) * g), argnums=(0, 1, 2))
+    text = jax.jit(grad).lower(q, k, v).as_text()
+    assert "stablehlo.dot_general" in text and "stablehlo.scatter" not in text
+
+
 def test_a_gpu_asks_for_cudnn_by_name_and_says_when_xla_ran_instead(monkeypatch):
     """jax.nn.dot_product_attention's default (implementation=None) is XLA's form: a GPU asks for cuDNN
     by name; where cuDNN cannot run (here: no GPU at all) XLA's form runs, and the record says why."""
