@@ -7,7 +7,8 @@ against the same K runs stepped one after another in the same process.
 Both sides run the trainer's own jitted steps (no telemetry: `measure` false), compiled before
 timing; each member has its own seed, batch and learning rate. Prints the median time of a packed
 step (all K members) and of K single steps, their ratio (above 1: packing is faster), tokens/s
-of each, and whether each member's state is then its single run's bit for bit. The header names the device, XLA_FLAGS and the host; the result holds for those only.
+of each, and whether each member's state is then its single run's bit for bit. The header names
+the device, XLA_FLAGS and the host; the result holds for those only.
 """
 
 from __future__ import annotations

@@ -495,14 +495,15 @@ def _aggregate(per_layer: list[jax.Array], measure: jax.Array | bool) -> dict[st
     layers' blocks (min of mins, median of medians, max of maxes). A step that measures nothing,
     known when traced (`measure` a Python False: a GPU's unlogged step, evaluation), gets the NaNs
     the vectors hold without reducing them (the median is a sort)."""
+    def reduce(per_layer):
+        t = jnp.concatenate([v.reshape(-1, gemm.TELEMETRY_SIZE) for v in per_layer])
+        return {"amax": jnp.max(t[:, 0]), "frac_saturated": jnp.mean(t[:, 1]),
+                "frac_underflow": jnp.mean(t[:, 2]), "snr_db": jnp.mean(t[:, 3]),
+                "block_amax": {"min": jnp.min(t[:, 4]), "p50": jnp.median(t[:, 5]), "max": jnp.max(t[:, 6])}}
+
     if measure is False:
-        nan = jnp.float32(jnp.nan)
-        return {"amax": nan, "frac_saturated": nan, "frac_underflow": nan, "snr_db": nan,
-                "block_amax": {"min": nan, "p50": nan, "max": nan}}
-    t = jnp.concatenate([v.reshape(-1, gemm.TELEMETRY_SIZE) for v in per_layer])
-    return {"amax": jnp.max(t[:, 0]), "frac_saturated": jnp.mean(t[:, 1]),
-            "frac_underflow": jnp.mean(t[:, 2]), "snr_db": jnp.mean(t[:, 3]),
-            "block_amax": {"min": jnp.min(t[:, 4]), "p50": jnp.median(t[:, 5]), "max": jnp.max(t[:, 6])}}
+        return jax.tree.map(lambda s: jnp.full(s.shape, jnp.nan, s.dtype), jax.eval_shape(reduce, per_layer))
+    return reduce(per_layer)
 
 
 def loss_fn(model: Transformer, tokens_BxL: jax.Array, key: jax.Array | None = None, *, update_state: bool = True,
