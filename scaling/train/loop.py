@@ -43,8 +43,13 @@ host together at log steps (and before evaluations, branches, checkpoints and th
 an attempt, which times the compile). The health checks then see every step's loss, in order, at
 most log_every steps late; throughput is tokens over the wall time between those waits.
 
-One module (about 600 lines): the trunk, its cooldown branches, evaluation, health checks and
-checkpoints share one training state and its resume point.
+Many runs, one program (`run_packed`): runs differing only in seed, learning rate and format values
+(`pack_key`) train in step as members of one vmapped program (scaling.train.step.packed), each
+writing its own directory as it would alone; the sweep packs runs where the device sums a packed
+step as it sums a single one (scaling.study.sweep).
+
+One module (about 750 lines): the trunk, its cooldown branches, evaluation, health checks and
+checkpoints share one training state and its resume point; a _Member is one run's side of it.
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
+import json
 import math
 import os
 import time
@@ -211,60 +217,113 @@ def run(cfg: config_lib.RunConfig | dict, out_dir: str | Path, echo: Callable[[s
         return finished
     setup = prepare(cfg)
     if not parallel.primary():  # another host's process of this run: process 0 owns and writes the directory
-        return _train(setup, out_dir, lambda line: None)
+        return _train([setup], [out_dir], lambda line: None)[0]
     with contextlib.nullcontext(lock) if lock is not None else runs.acquire(out_dir, wait=wait):
         finished = runs.finished(out_dir, cfg)  # landed by the process that held the lock before us
         if finished is not None:
             return finished
         runs.begin(out_dir, setup.cfg)
-        return _train(setup, out_dir, echo or (lambda line: None))
+        return _train([setup], [out_dir], echo or (lambda line: None))[0]
 
 
-def _train(setup: Setup, out_dir: Path, echo: Callable[[str], None]) -> dict:
+def pack_key(cfg: config_lib.RunConfig) -> str:
+    """Runs with equal keys can train as members of one program (`run_packed`): everything but the
+    seed, the learning rate, the precision's format values and the run's labels (name, study) is
+    equal (model shape, schedule, batch, data, optimiser, intervals), and the recipes share one
+    structure. One device (no `[parallel]` layout)."""
+    d = cfg.to_dict()
+    for key in ("name", "seed", "precision", "study"):
+        d.pop(key)
+    d["train"].pop("lr")
+    return json.dumps([d, repr(cfg.recipe.structure())], sort_keys=True, default=str)
+
+
+def run_packed(cfgs: list[config_lib.RunConfig | dict], out_dirs: list[str | Path],
+               echo: Callable[[str], None] | None = None) -> list[dict]:
+    """Train runs of one `pack_key` as one program (scaling.train.step.packed), each into its own
+    directory exactly as `run` would: its metrics, checkpoints (its slice of the state), health
+    checks and summary. A member stopped by a health check lands as diverged and keeps its slot
+    (its results ignored) while the others train on. Members whose checkpoints are at different
+    steps (one did not read back) cannot train in step: then each trains alone, one after another,
+    from its own checkpoint. The caller holds every directory's lock (scaling.study.sweep); runs
+    landed for good are returned as they landed. A member's losses are its single run's bit for bit
+    only where the device's batched dots sum as its single dots do (tests/train/test_packed.py):
+    the sweep packs only where its take-off probe found that."""
+    cfgs = [config_lib.validate(c) for c in cfgs]
+    out_dirs = [Path(d) for d in out_dirs]
+    if len({pack_key(c) for c in cfgs}) != 1 or any(c.parallel.data > 1 for c in cfgs):
+        raise ConfigError("pack", [c.run_id for c in cfgs], "runs of one model shape, schedule, batch, data and recipe "
+                          "structure on one device, differing in seed, learning rate or format values")
+    summaries: list[dict | None] = [runs.finished(d, c) for c, d in zip(cfgs, out_dirs)]
+    todo = [i for i, s in enumerate(summaries) if s is None]
+    setups = [prepare(cfgs[i]) for i in todo]
+    for i, setup in zip(todo, setups):
+        runs.begin(out_dirs[i], setup.cfg)
+    echo = echo or (lambda line: None)
+    try:
+        landed = _train(setups, [out_dirs[i] for i in todo], echo) if todo else []
+    except _Unaligned as unaligned:
+        echo(str(unaligned))
+        landed = [_train([setup], [out_dirs[i]], echo)[0] for i, setup in zip(todo, setups)]
+    for i, summary in zip(todo, landed):
+        summaries[i] = summary
+    return summaries
+
+
+class _Unaligned(Exception):
+    """The members of a pack resumed at different steps: they cannot train in step."""
+
+
+class _AllLanded(Exception):
+    """Every member of the program has landed (a health check stopped the last one)."""
+
+
+def _train(setups: list[Setup], out_dirs: list[Path], echo: Callable[[str], None]) -> list[dict]:
+    """Train one run, or several as one program; each member's summary, in order."""
     trainer = None
     try:
-        trainer = _Trainer(setup, out_dir, echo)
-        return trainer.train()
-    except health.RunStopped as stop:
-        return trainer.land(stop.status, stop.step, stop.reason, None)
+        trainer = _Trainer(setups, out_dirs, echo)
+        trainer.train()
+    except _AllLanded:
+        pass
+    except _Unaligned:
+        raise
     except Exception as error:
         reason = f"{type(error).__name__}: {error}"
         if not parallel.primary():
             raise
         if trainer is not None:
-            trainer.land("failed", trainer.progress.step, reason, error)
+            trainer.fail(reason, error)
         else:  # the model or optimiser could not be built: no step, no losses
-            runs.land_failure(out_dir, config=setup.cfg.to_dict(), status="failed", reason=reason, step=0, last_losses=[],
-                              telemetry={}, error=error, run_id=setup.cfg.run_id)
+            for setup, out_dir in zip(setups, out_dirs):
+                runs.land_failure(out_dir, config=setup.cfg.to_dict(), status="failed", reason=reason, step=0,
+                                  last_losses=[], telemetry={}, error=error, run_id=setup.cfg.run_id)
         raise
     finally:
         if trainer is not None:
-            trainer.mirror.close()
+            for member in trainer.members:
+                member.mirror.close()
+    return [member.landed for member in trainer.members]
 
 
-class _Trainer:
-    def __init__(self, setup: Setup, out_dir: Path, echo: Callable[[str], None]):
-        self.setup, self.cfg, self.schedule, self.out_dir, self.echo = setup, setup.cfg, setup.schedule, out_dir, echo
+class _Member:
+    """One run's side of a program: its progress, health checks, logs, checkpoints and summary."""
+
+    def __init__(self, setup: Setup, out_dir: Path, echo: Callable[[str], None], index: int, packed: bool):
+        self.setup, self.cfg, self.schedule, self.out_dir, self.index = setup, setup.cfg, setup.schedule, out_dir, index
+        self.echo = (lambda line: echo(f"{self.cfg.run_id} {line}")) if packed else echo
+        self.packed_with: list[str] = []  # the other members' run ids (summary)
         self.started = time.perf_counter()
-        self.compiled = False  # per attempt: a resumed run compiles again
         self.progress = Progress()
         self.last_telemetry: dict = {}
         self.last_losses: list[float] = []
         h = self.cfg.health
         self.monitor = health.LossMonitor(h.spike_factor, h.spike_window, self.schedule.warmup_steps)
-        self.layout = setup.layout
-        self.train_step, self.eval_step, init = step_lib.compiled(self.layout)
-        tx = step_lib.optimizer_tx(self.cfg.train.grad_clip, self.cfg.train.weight_decay)
-        recipe = self.cfg.recipe
-        self.model_def, self.opt_def = nnx.eval_shape(lambda: step_lib.graph_defs(setup.model_cfg, recipe, tx, 0))
-        self.state = init(setup.model_cfg, recipe, tx, self.cfg.seed)
         self.checkpoints = self._checkpoint_manager()
         self.primary = parallel.primary()  # writes metrics, summary and failure records
         self.metrics_file = out_dir / "metrics.jsonl"
-        self.mirror = tracking.Mirror([], {})  # opened by train()
-        self.pending: list[tuple] = []  # (step, phase, loss on the device) not yet checked
-        self.prefetched: tuple[int, Any] = (-1, None)  # (step, its batch on the device)
-        self.clock = time.perf_counter()  # start of the steps since the last wait
+        self.mirror = tracking.Mirror([], {})  # opened by _Trainer.train()
+        self.landed: dict | None = None  # its summary, once it has landed
 
     # -- checkpoints
 
@@ -274,21 +333,21 @@ class _Trainer:
         options = ocp.CheckpointManagerOptions(max_to_keep=KEEP_CHECKPOINTS, enable_async_checkpointing=False)
         return ocp.CheckpointManager((self.out_dir / "checkpoints").absolute(), options=options)
 
-    def _save(self) -> None:
+    def save(self, state) -> None:
         self.progress.wall_s += self._elapsed()
+        self.progress.recent_losses = list(self.monitor.recent)
         self.checkpoints.save(self.progress.step, args=ocp.args.Composite(
-            state=ocp.args.StandardSave(self.state),
+            state=ocp.args.StandardSave(state),
             progress=ocp.args.JsonSave(dataclasses.asdict(self.progress))))
 
-    def _restore(self) -> None:
-        """Resume from the newest checkpoint that reads back. One that does not (any error: unreadable
-        metadata, a truncated or missing file, a shape that no longer fits) is set aside in
-        DIR/bad_checkpoints/ with one line naming it, and the next older one is tried; with none
-        left the run starts again from step 0 and says so."""
-        if self.checkpoints is None:
-            return
-        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, self.state)
+    def restore(self, abstract) -> tuple[Any, Progress, list[int]]:
+        """The newest checkpoint that reads back: (state or None, its progress, the steps set aside).
+        One that does not (any error: unreadable metadata, a truncated or missing file, a shape that
+        no longer fits) is set aside in DIR/bad_checkpoints/ with one line naming it, and the next
+        older one is tried; with none left the run starts again from step 0 (`resumed` says so)."""
         set_aside = []
+        if self.checkpoints is None:
+            return None, Progress(), set_aside
         for step in sorted(self.checkpoints.all_steps(), reverse=True):
             try:
                 restored = self.checkpoints.restore(step, args=ocp.args.Composite(
@@ -300,14 +359,19 @@ class _Trainer:
                 self._set_aside(step, error)
                 set_aside.append(step)
                 continue
-            self.state, self.progress = restored.state, progress
-            self.monitor.recent.extend(self.progress.recent_losses)
-            self._log({"event": "resumed", "step": step, "tokens": step * self.schedule.tokens_per_step,
-                       **({"set_aside": set_aside} if set_aside else {})})
-            self.echo(f"resumed from the checkpoint at step {step}")
-            return
-        if set_aside:
-            self._log({"event": "restarted", "step": 0, "tokens": 0, "set_aside": set_aside})
+            return restored.state, progress, set_aside
+        return None, Progress(), set_aside
+
+    def resumed(self, progress: Progress, set_aside: list[int]) -> None:
+        """Take up a restored progress record (or none: step 0) and say where the run resumed."""
+        if progress.step:
+            self.progress = progress
+            self.monitor.recent.extend(progress.recent_losses)
+            self.log({"event": "resumed", "step": progress.step, "tokens": progress.step * self.schedule.tokens_per_step,
+                      **({"set_aside": set_aside} if set_aside else {})})
+            self.echo(f"resumed from the checkpoint at step {progress.step}")
+        elif set_aside:
+            self.log({"event": "restarted", "step": 0, "tokens": 0, "set_aside": set_aside})
             self.echo("no checkpoint reads back: the run starts again from step 0")
 
     def _set_aside(self, step: int, error: Exception) -> None:
@@ -331,38 +395,209 @@ class _Trainer:
         elapsed, self.started = now - self.started, now
         return elapsed
 
+    # -- what it logs
+
+    def log(self, record: dict) -> None:
+        if not self.primary:
+            return
+        append_jsonl(self.metrics_file, record)
+        self.mirror.log(record)
+
+    def check(self, steps: list[tuple[int, str]], losses: list[float]) -> None:
+        """The health checks on the losses of these (step, phase)s, in order (health.RunStopped)."""
+        for (step, phase), loss in zip(steps, losses):
+            self.last_losses = (self.last_losses + [loss])[-20:]
+            self.monitor.check(step, loss, trunk=phase == "trunk")
+
+    def record_step(self, step: int, phase: str, budget: Budget, lr: float, loss: float, grad_norm: float,
+                    telemetry: dict) -> None:
+        done, schedule = step + 1, self.schedule
+        self.last_telemetry = telemetry
+        record = {"step": done, "tokens": done * schedule.tokens_per_step, "phase": phase, "loss": loss,
+                  "lr": lr, "grad_norm": grad_norm, "tokens_per_s": self.progress.tokens_per_s(),
+                  "telemetry": telemetry}
+        if phase == "cooldown":
+            record["budget"] = budget.end * schedule.tokens_per_step
+        else:
+            self.progress.telemetry_sum = _tree_add(self.progress.telemetry_sum, telemetry)
+            self.progress.telemetry_count += 1
+        self.log(record)
+        for event in health.saturation_events(telemetry, self.cfg.health.max_saturation):
+            self.log({"step": done, "phase": phase, **event})
+        self.echo(f"{phase:8s} step {done:6d}  loss {loss:.4f}  lr {lr:.2e}  "
+                  f"{record['tokens_per_s']:.0f} tok/s")
+
+    def record_eval(self, step: int, budget: Budget, val_loss: float, train_loss: float) -> None:
+        """Evaluation at a budget: mean loss over the fixed validation windows and train sample, per
+        token and per byte; health.RunStopped if either is not finite."""
+        setup = self.setup
+        record = {"D": step * self.schedule.tokens_per_step, "step": step, "val_loss": val_loss,
+                  "train_loss": train_loss,
+                  "val_bpb": data.bits_per_byte(val_loss, setup.val_windows, setup.val_bytes),
+                  "train_bpb": data.bits_per_byte(train_loss, setup.train_windows, setup.train_bytes),
+                  "fraction": budget.fraction}
+        labels = self.cfg.study.flop_budgets  # the IsoFLOP budget this evaluation serves (0: none)
+        label = labels[self.schedule.budgets.index(budget)] if labels else 0
+        if label > 0:
+            record["budget"] = label
+        self.log({"event": "eval", "tokens": record["D"], **record})
+        bpb = "" if record["val_bpb"] is None else f"  val_bpb {record['val_bpb']:.4f}"
+        self.echo(f"eval     step {step:6d}  val_loss {val_loss:.4f}  train_loss {train_loss:.4f}{bpb}")
+        self.progress.evals.append(record)
+        for value, name in ((val_loss, "validation loss"), (train_loss, "train loss")):
+            if not math.isfinite(value):
+                raise health.RunStopped("diverged", step, f"{name} is {value}")
+
+    # -- landing
+
+    def summary(self, status: str, reason: str | None) -> dict:
+        self.progress.wall_s += self._elapsed()
+        summary = summarize(self.setup, self.progress, status, reason)
+        if self.packed_with:
+            summary["packed_with"] = self.packed_with  # trained as one program with these runs
+        layout = self.setup.layout
+        if layout is not None:  # the devices it ran on (a layout: not part of the run id)
+            summary["parallel"] = layout.describe()
+            plan_shape = architectures.of(self.setup.model_cfg).plan_shape
+            if plan_shape is not None:  # the planner's prediction of this step, where it can price the model
+                shape_file = self.out_dir / "plan_model.json"
+                if self.primary and not shape_file.exists():
+                    atomic_write_json(shape_file, plan_shape(self.setup.model_cfg))
+                argv = parallel.plan_step_argv(layout, self.setup.model_cfg, self.cfg.recipe.name,
+                                               self.cfg.train.batch_size, str(shape_file))
+                summary["parallel"]["plan_step"] = "scaling " + " ".join(argv)
+        return summary
+
+    def land_ok(self) -> None:
+        summary = self.summary("ok", reason=None)
+        self.landed = runs.land(self.out_dir, summary) if self.primary else summary
+
+    def land(self, status: str, step: int, reason: str, error: BaseException | None) -> None:
+        self.echo(f"{status} at step {step}: {reason}")
+        # a health check reads losses at log steps: the trunk may have run past the step it stopped at
+        self.progress.step = min(self.progress.step, step)
+        if not self.primary:
+            self.landed = self.summary(status, reason)
+            return
+        self.landed = runs.land_failure(self.out_dir, config=self.cfg.to_dict(), status=status, reason=reason,
+                                        step=step, last_losses=self.last_losses, telemetry=self.last_telemetry,
+                                        error=error, landed=self.summary(status, reason))
+
+
+class _Trainer:
+    """The device program of one run, or of several as one (`packed`: scaling.train.step.packed), and
+    the loop that drives it: the trunk, its cooldown branches, evaluations and checkpoints, in step
+    for every member. Each member's side (what it logs, checks and lands) is its _Member."""
+
+    def __init__(self, setups: list[Setup], out_dirs: list[Path], echo: Callable[[str], None]):
+        self.packed = len(setups) > 1
+        self.members = [_Member(s, d, echo, i, self.packed) for i, (s, d) in enumerate(zip(setups, out_dirs))]
+        for member in self.members if self.packed else []:
+            member.packed_with = [m.cfg.run_id for m in self.members if m is not member]
+        self.live = list(self.members)  # not landed yet
+        lead = self.members[0]
+        self.setup, self.cfg, self.schedule, self.echo = lead.setup, lead.cfg, lead.schedule, echo
+        self.compiled = False  # per attempt: a resumed run compiles again
+        self.layout = lead.setup.layout
+        tx = step_lib.optimizer_tx(self.cfg.train.grad_clip, self.cfg.train.weight_decay)
+        recipes = [m.cfg.recipe for m in self.members]
+        self.model_def, self.opt_def = nnx.eval_shape(lambda: step_lib.graph_defs(self.setup.model_cfg, recipes[0], tx, 0))
+        if self.packed:
+            if not step_lib.packable(self.setup.model_cfg, recipes, tx):
+                raise ConfigError("pack", [m.cfg.recipe.name for m in self.members], "recipes of one structure")
+            self.train_step, self.eval_step, init = step_lib.packed()
+            self.state = init(self.setup.model_cfg, recipes, tx, [m.cfg.seed for m in self.members])
+        else:
+            self.train_step, self.eval_step, init = step_lib.compiled(self.layout)
+            self.state = init(self.setup.model_cfg, recipes[0], tx, self.cfg.seed)
+        self.pending: list[tuple] = []  # (step, phase, losses on the device) not yet checked
+        self.prefetched: tuple[int, Any] = (-1, None)  # (step, its batch on the device)
+        self.clock = time.perf_counter()  # start of the steps since the last wait
+
+    # -- members
+
+    def _member_state(self, member: _Member):
+        return jax.tree.map(lambda x: x[member.index], self.state) if self.packed else self.state
+
+    def _stop(self, member: _Member, stop: health.RunStopped) -> None:
+        """Land a member a health check stopped; its slot keeps training, unread. None left: done."""
+        member.land(stop.status, stop.step, stop.reason, None)
+        self.live.remove(member)
+        if not self.live:
+            raise _AllLanded
+
+    def fail(self, reason: str, error: BaseException) -> None:
+        """Land every member still training as failed (the program raised `error`)."""
+        if self.pending:  # losses of steps that ran before the error, unchecked
+            with contextlib.suppress(Exception):
+                fetched = parallel.fetch([loss for _, _, loss in self.pending])
+                for member in self.live:
+                    member.last_losses = (member.last_losses + self._of(member, fetched))[-20:]
+        self.pending = []
+        for member in self.live:
+            member.land("failed", member.progress.step, reason, error)
+
+    def _of(self, member: _Member, fetched: list) -> list[float]:
+        """A member's values of fetched per-step arrays (a packed program's have a member axis)."""
+        return [float(np.asarray(x)[member.index]) if self.packed else float(x) for x in fetched]
+
+    # -- checkpoints
+
+    def _save(self) -> None:
+        for member in self.live:
+            member.save(self._member_state(member))
+
+    def _restore(self) -> None:
+        """Every member from its newest checkpoint that reads back; members at different steps raise
+        _Unaligned (before anything is logged: each then trains alone)."""
+        if self.packed:  # a member's slice
+            one = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), self.state)
+        else:
+            one = jax.tree.map(ocp.utils.to_shape_dtype_struct, self.state)
+        restored = [member.restore(one) for member in self.members]
+        steps = {progress.step for _, progress, _ in restored}
+        if len(steps) > 1:
+            raise _Unaligned(f"the packed runs resume at different steps ({sorted(steps)}): each trains alone")
+        if steps != {0}:
+            states = [state for state, _, _ in restored]
+            self.state = jax.tree.map(lambda *xs: jnp.stack(xs), *states) if self.packed else states[0]
+        for member, (_, progress, set_aside) in zip(self.members, restored):
+            member.resumed(progress, set_aside)
+
     # -- the loop
 
-    def train(self) -> dict:
-        logged = read_jsonl(self.metrics_file) if self.metrics_file.exists() else []
-        if self.primary:
-            self.mirror = tracking.open_mirror(self.cfg, self.out_dir, logged)
+    def train(self) -> None:
+        for member in self.members:
+            if member.primary:
+                logged = read_jsonl(member.metrics_file) if member.metrics_file.exists() else []
+                member.mirror = tracking.open_mirror(member.cfg, member.out_dir, logged)
         if self.layout is not None:
-            self._log({"event": "devices", "step": 0, **self.layout.describe(),
-                       **({"dropped": self.layout.dropped} if self.layout.dropped else {})})
+            self.members[0].log({"event": "devices", "step": 0, **self.layout.describe(),
+                                 **({"dropped": self.layout.dropped} if self.layout.dropped else {})})
             if self.layout.dropped:
                 self.echo(self.layout.dropped)
         self._restore()
         self.clock = time.perf_counter()
-        self.progress.attempts += 1
-        schedule, every = self.schedule, self.cfg.train.checkpoint_every
-        done = {e["fraction"] for e in self.progress.evals}
+        for member in self.members:
+            member.progress.attempts += 1
+        lead, schedule, every = self.members[0], self.schedule, self.cfg.train.checkpoint_every
+        done = {e["fraction"] for e in lead.progress.evals}
         branches = [b for b in schedule.budgets[:-1] if b.fraction not in done]
-        while self.progress.step < schedule.steps:
-            step = self.progress.step
+        while lead.progress.step < schedule.steps:
+            step = lead.progress.step
             for budget in [b for b in branches if b.cooldown_start == step]:
                 self._branch(budget)
                 branches.remove(budget)
             self.state = self._step(self.state, step, schedule.final, phase="trunk")
-            self.progress.step = step + 1
-            if every and self.progress.step % every == 0 and self.progress.step < schedule.steps:
+            for member in self.members:
+                member.progress.step = step + 1
+            if every and step + 1 < schedule.steps and (step + 1) % every == 0:
                 self._drain()
-                self.progress.recent_losses = list(self.monitor.recent)
                 self._save()
                 self.clock = time.perf_counter()
-        self.progress.evals.append(self._evaluate(self.state, schedule.steps, budget=schedule.final))
-        summary = self._summary("ok", reason=None)
-        return runs.land(self.out_dir, summary) if self.primary else summary
+        self._evaluate(self.state, schedule.steps, budget=schedule.final)
+        for member in list(self.live):
+            member.land_ok()
 
     def _branch(self, budget: Budget) -> None:
         """The cooldown to `budget` from the trunk's current state; the trunk state is untouched (a
@@ -371,14 +606,18 @@ class _Trainer:
         state = jax.tree.map(jnp.copy, self.state)
         for step in range(budget.cooldown_start, budget.end):
             state = self._step(state, step, budget, phase="cooldown")
-        self.progress.evals.append(self._evaluate(state, budget.end, budget=budget))
+        self._evaluate(state, budget.end, budget=budget)
 
     def _batch(self, step: int):
-        """Training batch `step` on the device: the one sent while the previous step ran, else now."""
+        """Training batch `step` on the device (each member's, stacked): the one sent while the
+        previous step ran, else now."""
         if self.prefetched[0] == step:
             return self.prefetched[1]
-        cfg = self.cfg
-        rows = data.batch(self.setup.corpus.train, cfg.seed, step, cfg.train.batch_size, cfg.model.seq_len)
+        cfg, train = self.cfg, self.setup.corpus.train
+        if self.packed:
+            return jax.device_put(np.stack([data.batch(train, m.cfg.seed, step, cfg.train.batch_size, cfg.model.seq_len)
+                                            for m in self.members]))
+        rows = data.batch(train, cfg.seed, step, cfg.train.batch_size, cfg.model.seq_len)
         return jax.device_put(rows) if self.layout is None else self.layout.put_batch(rows)
 
     def _prefetch(self, step: int) -> None:
@@ -388,141 +627,97 @@ class _Trainer:
             self.prefetched = (-1, None)
 
     def _step(self, state, step: int, budget: Budget, phase: str):
-        schedule = self.schedule
-        lr = learning_rate(schedule, step, budget)
+        lrs = [learning_rate(m.schedule, step, budget) for m in self.members]
         done = step + 1
         logged = done % self.cfg.train.log_every == 0 or done == budget.end or step == 0
+        if self.packed:
+            seeds, lr, measure = np.array([m.cfg.seed for m in self.members], np.int32), np.array(lrs, np.float32), logged
+        else:
+            seeds, lr, measure = self.cfg.seed, np.float32(lrs[0]), np.bool_(logged)
         state, loss, grad_norm, telemetry = self.train_step(self.model_def, self.opt_def, state, self._batch(step),
-                                                            self.cfg.seed, step, np.float32(lr), np.bool_(logged))
+                                                            seeds, step, lr, measure)
         self.pending.append((step, phase, loss))  # dispatched, not waited for
         if not self.compiled:  # traced by now: say which attention kernel a 16-bit attention runs
             self._attention_line(step)
         if step + 1 < budget.end:
             self._prefetch(step + 1)  # batch t+1 goes to the device while step t runs
-        self.progress.tokens_trained += schedule.tokens_per_step
+        for member in self.members:
+            member.progress.tokens_trained += self.schedule.tokens_per_step
         if not logged:
             if not self.compiled:
                 self._drain()  # the attempt's first step: its time is the compile's
             return state
-        loss = self._drain()[-1]
-        telemetry = _to_python(parallel.fetch(telemetry))
-        self.last_telemetry = telemetry
-        record = {"step": done, "tokens": done * schedule.tokens_per_step, "phase": phase, "loss": loss,
-                  "lr": lr, "grad_norm": float(parallel.fetch(grad_norm)), "tokens_per_s": self.progress.tokens_per_s(),
-                  "telemetry": telemetry}
-        if phase == "cooldown":
-            record["budget"] = budget.end * schedule.tokens_per_step
-        else:
-            self.progress.telemetry_sum = _tree_add(self.progress.telemetry_sum, telemetry)
-            self.progress.telemetry_count += 1
-        self._log(record)
-        for event in health.saturation_events(telemetry, self.cfg.health.max_saturation):
-            self._log({"step": done, "phase": phase, **event})
-        self.echo(f"{phase:8s} step {done:6d}  loss {loss:.4f}  lr {lr:.2e}  "
-                  f"{record['tokens_per_s']:.0f} tok/s")
+        losses = self._drain()
+        telemetry, grad_norm = parallel.fetch(telemetry), parallel.fetch(grad_norm)
+        for member in list(self.live):
+            own = jax.tree.map(lambda x: np.asarray(x)[member.index], telemetry) if self.packed else telemetry
+            member.record_step(step, phase, budget, lrs[member.index], losses[member.index][-1],
+                               self._of(member, [grad_norm])[0], _to_python(own))
         self.clock = time.perf_counter()
         return state
 
     def _attention_line(self, step: int) -> None:
         dtype = self.cfg.recipe.structure().attention_dtype
         kernel = model_lib.attention_kernels().get(dtype) if dtype else None
-        if kernel and self.primary:
-            self._log({"event": "attention", "step": step, "dtype": dtype, "kernel": kernel})
-            self.echo(f"attention ({dtype} inputs): {kernel}")
+        for member in self.members if kernel else []:
+            if member.primary:
+                member.log({"event": "attention", "step": step, "dtype": dtype, "kernel": kernel})
+                member.echo(f"attention ({dtype} inputs): {kernel}")
 
-    def _drain(self) -> list[float]:
+    def _drain(self) -> list[list[float]]:
         """Wait for the steps dispatched since the last wait, time them (the first of an attempt
-        is its compile), and run the health checks on their losses in order."""
+        is its compile), and run each member's health checks on its losses in order. Returns each
+        member's losses (by index)."""
         pending, self.pending = self.pending, []
-        losses = [float(x) for x in parallel.fetch([loss for _, _, loss in pending])]
+        fetched = parallel.fetch([loss for _, _, loss in pending])
         now = time.perf_counter()
         seconds, self.clock = now - self.clock, now
-        if pending and not self.compiled:
-            self.compiled = True
-            self.progress.compile_s += seconds
-        elif pending:
-            self.progress.timed_s += seconds
-            self.progress.timed_tokens += len(pending) * self.schedule.tokens_per_step
-        for (step, phase, _), loss in zip(pending, losses):
-            self.last_losses = (self.last_losses + [loss])[-20:]
-            self.monitor.check(step, loss, trunk=phase == "trunk")
+        first = pending and not self.compiled
+        self.compiled = self.compiled or bool(pending)
+        losses = [self._of(member, fetched) for member in self.members]
+        for member in list(self.live):
+            if first:
+                member.progress.compile_s += seconds
+            elif pending:
+                member.progress.timed_s += seconds
+                member.progress.timed_tokens += len(pending) * self.schedule.tokens_per_step
+            try:
+                member.check([(step, phase) for step, phase, _ in pending], losses[member.index])
+            except health.RunStopped as stop:
+                self._stop(member, stop)
         return losses
 
-    def _evaluate(self, state, step: int, budget: Budget | None) -> dict:
-        """Mean loss over the fixed validation windows and the fixed train sample, per token and per byte."""
+    def _evaluate(self, state, step: int, budget: Budget) -> None:
+        """Each member's mean loss over the fixed validation windows and the fixed train sample."""
         self._drain()
         setup, started = self.setup, time.perf_counter()
-        val_loss = self._mean_loss(state, setup.val_windows)
-        train_loss = self._mean_loss(state, setup.train_windows)
-        self.progress.eval_s += time.perf_counter() - started
-        record = {"D": step * self.schedule.tokens_per_step, "step": step, "val_loss": val_loss,
-                  "train_loss": train_loss,
-                  "val_bpb": data.bits_per_byte(val_loss, setup.val_windows, setup.val_bytes),
-                  "train_bpb": data.bits_per_byte(train_loss, setup.train_windows, setup.train_bytes)}
-        if budget is not None:
-            record["fraction"] = budget.fraction
-            labels = self.cfg.study.flop_budgets  # the IsoFLOP budget this evaluation serves (0: none)
-            label = labels[self.schedule.budgets.index(budget)] if labels else 0
-            if label > 0:
-                record["budget"] = label
-        self._log({"event": "eval", "tokens": record["D"], **record})
-        bpb = "" if record["val_bpb"] is None else f"  val_bpb {record['val_bpb']:.4f}"
-        self.echo(f"eval     step {step:6d}  val_loss {val_loss:.4f}  train_loss {train_loss:.4f}{bpb}")
-        for value, name in ((val_loss, "validation loss"), (train_loss, "train loss")):
-            if not math.isfinite(value):
-                raise health.RunStopped("diverged", step, f"{name} is {value}")
+        val_losses = self._mean_losses(state, setup.val_windows)
+        train_losses = self._mean_losses(state, setup.train_windows)
+        seconds = time.perf_counter() - started
+        for member in list(self.live):
+            member.progress.eval_s += seconds
+            try:
+                member.record_eval(step, budget, val_losses[member.index], train_losses[member.index])
+            except health.RunStopped as stop:
+                self._stop(member, stop)
         self.clock = time.perf_counter()
-        return record
 
-    def _mean_loss(self, state, windows: np.ndarray) -> float:
-        """Windows in chunks of batch_size; each chunk's mean weighted by its window count (one
-        wait for all chunks)."""
+    def _mean_losses(self, state, windows: np.ndarray) -> list[float]:
+        """Each member's loss over `windows`, in chunks of batch_size, each chunk's mean weighted by
+        its window count (one wait for all chunks)."""
         chunk = self.cfg.train.batch_size
         parts = [windows[start:start + chunk] for start in range(0, len(windows), chunk)]
-        put = (lambda part: part) if self.layout is None else self.layout.put_batch
-        losses = parallel.fetch([self.eval_step(self.model_def, state["model"], put(part)) for part in parts])
-        total = 0.0
-        for loss, part in zip(losses, parts):
-            total += float(loss) * len(part)
-        return total / len(windows)
-
-    def _log(self, record: dict) -> None:
-        if not self.primary:
-            return
-        append_jsonl(self.metrics_file, record)
-        self.mirror.log(record)
-
-    # -- landing
-
-    def _summary(self, status: str, reason: str | None) -> dict:
-        self.progress.wall_s += self._elapsed()
-        summary = summarize(self.setup, self.progress, status, reason)
-        if self.layout is not None:  # the devices it ran on (a layout: not part of the run id)
-            summary["parallel"] = self.layout.describe()
-            plan_shape = architectures.of(self.setup.model_cfg).plan_shape
-            if plan_shape is not None:  # the planner's prediction of this step, where it can price the model
-                shape_file = self.out_dir / "plan_model.json"
-                if self.primary and not shape_file.exists():
-                    atomic_write_json(shape_file, plan_shape(self.setup.model_cfg))
-                argv = parallel.plan_step_argv(self.layout, self.setup.model_cfg, self.cfg.recipe.name,
-                                               self.cfg.train.batch_size, str(shape_file))
-                summary["parallel"]["plan_step"] = "scaling " + " ".join(argv)
-        return summary
-
-    def land(self, status: str, step: int, reason: str, error: BaseException | None) -> dict:
-        self.echo(f"{status} at step {step}: {reason}")
-        if self.pending and error is not None:  # losses of steps that ran before the error, unchecked
-            with contextlib.suppress(Exception):
-                losses = parallel.fetch([loss for _, _, loss in self.pending])
-                self.last_losses = (self.last_losses + [float(x) for x in losses])[-20:]
-        self.pending = []
-        # a health check reads losses at log steps: the trunk may have run past the step it stopped at
-        self.progress.step = min(self.progress.step, step)
-        if not self.primary:
-            return self._summary(status, reason)
-        return runs.land_failure(self.out_dir, config=self.cfg.to_dict(), status=status, reason=reason, step=step,
-                                 last_losses=self.last_losses, telemetry=self.last_telemetry, error=error,
-                                 landed=self._summary(status, reason))
+        if self.packed:
+            k = len(self.members)
+            put = lambda part: np.broadcast_to(part, (k, *part.shape))  # noqa: E731 - every member, the same windows
+        else:
+            put = (lambda part: part) if self.layout is None else self.layout.put_batch
+        fetched = parallel.fetch([self.eval_step(self.model_def, state["model"], put(part)) for part in parts])
+        totals = [0.0] * len(self.members)
+        for member in self.members:
+            for loss, part in zip(self._of(member, fetched), parts):
+                totals[member.index] += loss * len(part)
+        return [total / len(windows) for total in totals]
 
 
 def summarize(setup: Setup, progress: Progress, status: str, reason: str | None) -> dict:
