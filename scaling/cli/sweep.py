@@ -38,6 +38,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="GPUs per run: ray reserves this many (a fraction shares a GPU); local: 1 pins each "
                              "run to its own GPU, 1/k puts k runs on each GPU, a whole G > 1 gives each run G GPUs "
                              "(parallel.data = G unless set: one run across them) (default 0: no GPU reserved)")
+    parser.add_argument("--pack", type=int, default=1, metavar="K",
+                        help="local executor: train runs that differ only in seed, learning rate or format values K "
+                             "at a time as one program in one process, where a take-off probe finds a packed step on "
+                             "this device bit for bit its single steps (default 1: one run per process; docs/gpu.md)")
     parser.add_argument("--hang-timeout", type=float, default=600,
                         help="seconds without a metrics heartbeat before a run is stopped as hung")
     parser.add_argument("--dry-run", action="store_true", help="print the expanded runs and an ETA, run nothing")
@@ -94,6 +98,11 @@ def main(args: argparse.Namespace) -> int:
         raise ConfigError("--workers", args.workers, "an integer >= 0")
     if args.hang_timeout <= 0:
         raise ConfigError("--hang-timeout", args.hang_timeout, "seconds > 0")
+    if args.pack < 1:
+        raise ConfigError("--pack", args.pack, "an integer >= 1")
+    if args.pack > 1 and (args.executor != "local" or args.workers == 0 or args.gpus_per_run > 1):
+        raise ConfigError("--pack", args.pack, "1 unless the local executor trains runs in child processes "
+                          "(--workers >= 1) on one device each (--gpus-per-run <= 1)")
     pins = _gpu_pins(args)
     if args.gpus_per_run > 1 and not _sets_parallel_data(args):
         args.set = [*args.set, f"parallel.data={round(args.gpus_per_run)}"]  # a layout: the run ids stay
@@ -145,12 +154,14 @@ def main(args: argparse.Namespace) -> int:
                                          lanes=lanes, pins=pins, echo=print)
         print(f"take-off: {len(flights)} shapes compiled and trained {takeoff.TAKEOFF_STEPS} steps; "
               f"{len(todo)} runs cleared, measured ETA {takeoff.measured_seconds(todo, flights, lanes) / 60:.1f} min")
+        pack_keys = takeoff.pack_probe(todo, out_root, pins[0] if pins else {}, echo=print) if args.pack > 1 else set()
         report = sweep.run_sweep(todo, out_root, executor=args.executor,
                                  workers=1 if args.workers is None else args.workers,
                                  hang_timeout=args.hang_timeout, ray_address=args.ray_address,
                                  cpus_per_run=args.cpus_per_run, gpus_per_run=args.gpus_per_run, gpu_pins=pins,
                                  progress=not args.no_progress,
-                                 on_landed=lambda: committed.update(out_root / name))
+                                 on_landed=lambda: committed.update(out_root / name),
+                                 pack=args.pack, pack_keys=pack_keys)
         for key, n in report["counts"].items():
             counts[key] = counts.get(key, 0) + n
         slow += report["slow_runs"]

@@ -58,7 +58,7 @@ import time
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Collection, Mapping
 
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
@@ -389,37 +389,78 @@ def execute(spec: RunSpec, out_root: str | Path, hang_timeout: float, poll_s: fl
         if runs.finished(out_dir):  # landed by the process that held the lock before us
             return "skipped"
         runs.begin(out_dir, spec.config)
-        return _watch(spec, out_dir, lock, hang_timeout, poll_s, pin)
+        return _watch([spec], out_root, [lock], hang_timeout, poll_s, pin)[0]
 
 
-def _watch(spec: RunSpec, out_dir: Path, lock: runs.Lock, hang_timeout: float, poll_s: float,
-           pin: Mapping[str, str]) -> str:
-    log_path = out_dir / "run.log"
+def execute_pack(specs: list[RunSpec], out_root: str | Path, hang_timeout: float, poll_s: float = 1.0,
+                 pin: Mapping[str, str] = {}) -> list[str]:
+    """Run specs of one pack key (scaling.train.loop.pack_key) as one program in one watched child
+    process (scaling.train.loop.run_packed), each under its own lock as `execute` holds it: returns
+    each one's status. Runs that have landed are skipped and runs another process holds are OWNED;
+    if one run is left it trains alone. A hang or a death lands every member not yet landed."""
+    statuses: list[str] = []
+    held: list[tuple[RunSpec, runs.Lock]] = []
+    try:
+        for spec in specs:
+            out_dir = spec.out_dir(out_root)
+            if runs.finished(out_dir):
+                statuses.append("skipped")
+                continue
+            try:
+                lock = runs.acquire(out_dir, poll_s=poll_s)
+            except runs.RunOwned:
+                statuses.append(OWNED)
+                continue
+            if runs.finished(out_dir):
+                lock.release()
+                statuses.append("skipped")
+                continue
+            held.append((spec, lock))
+            statuses.append("")
+        for spec, _ in held:
+            runs.begin(spec.out_dir(out_root), spec.config)
+        trained = iter(_watch([s for s, _ in held], out_root, [lock for _, lock in held], hang_timeout, poll_s, pin)
+                       if held else [])
+        return [status or next(trained) for status in statuses]
+    finally:
+        for _, lock in held:
+            lock.release()
+
+
+def _watch(specs: list[RunSpec], out_root: str | Path, locks: list[runs.Lock], hang_timeout: float, poll_s: float,
+           pin: Mapping[str, str]) -> list[str]:
+    """Train these runs in a watched child (one run, or a pack of them) and return their statuses."""
+    out_dirs = [s.out_dir(out_root) for s in specs]
+    log_path = out_dirs[0] / "run.log"  # a pack's log is its first member's
     started = time.time()
+    members = [f"{d}:{lock.fd}" for d, lock in zip(out_dirs, locks)]
+    argv = ["--worker", str(out_dirs[0]), str(os.getpid()), str(locks[0].fd)] if len(specs) == 1 else \
+        ["--worker-pack", str(os.getpid()), *members]
     with open(log_path, "ab") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "scaling.study.sweep", "--worker", str(out_dir), str(os.getpid()),
-                                 str(lock.fd)], pass_fds=(lock.fd,),
+        proc = subprocess.Popen([sys.executable, "-m", "scaling.study.sweep", *argv], pass_fds=[lock.fd for lock in locks],
                                 stdout=log, stderr=subprocess.STDOUT, env=worker_env(pin))
         while proc.poll() is None:
             time.sleep(poll_s)
-            heartbeat = max(started, _mtime(out_dir / "metrics.jsonl"))
+            heartbeat = max([started] + [_mtime(d / "metrics.jsonl") for d in out_dirs])
             if time.time() - heartbeat > hang_timeout:
                 proc.kill()
                 proc.wait()
-                _land_dead(out_dir, spec.config, "hung", f"no progress for {hang_timeout:.0f} s", log_path)
-                return "hung"
+                return [_land_dead(d, s.config, "hung", f"no progress for {hang_timeout:.0f} s", log_path)
+                        for s, d in zip(specs, out_dirs)]
+    reason = f"run process exited with code {proc.returncode}"
+    return [_land_dead(d, s.config, "failed", reason, log_path) for s, d in zip(specs, out_dirs)]
+
+
+def _land_dead(out_dir: Path, config, status: str, reason: str, log_path: Path) -> str:
+    """The status of a run whose process ended: as it landed, else (it died or hung) landed here with
+    what it logged, and its log's tail as the traceback (the child's own traceback is in its log, not
+    in this process)."""
     landed = runs.summary(out_dir)
-    if landed is None:
-        _land_dead(out_dir, spec.config, "failed", f"run process exited with code {proc.returncode}", log_path)
-        return "failed"
-    return landed.get("status", "ok")
-
-
-def _land_dead(out_dir: Path, config, status: str, reason: str, log_path: Path) -> None:
-    """Land a run whose process died or hung: what it logged, and its log's tail as the traceback
-    (the child's own traceback is in its log, not in this process)."""
+    if landed is not None:
+        return landed.get("status", "ok")
     runs.land_failure(out_dir, config=config.to_dict(), status=status, reason=reason, **runs.last_logged(out_dir),
                       log_tail=_tail(log_path))
+    return status
 
 
 def _mtime(path: Path) -> float:
@@ -447,6 +488,20 @@ def _worker(out_dir: str, parent_pid: int, lock_fd: int) -> int:
     return 0 if summary.get("status") in runs.STATUSES else 1
 
 
+def _pack_worker(parent_pid: int, members: list[str]) -> int:
+    """Child entry point of a pack: train the runs of these `DIR:LOCK_FD`s as one program
+    (scaling.train.loop.run_packed) under the locks its parent holds."""
+    die_with_parent(parent_pid)
+    from scaling.train import loop as train
+
+    dirs = [Path(m.rsplit(":", 1)[0]) for m in members]
+    with contextlib.ExitStack() as stack:
+        for member, out in zip(members, dirs):
+            stack.enter_context(runs.inherit(out, int(member.rsplit(":", 1)[1])))
+        summaries = train.run_packed([json.loads((out / "config.json").read_text()) for out in dirs], dirs, echo=print)
+    return 0 if all(s.get("status") in runs.STATUSES for s in summaries) else 1
+
+
 def _ray_task(spec: RunSpec, out_root: str, hang_timeout: float, wait: bool,
               gpus_per_run: float) -> tuple[str, dict[str, str]]:
     """One Ray task = one watched run; returns its files so the driver holds them even without shared
@@ -461,8 +516,29 @@ def _ray_task(spec: RunSpec, out_root: str, hang_timeout: float, wait: bool,
 RUN_FILES = ("config.json", "metrics.jsonl", "summary.json", "failure.json")
 
 
-def _run_local(specs, out_root, hang_timeout, workers, on_done, wait, slots=None) -> None:
-    """`slots`: one environment pin per concurrent child (its GPU); default `workers` unpinned ones."""
+def packs(specs: list[RunSpec], pack: int, pack_keys: Collection[str]) -> list[list[RunSpec]]:
+    """The specs as units a slot trains: runs of a pack key in `pack_keys` (scaling.train.loop.pack_key)
+    in groups of up to `pack`, in the order their first member comes; every other run alone."""
+    from scaling.train import loop
+
+    units: list[list[RunSpec]] = []
+    open_packs: dict[str, list[RunSpec]] = {}
+    for spec in specs:
+        key = loop.pack_key(spec.config) if pack > 1 and pack_keys else None
+        if key not in pack_keys:
+            units.append([spec])
+            continue
+        unit = open_packs.get(key)
+        if unit is None or len(unit) == pack:
+            unit = open_packs[key] = []
+            units.append(unit)
+        unit.append(spec)
+    return units
+
+
+def _run_local(specs, out_root, hang_timeout, workers, on_done, wait, slots=None, units=None) -> None:
+    """`slots`: one environment pin per concurrent child (its GPU); default `workers` unpinned ones.
+    `units`: the specs grouped as `packs` gives them (default: one run each)."""
     if workers == 0 and not slots:  # in-process, sequential: compiled steps are reused in memory; no hang watchdog
         for spec in specs:
             on_done(spec, _run_in_process(spec, out_root, wait))
@@ -471,17 +547,20 @@ def _run_local(specs, out_root, hang_timeout, workers, on_done, wait, slots=None
     for pin in slots or [{}] * workers:
         free.put(pin)
 
-    def in_a_slot(spec: RunSpec) -> str:
+    def in_a_slot(unit: list[RunSpec]) -> list[str]:
         pin = free.get()  # a thread starts only when a slot is free: there are as many threads as slots
         try:
-            return execute(spec, out_root, hang_timeout, wait=wait, pin=pin)
+            if len(unit) == 1:
+                return [execute(unit[0], out_root, hang_timeout, wait=wait, pin=pin)]
+            return execute_pack(unit, out_root, hang_timeout, pin=pin)
         finally:
             free.put(pin)
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=free.qsize()) as pool:
-        futures = {pool.submit(in_a_slot, s): s for s in specs}
+        futures = {pool.submit(in_a_slot, unit): unit for unit in units or [[s] for s in specs]}
         for future in concurrent.futures.as_completed(futures):
-            on_done(futures[future], future.result())
+            for spec, status in zip(futures[future], future.result()):
+                on_done(spec, status)
 
 
 def _run_in_process(spec: RunSpec, out_root: Path, wait: bool) -> str:
@@ -535,10 +614,13 @@ def _run_ray(specs, out_root, hang_timeout, address, cpus_per_run, gpus_per_run,
 def run_sweep(specs: list[RunSpec], out_root: str | Path, *, executor: str = "local", workers: int = 1,
               hang_timeout: float = 600.0, ray_address: str | None = None, cpus_per_run: float = 1,
               gpus_per_run: float = 0, gpu_pins: list[dict[str, str]] | None = None,
-              progress: bool = True, on_landed: Callable[[], None] | None = None) -> dict[str, Any]:
+              progress: bool = True, on_landed: Callable[[], None] | None = None,
+              pack: int = 1, pack_keys: Collection[str] = ()) -> dict[str, Any]:
     """Run every spec not yet landed; returns and writes <out>/<sweep>/sweep.json (counts, slow runs).
     Local: `gpu_pins` (gpu_slots, each probed first: scaling.study.devices.check_gpu_pins) runs one
-    child per pin; Ray: each run reserves `gpus_per_run` GPUs.
+    child per pin; Ray: each run reserves `gpus_per_run` GPUs. Local, with child processes: runs of
+    the pack keys in `pack_keys` (those scaling.study.takeoff.pack_probe cleared) train `pack` at a
+    time as one program in one child (`packs`); runs another process owned are waited for alone.
     `on_landed`: called as each run lands (the sweep's committed summary is rewritten there)."""
     if executor not in ("local", "ray"):
         raise ConfigError("executor", executor, ["local", "ray"])
@@ -563,7 +645,8 @@ def run_sweep(specs: list[RunSpec], out_root: str | Path, *, executor: str = "lo
 
         def run(todo: list[RunSpec], wait: bool) -> None:
             if executor == "local":
-                _run_local(todo, out_root, hang_timeout, workers, on_done, wait, gpu_pins)
+                units = None if wait else packs(todo, pack, pack_keys)
+                _run_local(todo, out_root, hang_timeout, workers, on_done, wait, gpu_pins, units)
             else:
                 _run_ray(todo, out_root, hang_timeout, ray_address, cpus_per_run, gpus_per_run, on_done, wait)
 
@@ -603,15 +686,16 @@ def shape_key(cfg) -> str:
 
 def slow_runs(specs: list[RunSpec], out_root: Path, factor: float = 0.5) -> list[dict]:
     """The sweep's "slow node": runs with under `factor` x the median tokens/s of their peers
-    (same model shape, recipe and batch), which points at a sick machine rather than the config."""
-    peers: dict[str, list[tuple[str, float]]] = {}
+    (same model shape, recipe and batch, trained in packs of the same size: a packed run's tokens/s
+    is its own, the pack's shared by its members), which points at a sick machine rather than the config."""
+    peers: dict[tuple[str, int], list[tuple[str, float]]] = {}
     for spec in specs:
         try:
             summary = json.loads((spec.out_dir(out_root) / "summary.json").read_text())
         except (OSError, json.JSONDecodeError):
             continue
         if summary.get("status") == "ok" and summary.get("tokens_per_s"):
-            key = shape_key(spec.config)
+            key = (shape_key(spec.config), len(summary.get("packed_with", [])))
             peers.setdefault(key, []).append((spec.run_id, float(summary["tokens_per_s"])))
     flagged = []
     for group in peers.values():
@@ -632,4 +716,6 @@ def describe(cfg) -> str:
 if __name__ == "__main__":
     if len(sys.argv) == 5 and sys.argv[1] == "--worker":
         sys.exit(_worker(sys.argv[2], int(sys.argv[3]), int(sys.argv[4])))
+    if len(sys.argv) > 3 and sys.argv[1] == "--worker-pack":
+        sys.exit(_pack_worker(int(sys.argv[2]), sys.argv[3:]))
     sys.exit("usage: python -m scaling.study.sweep --worker RUN_DIR PARENT_PID LOCK_FD (internal; use `scaling sweep`)")

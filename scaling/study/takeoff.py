@@ -104,6 +104,74 @@ def take_off(specs: list[RunSpec], out_root: str | Path, *, keep_going: bool = F
     return [s for s in specs if s in cleared], flights
 
 
+def pack_probe(specs: list[RunSpec], out_root: str | Path, pin: dict[str, str] = {},
+               echo: Callable[[str], None] | None = None,
+               measure: Callable[[dict], dict[str, float]] | None = None) -> set[str]:
+    """The pack keys (scaling.train.loop.pack_key) whose runs may train packed: on the device the
+    runs will use (a child process with `pin`, the first slot's settings), two of the key's runs
+    packed for a few steps (step.packing_difference) are their single runs bit for bit. Packed
+    members that differ are other runs, not copies (Adam turns a last-bit difference into one of the
+    order of the learning rate), so a key that differs trains one run at a time, with a line saying so.
+    `measure`: {key: [config, config]} -> {key: difference} (default: that child process)."""
+    from scaling.train import loop
+
+    say = echo or (lambda line: None)
+    groups: dict[str, list[RunSpec]] = {}
+    for spec in specs:
+        groups.setdefault(loop.pack_key(spec.config), []).append(spec)
+    job = {key: [g[0].config.to_dict(), g[1].config.to_dict()] for key, g in groups.items() if len(g) > 1}
+    if not job:
+        return set()
+    say(f"take-off: packing probed for {len(job)} group{'s' if len(job) > 1 else ''} of runs "
+        "(a packed step against its single steps)")
+    differences = (measure or (lambda job: _probe_packing_in_child(job, Path(out_root), pin)))(job)
+    cleared = set()
+    for key, difference in differences.items():
+        if difference == 0.0:
+            cleared.add(key)
+            continue
+        say(f"not packing {len(groups[key])} runs like {sweep.describe(groups[key][0].config)}: a packed step on "
+            f"this device is not their single steps bit for bit (differs by up to {difference:.3g}); they train one "
+            "at a time (docs/gpu.md)")
+    return cleared
+
+
+def _probe_packing_in_child(job: dict, out_root: Path, pin: dict[str, str]) -> dict[str, float]:
+    (out_root / ".takeoff").mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(prefix="pack-", suffix=".json", dir=out_root / ".takeoff")
+    os.close(fd)
+    path = Path(name)
+    path.write_text(json.dumps(job))
+    proc = subprocess.run([sys.executable, "-m", "scaling.study.takeoff", "--pack-probe", str(path), str(os.getpid())],
+                          capture_output=True, text=True, env=sweep.worker_env(pin))
+    out = path.with_suffix(".out")
+    if proc.returncode != 0 or not out.is_file():
+        raise ConfigError("--pack", str(path), f"a device where packed steps can be probed (the probe exited with code "
+                          f"{proc.returncode}: {' '.join(proc.stderr.split()[-30:])})")
+    differences = json.loads(out.read_text())
+    for leftover in (path, out):
+        leftover.unlink(missing_ok=True)
+    return differences
+
+
+def _pack_probe_worker(job: str, parent_pid: int) -> int:
+    """Child entry point of the packing probe: each key's difference (scaling.train.step.packing_difference)."""
+    sweep.die_with_parent(parent_pid)
+    sweep.use_compilation_cache()
+    from scaling.train import config, loop, step
+
+    out = {}
+    for key, pair in json.loads(Path(job).read_text()).items():
+        setups = [loop.prepare(config.validate(c)) for c in pair]
+        cfg = setups[0].cfg
+        tx = step.optimizer_tx(cfg.train.grad_clip, cfg.train.weight_decay)
+        out[key] = step.packing_difference(setups[0].model_cfg, [s.cfg.recipe for s in setups], tx,
+                                           [s.cfg.seed for s in setups], [s.cfg.train.lr for s in setups],
+                                           cfg.train.batch_size)
+    atomic_write_json(Path(job).with_suffix(".out"), out)
+    return 0
+
+
 def takeoff_lanes(workers: int, pins: list[dict[str, str]] | None = None) -> int:
     """Take-off lanes: one per GPU slot (`pins`); else, for a sweep of `workers` concurrent runs, as
     many on a machine without GPUs (an unpinned process there would claim every GPU) and one with."""
@@ -260,6 +328,8 @@ def eta_seconds(specs: list[RunSpec], out_root: str | Path, lanes: int = 1,
 
 
 if __name__ == "__main__":
+    if len(sys.argv) == 4 and sys.argv[1] == "--pack-probe":
+        sys.exit(_pack_probe_worker(sys.argv[2], int(sys.argv[3])))
     if len(sys.argv) == 3:
         sys.exit(_takeoff_worker(sys.argv[1], int(sys.argv[2])))
     sys.exit("usage: python -m scaling.study.takeoff JOB PARENT_PID (internal; use `scaling sweep`)")

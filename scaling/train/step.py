@@ -20,6 +20,7 @@ benchmarks time it.
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -206,7 +207,8 @@ def packed():
     in the order of the single one: on a CPU with XLA's YNNPACK fusions off
     (`--xla_cpu_experimental_ynn_fusion_type=`); with them on (the default) not (Adam turns last-bit
     differences in near-zero gradients into weight differences of the order of the learning rate). On a
-    GPU: not yet measured, so the sweep does not pack runs yet (tests/train/test_packed.py).
+    GPU: not yet measured. `packing_difference` measures it on the device at hand; the sweep packs
+    runs (`--pack K`) only where it is 0 (scaling.study.takeoff.pack_probe).
 
         train_step(model_def, opt_def, states, tokens_KxBxL1, seeds_K, step, lrs_K, measure)
             -> (states, losses_K, grad_norms_K, telemetry with a leading K axis)
@@ -229,6 +231,41 @@ def packed():
         return jax.tree.map(lambda *xs: jax.numpy.stack(xs), *states)
 
     return train_step, eval_loss, init
+
+
+def packing_difference(model_cfg, recipes, tx, seeds, lrs, batch_size: int, steps: int = 3) -> float:
+    """How far members of a packed program are from their single runs on this device: the largest
+    absolute difference of any loss, grad norm, evaluation loss or state element after `steps` steps
+    of random tokens (inf where one is NaN and the other not; 0.0: bit for bit). A few steps suffice:
+    Adam turns last-bit differences of near-zero gradients into weight differences of the order of
+    the learning rate at once."""
+    model_def, opt_def = nnx.eval_shape(lambda: graph_defs(model_cfg, recipes[0], tx, 0))
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, model_cfg.vocab, (steps + 1, len(recipes), batch_size, model_cfg.seq_len + 1), dtype=np.int32)
+    single_step, single_eval, single_init = compiled()
+    single = []
+    for k, (recipe, seed, lr) in enumerate(zip(recipes, seeds, lrs, strict=True)):
+        state, outputs = single_init(model_cfg, recipe, tx, seed), []
+        for t in range(steps):
+            state, loss, norm, _ = single_step(model_def, opt_def, state, tokens[t, k], seed, t, np.float32(lr), False)
+            outputs += [loss, norm]
+        single.append((state, outputs + [single_eval(model_def, state["model"], tokens[steps, k])]))
+    train_step, eval_loss, init = packed()
+    seeds_K, lrs_K = np.asarray(seeds, np.int32), np.asarray(lrs, np.float32)
+    states, outputs = init(model_cfg, recipes, tx, list(seeds)), []
+    for t in range(steps):
+        states, losses, norms, _ = train_step(model_def, opt_def, states, tokens[t], seeds_K, t, lrs_K, False)
+        outputs += [losses, norms]
+    outputs.append(eval_loss(model_def, states["model"], tokens[steps]))
+    worst = 0.0
+    for k, (state, single_outputs) in enumerate(single):
+        pairs = zip(jax.tree.leaves((state, single_outputs)), jax.tree.leaves((states, outputs)), strict=True)
+        for a, b in pairs:
+            a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)[k]
+            if not np.array_equal(np.isnan(a), np.isnan(b)):
+                return math.inf
+            worst = max(worst, float(np.nanmax(np.abs(a - b), initial=0.0)))
+    return worst
 
 
 def packable(model_cfg, recipes, tx) -> bool:

@@ -222,3 +222,56 @@ def test_gpu_slots_each_fly_a_take_off_lane_with_their_own_settings(monkeypatch,
     assert [pin for _, pin in children] == pins[1:lanes]
     assert [probes for probes, _ in children] == [sorted(keys[i::lanes]) for i in range(1, lanes)]
     assert len(flown) == len(keys[::lanes]) and cleared == specs and set(flights) == set(keys)
+
+
+def _specs(*points: dict) -> list:
+    from scaling.train import config
+
+    base = {"model": {"size": 1, "seq_len": 32}, "data": {"source": "synthetic"}, "precision": "fp8"}
+    cfgs = [config.validate({**base, **p}) for p in points]
+    return [sweep.RunSpec(run_id=c.run_id, sweep="s", config=c) for c in cfgs]
+
+
+def test_runs_of_a_cleared_pack_key_go_k_at_a_time_and_every_other_run_alone():
+    from scaling.train import loop
+
+    specs = _specs({"seed": 0}, {"seed": 1, "precision": "mxfp6"}, {"seed": 1}, {"seed": 2, "precision": "fp6"},
+                   {"seed": 3}, {"seed": 2, "precision": "mxfp6"})
+    fp8, mx = loop.pack_key(specs[0].config), loop.pack_key(specs[1].config)
+    assert fp8 != mx
+    units = sweep.packs(specs, 2, {fp8})
+    assert units == [[specs[0], specs[2]], [specs[1]], [specs[3], specs[4]], [specs[5]]]
+    assert sweep.packs(specs, 2, {fp8, mx}) == [[specs[0], specs[2]], [specs[1], specs[5]], [specs[3], specs[4]]]
+    assert sweep.packs(specs, 3, {fp8}) == [[specs[0], specs[2], specs[3]], [specs[1]], [specs[4]], [specs[5]]]
+    assert sweep.packs(specs, 1, {fp8}) == [[s] for s in specs]
+
+
+def test_the_packing_probe_clears_only_keys_whose_packed_step_is_bit_for_bit(tmp_path):
+    specs = _specs({"seed": 0}, {"seed": 1}, {"seed": 0, "precision": "mxfp6"}, {"seed": 1, "precision": "mxfp6"},
+                   {"seed": 0, "precision": "bf16"})
+    from scaling.train import loop
+
+    asked, lines = [], []
+
+    def measure(job):
+        asked.append(job)
+        return {key: 0.0 if "fp8" in pair[0]["precision"] else 0.0163 for key, pair in job.items()}
+
+    cleared = takeoff.pack_probe(specs, tmp_path, echo=lines.append, measure=measure)
+    assert len(asked[0]) == 2  # bf16 is alone: nothing to probe
+    assert cleared == {loop.pack_key(specs[0].config)}
+    assert any("not packing 2 runs" in line and "0.0163" in line for line in lines)
+
+
+def test_slow_runs_are_slow_against_peers_trained_as_they_were(tmp_path):
+    """A packed run's tokens/s is its share of the pack's: compared with packed peers only."""
+    import json
+
+    specs = _specs(*({"seed": s} for s in range(7)))
+    speeds = [100, 100, 40, 30, 30, 30, 10]  # 0-2 alone (2 slow), 3-6 in a pack of 4 (6 slow)
+    for i, (spec, speed) in enumerate(zip(specs, speeds)):
+        spec.out_dir(tmp_path).mkdir(parents=True)
+        packed_with = {"packed_with": [s.run_id for s in specs[3:] if s is not spec]} if i >= 3 else {}
+        (spec.out_dir(tmp_path) / "summary.json").write_text(json.dumps({"status": "ok", "tokens_per_s": speed,
+                                                                         **packed_with}))
+    assert [r["run_id"] for r in sweep.slow_runs(specs, tmp_path)] == [specs[2].run_id, specs[6].run_id]

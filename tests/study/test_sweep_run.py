@@ -168,6 +168,9 @@ def test_hung_and_crashed_runs_land_with_failure_records(tmp_path):
     (["--gpus-per-run", "1"], "--gpus-per-run"),  # no GPU visible (CUDA_VISIBLE_DEVICES="" below)
     (["--gpus-per-run", "0.5"], "--gpus-per-run"),  # local: whole GPUs only
     (["--gpus-per-run", "2.5", "--executor", "ray"], "--gpus-per-run"),  # a fraction above 1
+    (["--pack", "0"], "--pack"),
+    (["--pack", "2", "--executor", "ray"], "--pack"),  # packs train in the local executor's children
+    (["--pack", "2", "--workers", "0"], "--pack"),
 ])
 def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, args, key):
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
@@ -176,6 +179,22 @@ def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, args, key):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: {key}") and "allowed" in lines[0]
     assert not (tmp_path / "out").exists()
+
+
+def test_runs_of_one_shape_train_packed_in_one_child_where_the_probe_clears_them(tmp_path):
+    """Seeds 0-2 of one fp8 run with --pack 2, XLA:CPU's YNNPACK fusions off (there a packed step is
+    its single steps bit for bit, tests/train/test_packed.py): one pack of two and one run alone."""
+    experiment = tmp_path / "seeds.toml"
+    experiment.write_text(SMOKE.read_text().replace('precision = ["fp32", "fp8", "fp4"]', "seed = [0, 1, 2]")
+                          .replace('precision = "fp32"', 'precision = "fp8"').replace("seed = 0\n", ""))
+    env = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} --xla_cpu_experimental_ynn_fusion_type="}
+    proc = scaling_cli("sweep", experiment, "--out", tmp_path / "out", "--pack", "2", "--no-progress", env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "packing probed for 1 group of runs" in proc.stdout and "not packing" not in proc.stdout
+    summaries = [json.loads((spec.out_dir(tmp_path / "out") / "summary.json").read_text())
+                 for spec in sweep.expand(experiment)]
+    assert [s["status"] for s in summaries] == ["ok"] * 3
+    assert [s.get("packed_with") for s in summaries] == [[summaries[1]["run_id"]], [summaries[0]["run_id"]], None]
 
 
 def test_bad_grid_value_names_the_grid_point(tmp_path):
