@@ -144,8 +144,19 @@ def _saved(op: Operand | None) -> quant.Quantized | None:
     return None if op is None else op.q._replace(history=None)
 
 
+def _kept(op: Operand | None, s: RoleStructure | None) -> quant.Quantized | None:
+    """A forward operand kept for the backward pass: its grid values in bfloat16 where the role's grid
+    is exact there (half the bytes of float32, the same values), else as they are."""
+    saved = _saved(op)
+    return saved if saved is None or not s.exact_in_bf16 else saved._replace(values=saved.values.astype(jnp.bfloat16))
+
+
 def _restored(saved: quant.Quantized | None, s: RoleStructure, fmt: jax.Array, axis: int) -> Operand | None:
-    return None if saved is None else Operand(saved, s.along(axis), fmt[3])
+    return None if saved is None else Operand(_as_f32(saved), s.along(axis), fmt[3])
+
+
+def _as_f32(saved: quant.Quantized) -> quant.Quantized:
+    return saved._replace(values=saved.values.astype(jnp.float32))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -346,9 +357,12 @@ def _qdot_fwd(x, w, state, key_data, smooth_K, measure, box):
     # keep the forward's quantised X / W when the backward would quantise them identically, or
     # quantises them again (backward_operands = "forward")
     again = st.backward_operands == "forward"
-    a = _saved(a) if again or _reusable(st.activation, st, "fprop", "wgrad") else None
-    b = _saved(b) if again or _reusable(st.weight, st, "fprop", "dgrad") else None
+    a = _kept(a, st.activation) if again or _reusable(st.activation, st, "fprop", "wgrad") else None
+    b = _kept(b, st.weight) if again or _reusable(st.weight, st, "fprop", "dgrad") else None
     signs = signs if again else None  # the backward leaves the fprop's rotated domain through them
+    # X and W themselves only where the backward has no quantised copy of them to use instead
+    if not (again or st.forward_only):
+        x, w = (x if a is None else None), (w if b is None else None)
     return out, (x, w, state, key_data, smooth_K, measure, box, a, b, masks, signs)
 
 
@@ -368,7 +382,7 @@ def _masked(dx, dw, masks, signs, k: int):
 
 def _qdot_bwd(res, cts):
     x, w, state, key_data, smooth_K, measure, box, a_saved, b_saved, masks, signs_f = res
-    k = x.shape[1]
+    k = None if x is None else x.shape[1]  # used where the fprop was rotated, which keeps X
     st: RecipeStructure = box.value
     dy = cts[0]
     measure = _measure(measure)
@@ -381,8 +395,8 @@ def _qdot_bwd(res, cts):
     again = st.backward_operands == "forward"
     if again:  # the forward's quantised operands, in its (rotated) domain, re-quantised as gradients
         sw = sa = sg
-        w = quant.dequantize(b_saved, st.weight.along(0))
-        x = quant.dequantize(a_saved, st.activation.along(1))
+        w = quant.dequantize(_as_f32(b_saved), st.weight.along(0))
+        x = quant.dequantize(_as_f32(a_saved), st.activation.along(1))
         a_saved = b_saved = None
     fmt_w = state.fmt["grad" if again else "weight"]
     fmt_a = state.fmt["grad" if again else "activation"]

@@ -373,3 +373,21 @@ def test_a_host_side_measure_traces_no_telemetry_where_false():
     jax.tree.map(np.testing.assert_array_equal, hist_off, hist_on)
     assert all(np.isnan(np.asarray(v)).all() for v in tel_off.values())
     assert all(np.isfinite(np.asarray(v)).all() for v in tel_on.values())
+
+
+@pytest.mark.parametrize("name, kept_bytes", [("bf16", 2), ("fp8", 2), ("fp16", 4), ("mxfp8", 4)])
+def test_the_backward_keeps_one_copy_of_each_operand_in_bfloat16_where_exact(name, kept_bytes):
+    """What autodiff keeps of X (M×K) and W (K×N) for the backward, in bytes per element: a
+    quantisation the backward reuses (no scale, or one per tensor) is kept once, as its grid values,
+    in bfloat16 where the grid is exact there (bf16, fp8: 2 bytes), else in float32 (fp16: 4);
+    operands quantised again along the other axis (mxfp8) keep X and W themselves (float32). Before:
+    X and W were kept beside their quantised copies, all in float32 (8 bytes for bf16 and fp8)."""
+    recipe = precision.get(name)
+    structure = recipe.structure()
+    state = gemm.qdot_state(recipe, structure)
+    m, k, n = 96, 64, 80
+    x, w, _ = _operands(m, k, n)
+    _, pullback = jax.vjp(lambda a, b: gemm.qdot_apply(a, b, structure, state), x, w)
+    big = [leaf for leaf in jax.tree.leaves(pullback) if getattr(leaf, "size", 0) >= min(m, n) * k]
+    assert sorted(leaf.shape for leaf in big) == [(k, n), (m, k)]
+    assert sum(leaf.nbytes for leaf in big) == kept_bytes * (m * k + k * n)
