@@ -30,7 +30,8 @@ design placed) with the recipes it trains, then the experiment's training time a
 (its tokens over each run's measured tokens/s; evaluations and compiles not included). --pack K
 times, per pilot shape and recipe, K runs trained as one vmapped program (scaling.train.step.packed:
 own seeds, batches and learning rates) against one run alone (target: K at a time >= 4x one run's
-tokens/s).
+tokens/s), and says whether two packed members of the first recipe are their single runs bit for bit on this device
+(step.packing_difference, the probe `scaling sweep --pack` flies at take-off).
 """
 
 from __future__ import annotations
@@ -282,6 +283,14 @@ def bench_packing(cfg: ladder.ModelConfig, batch: int, recipes: list[str], singl
         rate = k * batch * cfg.seq_len / step_s
         print(f"  {k} x {name} packed: {step_s * 1e3:.2f} ms per step ({lo * 1e3:.2f}-{hi * 1e3:.2f}), "
               f"{rate:,.0f} tokens/s = {rate / single[name]:.2f}x one run's (target >= {PACKED_TARGET})")
+    # what `scaling sweep --pack` decides at take-off (two members packed for 3 steps against their single
+    # steps), for the first recipe only: two more compiles per recipe would not fit a short GPU loan
+    recipe = recipe_for(recipes[0])
+    difference = step_lib.packing_difference(cfg, [recipe, recipe], step_lib.optimizer_tx(1.0, 0.1), [0, 1],
+                                             [1e-3, 2e-3], batch)
+    verdict = "bit for bit: a sweep packs them" if difference == 0 else \
+        f"not bit for bit, up to {difference:.3g} apart: a sweep trains them one at a time"
+    print(f"  packed {recipes[0]} members against their single runs: {verdict}")
 
 
 def main() -> None:
