@@ -34,7 +34,12 @@ Several sweeps may share an --out: each run is trained by the one process holdin
 have landed waits for those (training any whose owner died before landing them), so every sweep
 ends with every run of its grid landed, each trained once.
 
-One module (about 630 lines): the grid's expansion, the two executors and the crash-safe bookkeeping
+Packs (`--pack K`, local executor): runs that differ only in seed, learning rate or format values
+(scaling.train.loop.pack_key) train K at a time as one program in one watched child
+(`execute_pack`), each under its own lock and into its own directory, where take-off found a packed
+step on the device bit for bit its single steps (scaling.study.takeoff.pack_probe).
+
+One module (about 710 lines): the grid's expansion, the two executors and the crash-safe bookkeeping
 share the RunSpec and the directory layout above.
 """
 
