@@ -131,6 +131,8 @@ def main(args: argparse.Namespace) -> int:
     if args.dry_run:
         for spec in specs:
             print(f"  {spec.run_id}  {'done' if spec not in todo else 'todo'}  {sweep.describe(spec.config)}")
+        if args.pack > 1:
+            print(f"  {sweep.pack_plan(todo, args.pack)}")
         notes, warnings = design_checks.check(args.experiment, args.set, out_root, committed)
         for line in notes:
             print(f"  {line}")

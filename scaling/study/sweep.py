@@ -541,6 +541,18 @@ def packs(specs: list[RunSpec], pack: int, pack_keys: Collection[str]) -> list[l
     return units
 
 
+def pack_plan(specs: list[RunSpec], pack: int) -> str:
+    """One line for a dry run: how `--pack` groups these runs, before take-off probes each group on the device."""
+    from scaling.train import loop
+
+    packed = [u for u in packs(specs, pack, {loop.pack_key(s.config) for s in specs}) if len(u) > 1]
+    sizes = ", ".join(str(len(u)) for u in packed) or "none"
+    return (f"--pack {pack}: {sum(map(len, packed))} of {len(specs)} runs in {len(packed)} pack{'' if len(packed) == 1 else 's'} "
+            f"(sizes {sizes}), "
+            "the rest one at a time; take-off keeps a group packed only where its packed step is its single steps "
+            "bit for bit on the device")
+
+
 def _run_local(specs, out_root, hang_timeout, workers, on_done, wait, slots=None, units=None) -> None:
     """`slots`: one environment pin per concurrent child (its GPU); default `workers` unpinned ones.
     `units`: the specs grouped as `packs` gives them (default: one run each)."""

@@ -244,6 +244,8 @@ def test_runs_of_a_cleared_pack_key_go_k_at_a_time_and_every_other_run_alone():
     assert sweep.packs(specs, 2, {fp8, mx}) == [[specs[0], specs[2]], [specs[1], specs[5]], [specs[3], specs[4]]]
     assert sweep.packs(specs, 3, {fp8}) == [[specs[0], specs[2], specs[3]], [specs[1]], [specs[4]], [specs[5]]]
     assert sweep.packs(specs, 1, {fp8}) == [[s] for s in specs]
+    assert sweep.pack_plan(specs, 2).startswith("--pack 2: 6 of 6 runs in 3 packs (sizes 2, 2, 2)")
+    assert sweep.pack_plan(specs[:2], 2).startswith("--pack 2: 0 of 2 runs in 0 packs (sizes none)")
 
 
 def test_the_packing_probe_clears_only_keys_whose_packed_step_is_bit_for_bit(tmp_path):

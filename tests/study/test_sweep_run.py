@@ -188,6 +188,8 @@ def test_runs_of_one_shape_train_packed_in_one_child_where_the_probe_clears_them
     experiment.write_text(SMOKE.read_text().replace('precision = ["fp32", "fp8", "fp4"]', "seed = [0, 1, 2]")
                           .replace('precision = "fp32"', 'precision = "fp8"').replace("seed = 0\n", ""))
     env = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} --xla_cpu_experimental_ynn_fusion_type="}
+    plan = scaling_cli("sweep", experiment, "--out", tmp_path / "out", "--pack", "2", "--dry-run", env=env)
+    assert "--pack 2: 2 of 3 runs in 1 pack (sizes 2)" in plan.stdout, plan.stdout + plan.stderr
     proc = scaling_cli("sweep", experiment, "--out", tmp_path / "out", "--pack", "2", "--no-progress", env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "packing probed for 1 group of runs" in proc.stdout and "not packing" not in proc.stdout
