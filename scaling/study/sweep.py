@@ -501,9 +501,10 @@ def _pack_worker(parent_pid: int, members: list[str]) -> int:
 
     dirs = [Path(m.rsplit(":", 1)[0]) for m in members]
     with contextlib.ExitStack() as stack:
-        for member, out in zip(members, dirs):
-            stack.enter_context(runs.inherit(out, int(member.rsplit(":", 1)[1])))
-        summaries = train.run_packed([json.loads((out / "config.json").read_text()) for out in dirs], dirs, echo=print)
+        locks = [stack.enter_context(runs.inherit(out, int(member.rsplit(":", 1)[1])))
+                 for member, out in zip(members, dirs)]
+        summaries = train.run_packed([json.loads((out / "config.json").read_text()) for out in dirs], dirs, echo=print,
+                                     locks=locks)
     return 0 if all(s.get("status") in runs.STATUSES for s in summaries) else 1
 
 

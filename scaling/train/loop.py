@@ -239,14 +239,16 @@ def pack_key(cfg: config_lib.RunConfig) -> str:
 
 
 def run_packed(cfgs: list[config_lib.RunConfig | dict], out_dirs: list[str | Path],
-               echo: Callable[[str], None] | None = None) -> list[dict]:
+               echo: Callable[[str], None] | None = None, *, locks: list[runs.Lock] | None = None) -> list[dict]:
     """Train runs of one `pack_key` as one program (scaling.train.step.packed), each into its own
     directory exactly as `run` would: its metrics, checkpoints (its slice of the state), health
     checks and summary. A member stopped by a health check lands as diverged and keeps its slot
     (its results ignored) while the others train on. Members whose checkpoints are at different
     steps (one did not read back) cannot train in step: then each trains alone, one after another,
-    from its own checkpoint. The caller holds every directory's lock (scaling.study.sweep); runs
-    landed for good are returned as they landed. A member's losses are its single run's bit for bit
+    from its own checkpoint. While they train this process owns every directory: `locks` where the
+    caller holds them (a sweep's pack child inherits its parent's), else it takes each lock, raising
+    runs.RunOwned, with nothing written, if another process holds one. Runs landed for good are
+    returned as they landed. A member's losses are its single run's bit for bit
     only where the device's batched dots sum as its single dots do (tests/train/test_packed.py):
     the sweep packs only where its take-off probe found that."""
     cfgs = [config_lib.validate(c) for c in cfgs]
@@ -254,17 +256,20 @@ def run_packed(cfgs: list[config_lib.RunConfig | dict], out_dirs: list[str | Pat
     if len({pack_key(c) for c in cfgs}) != 1 or any(c.parallel.data > 1 for c in cfgs):
         raise ConfigError("pack", [c.run_id for c in cfgs], "runs of one model shape, schedule, batch, data and recipe "
                           "structure on one device, differing in seed, learning rate or format values")
-    summaries: list[dict | None] = [runs.finished(d, c) for c, d in zip(cfgs, out_dirs)]
-    todo = [i for i, s in enumerate(summaries) if s is None]
-    setups = [prepare(cfgs[i]) for i in todo]
-    for i, setup in zip(todo, setups):
-        runs.begin(out_dirs[i], setup.cfg)
     echo = echo or (lambda line: None)
-    try:
-        landed = _train(setups, [out_dirs[i] for i in todo], echo) if todo else []
-    except _Unaligned as unaligned:
-        echo(str(unaligned))
-        landed = [_train([setup], [out_dirs[i]], echo)[0] for i, setup in zip(todo, setups)]
+    with contextlib.ExitStack() as held:
+        for out_dir in out_dirs if locks is None else []:
+            held.enter_context(runs.acquire(out_dir))
+        summaries: list[dict | None] = [runs.finished(d, c) for c, d in zip(cfgs, out_dirs)]
+        todo = [i for i, s in enumerate(summaries) if s is None]
+        setups = [prepare(cfgs[i]) for i in todo]
+        for i, setup in zip(todo, setups):
+            runs.begin(out_dirs[i], setup.cfg)
+        try:
+            landed = _train(setups, [out_dirs[i] for i in todo], echo) if todo else []
+        except _Unaligned as unaligned:
+            echo(str(unaligned))
+            landed = [_train([setup], [out_dirs[i]], echo)[0] for i, setup in zip(todo, setups)]
     for i, summary in zip(todo, landed):
         summaries[i] = summary
     return summaries

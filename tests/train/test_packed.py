@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from scaling.numerics import precision
-from scaling.train import config, data, loop
+from scaling.train import config, data, loop, runs
 from scaling.train import step as step_lib
 from scaling.train.ladder import ModelConfig
 
@@ -118,6 +118,16 @@ def test_packed_runs_land_as_their_single_runs_through_divergence_a_kill_and_res
     assert runs["resumed"][:2] == [[8], [8]]  # the two left resumed packed, from their checkpoints
     # with whom each last trained: the two resumed as a pair; the diverged one landed from the first three
     assert [len(p) for p in runs["packed_with"]] == [1, 1, 2] and runs["unaligned_line"]
+
+
+def test_a_pack_refuses_a_run_another_process_is_training_and_writes_nothing(tmp_path):
+    cfgs = [config.validate({**RUN, "precision": "fp8", "seed": s}) for s in (0, 1)]
+    dirs = [tmp_path / c.run_id for c in cfgs]
+    with runs.acquire(dirs[1]):  # another owner: a second open file on the lock conflicts, as another process's
+        with pytest.raises(runs.RunOwned):
+            loop.run_packed(cfgs, dirs)
+    assert not any((d / "config.json").exists() for d in dirs)
+    runs.acquire(dirs[0]).release()  # the lock the pack took on the first run was let go
 
 
 def test_recipes_of_different_structure_do_not_pack():
