@@ -299,10 +299,9 @@ class CostModel:
         bits_0, bits_1, width = (np.asarray(v, float) for v in (bits_0, bits_1, width))
         if self.kind == "bits":
             return (bits_0 + bits_1) / 32.0
-        gpu = hardware.get_gpu(self.kind)
-        bf16 = gpu.peak("bf16")
-        rate = {w: bf16 / gpu.peak(hardware.precision_for_bits(w, self.kind)) for w in np.unique(width)}
-        return np.vectorize(lambda w: rate[w], otypes=[float])(width)
+        if width.ndim == 0:  # the law optimiser's case, hundreds of thousands of calls
+            return np.asarray(_slowdown(self.kind, float(width)))
+        return np.vectorize(lambda w: _slowdown(self.kind, float(w)), otypes=[float])(width)
 
     def _mapped(self, bits, quantised_run):
         bits = np.asarray(bits, float)
@@ -351,6 +350,13 @@ class CostModel:
         P = np.asarray(P, float)
         hi = np.full(P.shape, self.high_bits)
         return np.where(P >= UNQUANTISED_BITS, self.gemm_factor(P, P, P), self.gemm_factor(hi, hi, hi))
+
+
+@functools.lru_cache(maxsize=None)
+def _slowdown(gpu: str, width: float) -> float:
+    """The GPU's BF16 peak over the peak of the format a `width`-bit GEMM runs in."""
+    spec = hardware.get_gpu(gpu)
+    return spec.peak("bf16") / spec.peak(hardware.precision_for_bits(width, gpu))
 
 
 def _part_columns(df: pd.DataFrame):

@@ -443,6 +443,42 @@ def test_the_step_donates_the_state_it_updates(monkeypatch):
     assert len(set(programs)) == 3
 
 
+def test_the_step_hashes_its_graph_definitions_once_per_run_and_equal_ones_share_a_compile(monkeypatch):
+    """jax.jit hashes static arguments at every call, and hashing an nnx graph definition walks the
+    graph; the step looks a run's definitions up by identity instead. Two equal definitions (two runs
+    of one shape and recipe structure) still share one compiled step."""
+    from flax import nnx
+
+    from scaling.numerics import precision
+
+    cfg = ladder.ModelConfig(d_model=32, n_layers=2, n_heads=2, d_ff=64, vocab=64, seq_len=16)
+    train_step, eval_loss, init = step_lib.compiled()
+    tx = step_lib.optimizer_tx(1.0, 0.1)
+    recipe = precision.get("bf16")
+    model_def, opt_def = nnx.eval_shape(lambda: step_lib.graph_defs(cfg, recipe, tx, 0))
+    tokens = np.zeros((2, cfg.seq_len + 1), np.int32)
+    state = init(cfg, recipe, tx, 0)
+    state, *_ = train_step(model_def, opt_def, state, tokens, 0, 0, np.float32(1e-3), False)
+    eval_loss(model_def, state["model"], tokens)
+    hashes = []
+    for graph_def in (model_def, opt_def):
+        real = type(graph_def).__hash__
+        monkeypatch.setattr(type(graph_def), "__hash__", lambda self, real=real: hashes.append(1) or real(self))
+    for step in range(1, 4):
+        state, *_ = train_step(model_def, opt_def, state, tokens, 0, step, np.float32(1e-3), False)
+        eval_loss(model_def, state["model"], tokens)
+    assert hashes == []
+    monkeypatch.undo()
+    # a second run's definitions: other objects, equal, so the same Static and no new trace
+    again = nnx.eval_shape(lambda: step_lib.graph_defs(cfg, recipe, tx, 1))
+    assert again[0] is not model_def and again == (model_def, opt_def)
+    traced = []
+    real_update = step_lib._update
+    monkeypatch.setattr(step_lib, "_update", lambda *a: traced.append(1) or real_update(*a))
+    train_step(*again, state, tokens, 0, 4, np.float32(1e-3), False)
+    assert traced == []
+
+
 def test_an_unlogged_step_on_a_gpu_computes_no_telemetry(monkeypatch):
     """Off a CPU the host picks the logged or the unlogged program (no conditional for XLA:GPU to
     read on the host, no telemetry computed and masked): the unlogged one is smaller by the
