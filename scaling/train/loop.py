@@ -56,10 +56,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import itertools
 import json
 import math
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -311,6 +313,34 @@ def _train(setups: list[Setup], out_dirs: list[Path], echo: Callable[[str], None
     return [member.landed for member in trainer.members]
 
 
+def _abandoned_read(unraisable) -> bool:
+    """Whether an exception Python can only print comes from a read a failed restore abandoned."""
+    error = unraisable.exc_value
+    return (isinstance(error.__cause__, GeneratorExit)  # a pending read closed when collected
+            or (unraisable.object is None and isinstance(error, RuntimeError)  # a read in flight calling back
+                and str(error) == "Event loop is closed"))
+
+
+def _drop_abandoned_reads() -> None:
+    """Never print what a failed restore leaves behind. Orbax runs a restore's reads as tasks of an
+    event loop it closes as soon as one read fails (orbax asyncio_utils.run_sync), the others still
+    pending or in flight in TensorStore: a read in flight calls back into the closed loop ("Event
+    loop is closed", from a TensorStore thread, at once), and each pending read catches
+    BaseException, so when Python closes it the GeneratorExit becomes an exception it can only print
+    ("Exception ignored in", a TensorStore spec per array), at any later point of the process. The
+    checkpoint is named in one line instead. Installed once per process, before the first restore,
+    over whatever hook is in place; every other unraisable exception goes on to it."""
+    if not getattr(sys.unraisablehook, "drops_abandoned_reads", False):
+        previous = sys.unraisablehook
+
+        def hook(unraisable):
+            if not _abandoned_read(unraisable):
+                previous(unraisable)
+
+        hook.drops_abandoned_reads = True
+        sys.unraisablehook = hook
+
+
 class _Member:
     """One run's side of a program: its progress, health checks, logs, checkpoints and summary."""
 
@@ -353,7 +383,12 @@ class _Member:
         set_aside = []
         if self.checkpoints is None:
             return None, Progress(), set_aside
-        for step in sorted(self.checkpoints.all_steps(), reverse=True):
+        steps = sorted(self.checkpoints.all_steps(), reverse=True)
+        if steps:
+            _drop_abandoned_reads()
+        for step in steps:
+            if set_aside:  # the read before failed: collect what it left behind, once its error is gone
+                gc.collect()
             try:
                 restored = self.checkpoints.restore(step, args=ocp.args.Composite(
                     state=ocp.args.StandardRestore(abstract), progress=ocp.args.JsonRestore()))
@@ -365,6 +400,8 @@ class _Member:
                 set_aside.append(step)
                 continue
             return restored.state, progress, set_aside
+        if set_aside:
+            gc.collect()
         return None, Progress(), set_aside
 
     def resumed(self, progress: Progress, set_aside: list[int]) -> None:
