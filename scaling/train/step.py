@@ -149,8 +149,9 @@ def _update(model_def, opt_def, state, tokens_BxL1, seed, step, lr, measure):
 
 @functools.lru_cache(maxsize=None)
 def compiled(layout=None):
-    """The jitted train and eval steps. Graph definitions are static arguments, so runs of the same
-    model shape and recipe structure in one process share one compilation. `layout`
+    """The jitted train and eval steps. Graph definitions are static arguments (as `Static`s, hashed
+    once per run), so runs of the same model shape and recipe structure in one process share one
+    compilation. `layout`
     (scaling.train.parallel.Layout): the steps of a run across devices, the same computation with
     the batch split over the mesh and the weights and optimiser state where the layout puts them;
     None: one device."""
