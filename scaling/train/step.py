@@ -134,7 +134,6 @@ def _static(value) -> Static:
     return hit[1]
 
 
-
 def _update(model_def, opt_def, state, tokens_BxL1, seed, step, lr, measure):
     """One run's training step on one device: (state, loss, grad_norm, telemetry). The graph
     definitions come as Statics."""
