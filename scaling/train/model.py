@@ -126,7 +126,11 @@ def _rope(x_BxLxHxK: jax.Array, base: float) -> jax.Array:
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
 
 
-ATTENTION_CHUNK = 64  # query rows per block of the causal attention (`_causal_attention`)
+ATTENTION_CHUNK = 64  # query rows per block of the causal attention on a CPU (`_causal_attention`)
+# Query blocks per row elsewhere (a GPU): 64-row blocks were tuned on a CPU, and at L = 1024 they make
+# 16 blocks x 7 small dots per layer, each far from filling a GPU. Four blocks (ATTENTION_CHUNK rows
+# at least) keep the dots per layer bounded whatever L, and still skip 3/8 of the masked scores.
+ATTENTION_BLOCKS_GPU = 4
 
 
 def _causal_attention(q_BxLxHxK: jax.Array, k_BxLxHxK: jax.Array, v_BxLxHxK: jax.Array,
@@ -136,30 +140,37 @@ def _causal_attention(q_BxLxHxK: jax.Array, k_BxLxHxK: jax.Array, v_BxLxHxK: jax
 
     - on a CPU one batch row at a time (`lax.map`): its H×L×L scores (2 MB at size 8) stay in
       cache instead of a B×H×L×L tensor streaming through memory; elsewhere all rows at once;
-    - in blocks of ATTENTION_CHUNK query rows that see only the keys up to their last row: the
-      all-masked blocks above the diagonal are skipped (~40% fewer FLOPs at L = 256);
+    - in blocks of query rows that see only the keys up to their last row: the all-masked blocks
+      above the diagonal are skipped (~40% fewer FLOPs at L = 256). A CPU's blocks are
+      ATTENTION_CHUNK rows; elsewhere each row is ATTENTION_BLOCKS_GPU blocks (of ATTENTION_CHUNK
+      rows at least), so a layer runs a bounded number of larger dots whatever L;
     - a custom VJP keeps only O and the softmax row max and sum, and the backward pass recomputes
       the probabilities from them: no layer's probabilities are stored, and P·V is not redone.
 
     Masked scores contribute exact zeros, so only summation orders differ from the dense form.
     `precision`: of its float32 dots (the recipe's `RecipeStructure.f32_dots`)."""
     t = lambda x: x.transpose(0, 2, 1, 3)  # B×L×H×K <-> B×H×L×K
-    rows = 1 if jax.default_backend() == "cpu" else q_BxLxHxK.shape[0]
-    return t(_flash(t(q_BxLxHxK), t(k_BxLxHxK), t(v_BxLxHxK), _FlashStatic(precision, rows)))
+    B, L = q_BxLxHxK.shape[:2]
+    if jax.default_backend() == "cpu":
+        rows, chunk = 1, ATTENTION_CHUNK
+    else:
+        rows, chunk = B, max(ATTENTION_CHUNK, -(-L // ATTENTION_BLOCKS_GPU))
+    return t(_flash(t(q_BxLxHxK), t(k_BxLxHxK), t(v_BxLxHxK), _FlashStatic(precision, rows, chunk)))
 
 
 class _FlashStatic(tuple):
-    """(dot precision, batch rows per map step): static, hashable, leaf-free through the custom VJP."""
+    """(dot precision, batch rows per map step, query rows per block): static, hashable, leaf-free
+    through the custom VJP."""
 
-    def __new__(cls, precision: jax.lax.Precision, rows: int):
-        return super().__new__(cls, (precision, rows))
+    def __new__(cls, precision: jax.lax.Precision, rows: int, chunk: int):
+        return super().__new__(cls, (precision, rows, chunk))
 
 
 jax.tree_util.register_pytree_node(_FlashStatic, lambda s: ((), tuple(s)), lambda v, _: _FlashStatic(*v))
 
 
-def _blocks(L: int) -> list[tuple[int, int]]:
-    return [(start, min(start + ATTENTION_CHUNK, L)) for start in range(0, L, ATTENTION_CHUNK)]
+def _blocks(L: int, chunk: int) -> list[tuple[int, int]]:
+    return [(start, min(start + chunk, L)) for start in range(0, L, chunk)]
 
 
 def _row_scores(q_HxLxK: jax.Array, k_HxLxK: jax.Array, start: int, stop: int, precision) -> jax.Array:
@@ -169,10 +180,10 @@ def _row_scores(q_HxLxK: jax.Array, k_HxLxK: jax.Array, start: int, stop: int, p
     return jnp.where(jnp.tril(jnp.ones((L, L), bool))[start:stop, :stop], logits_HxCxS, -1e30)
 
 
-def _row_forward(q_HxLxK, k_HxLxK, v_HxLxK, precision):
+def _row_forward(q_HxLxK, k_HxLxK, v_HxLxK, precision, chunk):
     """One batch row: (O, row max, row sum of exp) with max and sum as H×L×1."""
     out, maxes, sums = [], [], []
-    for start, stop in _blocks(q_HxLxK.shape[1]):
+    for start, stop in _blocks(q_HxLxK.shape[1], chunk):
         logits_HxCxS = _row_scores(q_HxLxK, k_HxLxK, start, stop, precision)
         m_HxCx1 = jnp.max(logits_HxCxS, axis=-1, keepdims=True)
         e_HxCxS = jnp.exp(logits_HxCxS - m_HxCx1)
@@ -183,12 +194,12 @@ def _row_forward(q_HxLxK, k_HxLxK, v_HxLxK, precision):
     return jnp.concatenate(out, axis=1), jnp.concatenate(maxes, axis=1), jnp.concatenate(sums, axis=1)
 
 
-def _row_backward(q_HxLxK, k_HxLxK, v_HxLxK, o_HxLxK, m_HxLx1, s_HxLx1, do_HxLxK, precision):
+def _row_backward(q_HxLxK, k_HxLxK, v_HxLxK, o_HxLxK, m_HxLx1, s_HxLx1, do_HxLxK, precision, chunk):
     """dQ, dK, dV of one batch row: dS = P ⊙ (dP − rowsum(dO ⊙ O)), dP = dO·Vᵀ."""
     K = q_HxLxK.shape[2]
     d_HxLx1 = jnp.sum(do_HxLxK * o_HxLxK, axis=-1, keepdims=True)
     dq, dk_HxLxK, dv_HxLxK = [], jnp.zeros_like(k_HxLxK), jnp.zeros_like(v_HxLxK)
-    for start, stop in _blocks(q_HxLxK.shape[1]):
+    for start, stop in _blocks(q_HxLxK.shape[1], chunk):
         rows = slice(start, stop)
         p_HxCxS = jnp.exp(_row_scores(q_HxLxK, k_HxLxK, start, stop, precision) - m_HxLx1[:, rows]) / s_HxLx1[:, rows]
         dp_HxCxS = jnp.einsum("hlk,hmk->hlm", do_HxLxK[:, rows], v_HxLxK[:, :stop], precision=precision)
@@ -213,15 +224,15 @@ def _flash(q_BxHxLxK, k_BxHxLxK, v_BxHxLxK, static):
 
 
 def _flash_fwd(q_BxHxLxK, k_BxHxLxK, v_BxHxLxK, static):
-    precision, rows = static
-    o, m, s = jax.lax.map(lambda qkv: _row_forward(*qkv, precision), (q_BxHxLxK, k_BxHxLxK, v_BxHxLxK),
+    precision, rows, chunk = static
+    o, m, s = jax.lax.map(lambda qkv: _row_forward(*qkv, precision, chunk), (q_BxHxLxK, k_BxHxLxK, v_BxHxLxK),
                           batch_size=rows if rows > 1 else None)
     return o, (q_BxHxLxK, k_BxHxLxK, v_BxHxLxK, o, m, s, static)
 
 
 def _flash_bwd(res, do_BxHxLxK):
-    *arrays, (precision, rows) = res
-    grads = jax.lax.map(lambda row: _row_backward(*row, precision), (*arrays, do_BxHxLxK),
+    *arrays, (precision, rows, chunk) = res
+    grads = jax.lax.map(lambda row: _row_backward(*row, precision, chunk), (*arrays, do_BxHxLxK),
                         batch_size=rows if rows > 1 else None)
     return (*grads, None)
 

@@ -41,9 +41,10 @@ def _dense(q, k, v, probs_dtype=None):
 
 
 @pytest.mark.parametrize("backend", ["cpu", "gpu"])
-@pytest.mark.parametrize("L", [16, model.ATTENTION_CHUNK, 2 * model.ATTENTION_CHUNK + 5])
+@pytest.mark.parametrize("L", [16, model.ATTENTION_CHUNK, 2 * model.ATTENTION_CHUNK + 5, 4 * model.ATTENTION_CHUNK + 5])
 def test_flash_attention_matches_the_dense_form_on_every_backend(L, backend, monkeypatch):
-    """A CPU maps over batch rows, other backends take them all at once: the same function."""
+    """A CPU maps over batch rows in ATTENTION_CHUNK-row blocks, other backends take them all at once
+    in ATTENTION_BLOCKS_GPU blocks (66 rows at the longest L here, the last one shorter): the same function."""
     if backend != "cpu":
         monkeypatch.setattr(jax, "default_backend", lambda: backend)
     q, k, v, g = _qkvg(L)
@@ -118,6 +119,28 @@ def test_the_compiled_step_holds_no_LxL_scores_per_layer(monkeypatch):
     per_layer = (temp[4] - temp[2]) / 2
     scores = batch * base.n_heads * L * L * 4
     assert 0 < per_layer < scores, (per_layer / 1e9, scores / 1e9)
+
+
+def test_on_a_gpu_a_layers_attention_runs_a_bounded_number_of_dots_whatever_the_sequence_length(monkeypatch):
+    """The bf16 recipe's training step (FP32 attention) traced as on a GPU: its dots do not grow with L
+    past ATTENTION_BLOCKS_GPU blocks of ATTENTION_CHUNK rows (64-row blocks at L = 1024 were 16 blocks
+    x 7 small dots per layer). Each block adds 7 dots to a layer: Q·Kᵀ and P·V forward; Q·Kᵀ again,
+    dO·Vᵀ, dQ, dK and dV backward. The layers are scanned: the text holds one layer's dots."""
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    train_step, _, init = step_lib.compiled()
+    tx = step_lib.optimizer_tx(1.0, 0.1)
+    recipe = precision.get("bf16")
+
+    def dots(L: int) -> int:
+        cfg = ladder.config_for_size(1, seq_len=L)
+        model_def, opt_def = step_lib.graph_defs(cfg, recipe, tx, 0)
+        state = jax.eval_shape(lambda: init(cfg, recipe, tx, 0))
+        tokens = jax.ShapeDtypeStruct((2, L + 1), np.int32)
+        text = train_step.lower(model_def, opt_def, state, tokens, 0, 0, np.float32(1e-3), False).as_text()
+        return text.count("stablehlo.dot_general")
+
+    one_block, four, longest = dots(model.ATTENTION_CHUNK), dots(4 * model.ATTENTION_CHUNK), dots(1024)
+    assert four == longest == one_block + 7 * (model.ATTENTION_BLOCKS_GPU - 1), (one_block, four, longest)
 
 
 @pytest.mark.parametrize("backend", ["cpu", "gpu"])
