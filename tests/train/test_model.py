@@ -177,27 +177,36 @@ def test_blocks_kept_in_high_precision_run_the_kept_recipe():
     the others what the recipe's do (checked layer by layer), without unrolling the stack."""
     cfg = dataclasses.replace(TINY, n_layers=4)
     tokens = _tokens(cfg)[:, :-1]
+
+    @nnx.jit  # one compile per model instead of one per operation
+    def forward(m):
+        return m(tokens, update_state=False)
+
     recipe = precision.get({"base": "nvfp4", "high_precision_first": 1, "high_precision_last": 2})
     m = model.Transformer(cfg, recipe, rngs=nnx.Rngs(0))
-    logits, aux = m(tokens, update_state=False)
+    logits, aux = forward(m)
     kept = precision.get("bf16")
-    x = jnp.take(m.embed[...], tokens, axis=0)
-    for i in range(cfg.n_layers):
-        r = kept if i in (0, 2, 3) else recipe
-        ctx = model.Context(r.structure(), r.formats(), None, False)
-        x, _ = model.layer(m.blocks, i)(x, ctx)
-    want = model.Context(precision.RecipeStructure(), {}, None, False).dense(m.head, m.final_norm(x))
+
+    @jax.jit
+    def layer_by_layer(blocks, embed, head, final_norm):
+        x = jnp.take(embed, tokens, axis=0)
+        for i in range(cfg.n_layers):
+            r = kept if i in (0, 2, 3) else recipe
+            x, _ = model.layer(blocks, i)(x, model.Context(r.structure(), r.formats(), None, False))
+        return model.Context(precision.RecipeStructure(), {}, None, False).dense(head, final_norm(x))
+
+    want = layer_by_layer(m.blocks, m.embed[...], m.head, m.final_norm)
     # the same function, not always the same bits: the scanned stack and this layer-by-layer loop may
     # block their dots differently (1-ulp differences seen on an AVX512-BF16 host, none on AVX2)
     np.testing.assert_allclose(logits, want, rtol=1e-5, atol=1e-6)
     assert aux["telemetry"]["weight"][0].shape[0] == 1  # only the quantised block is measured
     for other in ("nvfp4", "bf16"):  # every block quantised, or none: 100x that tolerance away at least
-        theirs = model.Transformer(cfg, other, rngs=nnx.Rngs(0))(tokens, update_state=False)[0]
+        theirs = forward(model.Transformer(cfg, other, rngs=nnx.Rngs(0)))[0]
         assert np.abs(np.asarray(logits) - np.asarray(theirs)).max() > 1e-4, other
     # every block kept: the bf16 model
     all_kept = precision.get({"base": "nvfp4", "high_precision_last": cfg.n_layers})
-    np.testing.assert_array_equal(model.Transformer(cfg, all_kept, rngs=nnx.Rngs(0))(tokens, update_state=False)[0],
-                                  model.Transformer(cfg, "bf16", rngs=nnx.Rngs(0))(tokens, update_state=False)[0])
+    np.testing.assert_array_equal(forward(model.Transformer(cfg, all_kept, rngs=nnx.Rngs(0)))[0],
+                                  forward(model.Transformer(cfg, "bf16", rngs=nnx.Rngs(0)))[0])
     with pytest.raises(ConfigError, match="high_precision_last"):
         model.Transformer(cfg, precision.get({"base": "nvfp4", "high_precision_first": 2, "high_precision_last": 3}),
                           rngs=nnx.Rngs(0))
