@@ -315,6 +315,9 @@ def _batched_lbfgs(problem: _Problem, starts: np.ndarray, weights: np.ndarray, i
     """
     import jax
 
+    from scaling.train import data  # lazy: `scaling fit --help` loads no JAX
+
+    data.use_compilation_cache()  # each law's solver compiles for seconds: the next fit loads it
     fixed_names, fixed_vals = _jax_args(problem)
     _, batched = _jax_solvers(problem.law.name, problem.free, fixed_names, memory)
     x, log_loss, weights = _padded_data(problem, weights, dtype)

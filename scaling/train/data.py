@@ -301,6 +301,18 @@ def cache_dir() -> Path:
     return Path(os.environ.get("SCALING_CACHE", Path.home() / ".cache" / "scaling"))
 
 
+def use_compilation_cache() -> None:
+    """This process's JAX keeps what it compiles for a second or more under cache_dir()/jax (XLA's
+    persistent compilation cache; on a GPU the autotune results beside it), unless the user chose a
+    directory: the next process compiling the same program loads it instead (a training step, a
+    law's fit)."""
+    import jax  # lazy: the corpora need no JAX
+
+    if jax.config.jax_compilation_cache_dir is None:
+        jax.config.update("jax_compilation_cache_dir", str(cache_dir() / "jax"))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+
+
 def _cached(cache: Path, build: Callable[[Path], None], read: Callable[[Path, bool], Corpus]) -> Corpus:
     """`read(cache, mmap=True)`, building the directory first if it is missing: `build(tmp)` fills a
     temporary sibling (meta.json last), renamed into place, so readers see a whole directory or none."""

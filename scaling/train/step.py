@@ -154,10 +154,7 @@ def compiled(layout=None):
     (scaling.train.parallel.Layout): the steps of a run across devices, the same computation with
     the batch split over the mesh and the weights and optimiser state where the layout puts them;
     None: one device."""
-    if jax.config.jax_compilation_cache_dir is None:  # unless the user chose one: a run's compile is
-        # tens of seconds for quantised recipes, and the next run of the same shapes can skip it
-        jax.config.update("jax_compilation_cache_dir", str(data.cache_dir() / "jax"))
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+    data.use_compilation_cache()  # a quantised step compiles for tens of seconds: the next run loads it
 
     def laid_out(tree):
         return tree if layout is None else layout.constrain(tree)
