@@ -76,7 +76,7 @@ def main(args: argparse.Namespace) -> int:
         raise ConfigError("--results", str(summary.path), "an existing results .csv or .parquet")
     specs = sweep.expand(args.experiment)
     held = {s.run_id for s in specs}
-    rows = results.load(summary.path)
+    rows = results.checked(results.load(summary.path))
     rows = rows[rows["sweep"] == name] if "sweep" in rows.columns else rows
     landed = held & set(rows["run_id"])
     if landed:
@@ -113,7 +113,7 @@ def _backtest(args: argparse.Namespace) -> int:
 
     if args.law is not None:
         selection.parse_candidate(args.law)
-    rows = analysis.ok_rows(analysis.study_part(results.load(args.results), "main"))
+    rows = analysis.ok_rows(analysis.study_part(results.checked(results.load(args.results)), "main"))
     found = calibrate.backtest_all(rows, args.law, candidates=args.candidate or None, bootstrap=args.bootstrap,
                                    seed=args.seed)
     atomic_write_json(Path(args.out), {"results": str(args.results), **found})
@@ -151,7 +151,7 @@ def _rows(args: argparse.Namespace) -> int:
         table = pd.read_csv(rows_path)
     except (OSError, ValueError) as e:
         raise ConfigError("--rows", str(rows_path), f"a readable CSV with columns N, D, recipe ({e})") from None
-    found = analysis.study_part(results.load(results_path), "main")
+    found = analysis.study_part(results.checked(results.load(results_path)), "main")
     out, facts = calibrate.predict_table(found, table, args.law, candidates=args.candidate or None,
                                          bootstrap=args.bootstrap, seed=args.seed)
     path = Path(args.out)
@@ -166,7 +166,8 @@ def _rows(args: argparse.Namespace) -> int:
     for note in facts["notes"]:
         print(f"  note: {note}")
     for r in out.itertuples():
-        band = (f"{r.level:.0%} PI {r.loss_lo:.4f}-{r.loss_hi:.4f}" if r.interval == "calibrated" else r.interval)
+        band = (f"{r.level:.0%} PI {r.loss_lo:.4f}-{r.loss_hi:.4f}" if r.interval == "calibrated"
+                else f"uncalibrated {r.level:.0%} PI {r.old_lo:.4f}-{r.old_hi:.4f} (law and noise only: see the note)")
         print(f"  {r.recipe:<14} N {r.N:.3g} D {r.D:.3g}: {r.loss:.4f}  {band}")
     print(f"-> {path} (+ {side.name})")
     return 0

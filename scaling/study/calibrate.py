@@ -65,7 +65,8 @@ fit's in-sample RMS residual (nats), independent per row, no shared term.
 calibrated one calibrated only on the pairs inside its own fitted budgets, so no prediction is scored
 on data its fit or its calibration has seen (a pair with no backtest below it gets `available` False and the reason).
 
-JSON keys. backtest_all -> {method, law, level, bootstrap, budgets, reference, seconds, pairs: [pair]},
+JSON keys. backtest_all -> {method, law, level, bootstrap, budgets, reference, seconds, pairs: [pair],
+skipped: [{fit_budget, target_budget, reason}] (pairs no backtest can split: every run serves both)},
 pair =
 {fit_budget, target_budget, distance (decades), law, fit_rows, fit_runs, target_rows, target_runs,
 n (rows predicted), unpredicted (recipes at the target without fitted runs), mean_error,
@@ -150,6 +151,19 @@ def split(rows: pd.DataFrame, fit_budget: float, target_budget: float) -> tuple[
     held = rows["run_id"].isin(set(rows.loc[target, "run_id"])).to_numpy()
     fit = (eff <= fit_budget * (1 + 1e-9)) & ~held
     return fit, target
+
+
+def unbacktestable(rows: pd.DataFrame, fit_budget: float, target_budget: float) -> str | None:
+    """Why the backtest fit_budget -> target_budget cannot be made, in words (None: it can). A scored run
+    is left out of the fit whole, so a design whose runs all serve both budgets (one run's cooldown
+    branches at every budget) leaves nothing to fit."""
+    fit, target = split(rows, fit_budget, target_budget)
+    if not target.any():
+        return f"no row at budget {target_budget:g}"
+    if not fit.any():
+        return ("every run at the lower budget also has a row at the higher one (cooldown branches of one run "
+                "serve both), and a backtest fits only runs it does not score: nothing is left to fit")
+    return None
 
 
 # ----------------------------------------------------------------------------- a fitted law, its draws
@@ -308,8 +322,25 @@ def _backtest(rows: pd.DataFrame, a: float, b: float, fits: _Fits, reference: st
     return {**out, "_": internal}
 
 
-def calibration(backtests: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """The calibrated terms from backtests (see module doc); None and a note where one cannot be estimated."""
+def _backtests(rows: pd.DataFrame, pairs: Sequence[tuple[float, float]], fits: _Fits,
+               reference: str | None) -> tuple[list[dict[str, Any]], list[tuple[float, float, str]]]:
+    """The backtests of `pairs` that can be made, and the others as (a, b, why not)."""
+    done, skipped = [], []
+    for a, b in pairs:
+        why = unbacktestable(rows, a, b)
+        if why is None:
+            try:
+                done.append(_backtest(rows, a, b, fits, reference))
+                continue
+            except ConfigError as e:  # the law cannot be fitted on the runs below the target alone
+                why = f"the law cannot be fitted on the runs at budgets <= {a:g} ({e})"
+        skipped.append((a, b, why))
+    return done, skipped
+
+
+def calibration(backtests: Sequence[Mapping[str, Any]], skipped: Sequence[tuple[float, float, str]] = ()) -> dict[str, Any]:
+    """The calibrated terms from backtests (see module doc); None and a note where one cannot be estimated
+    (`skipped`: the backtests that could not be made, (a, b, why))."""
     done = [bt for bt in backtests if bt.get("shared") is not None]
     k = len(done)
     out: dict[str, Any] = {"k": k, "backtests": [[bt["fit_budget"], bt["target_budget"]] for bt in done],
@@ -319,7 +350,11 @@ def calibration(backtests: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
                            "sigma_row": None, "row_dof": 0, "sigma_gap_recipe": None, "gap_recipe_dof": 0,
                            "sigma_gap_row": None, "gap_row_dof": 0, "notes": []}
     if not k:
-        out["notes"].append("no backtest inside the fitted budgets (they hold one budget): the shared shift, "
+        by_why: dict[str, list[str]] = {}
+        for a, b, reason in skipped:
+            by_why.setdefault(reason, []).append(f"{a:g} -> {b:g}")
+        why = "; ".join(f"{', '.join(p)}: {r}" for r, p in by_why.items()) if skipped else "they hold one budget"
+        out["notes"].append(f"no backtest inside the fitted budgets ({why}): the shared shift, "
                             "per-recipe and row terms cannot be estimated")
         return out
     out["tau"] = math.sqrt(float(np.mean([(bt["shared"] / bt["distance"]) ** 2 for bt in done])))
@@ -481,7 +516,7 @@ def _inner(rows: pd.DataFrame, a: float, b: float, fits: _Fits, reference: str |
     eff = effective_budget(rows)
     seen = rows[~held & ((eff <= a * (1 + 1e-9)) | np.isnan(eff))].reset_index(drop=True)
     inner = [x for x in budgets(seen) if x <= a * (1 + 1e-9)]
-    return [_backtest(seen, a2, b2, fits, reference) for j, b2 in enumerate(inner) for a2 in inner[:j]]
+    return _backtests(seen, [(a2, b2) for j, b2 in enumerate(inner) for a2 in inner[:j]], fits, reference)
 
 
 def backtest_all(rows: pd.DataFrame, law: str | None = None, *, candidates: Sequence[str] | None = None,
@@ -495,9 +530,20 @@ def backtest_all(rows: pd.DataFrame, law: str | None = None, *, candidates: Sequ
     found = budgets(rows)
     fits = _Fits(law, candidates, bootstrap, seed, fit_kwargs)
     reference = reference or analysis.high_precision_recipe(rows)
-    pairs = [_score_pair(rows, a, b, fits, reference, level, draws, seed) for j, b in enumerate(found) for a in found[:j]]
+    if len(found) < 2:
+        raise ConfigError("results", f"one budget ({found[0]:g})", "results at two or more IsoFLOP budgets (a backtest "
+                          "fits the lower budgets and scores a higher one)")
+    every = [(a, b) for j, b in enumerate(found) for a in found[:j]]
+    skipped = [(a, b, why) for a, b in every if (why := unbacktestable(rows, a, b))]
+    if len(skipped) == len(every):
+        raise ConfigError("results", f"budgets {', '.join(f'{b:g}' for b in found)}",
+                          f"a design a backtest can split ({skipped[0][2]})")
+    pairs = [_score_pair(rows, a, b, fits, reference, level, draws, seed) for a, b in every
+             if not unbacktestable(rows, a, b)]
     return {"method": METHOD, "law": law or "selected per fit", "level": level, "bootstrap": bootstrap,
-            "budgets": found, "reference": reference, "pairs": pairs, "seconds": time.perf_counter() - start}
+            "budgets": found, "reference": reference, "pairs": pairs,
+            "skipped": [{"fit_budget": a, "target_budget": b, "reason": why} for a, b, why in skipped],
+            "seconds": time.perf_counter() - start}
 
 
 def backtest_pair(rows: pd.DataFrame, fit_budget: float, target_budget: float, law: str | None = None, *,
@@ -508,6 +554,9 @@ def backtest_pair(rows: pd.DataFrame, fit_budget: float, target_budget: float, l
     rows = _keyed(rows)
     fits = _Fits(law, candidates, bootstrap, seed, fit_kwargs)
     reference = reference or analysis.high_precision_recipe(rows)
+    why = unbacktestable(rows, fit_budget, target_budget)
+    if why:
+        raise ConfigError("backtest", f"{fit_budget:g} -> {target_budget:g}", f"a pair of budgets a backtest can split ({why})")
     return _score_pair(rows, fit_budget, target_budget, fits, reference, level, draws, seed)
 
 
@@ -515,7 +564,7 @@ def _score_pair(rows: pd.DataFrame, a: float, b: float, fits: _Fits, reference: 
                 draws: int, seed: int) -> dict[str, Any]:
     bt = _backtest(rows, a, b, fits, reference)
     inner = bt.pop("_")
-    calib = calibration(_inner(rows, a, b, fits, reference))
+    calib = calibration(*_inner(rows, a, b, fits, reference))
     frame, measured, n_levels, model, pairs = (inner["frame"], inner["measured"], inner["n_levels"], inner["model"],
                                                inner["pairs"])
     _, old = joint_draws(model, frame, None, n=draws, seed=seed)
@@ -592,8 +641,8 @@ def predict_table(results: pd.DataFrame, table: pd.DataFrame, law: str | None = 
     model = fits(rows)
     found = budgets(rows)
     reference = reference or analysis.high_precision_recipe(rows)
-    backtests = [_backtest(rows, a, b, fits, reference) for j, b in enumerate(found) for a in found[:j]]
-    calib = calibration(backtests)
+    backtests, skipped = _backtests(rows, [(a, b) for j, b in enumerate(found) for a in found[:j]], fits, reference)
+    calib = calibration(backtests, skipped)
     for bt in backtests:
         bt.pop("_")
     table = table.assign(N=pd.to_numeric(table["N"]).astype(float), D=pd.to_numeric(table["D"]).astype(float),

@@ -119,3 +119,34 @@ def export(df: pd.DataFrame, path: str | Path) -> Path:
     else:
         raise ValueError(f"{path}: export to .csv or .parquet")
     return path
+
+
+def checked(df: pd.DataFrame, loss_column: str = "val_loss") -> pd.DataFrame:
+    """df with a repeated (run_id, D) row kept once where its losses agree; refused in one line naming the
+    runs where they differ (which one is right is the user's to say) or where a run that landed `ok` has a
+    non-finite loss (a run that diverged lands `diverged`): a fit or prediction must not quietly use one
+    of two losses, or quietly lose a row."""
+    import numpy as np
+
+    if df.empty or loss_column not in df.columns:
+        return df
+    ok = df["status"].fillna("ok").eq("ok") if "status" in df.columns else pd.Series(True, index=df.index)
+    loss = pd.to_numeric(df[loss_column], errors="coerce")
+    bad = ok & ~np.isfinite(loss.to_numpy(float))
+    if bad.any():
+        runs = list(dict.fromkeys(df.loc[bad, "run_id"].astype(str))) if "run_id" in df.columns else []
+        got = ", ".join(f"{v}" for v in dict.fromkeys(loss[bad].astype(str)))
+        raise ConfigError(loss_column, f"{got} in {int(bad.sum())} row(s) of ok runs {', '.join(runs[:5])}"
+                          f"{' ...' if len(runs) > 5 else ''}",
+                          "finite losses on runs that landed ok (mark a diverged run's status, or drop its rows)")
+    if not {"run_id", "D"} <= set(df.columns):
+        return df
+    keys = [df["run_id"].astype(str), pd.to_numeric(df["D"], errors="coerce")]
+    spread = loss.groupby(keys).agg(lambda s: float(s.max() - s.min()) if s.notna().any() else 0.0)
+    conflicts = spread[spread > 1e-9 * loss.abs().max()]
+    if len(conflicts):
+        runs = list(dict.fromkeys(str(r) for r, _ in conflicts.index))
+        raise ConfigError("run_id", ", ".join(runs[:5]) + (" ..." if len(runs) > 5 else ""),
+                          f"one {loss_column} per run and D ({len(conflicts)} (run_id, D) repeated with different "
+                          "losses: remove the stale rows)")
+    return df.drop_duplicates(subset=["run_id", "D", loss_column]).reset_index(drop=True)

@@ -131,3 +131,62 @@ def test_backtest_bad_input_is_one_line(files, capsys, extra, key):
     assert cli.main(args) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and key in err and not (files / "x.json").exists()
+
+
+def cooldown(seed: int) -> pd.DataFrame:
+    """The synthetic study as one run per (recipe, size) whose cooldown branches serve every budget: each
+    run has a row at each budget (N fixed, D growing), as results/quick.csv's runs do."""
+    df = synthetic(seed)
+    n = df.groupby(df["run_id"].str.rsplit("-", n=2).str[0] + df["run_id"].str.rsplit("-", n=1).str[1])["N"].transform("first")
+    df = df.assign(N=n, D=df["budget"] / (6 * n), run_id=df["recipe"] + "-" + df["run_id"].str.rsplit("-", n=1).str[1])
+    assert df.groupby("run_id")["budget"].nunique().eq(3).all()
+    return df
+
+
+def test_rows_on_a_cooldown_branch_design_are_predicted_and_say_why_uncalibrated(files, capsys):
+    """Every run serves every budget: no backtest can leave a scored run out of its fit, so the rows get
+    the law's prediction with the uncalibrated interval, and the one note says why in words (was: `law: got
+    ...; rows: got 0`, exit 2)."""
+    cooldown(3).to_csv(files / "cooldown.csv", index=False)
+    assert cli.main(["predict", "--rows", str(files / "rows.csv"), "--results", str(files / "cooldown.csv"),
+                     "--law", LAW, "--bootstrap", "0", "-o", str(files / "cool.csv")]) == 0
+    out = pd.read_csv(files / "cool.csv")
+    assert len(out) == 4 and np.isfinite(out["loss"]).all() and (out["old_lo"] < out["loss"]).all()
+    assert out["interval"].str.startswith("none: ").all() and out["interval"].str.contains("cooldown branches").all()
+    printed = capsys.readouterr().out
+    assert printed.count("cooldown branches") == 1 and "uncalibrated 95% PI" in printed
+    # a backtest of such a design cannot be made at all: one line that says why, nothing written
+    assert cli.main(["predict", "--backtest", "--results", str(files / "cooldown.csv"), "--law", LAW,
+                     "--bootstrap", "0", "-o", str(files / "cool_backtests.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cooldown branches" in err[0] and not (files / "cool_backtests.json").exists()
+
+
+_CONFLICT = (lambda d: pd.concat([d, d.iloc[[7]].assign(val_loss=d["val_loss"].iloc[7] + 0.1)]), "run_id: got '{run}'")
+_INF = (lambda d: d.assign(val_loss=d["val_loss"].where(d.index != 7, np.inf)), "val_loss: got 'inf in 1 row(s) of ok runs {run}'")
+
+
+@pytest.mark.parametrize("mode, edit, message", [
+    ("--rows", *_CONFLICT), ("--backtest", *_CONFLICT), ("--rows", *_INF), ("--backtest", *_INF),
+    ("--backtest", lambda d: d[d["budget"] == d["budget"].min()], "two or more IsoFLOP budgets"),
+])
+def test_conflicting_non_finite_or_one_budget_results_are_one_line_and_write_nothing(files, capsys, mode, edit, message):
+    """A (run, D) with two different losses, an inf loss on an ok run, or (for a backtest) one budget:
+    refused with one line naming the runs (were: one of two losses kept, the inf row dropped, an empty
+    backtest written with exit 0)."""
+    results = synthetic(2)
+    edit(results).to_csv(files / "edited.csv", index=False)
+    out = files / ("edited_out.csv" if mode == "--rows" else "edited_out.json")
+    args = ["--rows", str(files / "rows.csv")] if mode == "--rows" else ["--backtest"]
+    assert cli.main(["predict", *args, "--results", str(files / "edited.csv"), "--law", LAW, "--bootstrap", "0",
+                     "-o", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and message.format(run=results["run_id"].iloc[7]) in err[0], err
+    assert not out.exists() and not out.with_suffix(".json").exists()
+
+
+def test_exact_repeats_of_a_row_are_kept_once():
+    from scaling.study import results as results_lib
+
+    df = synthetic(2)
+    assert len(results_lib.checked(pd.concat([df, df.iloc[[3, 4]]]))) == len(df)
