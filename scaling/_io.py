@@ -53,3 +53,19 @@ def _json_default(o: Any) -> Any:
     if hasattr(o, "tolist"):
         return o.tolist()
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+def check_writable_dir(key: str, path: str | os.PathLike) -> None:
+    """Refuse, before any work, a directory that cannot be written or made: the nearest existing ancestor
+    must be a directory this process may write (ConfigError naming the option and the path), so a verb
+    never fails with an OSError traceback after its work (a file's directory: pass its parent)."""
+    from scaling.errors import ConfigError
+
+    path = Path(path)
+    probe = path.absolute()
+    while not probe.exists() and probe.parent != probe:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ConfigError(key, str(path), f"a directory that can be made ({probe} is a file)")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ConfigError(key, str(path), f"a directory this user can write ({probe} is not writable)")

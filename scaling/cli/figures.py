@@ -36,10 +36,12 @@ def main(args: argparse.Namespace) -> int:
     from scaling.study import curves as curves_lib
     from scaling.study import predict
     from scaling.study import results as results_lib
+    from scaling._io import check_writable_dir
     from scaling.study.report import load_fit, load_sections, write_report
 
     if not args.results:
         raise ConfigError("results", args.results, "a results directory, .csv or .parquet (--results)")
+    check_writable_dir("--out", args.out)
     results = results_lib.load(args.results)
     curves = None
     if args.curves:

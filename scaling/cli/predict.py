@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from scaling._io import check_writable_dir
 from scaling.errors import ConfigError
 
 
@@ -72,6 +73,7 @@ def main(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else summary.path.with_name(f"{name}_prediction.json")
     if out.exists():
         raise ConfigError("--out", str(out), "a path with no prediction yet (a committed prediction is never replaced)")
+    check_writable_dir("--out", out.parent)
     if not summary.path.is_file():
         raise ConfigError("--results", str(summary.path), "an existing results .csv or .parquet")
     specs = sweep.expand(args.experiment)
@@ -108,6 +110,7 @@ def _backtest(args: argparse.Namespace) -> int:
         raise ConfigError("--results", args.results, "an existing results .csv or .parquet (required with --backtest)")
     if args.out is None or not args.out.endswith(".json"):
         raise ConfigError("--out", args.out, "a .json path to write the backtests to (required with --backtest)")
+    check_writable_dir("--out", Path(args.out).parent)
     from scaling._io import atomic_write_json
     from scaling.study import analysis, calibrate, results, selection
 
@@ -135,6 +138,7 @@ def _rows(args: argparse.Namespace) -> int:
         raise ConfigError("--results", None, "the results CSV the law is fitted on (required with --rows)")
     if args.out is None or not args.out.endswith(".csv"):
         raise ConfigError("--out", args.out, "a .csv path to write the predicted rows to (required with --rows)")
+    check_writable_dir("--out", Path(args.out).parent)
     rows_path, results_path = Path(args.rows), Path(args.results)
     if not rows_path.is_file():
         raise ConfigError("--rows", str(rows_path), "an existing CSV with columns N, D, recipe")

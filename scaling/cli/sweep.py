@@ -103,6 +103,9 @@ def main(args: argparse.Namespace) -> int:
     if args.pack > 1 and (args.executor != "local" or args.workers == 0 or args.gpus_per_run > 1):
         raise ConfigError("--pack", args.pack, "1 unless the local executor trains runs in child processes "
                           "(--workers >= 1) on one device each (--gpus-per-run <= 1)")
+    if not args.dry_run:  # refused before any take-off or run (a dry run writes nothing)
+        from scaling._io import check_writable_dir
+        check_writable_dir("--out", args.out)
     pins = _gpu_pins(args)
     if args.gpus_per_run > 1 and not _sets_parallel_data(args):
         args.set = [*args.set, f"parallel.data={round(args.gpus_per_run)}"]  # a layout: the run ids stay

@@ -18,11 +18,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from scaling._io import check_writable_dir
     from scaling.train import config, loop, parallel  # JAX: only once a run is asked for, not for --help
 
+    if args.out:
+        check_writable_dir("--out", args.out)  # before JAX starts
     parallel.initialize()  # several hosts: jax.distributed from the environment, before JAX's backends start
     cfg = config.validate(config.load(args.config, args.set))
     out_dir = Path(args.out) if args.out else Path("runs") / cfg.name / cfg.run_id
+    if not args.out:
+        check_writable_dir("run directory", out_dir)
     summary = loop.run(cfg, out_dir, echo=print)
     for e in summary["evals"]:
         print(f"D={e['D']:>10d}  val_loss={e['val_loss']:.4f}  train_loss={e['train_loss']:.4f}")
