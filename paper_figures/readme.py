@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 from scaling.errors import ConfigError
 from scaling.study.findings import PUBLISHED, host_shift_between, other_hosts
-from scaling.study import report
+from scaling.study import fit, report
 
 BEGIN = "<!-- findings:begin -->"
 END = "<!-- findings:end -->"
@@ -260,7 +260,7 @@ def _law(law: dict) -> list[str]:
     if {"alpha", "beta"} <= set(params):
         a, b = params["alpha"], params["beta"]
         split = b / (a + b)
-        lo, hi = report.LITERATURE_SPLIT
+        lo, hi = fit.LITERATURE_SPLIT
         text += f". Exponents alpha {a:.2f}, beta {b:.2f}: N\\* ∝ C^{split:.2f}"
         if not lo <= split <= hi:
             text += f" (outside the published {lo:g}–{hi:g}, so not extrapolated to cluster scale)"

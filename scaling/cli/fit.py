@@ -63,6 +63,8 @@ def _parse_fixed(items: Sequence[str]) -> dict[str, float] | None:
 
 
 def _print_fit(result: FitResult) -> None:
+    from scaling.study.fit import exponent_note
+
     width = max(len(k) for k in result.params)
     print(f"law {result.law}: {result.data.get('n_points')} points, objective {result.objective:.6g}")
     header = f"  {'param':<{width}}  {'value':>12}"
@@ -80,6 +82,9 @@ def _print_fit(result: FitResult) -> None:
         print(f"  held-out (by {result.heldout['by']}): mean abs rel error {result.heldout['mare']:.4%}")
     if result.degenerate:
         print(f"  DEGENERATE: {result.degenerate}; `scaling optimal` and `scaling plan --fit` refuse this fit")
+    note = exponent_note(result)
+    if note:
+        print(f"  note: {note}; not extrapolated to cluster scale in the report")
 
 
 def _print_selection(law_choice: Mapping[str, Any]) -> None:
@@ -179,6 +184,10 @@ def main(args: argparse.Namespace) -> int:
             raise ConfigError("--law", "auto", "data on which at least one candidate law can be fitted (see the table)")
         result = selection.chosen_fit(df, law_choice, fits, bootstrap=args.bootstrap, seed=args.seed,
                                       loss_column=loss_column)
+        print(f"chosen: {law_choice['chosen']}, by {law_choice['criterion']}")
+        if not law_choice.get("splits"):
+            for by, why in (law_choice.get("split_notes") or {}).items():
+                print(f"  held-out split {by}: {why}")
         law, fixed = result.law, result.fixed
     else:
         if args.candidate or args.reference:

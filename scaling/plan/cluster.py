@@ -97,10 +97,24 @@ def cluster_step(model: ModelShape, gpu: str, gpus: int, precision: str, recipe:
         if best_key is None or key > best_key:
             best, best_key = r, key
     if best is None:
-        ref = parse_step_layout(recipe.layout)
-        smallest = ref.tp * ref.cp * max(1, ref.pp // 2) * ref.ep * ref.expert_tp // math.gcd(ref.tp * ref.cp, ref.ep * ref.expert_tp)
-        raise ConfigError("gpus", gpus, f"at least {smallest} GPUs for {model.name} laid out as {recipe.layout}")
+        ref = _fitted_layout(model, parse_step_layout(recipe.layout))
+        smallest = ref.tp * ref.cp * max(1, min(ref.pp // 2, model.layers)) * ref.ep * ref.expert_tp \
+            // math.gcd(ref.tp * ref.cp, ref.ep * ref.expert_tp)
+        if gpus < smallest:
+            raise ConfigError("gpus", gpus, f"at least {smallest} GPUs for {model.name} laid out as {recipe.layout}")
+        raise ConfigError("model", model.name, f"a shape that {recipe.layout} (pp from half to twice its own) can lay out "
+                          f"on {gpus} GPUs")
     return best
+
+
+def _fitted_layout(model: ModelShape, ref: StepLayout) -> StepLayout:
+    """A dense recipe's layout with tp cut to the largest divisor of the model's heads and KV heads that
+    is at most the recipe's (a 1-head model runs at tp 1, as anyone laying it out would; tp overlap
+    needs tp > 1). Expert-parallel recipes are kept as written: their tp is tied to the experts'."""
+    if ref.ep > 1:
+        return ref
+    tp = max(d for d in range(1, ref.tp + 1) if ref.tp % d == 0 and model.heads % d == 0 and model.kv_heads % d == 0)
+    return ref if tp == ref.tp else replace(ref, tp=tp, tp_overlap=ref.tp_overlap and tp > 1)
 
 
 def _cluster_layouts(model: ModelShape, gpus: int, recipe: ClusterRecipe) -> Iterator[StepLayout]:
@@ -108,10 +122,11 @@ def _cluster_layouts(model: ModelShape, gpus: int, recipe: ClusterRecipe) -> Ite
     fewer layers than half the recipe's pp still gets pp = its layers and below), under the recipe's
     recompute or full recompute, data parallelism filling the cluster and the global batch per
     replica in micro-batches."""
-    ref = parse_step_layout(recipe.layout)
+    ref = _fitted_layout(model, parse_step_layout(recipe.layout))
     chunks = ref.pp * ref.vpp
     for pp in range(max(1, min(ref.pp // 2, model.layers)), min(model.layers, 2 * ref.pp) + 1):
-        vpp = max(1, chunks // pp) if pp > 1 and not ref.dualpipe else 1
+        # the recipe's pp x vpp chunks where the layers allow, fewer virtual stages where they do not
+        vpp = max(1, min(chunks // pp, model.layers // pp)) if pp > 1 and not ref.dualpipe else 1
         if pp * vpp > model.layers or (ref.dualpipe and pp % 2):
             continue
         for recompute in dict.fromkeys((recipe.recompute, "full")):

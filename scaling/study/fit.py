@@ -548,6 +548,41 @@ def degenerate_reason(result: FitResult) -> str | None:
     return None
 
 
+# What published Chinchilla-form fits put the exponents at. Each of alpha, beta lies in 0.07-0.7
+# (Kaplan et al. 2020 0.076/0.095; Hoffmann et al. 2022 0.34/0.28; Besiroglu et al. 2024 0.35/0.37;
+# Kumar et al. 2024 0.2-0.5), so one above 1 (loss falling faster than 1/N or 1/D) is implausible. The
+# compute split N* ∝ C^(beta / (alpha + beta)): Hoffmann et al. 2022 find 0.46-0.50, Kaplan et al. 2020 0.73.
+PLAUSIBLE_EXPONENT = 1.0
+LITERATURE_SPLIT = (0.4, 0.75)
+
+
+def exponent_note(result: FitResult) -> str | None:
+    """Why a fit's exponents are unlike every published law's (a note, not a refusal: the fit may still
+    describe its own data), or None; None too for a law without both exponents. A fit with a note is
+    not extrapolated to cluster scale."""
+    params = result.params
+    if not set(EXPONENTS) <= set(params):
+        return None
+    high = [f"{name} = {params[name]:.3g}" for name in EXPONENTS if params[name] > PLAUSIBLE_EXPONENT]
+    if high:
+        return (f"implausible exponent{'s' if len(high) > 1 else ''} {', '.join(high)} > {PLAUSIBLE_EXPONENT:g} "
+                "(the loss would fall faster than 1/N or 1/D; published fits: 0.07-0.7)")
+    a, b = params["alpha"], params["beta"]
+    if a <= 0 or b <= 0:
+        return None  # degenerate_reason says why
+    split = b / (a + b)
+    if not LITERATURE_SPLIT[0] <= split <= LITERATURE_SPLIT[1]:
+        return f"N* ∝ C^{split:.2f}, outside the published {LITERATURE_SPLIT[0]:g}-{LITERATURE_SPLIT[1]:g}"
+    return None
+
+
+def literature_exponents(result: FitResult | None) -> bool:
+    """Whether a fit's exponents are positive and split compute between N and D as the published laws do,
+    so its optimum may be extrapolated to cluster scale."""
+    return (result is not None and set(EXPONENTS) <= set(result.params) and min(result.params[n] for n in EXPONENTS) > 0
+            and exponent_note(result) is None)
+
+
 def data_summary(df: pd.DataFrame, law: str, fixed: Mapping[str, float] | None = None,
                  loss_column: str = "val_loss") -> dict[str, Any]:
     """What fit_law records of the data `law` is fitted on (`FitResult.data`): points, units, each column's

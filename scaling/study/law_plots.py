@@ -30,10 +30,11 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
 from scaling import plan  # noqa: E402
+from scaling.errors import ConfigError  # noqa: E402
 from scaling.study import laws, optimal, optimum_check  # noqa: E402
 from scaling.study.figure_base import (TITLES, Figure, _figure, _fmt, _log_n_axis, loss_label,  # noqa: E402
                                        palette_for, with_precision)
-from scaling.study.fit import FitResult  # noqa: E402
+from scaling.study.fit import FitResult, literature_exponents  # noqa: E402
 
 # The continuous precision grid of the law's curves (bits, log-spaced).
 P_GRID = np.geomspace(3.0, 32.0, 48)
@@ -263,23 +264,29 @@ def cluster_time_table(fit: FitResult | None = None, compute: float = CLUSTER_CO
     """Days on `gpus` GPUs from the step model (scaling.plan.cluster.cluster_step): the reference runs in
     BF16 and FP8 under their written-down layouts (plan.CLUSTER_RECIPES), and, given a fit, its
     compute-optimal (N, D) per precision at `compute` as dense shapes (plan.DENSE_RECIPE) at the
-    hardware format for P bits."""
-    rows = []
+    hardware format for P bits: only where its exponents are plausible and split compute as the published
+    laws do (fit.literature_exponents), else an optimum at this budget is not credible."""
+    rows, not_planned = [], []
     for name, (model_name, flops) in REFERENCE_RUNS.items():
         model, recipe = plan.load_model(model_name), plan.CLUSTER_RECIPES[model_name]
         for precision in ("bf16", "fp8"):
             days = {k: plan.plan_run(flops, k, gpu, step=plan.cluster_step(model, gpu, k, precision, recipe)).days for k in gpus}
             rows.append({"run": name, "P (bits)": None, "hardware": precision, "N": None, "D": None, "FLOPs": flops,
                          **{f"days @ {k:,} GPUs": d for k, d in days.items()}})
-    if fit is not None and laws.get(fit.law).bits_axis:
+    if fit is not None and laws.get(fit.law).bits_axis and literature_exponents(fit):
         best = optimum(fit, compute, [32.0, 16.0, 8.0, 6.0, 4.0])
         for point in best["per_precision"].sort_values("P", ascending=False).to_dict("records"):
-            p = plan.plan_optimum(point, list(gpus), gpu)
+            try:
+                p = plan.plan_optimum(point, list(gpus), gpu)
+            except ConfigError as e:  # a shape the planner cannot lay out: its row is left out, saying why
+                not_planned.append(f"P = {point['P']:g} (N = {_fmt(point['N'])}): {e}")
+                continue
             rows.append({"run": f"law optimum, P = {point['P']:g}", "P (bits)": point["P"], "hardware": p.hardware_precision,
                          "N": point["N"], "D": point["D"], "FLOPs": p.flops,
                          **{f"days @ {k:,} GPUs": r.days for k, r in zip(gpus, p.runs)}})
     table = pd.DataFrame(rows)
     table.attrs["gpu"] = plan.get_gpu(gpu).name
+    table.attrs["not_planned"] = not_planned
     return table
 
 

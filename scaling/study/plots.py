@@ -432,7 +432,14 @@ def make_figures(results: pd.DataFrame | None, fit: FitResult | None, out_dir: s
     ]
     made: list[Figure | Skipped] = []
     for number, missing, draw in jobs:
-        made.append(Skipped(number, TITLES[number], missing) if missing else draw())
+        if not missing:
+            try:
+                made.append(draw())
+                continue
+            except ConfigError as e:  # what these data cannot support costs its figure, never the report
+                plt.close("all")
+                missing = f"it could not be drawn from these data ({e})"
+        made.append(Skipped(number, TITLES[number], missing))
     return made
 
 

@@ -127,8 +127,8 @@ def reproduce(preset: str, out: str | Path, *, bootstrap: int = 100, workers: in
         law_choice, fits = selection.select(rows, CANDIDATES.get(preset), loss_column="val_loss")  # None: every law
         if law_choice["chosen"] is None:
             raise ConfigError("results", studied, "runs on which at least one candidate law can be fitted")
-        echo(f"{preset}: law {law_choice['chosen']} chosen by held-out precision gaps ({law_choice['criterion']})")
         result = selection.chosen_fit(rows, law_choice, fits, bootstrap=bootstrap, seed=0, loss_column="val_loss")
+        echo(f"{preset}: law {law_choice['chosen']} chosen by held-out precision gaps ({law_choice['criterion']})")
         if rows["N"].nunique() > 1:  # figure 3: what the law predicts for the largest size, fitted without it
             result.heldout = fit.holdout_error(rows, result.law, by="N", fixed=result.fixed, loss_column="val_loss")
         result.data["made_from"] = made

@@ -448,6 +448,7 @@ def chosen_fit(df: pd.DataFrame, choice: dict[str, Any], fits: Mapping[str, FitR
     result.selection = choice
     if bootstrap:
         fit.bootstrap_fit(df, result, bootstrap, seed, loss_column)
+        result = _sound_after_bootstrap(df, choice, fits, result, bootstrap, seed, loss_column)
     choice["profile"] = None
     if laws.get(result.law).bits_axis:
         return result
@@ -522,6 +523,31 @@ def likelihood_test(big: Mapping[str, tuple], small: Mapping[str, tuple], cluste
     return out
 
 
+def _sound_after_bootstrap(df: pd.DataFrame, choice: dict[str, Any], fits: Mapping[str, FitResult], result: FitResult,
+                           bootstrap: int, seed: int, loss_column: str) -> FitResult:
+    """The chosen fit, or, where its resamples make it degenerate (fit.degenerate_reason), the next candidate
+    in the selection's own order (held-out score, else AIC) whose full-data fit and resamples are sound:
+    no optimum may be derived from a degenerate fit, so one is never kept while a sound one exists. Each
+    law set aside is recorded in `choice["set_aside"]` (name, reason) and the criterion says so."""
+    if result.degenerate is None:
+        return result
+    order = sorted((e for e in choice["candidates"] if e["fittable"] and e["name"] in fits
+                    and e["name"] != choice["chosen"] and e.get("degenerate") is None),
+                   key=lambda e: (e["score"] if e.get("score") is not None else np.inf, e["aic"], e["n_params"]))
+    choice["set_aside"] = [{"name": choice["chosen"], "reason": result.degenerate}]
+    for entry in order:
+        alt = fits[entry["name"]]
+        fit.bootstrap_fit(df, alt, bootstrap, seed, loss_column)
+        if alt.degenerate is None:
+            choice["criterion"] += "; " + "; ".join(f"`{a['name']}` set aside: its bootstrap made it degenerate ({a['reason']})"
+                                                     for a in choice["set_aside"]) + f"; `{entry['name']}` is the next sound one"
+            choice["chosen"] = entry["name"]
+            alt.selection = choice
+            return alt
+        choice["set_aside"].append({"name": entry["name"], "reason": alt.degenerate})
+    return result  # every candidate is degenerate: the first, as chosen, says why
+
+
 def _choose(entries: list[dict[str, Any]], errors: Mapping[str, Any], clusters: np.ndarray,
             test_clusters: np.ndarray | None = None, tests: dict[str, Any] | None = None) -> tuple[str | None, str]:
     """Choose a law and mark every law within noise of it; returns (chosen, criterion) and fills `tests`
@@ -568,9 +594,10 @@ def _choose(entries: list[dict[str, Any]], errors: Mapping[str, Any], clusters: 
     if not ranked:
         if not fitted:
             return None, "none: no candidate could be fitted"
-        best = min(fitted, key=lambda e: (e["aic"], e["n_params"]))
+        best = min([e for e in fitted if not e.get("degenerate")] or fitted, key=lambda e: (e["aic"], e["n_params"]))
         best["within_noise"] = True
-        return best["name"], "aic (no held-out precision gap could be measured)"
+        return best["name"], ("aic (no held-out precision gap could be measured; the sound fit with the lowest AIC, "
+                              "degenerate fits only where every fit is)")
     for e in ranked:
         e["score"] = float(np.mean([np.mean(np.abs(errors[e["name"]][by][1])) for by in used]))
     test_clusters = clusters if test_clusters is None else test_clusters

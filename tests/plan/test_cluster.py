@@ -1,5 +1,6 @@
 """scaling.plan.cluster: models laid out on clusters of any size (the talk's table), a law's optimum priced there."""
 
+import numpy as np
 import pytest
 
 from scaling.errors import ConfigError
@@ -99,3 +100,19 @@ def test_a_law_optimum_smaller_than_the_dense_recipe_pipeline_is_still_stepped()
     assert step.layout.pp <= model.layers and step.layout.gpus <= 1024
     point = {"P": 8.0, "N": 1e5, "D": 3.4e24 / 6e5, "loss": 1.0}
     assert all(r.days > 0 for r in cluster.plan_optimum(point, [1024, 5000], "h100").runs)
+
+
+def test_every_dense_shape_a_law_can_put_its_optimum_at_lays_out_on_a_cluster():
+    """A law fitted on another CPU put its cluster-scale optimum at 2 layers, 128 wide; the dense recipe's
+    tp 8 and pp 8 x vpp chunks could not take it and the planner answered 'gpus: got 1024; allowed: at
+    least 32 GPUs', contradicting itself. Every shape from 1e4 to 1e12 parameters now lays out (tp cut
+    to the heads, virtual stages to the layers), and too few GPUs is the only 'gpus' error."""
+    for n in np.geomspace(1e4, 1e12, 41):
+        model = shapes.gpt_for_params(float(n), 8)
+        step = cluster.cluster_step(model, "h100", 1024, "bf16", cluster.DENSE_RECIPE)
+        assert step.layout.gpus <= 1024 and model.heads % step.layout.tp == 0, model.name
+        assert step.layout.pp * step.layout.vpp <= model.layers, model.name
+    one_head = shapes.ModelShape("one-head", layers=2, hidden=128, heads=1, kv_heads=1, ffn=512, vocab=32000)
+    assert cluster.cluster_step(one_head, "h100", 1024, "bf16", cluster.DENSE_RECIPE).layout.tp == 1
+    with pytest.raises(ConfigError, match=r"gpus: got 4; allowed: at least 24 GPUs for gpt-L3-h384"):
+        cluster.cluster_step(shapes.gpt_for_params(5e6, 8), "h100", 4, "bf16", cluster.DENSE_RECIPE)

@@ -333,3 +333,44 @@ def test_a_degenerate_fit_is_scored_but_not_chosen_while_a_sound_one_exists():
     from scaling.study import law_prose
     text = law_prose._degenerate_text({"candidates": entries})
     assert "`flat` (E = 1.8e-117 is at its bound 0)" in text and "`sound` (exponent alpha" in text
+
+
+def test_without_held_out_gaps_the_aic_choice_is_the_sound_fit_with_the_lowest_aic():
+    """A small study may score no held-out gap: the AIC fallback then takes the lowest-AIC law whose
+    full-data fit is sound, and a degenerate one only where every fit is."""
+    entries = [{"name": "sun", "fittable": True, "n_params": 7, "aic": -50.0, "degenerate": "the CI of A has collapsed"},
+               {"name": "kumar", "fittable": True, "n_params": 6, "aic": -40.0, "degenerate": None}]
+    chosen, criterion = selection._choose(entries, {}, np.zeros(0))
+    assert chosen == "kumar" and criterion.startswith("aic") and "sound" in criterion
+    entries[1]["degenerate"] = "exponent alpha = -0.1 <= 0"
+    assert selection._choose(entries, {}, np.zeros(0))[0] == "sun"
+
+
+def test_a_law_its_own_bootstrap_finds_degenerate_gives_way_to_the_next_sound_one(monkeypatch):
+    """The chosen law's resamples can make it degenerate (a CI at a bound) where its full-data fit was
+    sound: `chosen_fit` then keeps the next candidate in the selection's order whose bootstrap is sound,
+    records the law set aside and says so in the criterion; every candidate degenerate keeps the first."""
+    df = kumar_data_runs()
+    choice, fits = selection.select(df, ["kumar", "kumar_data", "kumar[kappa free]"], "val_loss", None, QUICK)
+    first = choice["chosen"]
+    bad = {first}
+
+    def bootstrap(df, result, n, seed, loss_column):  # resamples that collapse the laws in `bad`
+        result.degenerate = "the CI of A (1 to 1) has collapsed to its value" if result.law_name in bad else None
+
+    monkeypatch.setattr(fit, "bootstrap_fit", bootstrap)
+    for r in fits.values():
+        r.law_name = next(n for n, f in fits.items() if f is r)
+    result = selection.chosen_fit(df, choice, fits, bootstrap=10)
+    order = sorted((c for c in choice["candidates"] if c["name"] != first),
+                   key=lambda c: (c["score"] if c["score"] is not None else np.inf, c["aic"]))
+    assert choice["chosen"] == order[0]["name"] != first and result is fits[order[0]["name"]]
+    assert result.degenerate is None and result.selection["chosen"] == order[0]["name"]
+    assert choice["set_aside"] == [{"name": first, "reason": "the CI of A (1 to 1) has collapsed to its value"}]
+    assert f"`{first}` set aside: its bootstrap made it degenerate" in choice["criterion"]
+    choice, fits = selection.select(df, ["kumar", "kumar_data", "kumar[kappa free]"], "val_loss", None, QUICK)
+    for r in fits.values():
+        r.law_name = next(n for n, f in fits.items() if f is r)
+    bad = set(fits)
+    first = choice["chosen"]
+    assert selection.chosen_fit(df, choice, fits, bootstrap=10) is fits[first] and len(choice["set_aside"]) == 3

@@ -13,7 +13,7 @@ import pytest
 import reference_study
 from test_plots import fake_fit, fake_results
 
-from scaling.study import law_prose, prose, report
+from scaling.study import fit, law_prose, prose, report
 from scaling.study import findings as findings_lib
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -71,7 +71,7 @@ def test_report_states_the_computed_optimum_and_notes_skipped_figures(tmp_path):
     assert "| kappa (fixed) | 3 | – | – |" in text
     # the cluster table says how the fitted exponents split compute: N* ∝ C^(beta/(alpha+beta))
     share = law.params["beta"] / (law.params["alpha"] + law.params["beta"])
-    if report.literature_exponents(law):
+    if fit.literature_exponents(law):
         assert f"the optimal N grows as C^{share:.2f} and D as C^{1 - share:.2f}" in text
     else:  # exponents outside the published split: no cluster-scale extrapolation
         assert f"N* ∝ C^{share:.2f}, outside the published" in text
@@ -373,3 +373,34 @@ def test_runs_on_more_than_one_corpus_are_named_per_recipe_and_budget():
     same = section({**fitted_on, "corpora": ["pysrc 000000000001"]})
     assert "Not the same data" not in same and "does not record" not in same
     assert f"{len(measured)} of {len(measured)} measured minima fell inside" in same
+
+
+@pytest.mark.slow
+def test_a_report_never_depends_on_where_the_law_puts_its_cluster_scale_optimum(tmp_path, monkeypatch):
+    """Which CPU fitted the quick law decided whether REPORT could be written: on a Zen 4 host the
+    optimum at cluster compute was a 2-layer model and Figure 8's table aborted the whole report. A fit
+    whose exponents no published law has (alpha 2.29) is not extrapolated: the table keeps the reference
+    runs, the report says why, `scaling fit` prints the note; and a figure these data cannot support
+    is skipped with its reason, never the report."""
+    from test_plots import fake_fit
+
+    from scaling import plan
+    from scaling.errors import ConfigError
+    from scaling.study import plots
+
+    results, law = fake_results(p_star=5.0), fake_fit(5.0)
+    law.params["alpha"] = 2.29
+    assert fit.exponent_note(law).startswith("implausible exponent alpha = 2.29 > 1") and not fit.literature_exponents(law)
+    table = plots.cluster_time_table(law)
+    assert not table["run"].str.startswith("law optimum").any() and len(table) == 2 * len(plan.cluster.TALK_TABLE)
+    text = report.write_report(results, law, tmp_path / "a").read_text()
+    assert "Not extrapolated: the fitted exponents (alpha 2.29, beta 0.3) are unlike the published laws' (implausible" in text
+
+    def refuse(*args, **kwargs):
+        raise ConfigError("gpus", 1024, "at least 32 GPUs")
+
+    monkeypatch.setattr(plots, "cluster_table", refuse)
+    text = report.write_report(results, fake_fit(5.0), tmp_path / "b").read_text()
+    assert ("- Figure 8 (Training time on GPU clusters): skipped, it could not be drawn from these data (gpus: got 1024; "
+            "allowed: at least 32 GPUs).") in text
+    assert (tmp_path / "b" / "fig9_residuals.png").is_file() and not (tmp_path / "b" / "fig8_cluster_time.png").exists()
