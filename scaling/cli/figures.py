@@ -17,7 +17,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           "--fit fits/isoflop.json --out paper_figures/")
     parser.add_argument("--results", help="results directory, or a committed .csv / .parquet summary (required)")
     parser.add_argument("--curves", help="per-step curves: a results directory with metrics.jsonl, or a .csv / .parquet "
-                        "(default: the --results directory's own metrics.jsonl files)")
+                        "(default: the --results directory's own metrics.jsonl files, or the sweep's NAME_curves.parquet "
+                        "beside a NAME.csv)")
     parser.add_argument("--fit", help="fitted law JSON (fits/NAME.json); without it figures 1-3 are skipped")
     parser.add_argument("--compute", nargs="+", help="compute budgets C in 16-bit FLOPs (default: from the results)")
     parser.add_argument("--prediction", help="a held-out budget's prediction JSON (`scaling predict`): REPORT sets "
@@ -38,6 +39,7 @@ def main(args: argparse.Namespace) -> int:
     from scaling.study import results as results_lib
     from scaling._io import check_writable_dir
     from scaling.study.report import load_fit, load_sections, write_report
+    from scaling.study.summary import Summary
 
     if not args.results:
         raise ConfigError("results", args.results, "a results directory, .csv or .parquet (--results)")
@@ -51,6 +53,9 @@ def main(args: argparse.Namespace) -> int:
     elif Path(args.results).is_dir():  # run directories carry their own metrics.jsonl
         curves = curves_lib.load_curves(args.results)
         curves = curves if not curves.empty else None
+    elif Summary(Path(args.results)).curves_path.is_file():  # a sweep's summary: its curves sit beside it
+        curves = curves_lib.load_curves(Summary(Path(args.results)).curves_path)
+        print(f"curves: {Summary(Path(args.results)).curves_path} (beside --results)")
     fit = load_fit(args.fit) if args.fit else None
     computes = None
     if args.compute:

@@ -394,3 +394,28 @@ def test_iso_loss_marks_the_fitted_sizes(tmp_path):
     made = plots.iso_loss(with_sizes, 1.5e13, tmp_path / "fig2")
     assert made.caption.endswith("hatched: the model sizes the law was fitted on (3e05–2e06).")
     valid_image(made.png)
+
+
+def test_figures_cli_finds_a_sweeps_curves_beside_its_summary(tmp_path, capsys, monkeypatch):
+    """`scaling figures --results X.csv` reads the X_curves.parquet the sweep writes beside it (figures 4, 6
+    and 7 were skipped for the README tour's own command); --curves still wins."""
+    import shutil
+
+    from scaling.study import report
+
+    root = Path(__file__).resolve().parents[2] / "results"
+    for name in ("quick.csv", "quick_curves.parquet"):
+        shutil.copy(root / name, tmp_path / name)
+    seen = {}
+
+    def write_report(results, fit, out, *, curves=None, **kwargs):
+        seen["curves"] = curves
+        return Path(out) / "REPORT.md"
+
+    monkeypatch.setattr(report, "write_report", write_report)
+    assert cli.main(["figures", "--results", str(tmp_path / "quick.csv"), "--out", str(tmp_path / "o")]) == 0
+    assert seen["curves"] is not None and seen["curves"]["run_id"].nunique() == 12
+    assert f"curves: {tmp_path / 'quick_curves.parquet'} (beside --results)" in capsys.readouterr().out
+    (tmp_path / "quick_curves.parquet").rename(tmp_path / "other.parquet")
+    assert cli.main(["figures", "--results", str(tmp_path / "quick.csv"), "--out", str(tmp_path / "o")]) == 0
+    assert seen["curves"] is None
