@@ -15,6 +15,8 @@ one place, so a sentence and the ones it must agree with are read and changed to
 from __future__ import annotations
 
 import math
+import re
+from pathlib import PurePosixPath
 from typing import Any, Sequence
 
 import numpy as np
@@ -384,7 +386,8 @@ def _optima_ratio_text(budgets: Sequence[dict]) -> str:
     for b in budgets:
         ratios = [e["D_opt"] / e["N_opt"] for e in b["recipes"] if e.get("D_opt") and e.get("inside")]
         if ratios:
-            spans.append(f"{min(ratios):.3g}–{max(ratios):.3g} tokens per parameter at C = {fmt(b['budget'])}")
+            lo, hi = f"{min(ratios):.3g}", f"{max(ratios):.3g}"
+            spans.append(f"{lo if lo == hi else f'{lo}–{hi}'} tokens per parameter at C = {fmt(b['budget'])}")
     return f" The measured IsoFLOP optima (inside their sizes) sit at {'; '.join(spans)}." if spans else ""
 
 
@@ -478,15 +481,26 @@ def budget_miss(prediction: dict | None) -> float | None:
     return float(np.mean([abs(r["error"]) / r["measured"] for r in scored]))
 
 
+def corpus_name(corpus: str) -> str:
+    """A results row's corpus ('<source> <fingerprint> [tokenizer]') as a report names it: a file or
+    directory source by its own name, not the absolute path it had on the machine that trained it."""
+    m = re.match(r"^(.*?) ([0-9a-f]{12}(?: \S+)?)$", corpus)
+    source, tail = (m.group(1), " " + m.group(2)) if m else (corpus, "")
+    if source.startswith(("/", "~")):
+        source = PurePosixPath(source).name or source
+    return source + tail
+
+
 def corpus_of(results: pd.DataFrame) -> str | None:
     for column in ("corpus", "corpus_source", "data_source"):
         if column in results.columns and results[column].notna().any():
-            runs = results.drop_duplicates("run_id")[column].dropna().astype(str).value_counts()
+            runs = results.drop_duplicates("run_id")[column].dropna().astype(str).map(corpus_name).value_counts()
             if len(runs) == 1:
                 return runs.index[0]
             if "sweep" not in results.columns:
                 return ", ".join(f"{c} ({n} runs)" for c, n in runs.items()) + " (not one corpus: see the findings)"
             each = results.drop_duplicates("run_id")
+            each = each.assign(**{column: each[column].astype("string").map(corpus_name, na_action="ignore")})
             by = each.groupby(column)["sweep"].agg(lambda s: ", ".join(sorted(set(s.astype(str)))))
             mixed = each.groupby("sweep")[column].nunique().gt(1).any()
             return (", ".join(f"{c} ({n} runs: {by[c]})" for c, n in runs.items())

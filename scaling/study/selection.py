@@ -626,7 +626,12 @@ def _choose(entries: list[dict[str, Any]], errors: Mapping[str, Any], clusters: 
         chosen, how = (top, "the precision law with the lowest mean held-out gap MAE") if pt["beats"] else \
             (chin, "the precision test (no precision law beats chinchilla)")
     elif precise and chin is None:
-        tests["precision_test"] = {"verdict": None, "reason": "no chinchilla candidate to test a precision term against"}
+        listed = next((e for e in entries if e.get("law") == "chinchilla"), None)
+        why = ("no chinchilla candidate to test a precision term against" if listed is None else
+               f"`{listed['name']}` could not be fitted" if not listed["fittable"] else
+               f"`{listed['name']}` is degenerate ({listed['degenerate']})" if listed.get("degenerate") else
+               f"`{listed['name']}` was not scored on the held-out splits {', '.join(used)}")
+        tests["precision_test"] = {"verdict": None, "reason": why}
     if chosen.get("law") and (chosen is not chin or chin is None):
         same = {e["name"]: e for e in sound if e.get("law")}
         for _ in range(8):  # a chain of nested laws is short; each step is one test

@@ -404,3 +404,31 @@ def test_a_report_never_depends_on_where_the_law_puts_its_cluster_scale_optimum(
     assert ("- Figure 8 (Training time on GPU clusters): skipped, it could not be drawn from these data (gpus: got 1024; "
             "allowed: at least 32 GPUs).") in text
     assert (tmp_path / "b" / "fig9_residuals.png").is_file() and not (tmp_path / "b" / "fig8_cluster_time.png").exists()
+
+
+def test_reports_name_a_corpus_file_by_its_name_and_a_one_point_span_once():
+    """REPORT printed a user's corpus by its absolute path and '26.1-26.1 tokens per parameter'."""
+    assert prose.corpus_name("/home/me/my corpus.txt 0123456789ab bpe:512") == "my corpus.txt 0123456789ab bpe:512"
+    assert prose.corpus_name("stdlib b27681494f2f") == "stdlib b27681494f2f"
+    runs = pd.DataFrame({"run_id": ["a", "b"], "corpus": ["/home/me/corpus.txt 0123456789ab"] * 2})
+    assert prose.corpus_of(runs) == "corpus.txt 0123456789ab"
+    budgets = [{"budget": 1e12, "recipes": [{"D_opt": 2.61e6, "N_opt": 1e5, "inside": True},
+                                             {"D_opt": 2.61e6, "N_opt": 1e5, "inside": True}]}]
+    assert "sit at 26.1 tokens per parameter at C = 1e12" in prose._optima_ratio_text(budgets)
+
+
+def test_without_a_precision_test_the_report_says_why_when_chinchilla_is_in_the_table():
+    """'no chinchilla candidate' was printed while chinchilla was in the table, unscored or degenerate."""
+    from scaling.study import selection
+
+    rng = np.random.default_rng(0)
+    pos, clusters = np.arange(12), np.repeat(np.arange(4), 3)
+    entries = [{"name": n, "law": n, "fittable": True, "n_params": 5, "aic": 0.0, "fixed": {}} for n in ("kumar", "chinchilla")]
+    entries[1]["degenerate"] = "E = 1e-9 is at its bound 0"
+    tests = {}
+    selection._choose(entries, {n: {"N": (pos, 0.01 * rng.standard_normal(12))} for n in ("kumar", "chinchilla")}, clusters,
+                      tests=tests)
+    assert tests["precision_test"]["reason"] == "`chinchilla` is degenerate (E = 1e-9 is at its bound 0)"
+    tests = {}
+    selection._choose(entries[:1], {"kumar": {"N": (pos, 0.01 * rng.standard_normal(12))}}, clusters, tests=tests)
+    assert tests["precision_test"]["reason"] == "no chinchilla candidate to test a precision term against"
