@@ -10,6 +10,7 @@ inputs are absent are listed with the reason. Both files are written atomically.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -26,7 +27,7 @@ from scaling.study.law_prose import fitted_law, heldout_error, prediction_sectio
 from scaling.study.prose import (chips_section, corpus_of, findings_section, fmt, granularity_section, law_errors, limitations,
                                  matched_section, outliers_section, what_was_run)
 from scaling._io import atomic_write_json, atomic_write_text
-from scaling.errors import ConfigError
+from scaling.errors import ConfigError, user_code
 
 def _allocation_note(fit_result) -> str:
     """How the fitted exponents split compute between N and D (Chinchilla: N* ∝ C^(β/(α+β)))."""
@@ -299,7 +300,29 @@ def load_sections(path: str | Path):
     if spec is None or not file.is_file():
         raise ConfigError("--sections", path, "an existing .py file defining sections(results_path)")
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    with user_code("sections", file):
+        spec.loader.exec_module(module)
     if not callable(getattr(module, "sections", None)):
         raise ConfigError("--sections", path, "a .py file defining sections(results_path) -> [report.Section]")
+    module.sections = _guarded_sections(module.sections, file)
     return module
+
+
+def _guarded_sections(sections: Callable[..., Sequence[Section]], file: Path) -> Callable[..., list[Section]]:
+    """sections(), and each Section's facts and text, raising a user's exception as one line naming the
+    file and line (errors.user_code) rather than a traceback out of REPORT's writing."""
+    def guard(fn):
+        if fn is None:
+            return None
+
+        def call(*args, **kwargs):
+            with user_code("sections", file):
+                return fn(*args, **kwargs)
+        return call
+
+    def guarded(*args, **kwargs) -> list[Section]:
+        with user_code("sections", file):
+            found = list(sections(*args, **kwargs))
+        return [dataclasses.replace(s, facts=guard(s.facts), text=guard(s.text)) if isinstance(s, Section) else s
+                for s in found]
+    return guarded

@@ -29,10 +29,11 @@ which parameter counts and FLOPs add (scaling.train.ladder).
 from __future__ import annotations
 
 import importlib
+import inspect
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
-from scaling.errors import ConfigError
+from scaling.errors import ConfigError, user_code
 
 DEFAULT = "transformer"
 
@@ -112,8 +113,11 @@ def register(name: str, *, build: Callable[..., LanguageModel] | str,
     for key, fn in (("build", build), ("projections", projections)):
         if not (callable(fn) or (key == "build" and isinstance(fn, str) and fn.count(":") == 1)):
             raise ConfigError(f"architecture.{name}.{key}", fn, "a function" + (" or 'module:attribute'" if key == "build" else ""))
-    arch = Architecture(name, build, projections, attention or causal_attention, other_params or pre_norm_gains,
-                        plan_shape, " ".join(doc.split()))
+    own = {key: _UserFunction(f"architecture.{name}.{key}", fn) if callable(fn) and not _ours(fn) else fn
+           for key, fn in (("build", build), ("projections", projections), ("attention", attention),
+                           ("other_params", other_params), ("plan_shape", plan_shape))}
+    arch = Architecture(name, own["build"], own["projections"], own["attention"] or causal_attention,
+                        own["other_params"] or pre_norm_gains, own["plan_shape"], " ".join(doc.split()))
     _REGISTRY[name] = arch
     return arch
 
@@ -138,8 +142,29 @@ def build(cfg: ModelConfig, recipe: Any, *, rngs: Any) -> LanguageModel:
     make = of(cfg).build
     if isinstance(make, str):
         module, attribute = make.split(":")
-        make = getattr(importlib.import_module(module), attribute)
+        with user_code(f"architecture.{cfg.architecture}.build"):
+            make = getattr(importlib.import_module(module), attribute)
     return make(cfg, recipe, rngs=rngs)
+
+
+def _ours(fn: Any) -> bool:
+    return (getattr(fn, "__module__", None) or "").split(".")[0] == "scaling"
+
+
+class _UserFunction:
+    """A registered architecture's own function: an exception it raises becomes one line naming its
+    file and line (errors.user_code), not a traceback from deep inside the trainer."""
+
+    def __init__(self, key: str, fn: Callable[..., Any]):
+        self.key, self.fn = key, fn
+        try:
+            self.file = inspect.getsourcefile(fn)
+        except TypeError:  # a callable object or a builtin: the traceback's deepest frame
+            self.file = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        with user_code(self.key, self.file):
+            return self.fn(*args, **kwargs)
 
 
 # ---------------------------------------------------------------- the built-in transformer

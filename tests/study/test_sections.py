@@ -101,3 +101,25 @@ def test_every_verdict_is_also_read_on_real_chips(tmp_path, no_figures):
     assert charge["fp8"]["h100"] == pytest.approx(charge["mxfp4"]["h100"])  # FP4 runs at the FP8 rate on an H100
     assert charge["mxfp4"]["b200"] < charge["fp8"]["b200"] and charge["mxfp4"]["bits"] < charge["fp8"]["bits"]
     assert f"| mxfp4 | {charge['mxfp4']['bits']:.3f} ({charge['mxfp4']['bits_tokens']:.2f}x) |" in text
+
+
+@pytest.mark.parametrize("source, line, what", [
+    ("def sections(results_path):\n    return [\n", 2, "SyntaxError: "),
+    ("import math\n\nraise RuntimeError('no data here')\n", 3, "RuntimeError: no data here"),
+    ("def sections(results_path):\n    return {}['missing']\n", 2, "KeyError: 'missing'"),
+    ("from scaling.study import report\n\ndef sections(results_path):\n"
+     "    return [report.Section('mine', lambda context: 1 / 0, 'Mine', lambda f: 'x')]\n", 4,
+     "ZeroDivisionError: division by zero"),
+    ("from scaling.study import report\n\ndef text(facts):\n    return facts['mine'].upper()\n\n"
+     "def sections(results_path):\n    return [report.Section('mine', lambda context: 1, 'Mine', text)]\n", 4,
+     "AttributeError: 'int' object has no attribute 'upper'"),
+])
+def test_an_error_in_a_sections_file_is_one_line_naming_its_file_and_line(tmp_path, no_figures, capsys, source, line, what):
+    """A syntax error, an exception at import, in sections(), in a Section's facts or in its text: one line,
+    `error: sections: FILE:LINE: Type: message`, exit 2 (was: a traceback)."""
+    own = tmp_path / "mine.py"
+    own.write_text(source)
+    assert cli.main(["figures", "--results", str(QUICK), "--fit", str(ROOT / "fits" / "quick.json"),
+                     "--sections", str(own), "--out", str(tmp_path / "report")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: sections: {own}:{line}: {what}"), err

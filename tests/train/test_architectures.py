@@ -84,3 +84,41 @@ def test_an_unregistered_architecture_is_one_clear_error():
     with pytest.raises(ConfigError, match="architecture.x.projections"):
         architectures.register("x", build=lambda *a, **k: None, projections=None)
     assert "x" not in architectures.names()
+
+
+BROKEN = '''from scaling.train import architectures
+
+
+def projections(cfg):
+    return [(cfg.d_model, cfg.d_model // 0)]
+
+
+def build(cfg, recipe, *, rngs):
+    return cfg.no_such_field
+
+
+architectures.register("broken", build=build, projections=projections)
+'''
+
+
+def test_an_error_in_a_registered_architecture_is_one_line_naming_its_file_and_line(tmp_path, monkeypatch):
+    """The user's own projections or build raising: one ConfigError line, `architecture.NAME.KEY:
+    FILE:LINE: Type: message` (was: a traceback out of the ladder's or the step's depths)."""
+    monkeypatch.setattr(architectures, "_REGISTRY", dict(architectures._REGISTRY))
+    own = tmp_path / "broken_arch.py"
+    own.write_text(BROKEN)
+    spec = importlib.util.spec_from_file_location("broken_arch", own)
+    spec.loader.exec_module(importlib.util.module_from_spec(spec))
+    shape = architectures.ModelConfig(**{**vars(ladder.config_for_size(1, seq_len=64)), "architecture": "broken"})
+    with pytest.raises(ConfigError) as err:
+        ladder.param_counts(shape)
+    assert str(err.value) == f"architecture.broken.projections: {own}:5: ZeroDivisionError: integer division or modulo by zero"
+    with pytest.raises(ConfigError) as err:
+        architectures.build(shape, "fp32", rngs=None)
+    assert str(err.value).startswith(f"architecture.broken.build: {own}:9: AttributeError: ")
+    assert "\n" not in str(err.value)
+    # a registered module path that does not import: one line too
+    monkeypatch.setitem(architectures._REGISTRY, "broken",
+                        architectures.Architecture("broken", "no_such_module_here:Model", *list(vars(architectures.get("broken")).values())[2:]))
+    with pytest.raises(ConfigError, match="architecture.broken.build: .*ModuleNotFoundError: No module named 'no_such_module_here'"):
+        architectures.build(shape, "fp32", rngs=None)
