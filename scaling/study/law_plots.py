@@ -116,7 +116,17 @@ def iso_loss(fit: FitResult, compute: float, stem: str | Path, cost: Any = None,
     fig.colorbar(filled, ax=ax, label=loss_label(unit), format="%.3g")
     if sizes:  # where the law is a measurement, not an extrapolation
         ax.axvspan(*sizes, facecolor="none", edgecolor="k", hatch="//", lw=0.8, alpha=0.5, label="model sizes fitted")
-    ax.plot(frontier["N"], frontier["P"], color="tab:red", lw=2, label="compute-optimal N*(P)")
+    inside = np.ones(len(frontier), bool) if not sizes else \
+        ((frontier["N"] >= sizes[0]) & (frontier["N"] <= sizes[1])).to_numpy()
+    n_star, p_star = frontier["N"].to_numpy(float), frontier["P"].to_numpy(float)
+    if inside.any():
+        ax.plot(np.where(inside, n_star, np.nan), p_star, color="tab:red", lw=2, label="compute-optimal N*(P)")
+    if not inside.all():  # where N* leaves the fitted sizes the line is the law's extrapolation, drawn as such
+        ax.plot(np.where(~inside, n_star, np.nan), p_star, color="tab:red", lw=2, ls="--",
+                label="N*(P), extrapolated: outside the fitted sizes")
+    line = ("the red line is the best N for each P" if inside.all() else
+            "the red line is the best N for each P, dashed where it lies outside the fitted sizes (an extrapolation: "
+            + ("all of it" if not inside.any() else f"{(~inside).sum()} of {len(inside)} points") + ")")
     split = f" (E{best['ebits']:g}M{best['mbits']:g}, whole bits)" if "ebits" in best else ""
     if check["exists"] and not check["extrapolated"]:
         ax.scatter([best["N"]], [best["P"]], marker="*", s=220, color="tab:red", edgecolor="k", zorder=4,
@@ -143,7 +153,7 @@ def iso_loss(fit: FitResult, compute: float, stem: str | Path, cost: Any = None,
     fig.tight_layout()
     drawn = (f" (within noise of the chosen {chosen} law, which has no bits axis: see P*)"
              if chosen and chosen != fit.law else "")
-    caption = (f"iso-loss contours of the fitted {fit.law} law{drawn} at C = {_fmt(compute)}; the red line is the best N for each P, "
+    caption = (f"iso-loss contours of the fitted {fit.law} law{drawn} at C = {_fmt(compute)}; {line}, "
                f"{star}"
                + (f"; hatched: the model sizes the law was fitted on ({_fmt(sizes[0])}–{_fmt(sizes[1])})." if sizes else "."))
     return _figure(2, Path(stem), fig, caption)

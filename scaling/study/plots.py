@@ -311,7 +311,11 @@ def amax_distributions(amax: pd.DataFrame, stem: str | Path) -> Figure:
             minima = of_role.loc[(of_role["granularity"] == "block") & (of_role["stat"] == "min"), "amax"]
             text += f", per-block amax {_span(block)}"
             if len(minima):
-                text += f" ({np.mean(minima == 0):.0%} of logged smallest-block amax exactly 0)"
+                text += f" ({np.mean(minima == 0):.0%} of logged smallest-block amax exactly 0"
+                if role == "grad" and (minima == 0).any():
+                    text += (": the qkv projection's output gradient, whose query part is zero at each sequence's "
+                             "first position, where the query attends to one key and the softmax cannot change")
+                text += ")"
         parts.append(text)
     caption = "; ".join(parts) if parts else "no amax logged"
     return _figure(6, Path(stem), grid.figure, caption + ".")

@@ -394,6 +394,11 @@ def test_iso_loss_marks_the_fitted_sizes(tmp_path):
     made = plots.iso_loss(with_sizes, 1.5e13, tmp_path / "fig2")
     assert made.caption.endswith("hatched: the model sizes the law was fitted on (3e05–2e06).")
     valid_image(made.png)
+    # N*(P) wholly outside the fitted sizes is drawn dashed and called an extrapolation
+    small = fit.FitResult.from_dict({**law, "data": {"columns": {"N": {"min": 1e2, "max": 1e3}}}})
+    made = plots.iso_loss(small, 1.5e13, tmp_path / "fig2s")
+    assert "dashed where it lies outside the fitted sizes (an extrapolation: all of it)" in made.caption
+    assert "dashed" not in plots.iso_loss(fit.FitResult.from_dict(law), 1.5e13, tmp_path / "fig2n").caption
 
 
 def test_figures_cli_finds_a_sweeps_curves_beside_its_summary(tmp_path, capsys, monkeypatch):
@@ -419,3 +424,12 @@ def test_figures_cli_finds_a_sweeps_curves_beside_its_summary(tmp_path, capsys, 
     (tmp_path / "quick_curves.parquet").rename(tmp_path / "other.parquet")
     assert cli.main(["figures", "--results", str(tmp_path / "quick.csv"), "--out", str(tmp_path / "o")]) == 0
     assert seen["curves"] is None
+
+
+def test_the_amax_figure_says_why_a_gradient_block_is_zero(tmp_path):
+    rows = [{"run_id": r, "tokens": t, "role": "grad", "granularity": g, "stat": st, "amax": a}
+            for r in ("a", "b") for t in (1e3, 1e4) for g, st, a in (("tensor", "amax", 1e-3), ("block", "min", 0.0),
+                                                                   ("block", "p50", 1e-4), ("block", "max", 1e-3))]
+    made = plots.amax_distributions(pd.DataFrame(rows), tmp_path / "fig6")
+    assert ("100% of logged smallest-block amax exactly 0: the qkv projection's output gradient, whose query part is "
+            "zero at each sequence's first position") in made.caption

@@ -235,3 +235,12 @@ def test_sensitive_ops_round_to_bf16_with_an_op_a_gpu_compiler_keeps():
         graphdef, state = nnx.split(m)
         jaxpr = str(jax.make_jaxpr(lambda s: model.loss_fn(nnx.merge(graphdef, s), tokens)[0])(state))
         assert ("reduce_precision" in jaxpr) is not sensitive
+
+
+def test_the_query_gradient_at_a_sequences_first_position_is_zero():
+    """Why Figure 6's smallest per-block gradient amax sits at 0: the first query attends to one key,
+    its softmax is 1 whatever the query, so dQ there is zero up to rounding; the other positions' are not."""
+    q, k, v, w = (jax.random.normal(jax.random.key(i), (2, 96, 2, 16)) for i in range(4))
+    dq = jax.grad(lambda q: jnp.sum(model._causal_attention(q, k, v) * w))(q)
+    assert float(jnp.max(jnp.abs(dq[:, 0]))) <= 1e-6 * float(jnp.max(jnp.abs(dq)))
+    assert float(jnp.min(jnp.max(jnp.abs(dq[:, 1:]), axis=(2, 3)))) > 1e-3 * float(jnp.max(jnp.abs(dq)))
