@@ -75,7 +75,7 @@ def main(args: argparse.Namespace) -> int:
         sections += list(module.sections(args.results))
         pairs += list(getattr(module, "PAIRS", ()))
     path = write_report(results, fit, args.out, curves=curves, compute=computes, prediction=prediction,
-                        posthoc=posthoc, sections=sections, pairs=pairs)
+                        posthoc=posthoc, sections=sections, pairs=pairs, echo=print)
     print(f"wrote {path}")
     return 0
 

@@ -91,13 +91,15 @@ BUILT_IN = ("matched", "findings", "chips", "prediction", "pstar", "granularity"
 def write_report(results_df: pd.DataFrame, fit_result: Any, out_dir: str | Path, *, curves: pd.DataFrame | None = None,
                  plan_table: pd.DataFrame | None = None, compute: float | Sequence[float] | None = None,
                  prediction: dict | None = None, posthoc: dict | None = None,
-                 sections: Sequence[Section] = (), pairs: Sequence[tuple[str, str]] = ()) -> Path:
+                 sections: Sequence[Section] = (), pairs: Sequence[tuple[str, str]] = (),
+                 echo: Callable[[str], None] | None = None) -> Path:
     """Make every figure into `out_dir` and write out_dir/findings.json and out_dir/REPORT.md; returns
     the report's path. `prediction`: a held-out budget's prediction (scaling.study.predict), set
     against what that budget measured once it has landed. `posthoc`: the same budget predicted again
     after its runs existed (say, from lower budgets retrained on its corpus), scored beside it and
     labelled as made after the fact. `sections`: a study's own sections (Section); `pairs`: the recipe
-    contrasts it wants bootstrapped with every IsoFLOP profile (findings' `pairs`)."""
+    contrasts it wants bootstrapped with every IsoFLOP profile (findings' `pairs`). `echo` gets one line per
+    figure skipped, with why."""
     out_dir = Path(out_dir)
     for section in sections:
         if section.before not in BUILT_IN:
@@ -122,6 +124,9 @@ def write_report(results_df: pd.DataFrame, fit_result: Any, out_dir: str | Path,
                 profile_lib.judge_within_error(e["profile"], max(x for x, _ in errors))
     table = plan_table if plan_table is not None else plots.cluster_time_table(fit_result)
     figures = plots.make_figures(results_df, fit_result, out_dir, curves=curves, facts=facts, plan_table=table)
+    for f in figures:
+        if isinstance(f, plots.Skipped) and echo is not None:
+            echo(f"Figure {f.number} ({f.title}) skipped: {f.reason}")
     atomic_write_json(out_dir / "findings.json", facts)
     built_in = {"matched": (["## At matched tokens: what the formats do", "", matched_section(facts), ""]
                             if facts.get("matched") else []),
@@ -252,7 +257,7 @@ def _figure_sections(figures: Sequence[Any], out_dir: Path) -> list[str]:
                          f"{fig.caption} ([PDF]({Path(rel).with_suffix('.pdf').as_posix()}))", ""]
     skipped = [f for f in figures if isinstance(f, plots.Skipped)]
     if skipped:
-        sections += ["Skipped figures (their inputs are absent):", ""]
+        sections += ["Skipped figures (their inputs are absent, or these data cannot support them):", ""]
         sections += [f"- Figure {s.number} ({s.title}): skipped, {s.reason}." for s in skipped]
         sections += [""]
     return sections

@@ -400,7 +400,10 @@ def test_a_report_never_depends_on_where_the_law_puts_its_cluster_scale_optimum(
         raise ConfigError("gpus", 1024, "at least 32 GPUs")
 
     monkeypatch.setattr(plots, "cluster_table", refuse)
-    text = report.write_report(results, fake_fit(5.0), tmp_path / "b").read_text()
+    lines = []
+    text = report.write_report(results, fake_fit(5.0), tmp_path / "b", echo=lines.append).read_text()
+    assert "Figure 8 (Training time on GPU clusters) skipped: it could not be drawn from these data (gpus: got 1024; " \
+           "allowed: at least 32 GPUs)" in lines
     assert ("- Figure 8 (Training time on GPU clusters): skipped, it could not be drawn from these data (gpus: got 1024; "
             "allowed: at least 32 GPUs).") in text
     assert (tmp_path / "b" / "fig9_residuals.png").is_file() and not (tmp_path / "b" / "fig8_cluster_time.png").exists()
