@@ -104,6 +104,25 @@ def test_readme_python_api_snippet_runs_as_written(monkeypatch):
     assert checked >= 1
 
 
+@pytest.mark.slow
+def test_the_tours_optimal_and_plan_commands_answer_from_a_committed_fit(monkeypatch, capsys):
+    """The tour's `scaling optimal` printed only 'no optimum' and `plan --fit` refused every committed fit:
+    each tour command on a committed fit runs as written and shows an optimum."""
+    import shlex
+
+    from scaling import cli
+
+    monkeypatch.chdir(ROOT)
+    tour = _section(_readme(), "A tour")
+    lines = [line.split("  #")[0].strip() for line in tour.splitlines()
+             if line.startswith(("scaling optimal fits/", "scaling plan --fit fits/"))]
+    assert len(lines) == 2
+    for line in lines:
+        assert cli.main(shlex.split(line)[1:]) == 0, line
+        out = capsys.readouterr().out
+        assert "optimum" in out and "no optimum" not in out, line
+
+
 def test_readme_test_command_is_the_one_ci_runs():
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").strip().splitlines()[-1]
     assert f"```bash\n{ci}\n```" in _readme()
