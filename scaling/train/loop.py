@@ -57,8 +57,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
+import errno
 import itertools
 import json
+import logging
 import math
 import os
 import sys
@@ -206,8 +208,10 @@ def run(cfg: config_lib.RunConfig | dict, out_dir: str | Path, echo: Callable[[s
         wait: bool = False, lock: runs.Lock | None = None) -> dict:
     """Train one run into `out_dir` and return its summary (also written to summary.json).
 
-    A run stopped by a health check returns a summary with status `diverged`; any other exception
-    writes failure.json and a `failed` summary, then propagates. While it trains, this process owns
+    A run stopped by a health check returns a summary with status `diverged`; a full disk returns a
+    `failed` one, said in one line (failure.json and summary.json written where they still fit, the last
+    good checkpoint kept to resume from); any other exception writes failure.json and a `failed`
+    summary, then propagates. While it trains, this process owns
     the directory: `lock` if the caller already holds it (a sweep's watched child inherits its
     parent's), else it takes the lock, raising runs.RunOwned if another process holds it, or with
     `wait` waiting for that process to let go (then returning its summary if the run landed).
@@ -305,12 +309,44 @@ def _train(setups: list[Setup], out_dirs: list[Path], echo: Callable[[str], None
             for setup, out_dir in zip(setups, out_dirs):
                 runs.land_failure(out_dir, config=setup.cfg.to_dict(), status="failed", reason=reason, step=0,
                                   last_losses=[], telemetry={}, error=error, run_id=setup.cfg.run_id)
-        raise
+        if trainer is None or not disk_full(error):
+            raise
+        # a full disk: the one line `land` printed is the whole story (the last good checkpoint resumes it)
     finally:
         if trainer is not None:
             for member in trainer.members:
                 member.mirror.close()
     return [member.landed for member in trainer.members]
+
+
+class DiskFull(Exception):
+    """A checkpoint could not be written for want of space; the message names the last good one."""
+
+
+def disk_full(error: BaseException) -> bool:
+    """Whether `error` (or an exception it was raised from) is the disk running out of space or quota."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, DiskFull) or (isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT)):
+            return True
+        if "No space left on device" in str(error):  # TensorStore's errors carry the OS's words, not its errno
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+@contextlib.contextmanager
+def _quiet_orbax():
+    """Orbax logs its own errors through absl ("ERROR:absl:..." on stderr) about a checkpoint we already
+    name in one line (a save or a restore that failed): silenced for the call only, the level put back."""
+    logger = logging.getLogger("absl")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL + 1)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def _abandoned_read(unraisable) -> bool:
@@ -366,14 +402,26 @@ class _Member:
         if not self.cfg.train.checkpoint_every:
             return None
         options = ocp.CheckpointManagerOptions(max_to_keep=KEEP_CHECKPOINTS, enable_async_checkpointing=False)
-        return ocp.CheckpointManager((self.out_dir / "checkpoints").absolute(), options=options)
+        with _quiet_orbax():  # it reads every step's metadata: a bad one is named by restore, once
+            return ocp.CheckpointManager((self.out_dir / "checkpoints").absolute(), options=options)
 
     def save(self, state) -> None:
         self.progress.wall_s += self._elapsed()
         self.progress.recent_losses = list(self.monitor.recent)
-        self.checkpoints.save(self.progress.step, args=ocp.args.Composite(
-            state=ocp.args.StandardSave(state),
-            progress=ocp.args.JsonSave(dataclasses.asdict(self.progress))))
+        step = self.progress.step
+        try:
+            with _quiet_orbax():
+                self.checkpoints.save(step, args=ocp.args.Composite(
+                    state=ocp.args.StandardSave(state),
+                    progress=ocp.args.JsonSave(dataclasses.asdict(self.progress))))
+        except Exception as error:
+            if not disk_full(error):
+                raise
+            folder = self.out_dir / "checkpoints"
+            good = [int(p.name) for p in folder.iterdir() if p.name.isdigit() and int(p.name) != step] if folder.is_dir() else []
+            raise DiskFull(f"no space left on the disk for the checkpoint at step {step}; "
+                           + (f"the last good one (step {max(good)}) is intact: free space and train it again to resume there"
+                              if good else "there is no earlier one: training it again starts over")) from error
 
     def restore(self, abstract) -> tuple[Any, Progress, list[int]]:
         """The newest checkpoint that reads back: (state or None, its progress, the steps set aside).
@@ -383,15 +431,17 @@ class _Member:
         set_aside = []
         if self.checkpoints is None:
             return None, Progress(), set_aside
-        steps = sorted(self.checkpoints.all_steps(), reverse=True)
+        with _quiet_orbax():
+            steps = sorted(self.checkpoints.all_steps(), reverse=True)
         if steps:
             _drop_abandoned_reads()
         for step in steps:
             if set_aside:  # the read before failed: collect what it left behind, once its error is gone
                 gc.collect()
             try:
-                restored = self.checkpoints.restore(step, args=ocp.args.Composite(
-                    state=ocp.args.StandardRestore(abstract), progress=ocp.args.JsonRestore()))
+                with _quiet_orbax():  # a checkpoint that does not read back is ours to name, once
+                    restored = self.checkpoints.restore(step, args=ocp.args.Composite(
+                        state=ocp.args.StandardRestore(abstract), progress=ocp.args.JsonRestore()))
                 progress = Progress(**restored.progress)
                 if progress.step != step:
                     raise ValueError(f"its progress record is for step {progress.step}")
@@ -521,9 +571,16 @@ class _Member:
         if not self.primary:
             self.landed = self.summary(status, reason)
             return
-        self.landed = runs.land_failure(self.out_dir, config=self.cfg.to_dict(), status=status, reason=reason,
-                                        step=step, last_losses=self.last_losses, telemetry=self.last_telemetry,
-                                        error=error, landed=self.summary(status, reason))
+        try:
+            self.landed = runs.land_failure(self.out_dir, config=self.cfg.to_dict(), status=status, reason=reason,
+                                            step=step, last_losses=self.last_losses, telemetry=self.last_telemetry,
+                                            error=error, landed=self.summary(status, reason))
+        except OSError as write:
+            if not (disk_full(write) and error is not None and disk_full(error)):
+                raise
+            # the full disk takes failure.json and summary.json too: the line above said it, and unlanded
+            # the run resumes from its last good checkpoint when trained again
+            self.landed = summarize(self.setup, self.progress, status, reason)
 
 
 class _Trainer:

@@ -3,6 +3,7 @@ restores (or, with none left, the run starts again from step 0), and the losses 
 an uninterrupted run's."""
 
 import asyncio
+import errno
 import gc
 import itertools
 import os
@@ -119,3 +120,68 @@ def test_no_checkpoint_reads_back_so_the_run_starts_again(interrupted, tmp_path)
         "checkpoint at step 30", "checkpoint at step 20"]
     assert "no checkpoint reads back: the run starts again from step 0" in lines
     assert sorted(p.name for p in (out / train.BAD_CHECKPOINTS).iterdir()) == ["20", "30"]
+
+
+def _enospc(*args, **kwargs):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+@pytest.mark.parametrize("records_fit", [True, False], ids=["failure.json fits", "nothing fits"])
+def test_a_full_disk_at_a_checkpoint_ends_the_run_in_one_line_and_keeps_the_last_good_one(tmp_path, monkeypatch,
+                                                                                          capfd, records_fit):
+    """The second checkpoint's save meets a full disk: one line names it and the last good checkpoint,
+    failure.json is written where it still fits (else skipped, silently), nothing on stderr, no traceback;
+    trained again, the run resumes from the first checkpoint and lands as an uninterrupted run would."""
+    import orbax.checkpoint as ocp
+
+    from scaling.train import runs
+
+    cfg = tiny(30, train={"checkpoint_every": 10, "log_every": 5})
+    real_save, saves = ocp.CheckpointManager.save, itertools.count(1)
+
+    def save(self, *args, **kwargs):
+        if next(saves) == 2:
+            _enospc()
+        return real_save(self, *args, **kwargs)
+
+    lines: list[str] = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ocp.CheckpointManager, "save", save)
+        if not records_fit:  # the disk stays full for the failure record and the summary
+            real_write = runs.atomic_write_json
+            mp.setattr(runs, "atomic_write_json",
+                       lambda path, obj: _enospc() if Path(path).name in ("failure.json", "summary.json") else real_write(path, obj))
+        summary = train.run(cfg, tmp_path / "run", echo=lines.append)
+    assert summary["status"] == "failed"
+    failed = [line for line in lines if line.startswith("failed")]
+    assert failed == [f"failed at step 20: DiskFull: no space left on the disk for the checkpoint at step 20; the last good "
+                      "one (step 10) is intact: free space and train it again to resume there"]
+    assert (tmp_path / "run" / "failure.json").exists() == records_fit
+    assert (tmp_path / "run" / "summary.json").exists() == records_fit
+    assert capfd.readouterr().err == ""
+    lines.clear()
+    again = train.run(cfg, tmp_path / "run", echo=lines.append)
+    assert again["status"] == "ok" and "resumed from the checkpoint at step 10" in lines
+    whole = train.run(cfg, tmp_path / "whole")
+    assert again["val_loss"] == whole["val_loss"]
+
+
+@pytest.mark.slow
+def test_orbax_logs_nothing_beside_our_line_when_no_checkpoint_reads_back(interrupted, tmp_path, capfd):
+    """Every checkpoint corrupt: the one line per checkpoint is ours; Orbax's own `ERROR:absl` lines
+    about the same failed reads do not reach stderr, and absl's level is put back afterwards."""
+    import logging
+
+    level = logging.getLogger("absl").level
+    # a user's program as the CLI runs: log records reach stderr ("ERROR:absl:..."), not pytest's capture
+    stderr = logging.StreamHandler(sys.stderr)
+    stderr.setFormatter(logging.Formatter(logging.BASIC_FORMAT))
+    logging.getLogger().addHandler(stderr)
+    capfd.readouterr()
+    try:
+        summary, out, lines = _resume(interrupted, tmp_path, [20, 30], CORRUPTIONS["every file"])
+    finally:
+        logging.getLogger().removeHandler(stderr)
+    assert summary["status"] == "ok" and len([line for line in lines if "does not read back" in line]) == 2
+    assert capfd.readouterr().err == ""
+    assert logging.getLogger("absl").level == level
