@@ -223,6 +223,60 @@ def bits_cell(e: dict) -> str:
     return "–" if e.get("P") is None else f"{e['P']:g}"
 
 
+def answer_section(f: dict) -> str:
+    """REPORT's first words: which precision to train in, in plain words, from the verdicts at each budget
+    (under the study's cost model) and what the formats do at matched tokens. A recipe that leads at a fixed
+    budget without a lower matched-token loss owes its place to the tokens its cheaper FLOPs buy."""
+    cost, unit = str(f["cost_model"]).split(":")[0], f["loss_unit"]
+    budgets = [b for b in f.get("budgets") or [] if any(e["loss"] is not None for e in b["recipes"])]
+    if not budgets:
+        return ("These runs cannot say which precision to train in: no budget is reached by three or more sizes of "
+                "two recipes, so no IsoFLOP minimum can be compared.")
+    lines = [f"Under the `{cost}` cost model (each FLOP charged by its operands' bits; a chip's rates are further "
+             "below), at each budget:", ""]
+    below: dict[str, float] = {}  # recipe -> tokens it buys per token of the reference, where its minimum is lower
+    for b in budgets:
+        ranked = sorted((e for e in b["recipes"] if e.get("p_best") is not None), key=lambda e: -e["p_best"])
+        if b["winner"]:
+            head = (f"**train in {b['winner']}**: its IsoFLOP minimum is {b['diff']:.3f} {unit} below {b['runner_up']}'s "
+                    f"(95% CI {b['diff_ci'][0]:.3f} to {b['diff_ci'][1]:.3f})")
+        else:
+            head = f"**cannot tell** which is best ({b['reason'].removeprefix('cannot tell: ')})"
+        seen = [e for e in ranked if round(e["p_best"], 2) > 0]
+        never = len(ranked) - len(seen)
+        likely = ", ".join(f"{e['recipe']} {e['p_best']:.2f}" for e in seen) + (
+            f"; the other {never} recipe{'s' if never > 1 else ''} under 0.005" if never else "")
+        lines.append(f"- C = {fmt(b['budget'])}: {head}. How often each is best over the bootstrap: {likely}.")
+        ref = next((e for e in b["recipes"] if e["recipe"] == (f.get("matched") or {}).get("reference")), None)
+        for e in b["recipes"]:
+            if ref is not None and ref["loss"] is not None and e["loss"] is not None and e["loss"] < ref["loss"]:
+                below[e["recipe"]] = ref["bits_eff"] / e["bits_eff"]
+    m = f.get("matched") or {}
+    rows = [r for r in m.get("recipes") or [] if r.get("mean") is not None]
+    if rows:
+        fw = m["familywise"]
+        lines += ["", f"At matched tokens (same model, tokens and seed as {m['reference']}: the numerics alone; "
+                      f"{fw['level']:.0%} family-wise intervals): "
+                  + "; ".join(f"{r['recipe']} {r['mean']:+.3f} ({r['mean_familywise_ci'][0]:+.3f} to "
+                              f"{r['mean_familywise_ci'][1]:+.3f}): {r['verdict']}"
+                              for r in sorted(rows, key=lambda r: r["mean"])) + "."]
+        by = {r["recipe"]: r for r in rows}
+        bought = [(r, x) for r, x in below.items() if r in by and not by[r]["verdict"].startswith("lower")]
+        if bought:
+            names = ", ".join(r for r, _ in bought[:-1]) + (" and " if len(bought) > 1 else "") + bought[-1][0]
+            lines += ["", f"So where {names} {'sit' if len(bought) > 1 else 'sits'} below {m['reference']} at a fixed "
+                      f"budget, that comes from the tokens cheaper FLOPs buy under `{cost}` ("
+                      + ", ".join(f"{r} {x:.2g}x" for r, x in bought) + f" {m['reference']}'s tokens at the same size), "
+                      "not from a lower loss at the same tokens" + (
+                          f" ({', '.join(r for r, _ in bought if by[r]['verdict'].startswith('higher'))}: higher there)"
+                          if any(by[r]["verdict"].startswith("higher") for r, _ in bought) else "") + "."]
+    if not any(b["winner"] for b in budgets):
+        seeds = _range_text(f["seeds_per_cell"])
+        lines += ["", f"These {f['runs']} runs cannot pick a precision ({seeds} seed{'s' if seeds != '1' else ''} per "
+                      "cell): more seeds, and sizes on both sides of each minimum, are what would tell."]
+    return "\n".join(lines)
+
+
 def findings_section(f: dict) -> str:
     """Per budget: each recipe's IsoFLOP minimum with its CI, runs and P(best); the verdict sentence."""
     unit = f["loss_unit"]

@@ -24,7 +24,7 @@ from scaling.study.fit import FitResult
 from scaling.study import predict as predict_lib
 from scaling.study import profile as profile_lib
 from scaling.study.law_prose import fitted_law, heldout_error, prediction_sections, pstar_section
-from scaling.study.prose import (chips_section, corpus_of, findings_section, fmt, granularity_section, law_errors, limitations,
+from scaling.study.prose import (answer_section, chips_section, corpus_of, findings_section, fmt, granularity_section, law_errors, limitations,
                                  matched_section, outliers_section, what_was_run)
 from scaling._io import atomic_write_json, atomic_write_text
 from scaling.errors import ConfigError, user_code
@@ -84,7 +84,7 @@ class Section:
 
 
 # REPORT.md's built-in sections, in order; a study's own go before the one they name
-BUILT_IN = ("matched", "findings", "chips", "prediction", "pstar", "granularity", "outliers", "what_was_run", "law", "figures",
+BUILT_IN = ("answer", "matched", "findings", "chips", "prediction", "pstar", "granularity", "outliers", "what_was_run", "law", "figures",
             "cluster", "limitations")
 
 
@@ -128,7 +128,8 @@ def write_report(results_df: pd.DataFrame, fit_result: Any, out_dir: str | Path,
         if isinstance(f, plots.Skipped) and echo is not None:
             echo(f"Figure {f.number} ({f.title}) skipped: {f.reason}")
     atomic_write_json(out_dir / "findings.json", facts)
-    built_in = {"matched": (["## At matched tokens: what the formats do", "", matched_section(facts), ""]
+    built_in = {"answer": ["## The answer: which precision to train in", "", answer_section(facts), ""],
+                "matched": (["## At matched tokens: what the formats do", "", matched_section(facts), ""]
                             if facts.get("matched") else []),
                 "findings": [f"## IsoFLOP profiles under the `{str(facts['cost_model']).split(':')[0]}` cost model", "",
                              findings_section(facts), ""],

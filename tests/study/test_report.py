@@ -435,3 +435,33 @@ def test_without_a_precision_test_the_report_says_why_when_chinchilla_is_in_the_
     tests = {}
     selection._choose(entries[:1], {"kumar": {"N": (pos, 0.01 * rng.standard_normal(12))}}, clusters, tests=tests)
     assert tests["precision_test"]["reason"] == "no chinchilla candidate to test a precision term against"
+
+
+def test_the_report_opens_with_which_precision_to_train_in_in_plain_words():
+    """The quick job's REPORT said 'No winner' at both budgets and never that fp8 and mxfp4 sit below fp32
+    only through the tokens `bits` buys them (equal at matched tokens). The answer now comes first."""
+    def entry(recipe, loss, bits, p_best):
+        return {"recipe": recipe, "loss": loss, "bits_eff": bits, "p_best": p_best}
+
+    def matched(recipe, mean, ci, verdict):
+        return {"recipe": recipe, "mean": mean, "mean_familywise_ci": ci, "verdict": verdict}
+
+    f = {"cost_model": "bits: each FLOP at its operands' bits", "loss_unit": "nats/byte", "runs": 12, "seeds_per_cell": [1, 1],
+         "budgets": [{"budget": 1e11, "winner": None, "reason": "cannot tell: fp8 vs mxfp4 differ by 0.048 nats",
+                      "recipes": [entry("fp32", 2.02, 32.0, 0.02), entry("fp8", 1.72, 8.0, 0.66), entry("mxfp4", 1.76, 4.25, 0.32)]}],
+         "matched": {"reference": "fp32", "familywise": {"level": 0.95},
+                     "recipes": [matched("mxfp4", 0.051, [-0.039, 0.14], "cannot tell"),
+                                 matched("fp8", 0.006, [-0.075, 0.086], "cannot tell")]}}
+    text = prose.answer_section(f)
+    assert ("- C = 1e11: **cannot tell** which is best (fp8 vs mxfp4 differ by 0.048 nats). How often each is best over "
+            "the bootstrap: fp8 0.66, mxfp4 0.32, fp32 0.02.") in text
+    assert "fp8 +0.006 (-0.075 to +0.086): cannot tell; mxfp4 +0.051 (-0.039 to +0.140): cannot tell." in text
+    assert ("So where fp8 and mxfp4 sit below fp32 at a fixed budget, that comes from the tokens cheaper FLOPs buy under "
+            "`bits` (fp8 4x, mxfp4 7.5x fp32's tokens at the same size), not from a lower loss at the same tokens.") in text
+    assert "These 12 runs cannot pick a precision (1 seed per cell)" in text
+    f["budgets"][0].update(winner="fp8", runner_up="mxfp4", diff=0.04, diff_ci=[0.01, 0.07])
+    f["matched"]["recipes"][0]["verdict"] = "higher than the reference"
+    text = prose.answer_section(f)
+    assert "**train in fp8**: its IsoFLOP minimum is 0.040 nats/byte below mxfp4's (95% CI 0.010 to 0.070)" in text
+    assert "not from a lower loss at the same tokens (mxfp4: higher there)." in text and "cannot pick" not in text
+    assert prose.answer_section({**f, "budgets": []}).startswith("These runs cannot say which precision to train in")
