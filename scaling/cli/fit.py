@@ -16,14 +16,17 @@ if TYPE_CHECKING:
 
 
 def _runs_to_fit(df: pd.DataFrame, loss_column: str | None) -> tuple[pd.DataFrame, str]:
-    """Only runs that landed (`status` ok, if present); loss column: given, else `loss`, else `val_loss`."""
+    """Only runs that landed (`status` ok, if present), checked (results.checked); loss column: given, else
+    `loss`, else `val_loss`."""
     if "status" in df.columns:
         df = df[df["status"] == "ok"]
     if loss_column is None:
         loss_column = next((c for c in ("loss", "val_loss") if c in df.columns), None)
         if loss_column is None:
             raise ConfigError("--loss-column", None, "a loss column to fit: the table has neither loss nor val_loss")
-    return df.reset_index(drop=True), loss_column
+    from scaling.study.results import checked  # conflicting or non-finite losses: one line, as predict refuses them
+
+    return checked(df.reset_index(drop=True), loss_column), loss_column
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -190,3 +190,15 @@ def test_exact_repeats_of_a_row_are_kept_once():
 
     df = synthetic(2)
     assert len(results_lib.checked(pd.concat([df, df.iloc[[3, 4]]]))) == len(df)
+
+
+def test_fit_refuses_an_inf_loss_and_conflicting_rows_as_predict_does(files, capsys):
+    """`scaling fit` refused NaN losses only: an inf one on an ok run, or a run's two different losses at one
+    D, went into the fit."""
+    results = synthetic(2)
+    for name, edited in (("inf", results.assign(val_loss=results["val_loss"].where(results.index != 7, np.inf))),
+                         ("dup", pd.concat([results, results.iloc[[7]].assign(val_loss=9.0)]))):
+        edited.to_csv(files / f"{name}.csv", index=False)
+        assert cli.main(["fit", str(files / f"{name}.csv"), "--law", "chinchilla", "-o", str(files / f"{name}.json")]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and results["run_id"].iloc[7] in err[0] and not (files / f"{name}.json").exists(), err
