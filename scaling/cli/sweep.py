@@ -90,7 +90,44 @@ def _todo(specs: list, out_root: Path, committed: Summary | None = None) -> list
     return [s for s in specs if s.run_id not in landed and not runs.finished(s.out_dir(out_root))]
 
 
+# the options a rerun must repeat to be the same sweep (flag, attribute, default); the rest print or plan
+_RERUN_OPTIONS = (("--executor", "executor", "local"), ("--workers", "workers", None), ("--ray-address", "ray_address", None),
+                  ("--cpus-per-run", "cpus_per_run", 1), ("--gpus-per-run", "gpus_per_run", 0), ("--pack", "pack", 1),
+                  ("--hang-timeout", "hang_timeout", 600), ("--summary", "summary", None))
+
+
+def rerun_command(args: argparse.Namespace) -> str:
+    """The command that runs this sweep again (resuming what was interrupted), quoted for a shell."""
+    import shlex
+
+    argv = ["scaling", "sweep", args.experiment, "--out", args.out]
+    argv += [word for item in args.set for word in ("--set", item)]
+    argv += [word for flag, name, default in _RERUN_OPTIONS if getattr(args, name) != default
+             for word in (flag, f"{getattr(args, name):g}" if isinstance(getattr(args, name), float) else str(getattr(args, name)))]
+    argv += ["--keep-going"] * args.keep_going + ["--no-progress"] * args.no_progress
+    return shlex.join(argv)
+
+
 def main(args: argparse.Namespace) -> int:
+    """Ctrl-C: one line (what stopped, the command that resumes), exit 130, no traceback."""
+    from scaling.study import sweep
+
+    command = rerun_command(args)  # before main adds its own --set
+    try:
+        return _main(args)
+    except sweep.Interrupted as stop:
+        counts = stop.report["counts"]
+        stopped = counts.get(sweep.INTERRUPTED, 0)
+        done = sum(n for key, n in counts.items() if key not in (sweep.INTERRUPTED, sweep.NOT_STARTED, "skipped"))
+        how = "killed (they resume from their last checkpoint)" if stop.at_once else "checkpointed and stopped"
+        print(f"interrupted: {stopped} run{'s' if stopped != 1 else ''} in flight {how}, "
+              f"{counts.get(sweep.NOT_STARTED, 0)} not started, {done} landed; resume with: {command}", flush=True)
+    except KeyboardInterrupt:  # outside the runs (take-off, a summary) or under Ray: no run of ours to stop
+        print(f"\ninterrupted; resume with: {command}", flush=True)
+    return 130
+
+
+def _main(args: argparse.Namespace) -> int:
     from scaling.study import design_checks, devices, sweep, takeoff
     from scaling.study.summary import Summary
 
@@ -147,6 +184,9 @@ def main(args: argparse.Namespace) -> int:
             print(f"warning: training here would stop: {e}")
         return 0
     sweep.check_corpus(todo, out_root)
+    if args.executor == "local":  # fresh runs wider than a slot: refused once, before take-off
+        slot = len(pins[0]["CUDA_VISIBLE_DEVICES"].split(",")) if pins else None
+        devices.check_parallel([(s.config, s.out_dir(out_root)) for s in todo], slot)
     if pins:  # GPU take-off, before anything compiles: each slot probed as its runs will see it
         pins = sweep.check_gpu_slots(pins, sweep.worker_env, devices.check_gpu_pins)  # every GPU of a slot
     if args.executor == "ray" and args.gpus_per_run > 0:  # the same on every GPU of the Ray cluster

@@ -45,7 +45,25 @@ def check(path: str | Path, overrides: Sequence[str] = (), landed_root: str | Pa
     designed = design_lib.extend_edges(cfgs, design_lib.design_runs(cfgs, design, vocab), design, landed, vocab)
     labels = [_label(point, config.validate(cfg).recipe.name) for point, cfg in points]
     notes, unbracketed = bracket_lines(cfgs, labels, designed, design, landed, vocab)
-    return notes, unbracketed + noise_warnings(labels, designed, design) + warnings
+    n_runs = len({c.run_id for runs in designed for c in runs})
+    # replicates come once minima land: at most each budget's minimum and its two neighbours per seed
+    replicates = sum(min(len(runs), 3 * len(design.budgets)) for runs in designed) * len(design.replicates)
+    return notes, unbracketed + noise_warnings(labels, designed, design) + pstar_warnings(n_runs, replicates) + warnings
+
+
+def pstar_warnings(n_runs: int, replicates: int = 0) -> list[str]:
+    """One line when the design's runs (with at most `replicates` more) are too few for a P* from every
+    law with a precision term, with what each needs (optimum_check.min_runs at the law's default fixed
+    parameters: the rule the fit's P* follows)."""
+    from scaling.study import laws, optimum_check
+
+    needs = sorted((optimum_check.min_runs(name, laws.get(name).fixed), name) for name in laws.names()
+                   if laws.get(name).precision_axis)
+    if not needs or n_runs + replicates >= needs[0][0]:
+        return []
+    runs = f"{n_runs} runs" + (f" (and at most {replicates} replicates)" if replicates else "")
+    return [f"{runs}: too few for a P* from any law ({', '.join(f'{name} needs {n}' for n, name in needs)}); "
+            "add shapes, budgets or seeds (isoflop.replicates)"]
 
 
 def _label(point: dict, recipe: str) -> str:

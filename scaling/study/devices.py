@@ -250,6 +250,26 @@ def require_gpu_backend(backend: str) -> None:
                           "JAX_PLATFORMS=cuda python -c 'import jax; jax.devices()' shows why it does not")
 
 
+def check_parallel(configs_and_dirs: list[tuple[Any, Path]], devices_per_run: int | None = None) -> None:
+    """Before take-off, once for the sweep: ConfigError if a run that starts fresh asks for more devices
+    (`parallel.data`) than each of its slots has (`devices_per_run`; None: this process's JAX devices).
+    A run with a checkpoint may resume on fewer (scaling.train.parallel: the devices left)."""
+    from scaling.train import runs
+
+    wide = [(cfg, d) for cfg, d in configs_and_dirs if cfg.parallel.data > 1]
+    if not wide:
+        return
+    if devices_per_run is None:
+        import jax
+
+        devices_per_run = jax.device_count()
+    fresh = [cfg.parallel.data for cfg, d in wide if cfg.parallel.data > devices_per_run and not runs.has_checkpoint(d)]
+    if fresh:
+        from scaling.train import parallel
+
+        raise ConfigError("parallel.data", max(fresh), parallel.fresh_allowed(devices_per_run))
+
+
 def check_gpu_pins(pins: list[dict[str, str]], child_env: Callable[[Mapping[str, str]], dict[str, str]], *,
                    echo: Callable[[str], None] = print, timeout: float = PROBE_TIMEOUT_S) -> list[dict[str, str]]:
     """Probe each GPU in a child process with its runs' environment (`child_env(pin)`: the sweep's

@@ -34,16 +34,21 @@ DISTINCT_RUNS_PER_PARAM = 2.0
 _BITS_COLUMNS = ("P", "P_w", "P_a", "P_g", "P_fwd", "P_bwd")
 
 
+def min_runs(law: str, fixed: Mapping[str, float] | None = None) -> int:
+    """The fewest runs a P* from a fit of `law` with `fixed` held needs (see DISTINCT_RUNS_PER_PARAM)."""
+    k = len(laws.get(law).free_params(dict(fixed or {})))
+    return math.ceil(DISTINCT_RUNS_PER_PARAM * k / (1 - math.exp(-1)))
+
+
 def too_few_runs_reason(n_runs: int, law: str, fixed: Mapping[str, float] | None = None) -> str | None:
     """Why `n_runs` runs are too few for a P* from a fit of `law` (see DISTINCT_RUNS_PER_PARAM), or None."""
-    k = len(laws.get(law).free_params(dict(fixed or {})))
-    distinct = (1 - math.exp(-1)) * n_runs
-    if distinct >= DISTINCT_RUNS_PER_PARAM * k:
+    needed = min_runs(law, fixed)
+    if n_runs >= needed:
         return None
+    k = len(laws.get(law).free_params(dict(fixed or {})))
     return (f"too few runs for a P*: {n_runs} runs for the {k} free parameters of `{law}` (a bootstrap resample "
-            f"holds about {distinct:.0f} distinct runs; a CI that covers a rerun needs at least "
-            f"{DISTINCT_RUNS_PER_PARAM * k:.0f}, twice the parameters, so at least "
-            f"{math.ceil(DISTINCT_RUNS_PER_PARAM * k / (1 - math.exp(-1)))} runs)")
+            f"holds about {(1 - math.exp(-1)) * n_runs:.0f} distinct runs; a CI that covers a rerun needs at least "
+            f"{DISTINCT_RUNS_PER_PARAM * k:.0f}, twice the parameters, so at least {needed} runs)")
 
 
 def _number(v: float, bits: bool = False) -> str:

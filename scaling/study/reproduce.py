@@ -99,7 +99,7 @@ def reproduce(preset: str, out: str | Path, *, bootstrap: int = 100, workers: in
     while todo:
         lanes = takeoff.takeoff_lanes(workers)
         phase = time.perf_counter()
-        todo, flights = takeoff.take_off(todo, out / "runs", hang_timeout=hang_timeout, lanes=lanes)
+        todo, flights = takeoff.take_off(todo, out / "runs", hang_timeout=hang_timeout, lanes=lanes, echo=echo)
         echo(f"take-off ok: {len(flights)} shapes in {time.perf_counter() - phase:.0f} s; "
              f"measured ETA {takeoff.measured_seconds(todo, flights, lanes) / 60:.1f} min")
         phase = time.perf_counter()

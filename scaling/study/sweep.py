@@ -39,7 +39,10 @@ Packs (`--pack K`, local executor): runs that differ only in seed, learning rate
 (`execute_pack`), each under its own lock and into its own directory, where take-off found a packed
 step on the device bit for bit its single steps (scaling.study.takeoff.pack_probe).
 
-One module (about 710 lines): the grid's expansion, the two executors and the crash-safe bookkeeping
+Ctrl-C (local executor, `_Stop`): no run starts after it, the runs in flight checkpoint and stop
+without landing (a rerun resumes them), and run_sweep raises Interrupted; a second one kills them.
+
+One module (about 850 lines): the grid's expansion, the two executors and the crash-safe bookkeeping
 share the RunSpec and the directory layout above.
 """
 
@@ -59,6 +62,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import tomllib
 from dataclasses import dataclass
@@ -247,6 +251,59 @@ def _vocab(cfg: dict) -> int:
 # ---------------------------------------------------------------- running
 
 OWNED = "owned"  # not a status: another process holds the run's lock; the sweep comes back to it
+# Nor these: Ctrl-C came before the run started, or stopped it (checkpointed, not landed); a rerun
+# trains or resumes it.
+NOT_STARTED, INTERRUPTED = "not started", "interrupted"
+INTERRUPTED_EXIT = 130  # a run child's exit code when a stop request stopped it (128 + SIGINT)
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C stopped a sweep's runs (`report`: run_sweep's, with the interrupted and not started
+    counts; `at_once`: a second Ctrl-C killed the runs in flight instead of letting them checkpoint)."""
+
+    def __init__(self, report: dict, at_once: bool):
+        super().__init__("interrupted")
+        self.report, self.at_once = report, at_once
+
+
+class _Stop:
+    """Ctrl-C during a sweep's runs. The first: no run starts after it, and each run child in flight
+    is sent SIGINT (the children have process groups of their own, so the terminal's Ctrl-C reaches
+    this process alone), on which it checkpoints between two steps and exits with INTERRUPTED_EXIT,
+    not landed; an in-process run is stopped the same way (loop.STOP). The second: the children are
+    killed. The handler only sets flags and signals: the sweep's threads and main loop act on them."""
+
+    def __init__(self) -> None:
+        self.requested = threading.Event()
+        self.at_once = False
+        self.in_process = False  # --workers 0: the run trains in this process
+        self._children: set[subprocess.Popen] = set()
+        self._lock = threading.Lock()  # never taken by the main thread outside the handler
+
+    def handle(self, signum, frame) -> None:
+        if self.requested.is_set():
+            self.at_once = True
+        self.requested.set()
+        if self.in_process:
+            from scaling.train import loop  # imported already: the run trains here
+
+            loop.STOP.set()
+        with self._lock:
+            for proc in self._children:
+                proc.kill() if self.at_once else proc.send_signal(signal.SIGINT)
+
+    def started(self, proc: subprocess.Popen) -> None:
+        with self._lock:
+            self._children.add(proc)
+            if self.requested.is_set():  # the request came while the child was starting
+                proc.send_signal(signal.SIGINT)
+
+    def ended(self, proc: subprocess.Popen) -> None:
+        with self._lock:
+            self._children.discard(proc)
+
+
+_STOP = _Stop()  # this process's sweep (one at a time); run_sweep installs its handler
 
 
 
@@ -386,10 +443,16 @@ def execute(spec: RunSpec, out_root: str | Path, hang_timeout: float, poll_s: fl
     out_dir = spec.out_dir(out_root)
     if runs.finished(out_dir):
         return "skipped"
-    try:
-        lock = runs.acquire(out_dir, wait=wait, poll_s=poll_s)
-    except runs.RunOwned:
-        return OWNED
+    while True:
+        if _STOP.requested.is_set():
+            return NOT_STARTED
+        try:
+            lock = runs.acquire(out_dir, poll_s=poll_s)
+            break
+        except runs.RunOwned:
+            if not wait:
+                return OWNED
+            time.sleep(poll_s)  # polled here, not in runs.acquire, so that Ctrl-C ends the wait
     with lock:
         if runs.finished(out_dir):  # landed by the process that held the lock before us
             return "skipped"
@@ -405,6 +468,8 @@ def execute_pack(specs: list[RunSpec], out_root: str | Path, hang_timeout: float
     if one run is left it trains alone. A hang or a death lands every member not yet landed."""
     statuses: list[str] = []
     held: list[tuple[RunSpec, runs.Lock]] = []
+    if _STOP.requested.is_set():
+        return [NOT_STARTED] * len(specs)
     try:
         for spec in specs:
             out_dir = spec.out_dir(out_root)
@@ -442,16 +507,23 @@ def _watch(specs: list[RunSpec], out_root: str | Path, locks: list[runs.Lock], h
     argv = ["--worker", str(out_dirs[0]), str(os.getpid()), str(locks[0].fd)] if len(specs) == 1 else \
         ["--worker-pack", str(os.getpid()), *members]
     with open(log_path, "ab") as log:
+        # a session of its own: the terminal's Ctrl-C reaches the sweep, which asks the child to stop (_Stop)
         proc = subprocess.Popen([sys.executable, "-m", "scaling.study.sweep", *argv], pass_fds=[lock.fd for lock in locks],
-                                stdout=log, stderr=subprocess.STDOUT, env=worker_env(pin))
-        while proc.poll() is None:
-            time.sleep(poll_s)
-            heartbeat = max([started] + [_mtime(d / "metrics.jsonl") for d in out_dirs])
-            if time.time() - heartbeat > hang_timeout:
-                proc.kill()
-                proc.wait()
-                return [_land_dead(d, s.config, "hung", f"no progress for {hang_timeout:.0f} s", log_path)
-                        for s, d in zip(specs, out_dirs)]
+                                stdout=log, stderr=subprocess.STDOUT, env=worker_env(pin), start_new_session=True)
+        _STOP.started(proc)
+        try:
+            while proc.poll() is None:
+                time.sleep(poll_s)
+                heartbeat = max([started] + [_mtime(d / "metrics.jsonl") for d in out_dirs])
+                if time.time() - heartbeat > hang_timeout:
+                    proc.kill()
+                    proc.wait()
+                    return [_land_dead(d, s.config, "hung", f"no progress for {hang_timeout:.0f} s", log_path)
+                            for s, d in zip(specs, out_dirs)]
+        finally:
+            _STOP.ended(proc)
+    if _STOP.requested.is_set():  # stopped by Ctrl-C (checkpointed, or killed at a second one): not landed
+        return [(runs.summary(d) or {}).get("status", INTERRUPTED) for d in out_dirs]
     reason = f"run process exited with code {proc.returncode}"
     return [_land_dead(d, s.config, "failed", reason, log_path) for s, d in zip(specs, out_dirs)]
 
@@ -488,8 +560,12 @@ def _worker(out_dir: str, parent_pid: int, lock_fd: int) -> int:
     from scaling.train import loop as train
 
     out = Path(out_dir)
+    signal.signal(signal.SIGINT, lambda *_: train.STOP.set())  # the sweep's stop request (_Stop)
     with runs.inherit(out, lock_fd) as lock:
-        summary = train.run(json.loads((out / "config.json").read_text()), out, lock=lock)
+        try:
+            summary = train.run(json.loads((out / "config.json").read_text()), out, lock=lock)
+        except train.Interrupted:
+            return INTERRUPTED_EXIT
     return 0 if summary.get("status") in runs.STATUSES else 1
 
 
@@ -500,11 +576,15 @@ def _pack_worker(parent_pid: int, members: list[str]) -> int:
     from scaling.train import loop as train
 
     dirs = [Path(m.rsplit(":", 1)[0]) for m in members]
+    signal.signal(signal.SIGINT, lambda *_: train.STOP.set())  # the sweep's stop request (_Stop)
     with contextlib.ExitStack() as stack:
         locks = [stack.enter_context(runs.inherit(out, int(member.rsplit(":", 1)[1])))
                  for member, out in zip(members, dirs)]
-        summaries = train.run_packed([json.loads((out / "config.json").read_text()) for out in dirs], dirs, echo=print,
-                                     locks=locks)
+        try:
+            summaries = train.run_packed([json.loads((out / "config.json").read_text()) for out in dirs], dirs,
+                                         echo=print, locks=locks)
+        except train.Interrupted:
+            return INTERRUPTED_EXIT
     return 0 if all(s.get("status") in runs.STATUSES for s in summaries) else 1
 
 
@@ -559,7 +639,7 @@ def _run_local(specs, out_root, hang_timeout, workers, on_done, wait, slots=None
     `units`: the specs grouped as `packs` gives them (default: one run each)."""
     if workers == 0 and not slots:  # in-process, sequential: compiled steps are reused in memory; no hang watchdog
         for spec in specs:
-            on_done(spec, _run_in_process(spec, out_root, wait))
+            on_done(spec, NOT_STARTED if _STOP.requested.is_set() else _run_in_process(spec, out_root, wait))
         return
     free: queue.Queue = queue.Queue()
     for pin in slots or [{}] * workers:
@@ -576,9 +656,16 @@ def _run_local(specs, out_root, hang_timeout, workers, on_done, wait, slots=None
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=free.qsize()) as pool:
         futures = {pool.submit(in_a_slot, unit): unit for unit in units or [[s] for s in specs]}
-        for future in concurrent.futures.as_completed(futures):
-            for spec, status in zip(futures[future], future.result()):
-                on_done(spec, status)
+        pending, said = set(futures), False
+        while pending:  # woken twice a second, so that a Ctrl-C is answered while every run is busy
+            done, pending = concurrent.futures.wait(pending, timeout=0.5, return_when=concurrent.futures.FIRST_COMPLETED)
+            if _STOP.requested.is_set() and not said:
+                said = True
+                print("stopping: no run starts; the runs in flight checkpoint and stop (Ctrl-C again: kill them now)",
+                      flush=True)
+            for future in done:
+                for spec, status in zip(futures[future], future.result()):
+                    on_done(spec, status)
 
 
 def _run_in_process(spec: RunSpec, out_root: Path, wait: bool) -> str:
@@ -595,7 +682,10 @@ def _run_in_process(spec: RunSpec, out_root: Path, wait: bool) -> str:
     with lock:
         if runs.finished(out_dir):
             return "skipped"
-        return train.run(spec.config, out_dir, lock=lock).get("status", "failed")
+        try:
+            return train.run(spec.config, out_dir, lock=lock).get("status", "failed")
+        except train.Interrupted:
+            return INTERRUPTED
 
 
 def start_ray(address: str | None, gpus_per_run: float = 0) -> float:
@@ -639,10 +729,30 @@ def run_sweep(specs: list[RunSpec], out_root: str | Path, *, executor: str = "lo
     child per pin; Ray: each run reserves `gpus_per_run` GPUs. Local, with child processes: runs of
     the pack keys in `pack_keys` (those scaling.study.takeoff.pack_probe cleared) train `pack` at a
     time as one program in one child (`packs`); runs another process owned are waited for alone.
-    `on_landed`: called as each run lands (the sweep's committed summary is rewritten there)."""
+    `on_landed`: called as each run lands (the sweep's committed summary is rewritten there).
+    Ctrl-C (local executor; _Stop): no run starts after it, the runs in flight checkpoint and stop
+    without landing (a second Ctrl-C kills them), sweep.json is written and Interrupted is raised."""
     if executor not in ("local", "ray"):
         raise ConfigError("executor", executor, ["local", "ray"])
-    out_root = Path(out_root)
+    global _STOP
+    _STOP = _Stop()
+    _STOP.in_process = executor == "local" and workers == 0 and not gpu_pins
+    handled = executor == "local" and threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, _STOP.handle) if handled else None
+    try:
+        return _run_sweep(specs, Path(out_root), executor, workers, hang_timeout, ray_address, cpus_per_run,
+                          gpus_per_run, gpu_pins, progress, on_landed, pack, pack_keys)
+    finally:
+        if handled:
+            signal.signal(signal.SIGINT, previous)
+        if _STOP.in_process:
+            from scaling.train import loop
+
+            loop.STOP.clear()
+
+
+def _run_sweep(specs, out_root, executor, workers, hang_timeout, ray_address, cpus_per_run, gpus_per_run, gpu_pins,
+               progress, on_landed, pack, pack_keys) -> dict[str, Any]:
     counts = {s: 0 for s in (*runs.STATUSES, "skipped")}
     owned: list[RunSpec] = []
     total_tokens = sum(_tokens(s) for s in specs) or 1
@@ -651,6 +761,9 @@ def run_sweep(specs: list[RunSpec], out_root: str | Path, *, executor: str = "lo
         def on_done(spec: RunSpec, status: str) -> None:
             if status == OWNED:
                 owned.append(spec)
+                return
+            if status in (INTERRUPTED, NOT_STARTED):  # counted only when there are some
+                counts[status] = counts.get(status, 0) + 1
                 return
             counts[status if status in counts else "failed"] += 1
             if on_landed is not None and status != "skipped":
@@ -672,6 +785,9 @@ def run_sweep(specs: list[RunSpec], out_root: str | Path, *, executor: str = "lo
         # Runs another process was training: wait for them, so this sweep's counts and exit status
         # cover every run, each once (one whose owner died unlanded is trained here).
         waited, owned = owned, []
+        if _STOP.requested.is_set():
+            counts[NOT_STARTED] = counts.get(NOT_STARTED, 0) + len(waited)
+            waited = []
         if waited:
             bar.console.print(f"{len(waited)} run{'s' if len(waited) > 1 else ''} owned by another process: "
                               "waiting for them to land")
@@ -679,6 +795,8 @@ def run_sweep(specs: list[RunSpec], out_root: str | Path, *, executor: str = "lo
     report = {"counts": counts, "owned_elsewhere": len(waited), "slow_runs": slow_runs(specs, out_root)}
     for sweep in sorted({s.sweep for s in specs}):
         atomic_write_json(out_root / sweep / "sweep.json", report)
+    if _STOP.requested.is_set():
+        raise Interrupted(report, _STOP.at_once)
     return report
 
 

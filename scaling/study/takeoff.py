@@ -9,6 +9,7 @@ JOB PARENT_PID`, internal). The executors that train the cleared runs are scalin
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -84,11 +85,30 @@ def take_off(specs: list[RunSpec], out_root: str | Path, *, keep_going: bool = F
         f"(about {COMPILE_SECONDS_PER_SHAPE * len(keys) / lanes / 60:.1f} min on 2 cores)")
     children = [_fly_in_child({k: probes[k] for k in keys[i::lanes]}, out_root, hang_timeout, pins[i] if pins else {})
                 for i in range(1, lanes)]
-    summaries = {}
+    summaries: dict[str, dict] = {}
+    said: set[str] = set()
+
+    def cleared(landed: dict[str, dict]) -> None:  # a line per shape as it clears, whichever lane flew it
+        for key, summary in landed.items():
+            if key not in said and summary.get("status") == "ok":
+                said.add(key)
+                say(f"take-off: shape {len(said)}/{len(keys)} (L{summary.get('n_layers')}-h{summary.get('d_model')}, "
+                    f"{summary.get('recipe')}) cleared in {summary.get('wall_s', 0.0):.1f} s")
+
+    def children_landed() -> dict[str, dict]:
+        landed = {}
+        for key in keys:
+            if key not in said and key not in keys[::lanes]:
+                with contextlib.suppress(OSError, json.JSONDecodeError):
+                    landed[key] = json.loads((probes[key].out_dir(out_root / ".takeoff") / "summary.json").read_text())
+        return landed
+
     for key in keys[::lanes]:  # this process's lane: one JAX start-up for all its probes
         summaries[key] = _fly(probes[key].config, probes[key].out_dir(out_root / ".takeoff"))
+        cleared({key: summaries[key], **children_landed()})
     for child in children:
-        summaries.update(child())
+        summaries.update(child(lambda: cleared(children_landed())))
+    cleared(summaries)
     cleared, flights, failures = [], {}, []
     for key, group in groups.items():
         summary = summaries[key]
@@ -187,8 +207,8 @@ def _fly(config, out_dir: str | Path) -> dict:
 
     from scaling.train import loop as train
 
-    try:
-        return train.run(config, out_dir, wait=True)
+    try:  # on a GPU sweep of G GPUs per run, this process's lane has one (fly_probes_on_one_gpu)
+        return train.run(config, out_dir, wait=True, fewer_devices=True)
     except Exception as error:  # noqa: BLE001 - any failure to take off is reported, not raised
         return {"status": "failed", "reason": f"{type(error).__name__}: {error}"}
     finally:
@@ -210,10 +230,14 @@ def _fly_in_child(probes: dict[str, RunSpec], out_root: Path, hang_timeout: floa
     proc = subprocess.Popen([sys.executable, "-m", "scaling.study.takeoff", str(job), str(os.getpid())],
                             stdout=log, stderr=subprocess.STDOUT, env=sweep.worker_env(pin))
 
-    def wait() -> dict[str, dict]:
-        try:
-            proc.wait(timeout=hang_timeout * len(probes))
-        except subprocess.TimeoutExpired:
+    def wait(tick: Callable[[], None] = lambda: None) -> dict[str, dict]:
+        """`tick`: called about every second while the lane flies."""
+        deadline = time.monotonic() + hang_timeout * len(probes)
+        while proc.poll() is None and time.monotonic() < deadline:
+            tick()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=min(1.0, max(0.0, deadline - time.monotonic())))
+        if proc.poll() is None:
             proc.kill()
             proc.wait()
         log.close()

@@ -331,7 +331,8 @@ class Parallel:
 
     data: int = setting(1, _integer(1), "Replicas: the batch is split over this many devices (mesh axis `data`; "
                         "every device of every process with several hosts); 1 = one device. Must divide "
-                        "train.batch_size. Fewer devices left than this: they take the missing replicas' rows.")
+                        "train.batch_size. Fewer devices left than this (a run resuming from its checkpoint): they "
+                        "take the missing replicas' rows; a run starting fresh on fewer is refused.")
     fsdp: bool = setting(False, _boolean, "Fully sharded data parallel: the master weights and Adam state are "
                          "sharded along `data` too (each array on its largest axis the devices divide).")
 

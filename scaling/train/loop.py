@@ -64,6 +64,7 @@ import logging
 import math
 import os
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,6 +87,10 @@ from scaling._io import append_jsonl, atomic_write_json, read_jsonl
 from scaling.errors import ConfigError
 
 KEEP_CHECKPOINTS = 2
+# Set (by a sweep's run child on SIGINT, scaling.study.sweep) to stop the run between two steps: it
+# checkpoints where it is, logs an `interrupted` event and raises Interrupted without landing, so
+# training it again resumes at that step.
+STOP = threading.Event()
 BAD_CHECKPOINTS = "bad_checkpoints"  # checkpoints that did not read back, kept for inspection
 
 
@@ -163,8 +168,9 @@ class Setup:
     layout: parallel.Layout | None = None  # the run's devices ([parallel]); None: one device
 
 
-def prepare(cfg: config_lib.RunConfig) -> Setup:
-    """Load everything a run needs; raises ConfigError before anything is written."""
+def prepare(cfg: config_lib.RunConfig, *, fewer_devices: bool = False) -> Setup:
+    """Load everything a run needs; raises ConfigError before anything is written. `fewer_devices`:
+    the run may train on fewer devices than `parallel.data` (it resumes, or is a take-off probe)."""
     corpus = data.load(cfg.data.source, cfg.data.tokenizer)
     data.check_fingerprint(corpus, cfg.data.fingerprint)
     seq_len, eval_tokens = cfg.model.seq_len, cfg.data.eval_tokens
@@ -173,7 +179,7 @@ def prepare(cfg: config_lib.RunConfig) -> Setup:
     model_cfg = cfg.model.shape(corpus.vocab)
     val_windows = data.eval_windows(corpus.val, eval_tokens, seq_len)
     train_windows = data.train_sample(corpus.train, eval_tokens, seq_len)
-    layout = parallel.layout_for(cfg.parallel.data, cfg.parallel.fsdp, cfg.train.batch_size)
+    layout = parallel.layout_for(cfg.parallel.data, cfg.parallel.fsdp, cfg.train.batch_size, fewer=fewer_devices)
     return Setup(cfg=cfg, schedule=schedule_for(cfg), corpus=corpus, model_cfg=model_cfg, val_windows=val_windows, train_windows=train_windows,
                  val_bytes=data.target_bytes(val_windows, corpus.token_bytes),
                  train_bytes=data.target_bytes(train_windows, corpus.token_bytes), layout=layout)
@@ -205,7 +211,7 @@ class Progress:
 
 
 def run(cfg: config_lib.RunConfig | dict, out_dir: str | Path, echo: Callable[[str], None] | None = None, *,
-        wait: bool = False, lock: runs.Lock | None = None) -> dict:
+        wait: bool = False, lock: runs.Lock | None = None, fewer_devices: bool = False) -> dict:
     """Train one run into `out_dir` and return its summary (also written to summary.json).
 
     A run stopped by a health check returns a summary with status `diverged`; a full disk returns a
@@ -215,13 +221,14 @@ def run(cfg: config_lib.RunConfig | dict, out_dir: str | Path, echo: Callable[[s
     the directory: `lock` if the caller already holds it (a sweep's watched child inherits its
     parent's), else it takes the lock, raising runs.RunOwned if another process holds it, or with
     `wait` waiting for that process to let go (then returning its summary if the run landed).
+    Fewer devices than `parallel.data` only for a run resuming from a checkpoint, or with `fewer_devices`.
     """
     out_dir = Path(out_dir)
     cfg = config_lib.validate(cfg)
     finished = runs.finished(out_dir, cfg)
     if finished is not None:
         return finished
-    setup = prepare(cfg)
+    setup = prepare(cfg, fewer_devices=fewer_devices or runs.has_checkpoint(out_dir))
     if not parallel.primary():  # another host's process of this run: process 0 owns and writes the directory
         return _train([setup], [out_dir], lambda line: None)[0]
     with contextlib.nullcontext(lock) if lock is not None else runs.acquire(out_dir, wait=wait):
@@ -279,6 +286,11 @@ def run_packed(cfgs: list[config_lib.RunConfig | dict], out_dirs: list[str | Pat
     for i, summary in zip(todo, landed):
         summaries[i] = summary
     return summaries
+
+
+class Interrupted(KeyboardInterrupt):
+    """STOP stopped the run between two steps: it checkpointed there and has not landed (a KeyboardInterrupt,
+    so no handler of errors lands it as failed)."""
 
 
 class _Unaligned(Exception):
@@ -684,8 +696,13 @@ class _Trainer:
         branches = [b for b in schedule.budgets[:-1] if b.fraction not in done]
         while lead.progress.step < schedule.steps:
             step = lead.progress.step
+            if STOP.is_set():
+                self._interrupt()
             for budget in [b for b in branches if b.cooldown_start == step]:
-                self._branch(budget)
+                try:
+                    self._branch(budget)
+                except Interrupted:  # the branch is dropped; the trunk, at its start, checkpoints
+                    self._interrupt()
                 branches.remove(budget)
             self.state = self._step(self.state, step, schedule.final, phase="trunk")
             for member in self.members:
@@ -698,12 +715,28 @@ class _Trainer:
         for member in list(self.live):
             member.land_ok()
 
+    def _interrupt(self) -> None:
+        """STOP is set: checkpoint the trunk at its step (a branch not evaluated yet runs again from
+        there), log `interrupted` and raise Interrupted; nothing lands."""
+        self._drain()
+        for member in self.live:
+            step = member.progress.step
+            if member.checkpoints is not None and step and member.checkpoints.latest_step() != step:
+                member.save(self._member_state(member))
+            member.log({"event": "interrupted", "step": step, "tokens": step * self.schedule.tokens_per_step})
+            member.echo(f"interrupted at step {step}: "
+                        + ("checkpointed; training it again resumes there" if member.checkpoints is not None
+                           else "no checkpoints (train.checkpoint_every = 0): training it again starts over"))
+        raise Interrupted
+
     def _branch(self, budget: Budget) -> None:
         """The cooldown to `budget` from the trunk's current state; the trunk state is untouched (a
         step donates the state it is given, so the branch starts from a copy)."""
         self._drain()  # the trunk's losses so far are checked before the branch's
         state = jax.tree.map(jnp.copy, self.state)
         for step in range(budget.cooldown_start, budget.end):
+            if STOP.is_set():
+                raise Interrupted
             state = self._step(state, step, budget, phase="cooldown")
         self._evaluate(state, budget.end, budget=budget)
 

@@ -158,11 +158,13 @@ class Layout:
                 "devices": [f"{d.platform}:{d.id}" for d in self.mesh.devices.flat]}
 
 
-def layout_for(data: int, fsdp: bool, batch_size: int, devices: list | None = None) -> Layout | None:
+def layout_for(data: int, fsdp: bool, batch_size: int, devices: list | None = None, *,
+               fewer: bool = False) -> Layout | None:
     """The layout of a run with `parallel.data = data` on `devices` (default: every device of every
     process). None for one replica in one process: the single-device path, unchanged. Fewer devices
-    than replicas: the devices left, which must divide the batch, take the missing replicas' rows
-    (`Layout.dropped`: the line that says what was dropped)."""
+    than replicas only with `fewer` (a run resuming from its checkpoint after devices were lost, or a
+    take-off probe); a run starting fresh is refused. The devices left, which must divide the batch,
+    then take the missing replicas' rows (`Layout.dropped`: the line that says what was dropped)."""
     devices = list(jax.devices() if devices is None else devices)
     processes = jax.process_count()
     if data == 1 and processes == 1:
@@ -173,6 +175,8 @@ def layout_for(data: int, fsdp: bool, batch_size: int, devices: list | None = No
     if data <= len(devices):
         return Layout(Mesh(np.array(devices[:data]), (AXIS,)), fsdp, data)
     left = len(devices)
+    if not fewer:
+        raise ConfigError("parallel.data", data, fresh_allowed(left))
     if batch_size % left:
         fits = [d for d in range(1, left + 1) if batch_size % d == 0]
         raise ConfigError("parallel.data", data, f"{left} devices are left, which do not split train.batch_size = "
@@ -181,6 +185,12 @@ def layout_for(data: int, fsdp: bool, batch_size: int, devices: list | None = No
                f"{batch_size} runs its {data} replicas on {left} devices ({batch_size // left} rows each), "
                f"the same numerics and run id")
     return Layout(Mesh(np.array(devices), (AXIS,)), fsdp, data, dropped)
+
+
+def fresh_allowed(devices: int) -> str:
+    """What a run that starts fresh may ask for on `devices` (the `allowed` of its ConfigError)."""
+    return (f"at most the {devices} device{'s' if devices != 1 else ''} visible here for a run that starts fresh "
+            "(only a run resuming from its checkpoint trains on fewer: the devices left)")
 
 
 def fetch(tree: Any) -> Any:

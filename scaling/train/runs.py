@@ -175,6 +175,12 @@ def land(run_dir: str | Path, landed: dict) -> dict:
     return landed
 
 
+def has_checkpoint(run_dir: str | Path) -> bool:
+    """Whether the run has a checkpoint to resume from (Orbax names one by its step once it is whole)."""
+    checkpoints = Path(run_dir) / "checkpoints"
+    return checkpoints.is_dir() and any(p.name.isdigit() for p in checkpoints.iterdir())
+
+
 def last_logged(run_dir: str | Path, n_losses: int = 10) -> dict:
     """The step, last losses and telemetry of a run's metrics.jsonl: all there is to say about a
     run whose process died or hung."""

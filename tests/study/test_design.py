@@ -158,6 +158,21 @@ def test_dry_run_warns_when_a_minimum_cannot_be_bracketed(tmp_path):
     assert len(notes) == 2 and all("inside" in n for n in notes)
 
 
+def test_dry_run_says_when_the_design_has_too_few_runs_for_any_p_star(tmp_path):
+    """The rule the fit's P* follows (optimum_check.min_runs), not a number of its own: two recipes at
+    one budget are fewer runs than the 19 kumar (6 free parameters) needs."""
+    from scaling.study import optimum_check
+
+    path = _experiment(tmp_path, {**TABLE, "budgets": [3e13]})
+    _, warnings = design_checks.check(path)
+    (few,) = [w for w in warnings if "too few for a P*" in w]
+    kumar = optimum_check.min_runs("kumar", {"kappa": 3.0})
+    assert kumar == 19 and optimum_check.too_few_runs_reason(kumar - 1, "kumar", {"kappa": 3.0})
+    assert optimum_check.too_few_runs_reason(kumar, "kumar", {"kappa": 3.0}) is None
+    assert few.startswith(f"{len(sweep.expand(path))} runs: too few for a P* from any law (kumar needs 19, ") and "sun needs 26" in few
+    assert design_checks.pstar_warnings(kumar) == [] and design_checks.pstar_warnings(kumar - 3, replicates=3) == []
+
+
 def test_dry_run_shows_where_flops_go_when_the_head_dominates(tmp_path):
     path = _experiment(tmp_path, {**TABLE, "sizes": [1, 2, 3, 4]}, precision=("bf16", "fp8"), tokenizer="bpe:4096")
     _, warnings = design_checks.check(path)

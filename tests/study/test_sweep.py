@@ -212,7 +212,7 @@ def test_gpu_slots_each_fly_a_take_off_lane_with_their_own_settings(monkeypatch,
 
     def child(probes, out_root, hang_timeout, pin={}):
         children.append((sorted(probes), pin))
-        return lambda: {k: {"status": "ok"} for k in probes}
+        return lambda tick=None: {k: {"status": "ok"} for k in probes}
 
     monkeypatch.setattr(takeoff, "_fly_in_child", child)
     pins = sweep.gpu_slots(["0", "1"], None, 0.5)

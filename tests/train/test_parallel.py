@@ -70,15 +70,17 @@ def test_layout_shards_the_batch_and_under_fsdp_the_state():
         assert parallel.layout_for(1, False, 8) is None  # one device: the unchanged single-device path
         dp, fsdp = parallel.layout_for(8, False, 32), parallel.layout_for(8, True, 32)
         half = parallel.layout_for(4, True, 32)  # fewer replicas than devices: the first 4
-        lost = parallel.layout_for(8, False, 32, devices=jax.devices()[:4])
-        try:
-            parallel.layout_for(8, False, 8, devices=jax.devices()[:3])
-            refused = None
-        except ConfigError as e:
-            refused = str(e)
+        lost = parallel.layout_for(8, False, 32, devices=jax.devices()[:4], fewer=True)  # a resume
+        refusals = []
+        for fewer in (True, False):  # a resume on devices that do not split the batch; a fresh run on fewer
+            try:
+                parallel.layout_for(8, False, 8, devices=jax.devices()[:3], fewer=fewer)
+            except ConfigError as e:
+                refusals.append(str(e))
+        refused, fresh = refusals
         specs = lambda l: {str(s): str(l.sharding(s).spec) for s in [(256, 32), (2, 32, 96), (2, 32), (7, 9), (48, 36)]}
         print(json.dumps({"dp": specs(dp), "fsdp": specs(fsdp), "half": [half.devices, half.describe()["devices"]],
-                          "lost": [lost.devices, lost.replicas, lost.dropped], "refused": refused,
+                          "lost": [lost.devices, lost.replicas, lost.dropped], "refused": refused, "fresh": fresh,
                           "batch": str(dp.put_batch(__import__("numpy").zeros((32, 17), "int32")).sharding.spec)}))
     """, devices=8)
     assert set(out["dp"].values()) == {"P()"}  # data parallel: every array replicated
@@ -93,6 +95,8 @@ def test_layout_shards_the_batch_and_under_fsdp_the_state():
     assert "4 dropped" in out["lost"][2] and "8 replicas on 4 devices (8 rows each)" in out["lost"][2]
     assert out["refused"] == ("parallel.data: got 8; allowed: 3 devices are left, which do not split "
                               "train.batch_size = 8 evenly: set parallel.data to one of [1, 2] (the run id stays)")
+    assert out["fresh"] == ("parallel.data: got 8; allowed: at most the 3 devices visible here for a run that starts "
+                            "fresh (only a run resuming from its checkpoint trains on fewer: the devices left)")
 
 
 # ---------------------------------------------------------------- the same computation on 1 and 8 devices
@@ -232,6 +236,26 @@ def test_scaling_train_on_8_devices_matches_1_and_resumes_on_the_4_left(tmp_path
     argv = s8["parallel"]["plan_step"].split()[1:]
     assert argv[:2] == ["plan", "step"] and "tp=1,pp=1,dp=8,zero=3" in argv
     assert cli.main(argv) == 0
+
+
+def test_a_fresh_run_wider_than_the_devices_is_refused_once_and_nothing_is_written(tmp_path):
+    """Fewer devices than `parallel.data` is a resume's case (above); a run that starts fresh on them is
+    refused with one line, by `scaling train` and by a sweep before take-off, and nothing is written."""
+    cfg = tiny_toml(tmp_path / "par.toml")
+    experiment = tmp_path / "sweep.toml"
+    experiment.write_text(cfg.read_text() + '[grid]\nprecision = ["fp32", "bf16"]\n')
+    for devices, argv in ((1, ["train", cfg, "--out", tmp_path / "run"]),
+                          (3, ["sweep", experiment, "--out", tmp_path / "results", "--no-progress"])):
+        done = subprocess.run([sys.executable, "-m", "scaling.cli", *map(str, argv), "--set", "parallel.data=4"],
+                              env={**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+                                   "JAX_PLATFORMS": "cpu"}, cwd=ROOT, capture_output=True, text=True, timeout=900)
+        said = [line for line in (done.stdout + done.stderr).splitlines() if "parallel.data" in line]
+        assert done.returncode == 2 and said == [
+            f"error: parallel.data: got 4; allowed: at most the {devices} device{'s' * (devices > 1)} visible here "
+            "for a run that starts fresh (only a run resuming from its checkpoint trains on fewer: the devices left)"
+        ], done.stdout + done.stderr
+        assert "dropped" not in done.stdout + done.stderr
+    assert not (tmp_path / "run").exists() and not list((tmp_path / "results").rglob("*.json"))
 
 
 # ---------------------------------------------------------------- two hosts (two processes on localhost)
