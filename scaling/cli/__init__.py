@@ -89,6 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C where a verb has no stop of its own: one line, the shell's 130
+        print("interrupted", file=sys.stderr)
+        return 130
     except BrokenPipeError:  # `scaling plan ... | head`: the reader left; not an error of ours
         sys.stderr.close()
         return 0

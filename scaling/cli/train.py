@@ -7,6 +7,9 @@ JAX detects (SLURM, Open MPI): scaling.train.parallel."""
 from __future__ import annotations
 
 import argparse
+import shlex
+import signal
+import sys
 from pathlib import Path
 
 
@@ -28,9 +31,28 @@ def main(args: argparse.Namespace) -> int:
     out_dir = Path(args.out) if args.out else Path("runs") / cfg.name / cfg.run_id
     if not args.out:
         check_writable_dir("run directory", out_dir)
-    summary = loop.run(cfg, out_dir, echo=print)
+    previous = signal.signal(signal.SIGINT, _stop_at_the_next_step)
+    try:
+        summary = loop.run(cfg, out_dir, echo=print)
+    except loop.Interrupted:
+        again = " ".join(["scaling train", shlex.quote(args.config), *(f"--set {shlex.quote(s)}" for s in args.set),
+                          "--out", shlex.quote(str(out_dir))])
+        print(f"interrupted: resume with: {again}", file=sys.stderr)
+        return 130
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        loop.STOP.clear()
     for e in summary["evals"]:
         print(f"D={e['D']:>10d}  val_loss={e['val_loss']:.4f}  train_loss={e['train_loss']:.4f}")
     print(f"{summary['status']}: N={summary['N']} P={summary['P']} recipe={summary['recipe']} "
           f"{summary['tokens_per_s']:.0f} tok/s, {summary['wall_s']:.1f} s -> {out_dir}")
     return 0 if summary["status"] == "ok" else 1
+
+
+def _stop_at_the_next_step(signum, frame) -> None:
+    """Ctrl-C: the run checkpoints at its next step and stops unlanded (loop.STOP); a second one stops at once."""
+    from scaling.train import loop
+
+    if loop.STOP.is_set():
+        raise KeyboardInterrupt
+    loop.STOP.set()

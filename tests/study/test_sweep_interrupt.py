@@ -115,3 +115,18 @@ def test_a_second_ctrl_c_kills_the_runs_in_flight():
     finally:
         child.kill()
         child.wait()
+
+
+def test_ctrl_c_stops_a_single_run_at_its_next_step_and_says_how_to_resume(tmp_path):
+    """`scaling train` showed a KeyboardInterrupt traceback on Ctrl-C and saved nothing since its last
+    checkpoint: it now checkpoints at its next step, prints one line with the command that resumes, exits 130."""
+    run_dir = tmp_path / "run"
+    argv = [sys.executable, "-m", "scaling.cli", "train", str(ROOT / "experiments" / "smoke.toml"),
+            "--set", "train.tokens=409600", "--set", "train.log_every=20", "--out", str(run_dir)]
+    stopped = _ctrl_c(argv, tmp_path, presses=1, after="loss")
+    said = stopped.stdout + stopped.stderr
+    assert stopped.returncode == 130 and "Traceback" not in said, said
+    assert _resume_command(stopped) == ["scaling", "train", str(ROOT / "experiments" / "smoke.toml"), "--set",
+                                        "train.tokens=409600", "--set", "train.log_every=20", "--out", str(run_dir)]
+    (event,) = [e for e in _events(run_dir) if e.get("event") == "interrupted"]
+    assert not (run_dir / "summary.json").exists() and (run_dir / "checkpoints" / str(event["step"])).is_dir()
