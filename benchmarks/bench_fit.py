@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import minimize
 
-from scaling.study import fit, laws
+from scaling.study.analysis import fit, laws
 from scaling import host
 
 DATA = Path(__file__).resolve().parents[1] / "tests" / "study" / "data" / "chinchilla_svg_extracted.csv"

@@ -25,7 +25,7 @@ unless --gpu names one). The header is host.describe(), the allocator setting an
 hold for that machine and those flags only.
 
 --pilot (default experiments/gpu_pilot.toml) also measures an experiment's own runs: each distinct
-model shape, batch and sequence length of its expanded grid (scaling.study.sweep.expand, the IsoFLOP
+model shape, batch and sequence length of its expanded grid (scaling.study.sweeps.sweep.expand, the IsoFLOP
 design placed) with the recipes it trains, then the experiment's training time at those speeds
 (its tokens over each run's measured tokens/s; evaluations and compiles not included). --pack K
 times, per pilot shape and recipe, K runs trained as one vmapped program (scaling.train.step.packed:
@@ -221,7 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
 def pilot_shapes(experiment: str | Path) -> dict[tuple, dict]:
     """{(model config, batch): {"recipes": [recipe names], "tokens": {recipe: tokens over its runs}}}
     of an experiment's expanded runs, in grid order."""
-    from scaling.study import sweep
+    from scaling.study.sweeps import sweep
 
     shapes: dict[tuple, dict] = {}
     for spec in sweep.expand(experiment):

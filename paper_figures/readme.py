@@ -14,8 +14,9 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from scaling.errors import ConfigError
-from scaling.study.findings import PUBLISHED, host_shift_between, other_hosts
-from scaling.study import fit, report
+from scaling.study.analysis.findings import PUBLISHED, host_shift_between, other_hosts
+from scaling.study.analysis import fit
+from scaling.study.report import writer as report
 
 BEGIN = "<!-- findings:begin -->"
 END = "<!-- findings:end -->"

@@ -30,11 +30,11 @@ import pandas as pd
 from scipy import stats
 
 from scaling.errors import ConfigError
-from scaling.study import findings as findings_lib
-from scaling.study import law_prose, plots, prose, report
-from scaling.study import results as results_lib
-from scaling.study.analysis import LEVEL, analyse, high_precision_recipe, pair_verdict, replicate_noise
-from scaling.study.findings import PUBLISHED, measured_choice, verdict
+from scaling.study.analysis import findings as findings_lib
+from scaling.study.report import law_prose, plots, prose, writer as report
+from scaling.study.sweeps import results as results_lib
+from scaling.study.analysis.isoflop import LEVEL, analyse, high_precision_recipe, pair_verdict, replicate_noise
+from scaling.study.analysis.findings import PUBLISHED, measured_choice, verdict
 from scaling.train import compute as compute_lib
 
 # The published FP4 training recipes (scaling.numerics.precision presets) and the plain format each

@@ -14,7 +14,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from scaling.study import analysis, findings, fit, results, reproduce, selection
+from scaling.study.analysis import isoflop as analysis, findings, fit, selection
+from scaling.study.sweeps import results
+from scaling.study import reproduce
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT / "tests" / "study"))  # the synthetic truths, defin
 
 from test_selection_truths import CHINCHILLA, KUMAR_DATA, QUICK, ladder  # noqa: E402
 
-from scaling.study import selection  # noqa: E402
+from scaling.study.analysis import selection  # noqa: E402
 
 TRUTHS = {"null": ("chinchilla", CHINCHILLA, ["chinchilla", "kumar"]),
           "data": ("kumar_data", KUMAR_DATA, ["chinchilla", "kumar", "kumar_data"])}

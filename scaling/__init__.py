@@ -18,7 +18,8 @@ __version__ = "0.1.0"
 _MODULES = {
     **{m: f"scaling.numerics.{m}" for m in ("formats", "quant", "precision", "gemm")},
     "compute": "scaling.train.compute",
-    **{m: f"scaling.study.{m}" for m in ("curves", "fit", "laws", "optimal", "results")},
+    "curves": "scaling.study.sweeps.curves", "results": "scaling.study.sweeps.results",
+    **{m: f"scaling.study.analysis.{m}" for m in ("fit", "laws")}, "optimal": "scaling.study.analysis.pstar.optimal",
 }
 __all__ = ["numerics", "train", "study", "plan", "cli", *_MODULES]
 __getattr__ = exports(__name__, _MODULES)

@@ -68,6 +68,41 @@ def test_every_import_follows_the_layers():
     assert not bad, "imports against the layers: " + "; ".join(sorted(bad))
 
 
+# scaling.study's wings -> the wings their modules may import (besides their own): analysis reads
+# DataFrames and never how they were made or shown; sweeps read the fit's run-count rule, never the report
+WINGS = {"analysis": set(), "sweeps": {"analysis"}, "report": {"analysis", "sweeps"}}
+
+
+def test_the_study_wings_import_one_way():
+    bad = []
+    for module, targets in _graph().items():
+        parts = module.split(".")
+        if parts[:2] != ["scaling", "study"] or len(parts) < 4 or parts[2] not in WINGS:
+            continue
+        for t in targets:
+            wing = t.split(".")[2] if t.startswith("scaling.study.") else None
+            if wing in ("sweeps", "analysis", "report", "reproduce", "presets") and wing != parts[2] \
+                    and wing not in WINGS[parts[2]]:
+                bad.append(f"{module} -> {t}")
+    assert not bad, "imports against the study's wings: " + "; ".join(sorted(bad))
+
+
+def test_the_old_flat_study_paths_import_the_moved_modules():
+    """`scaling.study.fit`, `from scaling.study.sweep import expand`, `scaling.study.analysis.ok_rows`,
+    `scaling.study.report.write_report`: the wings' modules under their old names, for one release."""
+    import importlib
+
+    import scaling.study
+
+    for old, new in scaling.study.MOVED.items():
+        assert importlib.import_module(f"scaling.study.{old}") is importlib.import_module(f"scaling.study.{new}"), old
+        assert getattr(scaling.study, old) is importlib.import_module(f"scaling.study.{new}"), old
+    from scaling.study import analysis, report
+    from scaling.study.analysis import isoflop
+    from scaling.study.report import writer
+    assert analysis.ok_rows is isoflop.ok_rows and report.write_report is writer.write_report
+
+
 def test_no_import_cycle():
     graph = _graph()
     state: dict[str, int] = {}

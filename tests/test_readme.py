@@ -15,7 +15,7 @@ import pytest
 from scaling.errors import ConfigError
 from scaling.numerics import precision
 import readme
-from scaling.study import laws
+from scaling.study.analysis import laws
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"

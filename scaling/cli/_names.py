@@ -4,7 +4,7 @@ Copies, so that `scaling fit --help` and `scaling optimal --help` import none of
 tests/cli/test_help.py checks each against its source.
 """
 
-# scaling.study.laws.names(): the registered laws
+# scaling.study.analysis.laws.names(): the registered laws
 LAWS = ("capacity", "capacity_roles", "chinchilla", "kumar", "kumar_data", "kumar_eff", "kumar_roles", "quartet", "sun")
 # scaling.train.compute.COST_MODELS
 COST_MODELS = ("bits", "nominal", "h100", "b200")

@@ -34,12 +34,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from scaling.study import curves as curves_lib
-    from scaling.study import predict
-    from scaling.study import results as results_lib
+    from scaling.study.sweeps import curves as curves_lib
+    from scaling.study.analysis.prediction import predict
+    from scaling.study.sweeps import results as results_lib
     from scaling._io import check_writable_dir
-    from scaling.study.report import load_fit, load_sections, write_report
-    from scaling.study.summary import Summary
+    from scaling.study.report.writer import load_fit, load_sections, write_report
+    from scaling.study.sweeps.summary import Summary
 
     if not args.results:
         raise ConfigError("results", args.results, "a results directory, .csv or .parquet (--results)")

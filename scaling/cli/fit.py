@@ -1,5 +1,5 @@
-"""`scaling fit RESULTS -o fits/NAME.json`: fit one law (scaling.study.fit), or with `--law auto`
-choose among candidate laws by held-out precision gaps (scaling.study.selection), and print the table."""
+"""`scaling fit RESULTS -o fits/NAME.json`: fit one law (scaling.study.analysis.fit), or with `--law auto`
+choose among candidate laws by held-out precision gaps (scaling.study.analysis.selection), and print the table."""
 
 from __future__ import annotations
 
@@ -12,19 +12,24 @@ from scaling.errors import ConfigError
 if TYPE_CHECKING:
     import pandas as pd
 
-    from scaling.study.fit import FitResult
+    from scaling.study.analysis.fit import FitResult
 
 
 def _runs_to_fit(df: pd.DataFrame, loss_column: str | None) -> tuple[pd.DataFrame, str]:
     """Only runs that landed (`status` ok, if present), checked (results.checked); loss column: given, else
     `loss`, else `val_loss`."""
     if "status" in df.columns:
+        landed = df.drop_duplicates("run_id")["status"] if "run_id" in df.columns else df["status"]
         df = df[df["status"] == "ok"]
+        if df.empty:
+            counts = ", ".join(f"{s} {n}" for s, n in landed.value_counts().items())
+            raise ConfigError("results", f"{len(landed)} runs, none ok ({counts})",
+                              "runs that landed ok (each failed run's failure.json says why)")
     if loss_column is None:
         loss_column = next((c for c in ("loss", "val_loss") if c in df.columns), None)
         if loss_column is None:
             raise ConfigError("--loss-column", None, "a loss column to fit: the table has neither loss nor val_loss")
-    from scaling.study.results import checked  # conflicting or non-finite losses: one line, as predict refuses them
+    from scaling.study.sweeps.results import checked  # conflicting or non-finite losses: one line, as predict refuses them
 
     return checked(df.reset_index(drop=True), loss_column), loss_column
 
@@ -33,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("results", metavar="RESULTS", help="results .csv / .parquet file or results directory")
     parser.add_argument("--law", default="kumar",
                         help=f"law to fit: {', '.join(LAWS)} (default kumar), or auto: fit every candidate and keep "
-                             "the one that best predicts held-out precision gaps (scaling.study.selection.select_law)")
+                             "the one that best predicts held-out precision gaps (scaling.study.analysis.selection.select_law)")
     parser.add_argument("--candidate", action="append", default=[], metavar="LAW[VARIANT]",
                         help="with --law auto: a candidate (repeatable), e.g. kumar or 'kumar[kappa free]'; "
                              "default: every law, plus each with its fixed params freed")
@@ -66,7 +71,7 @@ def _parse_fixed(items: Sequence[str]) -> dict[str, float] | None:
 
 
 def _print_fit(result: FitResult) -> None:
-    from scaling.study.fit import exponent_note
+    from scaling.study.analysis.fit import exponent_note
 
     width = max(len(k) for k in result.params)
     print(f"law {result.law}: {result.data.get('n_points')} points, objective {result.objective:.6g}")
@@ -165,8 +170,9 @@ def num_or_dash(v: Any, fmt: str) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    from scaling.study import results, selection
-    from scaling.study.fit import fit_law, holdout_error
+    from scaling.study.sweeps import results
+    from scaling.study.analysis import selection
+    from scaling.study.analysis.fit import fit_law, holdout_error
 
     df = results.load(args.results)
     if args.sweep is not None:

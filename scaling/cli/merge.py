@@ -2,7 +2,7 @@
 
 A held-out budget, or a recipe added after the rest had landed, trains into a summary of its own so the
 committed analysis never sees a partial design (docs/experiments.md); once all its runs have landed, this
-joins its rows and curves into the sweep's summary (scaling.study.summary.Summary.merge). Run it again
+joins its rows and curves into the sweep's summary (scaling.study.sweeps.summary.Summary.merge). Run it again
 after an interruption: a run both hold takes the side summary's rows, so a second merge changes nothing.
 """
 
@@ -20,7 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from scaling.study.summary import Summary
+    from scaling.study.sweeps.summary import Summary
 
     side, into = Path(args.side), Path(args.into)
     for key, path in (("side", side), ("--into", into)):

@@ -1,9 +1,9 @@
 """`scaling optimal FIT --compute C`: the compute-optimal (N, D, P) of a fitted law
-(scaling.study.optimal), with its bootstrap CI and its range across cost models, under the verdict
-`scaling plan --fit` prints too (scaling.study.optimum_check): "no optimum: <reasons>" instead of an
+(scaling.study.analysis.pstar.optimal), with its bootstrap CI and its range across cost models, under the verdict
+`scaling plan --fit` prints too (scaling.study.analysis.pstar.optimum_check): "no optimum: <reasons>" instead of an
 optimum (exit 0) where none exists, and "extrapolated: ..." where it lies outside the trained runs.
 
-Then the profile (scaling.study.profile): the law's loss at each format real chips run (or --formats),
+Then the profile (scaling.study.analysis.pstar.profile): the law's loss at each format real chips run (or --formats),
 with bootstrap CIs, family-wise CIs of each neighbour difference and their verdicts, formats the fit never
 saw trained flagged, and a continuous P* only where the law and data support one. Where no optimum exists
 there is no profile either (its CIs would rest on the same too-few runs)."""
@@ -51,12 +51,11 @@ def _table(df: pd.DataFrame, columns: Sequence[str]) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    from scaling.study.fit import FitResult
-    from scaling.study.optimal import (Cost, cost_models, optimal_precision, optimal_precision_ci, share_of,
-                                       specification_range)
-    from scaling.study.optimum_check import describe, verdict
-    from scaling.study import laws
-    from scaling.study.profile import precision_profile
+    from scaling.study.analysis.fit import FitResult
+    from scaling.study.analysis.pstar.optimal import Cost, cost_models, optimal_precision, optimal_precision_ci, share_of, specification_range
+    from scaling.study.analysis.pstar.optimum_check import describe, verdict
+    from scaling.study.analysis import laws
+    from scaling.study.analysis.pstar.profile import precision_profile
 
     fit = FitResult.from_json(args.fit)
     cost = Cost(model=args.cost_model, share=share_of(fit), overhead=args.overhead)
@@ -118,12 +117,12 @@ def _recipe_ranking(fit, args: argparse.Namespace, cost, check: dict, header: st
     hypothetical P: it ranks the measured recipes (findings.recipe_optima), each at its own errors or
     efficiency and bits, from the runs in --results."""
     from scaling.errors import ConfigError
-    from scaling.study import laws
-    from scaling.study.analysis import ok_rows
-    from scaling.study.findings import recipe_optima
-    from scaling.study.optimum_check import describe
-    from scaling.study.profile import precision_profile
-    from scaling.study.results import load
+    from scaling.study.analysis import laws
+    from scaling.study.analysis.isoflop import ok_rows
+    from scaling.study.analysis.findings import recipe_optima
+    from scaling.study.analysis.pstar.optimum_check import describe
+    from scaling.study.analysis.pstar.profile import precision_profile
+    from scaling.study.sweeps.results import load
     from scaling.train import compute as compute_lib
 
     axis = laws.get(fit.law).precision_axis

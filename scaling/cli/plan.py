@@ -157,12 +157,13 @@ def plan_fit(
     **plan_options: ClusterRecipe | float | None,
 ) -> tuple[float, PrecisionPlan, list[PrecisionPlan], dict]:
     """(compute, the optimum's plan, one plan per precision, the optimum's verdict) for a fitted law at
-    `compute` or `target_loss`: the law's compute optimum (scaling.study.optimal, under the cost model
+    `compute` or `target_loss`: the law's compute optimum (scaling.study.analysis.pstar.optimal, under the cost model
     `scaling optimal` uses by default: `bits` with the fit's runs' unquantised share) priced by
-    scaling.plan.cluster.plan_optimum. The verdict is scaling.study.optimum_check's, the one `scaling
+    scaling.plan.cluster.plan_optimum. The verdict is scaling.study.analysis.pstar.optimum_check's, the one `scaling
     optimal` prints: where no optimum exists, a one-line ConfigError naming every reason."""
     # lazy: keeps `scaling plan --flops` free of the fitting stack
-    from scaling.study import fit, laws, optimal, optimum_check
+    from scaling.study.analysis import fit, laws
+    from scaling.study.analysis.pstar import optimal, optimum_check
 
     if (compute is None) == (target_loss is None):
         raise ConfigError("fit", str(fit_path), "exactly one of --compute or --target-loss")
@@ -235,7 +236,7 @@ def _fit_sections(args: argparse.Namespace, gpus: list[int], mfu: float | None, 
         recipe = replace(recipe, layout=f"tp={lay.tp},pp={lay.pp},ogr=1,opg=1" + (",tpo=1" if lay.tp > 1 else ""))
     compute, best, per_precision, check = plan_fit(args.fit, gpus, args.gpu, compute, target, recipe=recipe, mfu=mfu,
                                                    **options)
-    from scaling.study.optimum_check import describe  # the fitting stack is loaded by now (plan_fit)
+    from scaling.study.analysis.pstar.optimum_check import describe  # the fitting stack is loaded by now (plan_fit)
 
     gib = spec.memory_bytes / 2**30
     lines = [

@@ -1,18 +1,18 @@
 """`scaling predict`: predict before training.
 
 `scaling predict HELDOUT.toml`: predict a held-out IsoFLOP budget before it is trained
-(scaling.study.predict). The held-out experiment is an IsoFLOP design at a budget above every one the
+(scaling.study.analysis.prediction.predict). The held-out experiment is an IsoFLOP design at a budget above every one the
 results hold; its runs must not have landed yet (a prediction made after the data is not one). The laws
 are fitted on the results of the same sweep, the prediction written as JSON for the history and the report.
 
 `scaling predict --rows TABLE.csv --results RESULTS.csv [--law NAME] -o OUT.csv`: predict any runs
-(scaling.study.calibrate.predict_table): each row (N, D, recipe; the recipe must have runs in the
+(scaling.study.analysis.prediction.calibrate.predict_table): each row (N, D, recipe; the recipe must have runs in the
 results) gets the law's loss with a calibrated interval (the law's resamples, a shared shift measured by
 backtests inside the results' budgets, per-recipe and row terms), its gap to the reference recipe's row
 at the same (N, D) and P(best) among those rows; OUT.json beside it holds the law and the calibration.
 
 `scaling predict --backtest --results RESULTS.csv [--law NAME] -o OUT.json`: score the method on the
-results' own budgets (scaling.study.calibrate.backtest_all): every pair of budgets, fitted on the lower
+results' own budgets (scaling.study.analysis.prediction.calibrate.backtest_all): every pair of budgets, fitted on the lower
 and scored on the higher, with the old and the calibrated intervals (each calibrated only on the pairs
 inside its own fitted budgets). A study's report reads the JSON (paper_figures/reference_study.py).
 """
@@ -62,8 +62,9 @@ def main(args: argparse.Namespace) -> int:
     if args.law is not None:
         raise ConfigError("--law", args.law, "only with --rows (a held-out design chooses among --candidate)")
     from scaling._io import atomic_write_json
-    from scaling.study import predict, results, sweep
-    from scaling.study.summary import Summary
+    from scaling.study.analysis.prediction import predict
+    from scaling.study.sweeps import results, sweep
+    from scaling.study.sweeps.summary import Summary
 
     name, _, _, design = sweep.experiment_points(args.experiment)
     if design is None or len(design.budgets) != 1:
@@ -112,7 +113,9 @@ def _backtest(args: argparse.Namespace) -> int:
         raise ConfigError("--out", args.out, "a .json path to write the backtests to (required with --backtest)")
     check_writable_dir("--out", Path(args.out).parent)
     from scaling._io import atomic_write_json
-    from scaling.study import analysis, calibrate, results, selection
+    from scaling.study.analysis import isoflop as analysis, selection
+    from scaling.study.analysis.prediction import calibrate
+    from scaling.study.sweeps import results
 
     if args.law is not None:
         selection.parse_candidate(args.law)
@@ -147,7 +150,9 @@ def _rows(args: argparse.Namespace) -> int:
     import pandas as pd
 
     from scaling._io import atomic_write_json, atomic_write_text
-    from scaling.study import analysis, calibrate, results, selection
+    from scaling.study.analysis import isoflop as analysis, selection
+    from scaling.study.analysis.prediction import calibrate
+    from scaling.study.sweeps import results
 
     if args.law is not None:
         selection.parse_candidate(args.law)

@@ -1,6 +1,6 @@
 """`scaling sweep EXPERIMENT.toml`: expand a grid, check take-off, run it, print what landed.
 
-The grid and executors are scaling.study.sweep, the take-off checks and ETAs scaling.study.takeoff.
+The grid and executors are scaling.study.sweeps.sweep, the take-off checks and ETAs scaling.study.sweeps.takeoff.
 The library comes in with main, not for `--help` (no pandas, no JAX); the ETA measures this machine's
 matmul speed with JAX.
 """
@@ -15,11 +15,11 @@ from scaling._lazy import exports
 from scaling.errors import ConfigError
 
 if TYPE_CHECKING:
-    from scaling.study.summary import Summary
+    from scaling.study.sweeps.summary import Summary
 
 # the library modules main imports, also reachable as attributes (`sweep_cli.takeoff`), imported on first use
 __getattr__ = exports(__name__, {m: f"scaling.study.{m}" for m in ("design_checks", "devices", "sweep", "takeoff")}
-                      | {"runs": "scaling.train.runs", "Summary": "scaling.study.summary"})
+                      | {"runs": "scaling.train.runs", "Summary": "scaling.study.sweeps.summary"})
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -56,7 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _gpu_pins(args: argparse.Namespace) -> list[dict[str, str]] | None:
     """The local executor's GPU slots (None: no GPU asked for, or Ray); ConfigError if they cannot be had.
     With GPUs, this process's JAX starts on the first one only (the take-off probes fly there)."""
-    from scaling.study import sweep, takeoff
+    from scaling.study.sweeps import sweep, takeoff
 
     gpus = sweep.visible_gpus() if args.gpus_per_run else []
     sweep.check_gpus_per_run(args.gpus_per_run, args.executor, gpus)
@@ -110,7 +110,7 @@ def rerun_command(args: argparse.Namespace) -> str:
 
 def main(args: argparse.Namespace) -> int:
     """Ctrl-C: one line (what stopped, the command that resumes), exit 130, no traceback."""
-    from scaling.study import sweep
+    from scaling.study.sweeps import sweep
 
     command = rerun_command(args)  # before main adds its own --set
     try:
@@ -128,8 +128,8 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _main(args: argparse.Namespace) -> int:
-    from scaling.study import design_checks, devices, sweep, takeoff
-    from scaling.study.summary import Summary
+    from scaling.study.sweeps import design_checks, devices, sweep, takeoff
+    from scaling.study.sweeps.summary import Summary
 
     if args.workers is not None and args.workers < 0:
         raise ConfigError("--workers", args.workers, "an integer >= 0")

@@ -20,7 +20,7 @@ max) travel as a float32 vector (`format_vector`), so one compiled train step se
 the same granularity. `RecipeStructure` is the static, format-free part a model stores; its
 `RoleStructure.exact_in_bf16` says whether a role's grid is exact in bfloat16 (the fast path).
 
-One module (about 610 lines): the Recipe, its static RecipeStructure and the preset registry are
+One module: the Recipe, its static RecipeStructure and the preset registry are
 one value and the names it is built from.
 """
 

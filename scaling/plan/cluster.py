@@ -163,7 +163,7 @@ def compute_for_target_loss(
     """Smallest compute C whose compute-optimal loss reaches `target_loss`: Brent's root on log10 C.
 
     `optimal_loss(C)` is the compute-optimal loss at C FLOPs (for a fitted law:
-    scaling.study.optimal.optimal_precision(fit, compute=C)["loss"]); it falls monotonically with C,
+    scaling.study.analysis.pstar.optimal.optimal_precision(fit, compute=C)["loss"]); it falls monotonically with C,
     so the root is unique; solved to 0.1% in C.
     """
     from scipy.optimize import brentq  # lazy: only the --target-loss path pays for SciPy

@@ -10,7 +10,7 @@ runs/ (one directory per run), results/<sweep>.csv and results/<sweep>_curves.pa
 summaries), fits/<sweep>.json, and paper_figures/ (figures, REPORT.md, findings.json). So
 `scaling reproduce --preset full --out .` regenerates the reference study (hours on 2 cores). A
 second run of the same command reuses every finished run and redraws; runs in the committed summary
-(results/<sweep>.csv, scaling.study.summary) count as finished on any machine. It refits only where
+(results/<sweep>.csv, scaling.study.sweeps.summary) count as finished on any machine. It refits only where
 the fit would change: fits/<sweep>.json records what it was made from (the rows, the candidate laws,
 the bootstrap, the package's code), and a fit made from the same is reused.
 """
@@ -25,9 +25,12 @@ from typing import Callable
 
 import pandas as pd
 
-from scaling.study import curves, fit, predict, report, analysis, selection, sweep, takeoff
+from scaling.study.sweeps import curves, sweep, takeoff
+from scaling.study.analysis import fit, isoflop as analysis, selection
+from scaling.study.analysis.prediction import predict
+from scaling.study.report import writer as report
 from scaling.study.presets import SECTIONS, STUDY_PRESETS, WORKERS
-from scaling.study.summary import Summary
+from scaling.study.sweeps.summary import Summary
 from scaling.train import runs
 from scaling.errors import ConfigError
 

@@ -19,7 +19,7 @@ docs/training.md holds (a test keeps the two equal). Overrides and sweep axes us
 key is checked: unknown keys, wrong types and out-of-range values raise ConfigError naming the key,
 the value and what is allowed.
 
-One module (about 670 lines): the schema, its checks and the canonical form the run id hashes
+One module: the schema, its checks and the canonical form the run id hashes
 change together whenever a key is added.
 """
 

@@ -8,7 +8,7 @@ import pytest
 
 from scaling import cli
 from scaling.errors import ConfigError
-from scaling.study import sweep
+from scaling.study.sweeps import sweep
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICK = ROOT / "results" / "quick.csv"

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from scaling import cli
-from scaling.study import fit
+from scaling.study.analysis import fit
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICK = ROOT / "results" / "quick.csv"
@@ -55,7 +55,7 @@ def test_without_results_a_law_without_a_bits_axis_is_one_line_error(tmp_path, c
 
 
 def test_a_recipe_the_law_was_not_fitted_on_is_named(tmp_path, capsys):
-    from scaling.study import optimal
+    from scaling.study.analysis.pstar import optimal
 
     with pytest.raises(fit.ConfigError, match="recipe: got 'nvfp4'.*fp32, fp8, mxfp4"):
         optimal.optimal_precision(fit.FitResult.from_json(_kumar_eff(tmp_path, {"fp32": 1.0, "fp8": 0.9, "mxfp4": 0.7})),
@@ -73,7 +73,8 @@ def test_plan_refuses_a_law_without_a_bits_axis_and_says_which_verb_ranks_its_re
 def test_the_report_reads_a_per_recipe_law_as_a_choice_among_its_recipes(tmp_path, monkeypatch):
     import pandas as pd
 
-    from scaling.study import findings, law_prose
+    from scaling.study.analysis import findings
+    from scaling.study.report import law_prose
 
     monkeypatch.setattr(findings, "too_few_runs", lambda df, f: None)  # 12 quick runs: too few for 7 params
     eff = fit.FitResult.from_json(_kumar_eff(tmp_path, {"fp32": 1.0, "fp8": 0.98, "mxfp4": 0.3}))

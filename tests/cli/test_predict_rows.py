@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from scaling import cli
-from scaling.study import laws
+from scaling.study.analysis import laws
 
 LAW = "chinchilla[alpha=0.34, beta=0.36]"
 TRUTH = dict(E=1.8, A=400.0, B=2000.0, alpha=0.34, beta=0.36)
@@ -99,7 +99,7 @@ def test_backtest_scores_every_pair_of_budgets_and_writes_one_json(files, capsys
     backtest inside its fitted budgets, the lowest pairs saying why they cannot be; the study's report reads it."""
     import reference_study
 
-    from scaling.study import law_prose
+    from scaling.study.report import law_prose
 
     out = files / "results_backtests.json"
     assert cli.main(["predict", "--backtest", "--results", str(files / "results.csv"), "--law", LAW,
@@ -186,7 +186,7 @@ def test_conflicting_non_finite_or_one_budget_results_are_one_line_and_write_not
 
 
 def test_exact_repeats_of_a_row_are_kept_once():
-    from scaling.study import results as results_lib
+    from scaling.study.sweeps import results as results_lib
 
     df = synthetic(2)
     assert len(results_lib.checked(pd.concat([df, df.iloc[[3, 4]]]))) == len(df)
@@ -202,3 +202,26 @@ def test_fit_refuses_an_inf_loss_and_conflicting_rows_as_predict_does(files, cap
         assert cli.main(["fit", str(files / f"{name}.csv"), "--law", "chinchilla", "-o", str(files / f"{name}.json")]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and results["run_id"].iloc[7] in err[0] and not (files / f"{name}.json").exists(), err
+
+
+def test_fit_on_results_where_no_run_landed_says_so(files, capsys):
+    """A sweep whose runs all failed: `scaling fit` said 'reference: got None ... no precision column P'."""
+    results = synthetic(2).assign(status="failed")
+    results.to_csv(files / "failed.csv", index=False)
+    assert cli.main(["fit", str(files / "failed.csv"), "--law", "auto", "-o", str(files / "f.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    n = results["run_id"].nunique()
+    assert err == [f"error: results: got '{n} runs, none ok (failed {n})'; allowed: runs that landed ok (each failed "
+                   "run's failure.json says why)"]
+
+
+def test_a_per_recipe_law_predicts_through_predict_rows(files, capsys):
+    """`scaling predict --law kumar_eff` refused every recipe ('a recipe law kumar_eff was fitted on ()'):
+    the draws looked the law up by name, not the fitted form that carries its recipes."""
+    out = files / "eff.csv"
+    assert cli.main(["predict", "--rows", str(files / "rows.csv"), "--results", str(files / "results.csv"),
+                     "--law", "kumar_eff", "--bootstrap", "4", "-o", str(out)]) == 0, capsys.readouterr().err
+    table = pd.read_csv(out)
+    assert len(table) == 4 and np.isfinite(table["loss"]).all()
+    at = table.set_index("recipe")  # the planted offsets at one N, D: fp4 above fp8 above bf16
+    assert at.loc["fp4", "loss"] > at.loc["fp8", "loss"] > at.loc["bf16", "loss"]

@@ -18,7 +18,7 @@ QUICK = ROOT / "results" / "quick.csv"
 @pytest.fixture()
 def no_work(monkeypatch):
     """Every verb's first piece of work fails the test if it is reached."""
-    from scaling.study import results, sweep
+    from scaling.study.sweeps import results, sweep
     from scaling.train import config
 
     def reached(*args, **kwargs):

@@ -63,7 +63,7 @@ KUMAR_PARAMS = {"E": 1.7, "A": 400.0, "B": 1500.0, "alpha": 0.34, "beta": 0.28, 
 
 @pytest.fixture
 def kumar_fit_json(tmp_path):
-    from scaling.study import fit
+    from scaling.study.analysis import fit
 
     path = tmp_path / "kumar.json"
     fit.FitResult(law="kumar", params=KUMAR_PARAMS, objective=0.0, residuals=np.array([])).to_json(path)
@@ -72,7 +72,8 @@ def kumar_fit_json(tmp_path):
 
 def test_cli_plans_the_compute_optimum_of_a_fitted_law(kumar_fit_json, capsys):
     from scaling import cli
-    from scaling.study import fit, optimal
+    from scaling.study.analysis import fit
+    from scaling.study.analysis.pstar import optimal
 
     best = optimal.optimal_precision(fit.FitResult.from_json(kumar_fit_json), compute=1e22)
     assert best["P"] == pytest.approx(2.5 * 1.904, abs=0.01)
@@ -103,7 +104,8 @@ def test_cli_plans_the_compute_optimum_of_a_fitted_law(kumar_fit_json, capsys):
 @pytest.mark.slow
 def test_cli_target_loss_finds_the_compute_that_reaches_it(kumar_fit_json, capsys):
     from scaling import cli
-    from scaling.study import fit, optimal
+    from scaling.study.analysis import fit
+    from scaling.study.analysis.pstar import optimal
 
     assert cli.main(["plan", "--fit", str(kumar_fit_json), "--target-loss", "2.3", "--gpus", "1024"]) == 0
     compute = float(capsys.readouterr().out.split("compute ")[1].split()[0])
@@ -218,7 +220,7 @@ def test_step_cli_writes_the_breakdown_figure(tmp_path, capsys):
 
 def test_cli_refuses_a_degenerate_fit_with_one_line(tmp_path, capsys):
     from scaling import cli
-    from scaling.study import fit
+    from scaling.study.analysis import fit
 
     path = tmp_path / "degenerate.json"
     fit.FitResult(law="kumar", params=dict(KUMAR_PARAMS, alpha=-0.0097), objective=0.0, residuals=np.array([]),

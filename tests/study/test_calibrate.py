@@ -1,4 +1,4 @@
-"""The calibrated predictor (scaling.study.calibrate) on synthetic IsoFLOP-like tables drawn from a known
+"""The calibrated predictor (scaling.study.analysis.prediction.calibrate) on synthetic IsoFLOP-like tables drawn from a known
 law (chinchilla with its exponents held at the truth, so one budget identifies it), plus planted
 per-recipe offsets, a shared extrapolation shift that grows with log compute (a random walk in
 log10 C: each step between budgets N(0, (tau·decades)^2), one draw per dataset) and row noise.
@@ -16,7 +16,8 @@ import pandas as pd
 import pytest
 
 from scaling.errors import ConfigError
-from scaling.study import calibrate, laws
+from scaling.study.analysis.prediction import calibrate
+from scaling.study.analysis import laws
 
 TRUTH = dict(E=1.8, A=400.0, B=2000.0, alpha=0.34, beta=0.36)
 LAW = "chinchilla[alpha=0.34, beta=0.36]"

@@ -9,9 +9,9 @@ import pandas as pd
 import pytest
 from flax import nnx
 
-from scaling.study import analysis
-from scaling.study import findings as findings_lib
-from scaling.study import design
+from scaling.study.analysis import isoflop as analysis
+from scaling.study.analysis import findings as findings_lib
+from scaling.study.sweeps import design
 from scaling.train import compute
 from scaling.train import config, ladder, model
 from scaling.numerics import precision
@@ -180,7 +180,7 @@ def test_isoflop_names_no_winner_on_noise_only(level):
 def test_isoflop_names_seed_noise_apart_from_the_parabolas_lack_of_fit():
     """sigma is the scatter about the joint fit, seed replicates included; a profile that is not a parabola
     (one recipe's sizes off its curve, which no shape effect shared by every recipe explains) inflates it. The report names both, so a reader sees which noise the CIs carry."""
-    from scaling.study import prose
+    from scaling.study.report import prose
 
     smooth_facts = findings_lib.findings(_isoflop_runs({"a": 0.0, "b": 0.0}, noise=0.02, rng=4), None, budgets=[1e12])
     smooth = smooth_facts["budgets"][0]
@@ -222,7 +222,7 @@ def test_points_interpolate_between_cooldowns_but_never_extrapolate():
 
 @pytest.mark.parametrize("level", [0.95, 0.80])
 def test_findings_and_report_claim_no_winner_on_noise_only(level):
-    from scaling.study import prose
+    from scaling.study.report import prose
 
     runs = _isoflop_runs({"fp8": 0.0, "mxfp4": 0.0}, noise=0.02, rng=5)
     facts = findings_lib.findings(runs, None, budgets=[1e12], level=level)
@@ -356,7 +356,7 @@ def test_warmup_in_steps_gives_a_budget_the_same_schedule_in_any_run_length():
 
 
 def test_sweep_expands_an_isoflop_design_and_its_runs_carry_their_budgets(tmp_path):
-    from scaling.study import results, sweep
+    from scaling.study.sweeps import results, sweep
     from scaling.train import loop as train
 
     experiment = tmp_path / "iso.toml"
@@ -418,7 +418,7 @@ def test_lr_optima_find_each_recipes_best_rate_and_its_shift_from_fp32():
 
 
 def test_specification_range_spans_only_laws_whose_precision_axis_is_bits():
-    from scaling.study import fit
+    from scaling.study.analysis import fit
 
     kumar = {"E": 1.7, "A": 400.0, "B": 2000.0, "alpha": 0.34, "beta": 0.36, "gamma": 2.5, "kappa": 3.0}
     chosen = fit.FitResult(law="quartet", params={}, objective=0.0, residuals=np.zeros(0))
@@ -555,7 +555,8 @@ def test_the_design_reads_each_minimum_from_the_mean_over_landed_seeds_and_never
 def test_a_chosen_law_without_a_bits_axis_gives_p_star_only_from_within_noise_bits_laws():
     """capacity prices precision by measured quantisation error: it has no P* over bits. P* then comes from the
     within-noise laws whose axis is bits, or the report says these data give none (never a raw error)."""
-    from scaling.study import fit, law_prose
+    from scaling.study.analysis import fit
+    from scaling.study.report import law_prose
 
     runs = _isoflop_runs({"bf16": 0.0, "fp8": 0.01}, noise=0.005)
     kumar = {"E": 1.7, "A": 400.0, "B": 2000.0, "alpha": 0.34, "beta": 0.36, "gamma": 2.5, "kappa": 3.0}
@@ -591,7 +592,8 @@ def test_a_chosen_law_without_a_bits_axis_gives_p_star_only_from_within_noise_bi
 def test_a_quantisation_error_law_ranks_the_measured_recipes_at_their_own_errors_and_costs():
     """capacity read at each recipe's measured qerr and effective bits: when quantisation costs nothing
     (F large: capacity ~1) the cheapest recipe wins; when it costs much (F tiny) the unquantised one does."""
-    from scaling.study import fit, law_prose
+    from scaling.study.analysis import fit
+    from scaling.study.report import law_prose
 
     runs = _isoflop_runs({"bf16": 0.0, "fp8": 0.0, "mxfp4": 0.0}, noise=0.005)
     cfg = ladder.config_for_size(2, seq_len=64)
@@ -616,7 +618,8 @@ def test_p_star_never_overrules_the_isoflop_measurement():
     """A law that prefers a recipe the IsoFLOP profiles rule out (here capacity with F large prefers the
     cheap mxfp4 while the measured mxfp4 is 0.3 nats worse) widens P*'s interval to what the measurement
     cannot rule out, and the report says the two disagree."""
-    from scaling.study import fit, law_prose
+    from scaling.study.analysis import fit
+    from scaling.study.report import law_prose
 
     runs = _isoflop_runs({"bf16": 0.0, "fp8": 0.3, "mxfp4": 0.3}, noise=0.005)
     cfg = ladder.config_for_size(2, seq_len=64)
@@ -677,7 +680,7 @@ def test_scaling_schemes_are_compared_with_per_tensor_scaling_paired_by_seed():
     broken.loc[broken["run_id"] == "fp4-mx-0", ["status", "val_loss"]] = ["diverged", np.nan]
     g2 = findings_lib.scheme_effects(broken)
     assert g2["not_ok"] == {"fp4-mx": {"diverged": 1}} and {r["recipe"]: r["n"] for r in g2["rows"]}["fp4-mx"] == 2
-    from scaling.study import prose
+    from scaling.study.report import prose
     text = prose.granularity_section(g2, "nats/byte")
     assert "Bonferroni" in text and "fp4-mx" in text and "1 diverged" in text
     assert "apart from fp4-tensor-delayed" in prose.granularity_section(g3, "nats/byte")
@@ -693,6 +696,6 @@ def test_smooth_swiglu_is_compared_on_against_off_paired_by_recipe_rate_and_seed
     assert o["n"] == 4 and o["verdict"] == "lower" and o["diff"] == pytest.approx(-0.05, abs=0.02)
     same = [{**r, "val_loss": r["val_loss"] + 0.05 * r["smooth_swiglu"]} for r in rows]
     assert findings_lib.smooth_swiglu_effect(pd.DataFrame(same))["verdict"] == "cannot tell"
-    from scaling.study import prose
+    from scaling.study.report import prose
     assert "lower with Smooth-SwiGLU" in prose.outliers_section(o, "nats/byte")
     assert findings_lib.purpose_rows(pd.DataFrame(rows), "granularity") is None

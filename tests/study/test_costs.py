@@ -1,4 +1,4 @@
-"""scaling.study.costs on synthetic runs built by hand in the results table's FLOPs-by-part layout
+"""scaling.study.analysis.costs on synthetic runs built by hand in the results table's FLOPs-by-part layout
 (no JAX): a token bonus under `bits` that a chip model does not grant, and the per-recipe charges."""
 
 import math
@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from scaling.plan import hardware
-from scaling.study import analysis, costs
+from scaling.study.analysis import isoflop as analysis, costs
 from scaling.train import compute
 
 H100 = hardware.GPUS["h100"].peak_tflops

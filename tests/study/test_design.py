@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from scaling.errors import ConfigError
-from scaling.study import design as design_lib, design_checks, sweep, takeoff
+from scaling.study.sweeps import design as design_lib, design_checks, sweep, takeoff
 from scaling.train import compute, config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -161,7 +161,7 @@ def test_dry_run_warns_when_a_minimum_cannot_be_bracketed(tmp_path):
 def test_dry_run_says_when_the_design_has_too_few_runs_for_any_p_star(tmp_path):
     """The rule the fit's P* follows (optimum_check.min_runs), not a number of its own: two recipes at
     one budget are fewer runs than the 19 kumar (6 free parameters) needs."""
-    from scaling.study import optimum_check
+    from scaling.study.analysis.pstar import optimum_check
 
     path = _experiment(tmp_path, {**TABLE, "budgets": [3e13]})
     _, warnings = design_checks.check(path)

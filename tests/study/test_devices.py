@@ -8,7 +8,7 @@ import jax
 import pytest
 
 from scaling.errors import ConfigError
-from scaling.study import devices, sweep
+from scaling.study.sweeps import devices, sweep
 
 SMALL = {"n": 128, "repeats": 3}  # the speed probe's matmul on a CPU
 

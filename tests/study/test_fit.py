@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from scaling import cli
-from scaling.study import fit, laws
+from scaling.study.analysis import fit, laws
 from scaling.errors import ConfigError
 
 DATA = Path(__file__).parent / "data" / "chinchilla_svg_extracted.csv"

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from scaling import cli
-from scaling.study import fit, laws, selection
+from scaling.study.analysis import fit, laws, selection
 
 # Kumar et al.'s form plus a clear data-dependent penalty: at N = 1e8, P = 4 it is 0.07 nats at D = 1e9
 # and 0.5 nats at D = 5e10 (kumar's own precision effect does not grow with D).
@@ -67,7 +67,7 @@ def test_select_law_prefers_the_data_dependent_penalty():
 
 @pytest.mark.slow
 def test_law_auto_puts_p_star_within_a_bit_of_the_truth():
-    from scaling.study import optimal
+    from scaling.study.analysis.pstar import optimal
 
     sel, fits = selection.select(kumar_data_runs(), ["kumar", "kumar_data"], fit_kwargs=QUICK)
     chosen = fits[sel["chosen"]]
@@ -330,7 +330,7 @@ def test_a_degenerate_fit_is_scored_but_not_chosen_while_a_sound_one_exists():
     assert c["flat"]["within_noise"] and c["flat"]["score"] is not None
     entries[1]["degenerate"] = "exponent alpha = -0.01 <= 0"
     assert selection._choose(entries, {n: (pos, e) for n, e in errs.items()}, clusters)[0] == "flat"
-    from scaling.study import law_prose
+    from scaling.study.report import law_prose
     text = law_prose._degenerate_text({"candidates": entries})
     assert "`flat` (E = 1.8e-117 is at its bound 0)" in text and "`sound` (exponent alpha" in text
 

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from scaling.study import laws
+from scaling.study.analysis import laws
 from scaling.errors import ConfigError
 
 HOFFMANN = dict(E=1.69, A=406.4, B=410.7, alpha=0.34, beta=0.28)
@@ -262,7 +262,7 @@ def test_capacity_roles_fit_says_activations_cost_more_when_they_do():
     telemetry columns as results tables carry them, the activation weight comes out above the weights'."""
     import pandas as pd
 
-    from scaling.study import fit
+    from scaling.study.analysis import fit
 
     recipes = [(np.nan, np.nan)] + [(w, a) for snr in (12.0, 18.0, 26.0) for w, a in ((snr, np.nan), (np.nan, snr), (snr, snr))]
     rows = [{"N": n, "D": d, "weight_snr_db": w, "activation_snr_db": a, "P_w": 32.0 if np.isnan(w) else 4.0,

@@ -1,4 +1,4 @@
-"""Matched-token numerics (scaling.study.matched) on synthetic tables with a known truth: no training.
+"""Matched-token numerics (scaling.study.analysis.matched) on synthetic tables with a known truth: no training.
 
 The synthetic study: 5 sizes × 3 seeds = 15 (N, seed) cells, each evaluated at 4 tokens-per-parameter
 ratios (60 matched points per recipe). A run's seed deviation is shared by all 4 of its points: the
@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 from scaling.errors import ConfigError
-from scaling.study import matched
+from scaling.study.analysis import matched
 
 SIZES = (1e5, 2e5, 4e5, 8e5, 1.6e6)
 SEEDS = (0, 1, 2)
@@ -185,5 +185,5 @@ def test_paired_contrast_directly_and_via_the_reference():
 
 
 def test_the_module_does_not_import_jax():
-    code = "import sys, scaling.study.matched; assert not any(m.split('.')[0] in ('jax', 'jaxlib') for m in sys.modules)"
+    code = "import sys, scaling.study.analysis.matched; assert not any(m.split('.')[0] in ('jax', 'jaxlib') for m in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0

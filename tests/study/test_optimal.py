@@ -4,10 +4,11 @@ import numpy as np
 import pytest
 
 from scaling import cli
-from scaling.study import laws, optimal
+from scaling.study.analysis import laws
+from scaling.study.analysis.pstar import optimal
 from scaling.train import compute
 from scaling.errors import ConfigError
-from scaling.study.fit import FitResult
+from scaling.study.analysis.fit import FitResult
 
 KUMAR = dict(E=1.8, A=400.0, B=2000.0, alpha=0.34, beta=0.36, gamma=2.5, kappa=3.0)
 CHINCHILLA = dict(E=1.817, A=482.0, B=2085.0, alpha=0.348, beta=0.366)

@@ -1,4 +1,4 @@
-"""One verdict on whether a fitted law's optimum exists (scaling.study.optimum_check): shared by
+"""One verdict on whether a fitted law's optimum exists (scaling.study.analysis.pstar.optimum_check): shared by
 `scaling optimal`, `scaling plan --fit` and REPORT's P* rule; extrapolation flagged; a collapsed CI degenerate."""
 
 import json
@@ -10,8 +10,9 @@ import pytest
 
 from scaling import cli
 from scaling.errors import ConfigError
-from scaling.study import findings, fit as fit_lib, laws, optimal, optimum_check
-from scaling.study.fit import FitResult
+from scaling.study.analysis import findings, fit as fit_lib, laws
+from scaling.study.analysis.pstar import optimal, optimum_check
+from scaling.study.analysis.fit import FitResult
 
 ROOT = Path(__file__).resolve().parents[2]
 KUMAR = dict(E=1.8, A=400.0, B=2000.0, alpha=0.34, beta=0.36, gamma=2.5, kappa=3.0)

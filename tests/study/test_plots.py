@@ -11,7 +11,8 @@ import pandas as pd
 import pytest
 
 from scaling import cli
-from scaling.study import curves, figure_base, plots
+from scaling.study.sweeps import curves
+from scaling.study.report import figure_base, plots
 from scaling.train import ladder
 from scaling._io import append_jsonl, atomic_write_json
 from scaling.errors import ConfigError
@@ -235,7 +236,7 @@ def fake_fit(p_star: float, n_samples: int = 12, seed: int = 0, heldout: dict | 
     """A kumar fit as `scaling fit` writes it (JSON dict -> FitResult): the true law whose sweet spot is
     `p_star`, with bootstrap samples spread 3% around it. Fitting for real costs ~40 s on 2 shared
     cores; the fitting itself is tested in test_fit.py."""
-    from scaling.study import fit
+    from scaling.study.analysis import fit
 
     rng = np.random.default_rng(seed)
     params = {**LAW, "gamma": p_star / X_KAPPA3, "kappa": 3.0}
@@ -251,7 +252,7 @@ def fake_fit(p_star: float, n_samples: int = 12, seed: int = 0, heldout: dict | 
 
 @pytest.mark.slow
 def test_every_figure_is_written_as_png_and_pdf(tmp_path):
-    from scaling.study import optimal
+    from scaling.study.analysis.pstar import optimal
 
     results = fake_results(p_star=5.0)
     law = fake_fit(5.0, heldout=HELDOUT)
@@ -386,7 +387,7 @@ def test_granularity_figure_draws_every_run_at_a_single_size(tmp_path, monkeypat
 
 
 def test_iso_loss_marks_the_fitted_sizes(tmp_path):
-    from scaling.study import fit
+    from scaling.study.analysis import fit
 
     law = fake_fit(5.0, n_samples=0).to_dict()
     with_sizes = fit.FitResult.from_dict({**law, "data": {"columns": {"N": {"min": 3e5, "max": 2e6}}}})
@@ -406,7 +407,7 @@ def test_figures_cli_finds_a_sweeps_curves_beside_its_summary(tmp_path, capsys, 
     and 7 were skipped for the README tour's own command); --curves still wins."""
     import shutil
 
-    from scaling.study import report
+    from scaling.study.report import writer as report
 
     root = Path(__file__).resolve().parents[2] / "results"
     for name in ("quick.csv", "quick_curves.parquet"):

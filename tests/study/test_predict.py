@@ -1,4 +1,4 @@
-"""A budget predicted before it is trained (scaling.study.predict, `scaling predict`), on the committed
+"""A budget predicted before it is trained (scaling.study.analysis.prediction.predict, `scaling predict`), on the committed
 quick study: fitted on its two budgets, predicted at a third the design places, scored against a
 stand-in measurement."""
 
@@ -16,7 +16,9 @@ import pytest
 from scipy import stats
 
 from scaling.errors import ConfigError
-from scaling.study import law_prose, predict, report, results, sweep
+from scaling.study.report import law_prose, writer as report
+from scaling.study.analysis.prediction import predict
+from scaling.study.sweeps import results, sweep
 from scaling.train import compute as compute_lib
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -255,7 +257,7 @@ def test_host_shift_pairs_each_run_across_hosts_and_averages_its_points_before_t
     IsoFLOP points, oriented one way, each run's points averaged (one trajectory), a t interval over runs."""
     import readme
     import reference_study
-    from scaling.study import findings as findings_lib
+    from scaling.study.analysis import findings as findings_lib
 
     fast, slow = "cpu: fast", "cpu: slow"
     rows = pd.DataFrame({"run_id": ["r1", "r1", "r2", "r3", "r9"], "D": [1e6, 3e6, 1e6, 1e6, 1e6],

@@ -1,4 +1,4 @@
-"""P* as a profile (scaling.study.profile): the law's loss at each format real chips run, with bootstrap
+"""P* as a profile (scaling.study.analysis.pstar.profile): the law's loss at each format real chips run, with bootstrap
 CIs, family-wise CIs of neighbour differences, untrained formats flagged, a continuous P* only where the
 law and data support one; findings' P* entries carry it; figure 2 and `scaling optimal` honour the
 optimum verdict (optimum_check)."""
@@ -11,8 +11,10 @@ import pandas as pd
 import pytest
 
 from scaling import cli
-from scaling.study import figure_base, findings, laws, optimal, plots, profile, selection
-from scaling.study.fit import FitResult
+from scaling.study.report import figure_base, plots
+from scaling.study.analysis import findings, laws, selection
+from scaling.study.analysis.pstar import optimal, profile
+from scaling.study.analysis.fit import FitResult
 
 ROOT = Path(__file__).resolve().parents[2]
 X3 = laws.kumar_sweet_spot_x(3.0)

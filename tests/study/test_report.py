@@ -13,8 +13,9 @@ import pytest
 import reference_study
 from test_plots import fake_fit, fake_results
 
-from scaling.study import fit, law_prose, prose, report
-from scaling.study import findings as findings_lib
+from scaling.study.analysis import fit
+from scaling.study.report import law_prose, prose, writer as report
+from scaling.study.analysis import findings as findings_lib
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -32,7 +33,7 @@ def test_markdown_numbers():
 def test_report_states_the_computed_optimum_and_notes_skipped_figures(tmp_path):
     from test_plots import HELDOUT, fake_fit
 
-    from scaling.study import optimal
+    from scaling.study.analysis.pstar import optimal
 
     results, law, compute = fake_results(p_star=5.0), fake_fit(5.0, heldout=HELDOUT), 1.5e13
     path = report.write_report(results, law, tmp_path, compute=compute)
@@ -93,7 +94,7 @@ def test_make_figures_takes_the_committed_study_as_defaults_and_a_users_files_ov
 def test_limitations_name_a_size_axis_without_gain_and_an_unidentified_floor():
     from test_plots import fake_fit
 
-    from scaling.study import plots
+    from scaling.study.report import plots
 
     ok = plots.validate_results(fake_results(p_star=5.0))
     law = fake_fit(5.0, n_samples=0)
@@ -110,7 +111,7 @@ def test_limitations_name_a_size_axis_without_gain_and_an_unidentified_floor():
 
 
 def test_the_laws_error_named_in_the_limitations_is_the_larger_of_its_held_out_sizes_and_its_budget_extrapolation():
-    from scaling.study import plots
+    from scaling.study.report import plots
 
     ok = plots.validate_results(fake_results(p_star=5.0))
     law = fake_fit(5.0, n_samples=0)
@@ -125,7 +126,7 @@ def test_the_laws_error_named_in_the_limitations_is_the_larger_of_its_held_out_s
 
 
 def test_the_matched_section_says_which_gaps_grow_with_tokens_from_the_familywise_intervals():
-    from scaling.study import matched
+    from scaling.study.analysis import matched
 
     rng = np.random.default_rng(0)
     rows = []
@@ -268,7 +269,8 @@ def test_too_few_runs_for_a_p_star_is_said_instead_of_one():
     runs; a seed-1 rerun put kumar's P* at 32 bits against 5.5 with interval 2-10) gets no P*, only why,
     and REPORT and README print that."""
     import readme
-    from scaling.study import fit as fit_lib, results
+    from scaling.study.analysis import fit as fit_lib
+    from scaling.study.sweeps import results
 
     law = fit_lib.FitResult.from_json(ROOT / "fits" / "quick.json")
     assert findings_lib.too_few_runs(pd.DataFrame({"run_id": range(19)}), law) is None
@@ -285,7 +287,7 @@ def test_too_few_runs_for_a_p_star_is_said_instead_of_one():
 def test_the_gpu_pilot_is_reported_on_its_own_runs_by_the_main_studys_rules():
     """REPORT's GPU pilot section: its corpus named, its own IsoFLOP findings by the same code as the
     main study's, and why there is no verdict where its runs cannot give one."""
-    from scaling.study import plots
+    from scaling.study.report import plots
 
     rows = fake_results().assign(corpus="pysrc gpu")
     section = reference_study.gpu_pilot_section(reference_study.gpu_pilot_facts(rows))
@@ -310,7 +312,7 @@ def test_readme_puts_the_gpu_pilot_beside_the_study_with_its_verdict_and_each_ga
     import json
 
     import readme
-    from scaling.study import results
+    from scaling.study.sweeps import results
 
     facts = reference_study.gpu_pilot_facts(results.load(ROOT / "results" / "gpu_pilot.csv"))  # the committed pilot
     (head, *budgets) = readme._gpu_pilot(facts, "nats/byte")
@@ -386,7 +388,7 @@ def test_a_report_never_depends_on_where_the_law_puts_its_cluster_scale_optimum(
 
     from scaling import plan
     from scaling.errors import ConfigError
-    from scaling.study import plots
+    from scaling.study.report import plots
 
     results, law = fake_results(p_star=5.0), fake_fit(5.0)
     law.params["alpha"] = 2.29
@@ -422,7 +424,7 @@ def test_reports_name_a_corpus_file_by_its_name_and_a_one_point_span_once():
 
 def test_without_a_precision_test_the_report_says_why_when_chinchilla_is_in_the_table():
     """'no chinchilla candidate' was printed while chinchilla was in the table, unscored or degenerate."""
-    from scaling.study import selection
+    from scaling.study.analysis import selection
 
     rng = np.random.default_rng(0)
     pos, clusters = np.arange(12), np.repeat(np.arange(4), 3)

@@ -1,7 +1,7 @@
 import pandas as pd
 import pytest
 
-from scaling.study import results
+from scaling.study.sweeps import results
 from scaling._io import atomic_write_json
 
 
@@ -92,8 +92,8 @@ def test_takeoff_probes_are_not_results(tmp_path):
 
 def _committed(path, runs, loss, sweep="isoflop"):
     """A committed summary (.csv) of `runs` at one eval each, with a 3-step curve per run beside it."""
-    from scaling.study import curves
-    from scaling.study.summary import Summary
+    from scaling.study.sweeps import curves
+    from scaling.study.sweeps.summary import Summary
     rows = [r for run in runs for r in results.rows_from_summary(
         _summary(run, [{"D": 100, "step": 1, "val_loss": loss, "train_loss": loss}]), run_id=run, sweep=sweep)]
     results.export(results.tidy(pd.DataFrame(rows)), path)
@@ -105,7 +105,7 @@ def _committed(path, runs, loss, sweep="isoflop"):
 
 def test_merge_joins_a_side_summary_rows_and_curves_and_is_idempotent(tmp_path, capsys):
     from scaling import cli
-    from scaling.study import curves
+    from scaling.study.sweeps import curves
     main = _committed(tmp_path / "isoflop.csv", ["a", "b"], 2.0)
     side = _committed(tmp_path / "isoflop_heldout.csv", ["b", "c"], 1.5)
     assert cli.main(["merge", str(side.path), "--into", str(main.path)]) == 0
@@ -137,7 +137,7 @@ def test_merge_refuses_another_sweep_or_a_bad_path_in_one_line(tmp_path, capsys)
 
 
 def test_a_summary_takes_each_sweeps_rows_on_the_corpus_that_sweep_pins(tmp_path):
-    from scaling.study.summary import Summary
+    from scaling.study.sweeps.summary import Summary
 
     rows = pd.DataFrame({"run_id": ["a", "b", "g", "h"], "sweep": ["isoflop", "isoflop", "granularity", "granularity"],
                          "D": 100, "val_loss": 2.0, "status": "ok",

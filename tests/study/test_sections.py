@@ -9,7 +9,8 @@ import pytest
 
 from scaling import cli
 from scaling.errors import ConfigError
-from scaling.study import plots, report, results
+from scaling.study.report import plots, writer as report
+from scaling.study.sweeps import results
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICK = ROOT / "results" / "quick.csv"

@@ -1,7 +1,8 @@
 """The report's law-selection paragraph (held-out budget, within-noise set, the chosen law's residuals per
 recipe) and its P* sentence for a law without a bits axis (a menu of measured recipes, not an interval)."""
 
-from scaling.study import findings as findings_lib, law_prose
+from scaling.study.analysis import findings as findings_lib
+from scaling.study.report import law_prose
 
 
 def _selection(close: bool) -> dict:

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from scaling.study import fit, laws, selection
+from scaling.study.analysis import fit, laws, selection
 
 SIZES = (1e7, 3e7, 1e8, 3e8)
 TOKENS_PER_PARAM = (10.0, 40.0, 160.0)

@@ -1,4 +1,4 @@
-"""The joint IsoFLOP fit with shape effects (scaling.study.shapes): recipes measured on different shapes
+"""The joint IsoFLOP fit with shape effects (scaling.study.analysis.shapes): recipes measured on different shapes
 compared like with like, and verdicts calibrated over many synthetic seeds."""
 
 import math
@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from scaling.study import analysis, shapes
+from scaling.study.analysis import isoflop as analysis, shapes
 from scaling.train import compute, ladder
 
 BUDGET = 1e12

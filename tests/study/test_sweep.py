@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 
 from scaling.train import ladder
-from scaling.study import sweep, takeoff
+from scaling.study.sweeps import sweep, takeoff
 from scaling.errors import ConfigError
 
 

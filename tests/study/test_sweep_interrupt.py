@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from scaling.study import results, sweep
+from scaling.study.sweeps import results, sweep
 
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE = ROOT / "experiments" / "smoke_sweep.toml"

@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from scaling.study import results, sweep, takeoff
+from scaling.study.sweeps import results, sweep, takeoff
 
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE = ROOT / "experiments" / "smoke_sweep.toml"

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from scaling.study import reproduce, sweep, takeoff
+from scaling.study import reproduce
+from scaling.study.sweeps import sweep, takeoff
 
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE = ROOT / "experiments" / "smoke_sweep.toml"
@@ -44,3 +45,21 @@ def test_reproduce_passes_its_echo_to_take_off(tmp_path, monkeypatch):
     with pytest.raises(Stop):
         reproduce.reproduce("smoke", tmp_path / "out", echo=lines.append)
     assert "take-off: shape 1/3 (L2-h32, fp32) cleared in 1.0 s" in lines
+
+
+def test_take_off_refuses_an_evaluation_larger_than_the_corpus_before_anything_flies(tmp_path, monkeypatch):
+    """A user's own small corpus with the default eval_tokens: take-off's probes evaluate on fewer tokens,
+    so all 8 runs of a new user's sweep cleared take-off and then failed at their start. Take-off now
+    checks each run's own evaluation against the validation split, in one line, before any probe."""
+    from scaling.errors import ConfigError
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(40):
+        (corpus / f"doc{i}.txt").write_text(f"document {i}: " + "some words of text " * 60)
+    specs = [s for s in sweep.expand(SMOKE, [f"data.source={corpus}", "data.eval_tokens=65536"])
+             if s.config.recipe.name == "fp32"]
+    monkeypatch.setattr(takeoff, "_fly", lambda *a, **k: pytest.fail("a probe flew"))
+    with pytest.raises(ConfigError, match=r"data.eval_tokens: got 65536; allowed: between 32 \(model.seq_len\) and \d+ "
+                                          r"\(the validation split\)"):
+        takeoff.take_off(specs, tmp_path / "out")

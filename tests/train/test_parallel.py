@@ -326,7 +326,7 @@ def test_two_processes_train_checkpoint_and_resume_one_run(tmp_path):
 
 def test_gpus_per_run_g_gives_each_run_g_gpus_and_probes_every_one():
     from scaling.errors import ConfigError
-    from scaling.study import sweep
+    from scaling.study.sweeps import sweep
 
     gpus = [str(i) for i in range(10)]
     assert sweep.gpu_slots(gpus, workers=None, gpus_per_run=4) == [{"CUDA_VISIBLE_DEVICES": "0,1,2,3"},

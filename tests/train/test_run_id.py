@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from scaling.errors import ConfigError
-from scaling.study import design as design_lib, sweep
+from scaling.study.sweeps import design as design_lib, sweep
 from scaling.train import architectures, config, runs
 
 ROOT = Path(__file__).resolve().parents[2]

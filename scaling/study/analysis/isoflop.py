@@ -5,12 +5,12 @@ The direct measurement is Hoffmann et al.'s Approach 2, per recipe: at a budget 
 under a named `scaling.train.compute.CostModel`), every run of the recipe gives its loss at the tokens C
 affords it, and loss against log N is fitted with a parabola whose minimum is the recipe's best loss
 at C. A run contributes at C only if one of its evaluations lands on C (an IsoFLOP design's run
-(scaling.study.design) lands on each budget it serves at the nearest whole step and labels that evaluation
+(scaling.study.sweeps.design) lands on each budget it serves at the nearest whole step and labels that evaluation
 `budget`; otherwise within one part in a thousand) or, for tables made without such a design, if two of its
 WSD cooldown evaluations bracket C: then log loss is interpolated linearly in log D between them
 (flagged `interpolated`). Nothing is extrapolated and no minimum is picked across sweeps.
 
-Shape and uncertainty (scaling.study.shapes): the profiles of all recipes at a budget are fitted jointly
+Shape and uncertainty (scaling.study.analysis.shapes): the profiles of all recipes at a budget are fitted jointly
 with an effect per model shape (d_model, n_layers) that every recipe shares, identified where recipes
 share shapes, so recipes measured on different shapes are compared on shape-adjusted minima. The noise
 is the scatter about that joint fit (seed replicates included as points; `seed_sigma`, from seed
@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 
 from scaling.train import compute as compute_lib
-from scaling.study import shapes
+from scaling.study.analysis import fit, shapes
 from scaling.errors import ConfigError
 
 MATCH_RTOL = 1e-3  # an evaluation "lands on" a budget within this relative compute difference
@@ -74,11 +74,12 @@ def ok_rows(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def high_precision_recipe(df: pd.DataFrame) -> str | None:
-    """The reference recipe of a table: the one with the most bits (P), ties by name."""
+    """The reference recipe of a table, by the one rule law selection uses too (fit.recipes_reference_first:
+    the largest P, then the other precision columns, so a weights-only or backward-only recipe with P = 32
+    is not the reference; ties by name)."""
     if df.empty or "recipe" not in df.columns:
         return None
-    by = df.drop_duplicates("recipe").sort_values(["P", "recipe"], ascending=[False, True])
-    return str(by["recipe"].iloc[0])
+    return fit.recipes_reference_first(df)[0]
 
 
 # ----------------------------------------------------------------------------- budgets and points
@@ -183,7 +184,7 @@ def isoflop(df: pd.DataFrame, budget: float, cost: compute_lib.CostModel | str =
             n_boot: int = 2000, seed: int = 0, level: float = LEVEL,
             noise: tuple[float, int] = (0.0, 0), shape_term: bool = True,
             pairs: Sequence[tuple[str, str]] = ()) -> dict[str, Any]:
-    """The IsoFLOP analysis at one budget (see module doc and scaling.study.shapes). Returns a JSON-friendly
+    """The IsoFLOP analysis at one budget (see module doc and scaling.study.analysis.shapes). Returns a JSON-friendly
     dict: budget, cost_model, level, sigma (the noise the verdict resamples with: the scatter about the
     joint fit of parabolas and shape effects) and dof, noise_source ('joint fit', or 'seed replicates'
     where the fit leaves no dof), seed_sigma and seed_dof (seed replicates alone, from `noise`; None without
@@ -312,7 +313,7 @@ def gaps_to_reference_recipe(df: pd.DataFrame) -> pd.DataFrame:
     """Each ok run's val_loss minus the mean of the reference recipe's (high_precision_recipe) at the
     same size, tokens and seed (where one exists): columns recipe, N, D, seed, gap. The quantity a
     precision law must predict. (Law selection's per-row gaps, with its own reference rule, are
-    scaling.study.selection.gaps_to_reference_rows.)"""
+    scaling.study.analysis.selection.gaps_to_reference_rows.)"""
     df = ok_rows(df)
     ref = high_precision_recipe(df)
     if ref is None:

@@ -20,8 +20,8 @@ does not parse) raises `ConfigError`.
 
 This module holds the figures of measured data (1, 4-7), the input checks and `make_figures`, the
 list of all nine; the figures drawn from a fitted law (2, 3, 8, 9) and their fit adapters are in
-scaling.study.law_plots, and what both share (the Figure/Skipped records, titles, labels, palette,
-axis helpers and saving) in scaling.study.figure_base. The names callers read from this module
+scaling.study.report.law_plots, and what both share (the Figure/Skipped records, titles, labels, palette,
+axis helpers and saving) in scaling.study.report.figure_base. The names callers read from this module
 before that split are re-exported here (`__all__`). Analysis lives in scaling.study.analysis; these
 modules only draw what it computes.
 """
@@ -41,21 +41,18 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
-from scaling.study import laws, optimal, analysis  # noqa: E402
-from scaling.study import findings as findings_lib  # noqa: E402
-from scaling.study import profile  # noqa: E402
+from scaling.study.analysis import laws, isoflop as analysis  # noqa: E402
+from scaling.study.analysis.pstar import optimal  # noqa: E402
+from scaling.study.analysis import findings as findings_lib  # noqa: E402
+from scaling.study.analysis.pstar import profile  # noqa: E402
 from scaling.train import compute  # noqa: E402
-from scaling.study import curves as curves_lib  # noqa: E402
+from scaling.study.sweeps import curves as curves_lib  # noqa: E402
 from scaling.errors import ConfigError  # noqa: E402
-from scaling.study.analysis import study_part  # noqa: E402
-from scaling.study.findings import final_rows  # noqa: E402  (each figure reads its own study part)
-from scaling.study.figure_base import (STEMS, TITLES, Figure, Skipped, _figure, _fmt, _log_n_axis,  # noqa: E402
-                                       loss_label, palette_for, precision_label, precision_order,
-                                       recipe_palette, with_precision)
-from scaling.study.fit import FitResult  # noqa: E402
-from scaling.study.law_plots import (CLUSTER_COMPUTE, cluster_table, cluster_time_table, fitted_sizes,  # noqa: E402
-                                     fitted_vs_observed, heldout_mask, heldout_predictions, iso_loss,
-                                     param_samples, residuals, table_markdown)
+from scaling.study.analysis.isoflop import study_part  # noqa: E402
+from scaling.study.analysis.findings import final_rows  # noqa: E402  (each figure reads its own study part)
+from scaling.study.report.figure_base import STEMS, TITLES, Figure, Skipped, _figure, _fmt, _log_n_axis, loss_label, palette_for, precision_label, precision_order, recipe_palette, with_precision
+from scaling.study.analysis.fit import FitResult  # noqa: E402
+from scaling.study.report.law_plots import CLUSTER_COMPUTE, cluster_table, cluster_time_table, fitted_sizes, fitted_vs_observed, heldout_mask, heldout_predictions, iso_loss, param_samples, residuals, table_markdown
 
 __all__ = [
     # the measured-data figures, their inputs and the list of all nine
@@ -393,7 +390,7 @@ def with_base_lr(curves: pd.DataFrame, results: pd.DataFrame | None) -> pd.DataF
 def make_figures(results: pd.DataFrame | None, fit: FitResult | None, out_dir: str | Path, *, curves: pd.DataFrame | None = None,
                  facts: dict | None = None, plan_table: pd.DataFrame | None = None) -> list[Figure | Skipped]:
     """Every figure whose inputs are present, in number order; a `Skipped` (with its reason) for the rest.
-    facts: scaling.study.findings.findings of the results (computed here when absent): figure 1 draws its
+    facts: scaling.study.analysis.findings.findings of the results (computed here when absent): figure 1 draws its
     IsoFLOP analyses, figure 2 its largest budget under its cost model."""
     out_dir = Path(out_dir)
     results = validate_results(results) if results is not None else None

@@ -1,8 +1,8 @@
 """What every figure module shares: the Figure and Skipped records, the nine figures' titles and file
 stems, precision labels and colours, the axis helpers, and `_save`, the one place a figure is written.
 
-scaling.study.plots draws the figures of measured data and lists all nine (`make_figures`);
-scaling.study.law_plots draws those of a fitted law. Imports flow one way: figure_base <- law_plots <-
+scaling.study.report.plots draws the figures of measured data and lists all nine (`make_figures`);
+scaling.study.report.law_plots draws those of a fitted law. Imports flow one way: figure_base <- law_plots <-
 plots. A test that stops figures being written patches `figure_base._save`, which every figure's
 `_figure` calls.
 """

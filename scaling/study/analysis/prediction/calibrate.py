@@ -1,10 +1,9 @@
 """A calibrated predictor: a law's prediction of any run, with an interval that holds how far the law's
 extrapolations have missed before, measured by backtests inside the budgets it was fitted on.
 
-Why: a law fitted on lower IsoFLOP budgets missed the next budget by one level shift shared by every
-recipe (the registered 1e13 prediction: every recipe lower than predicted, mean -0.042 nats; a
-backtest inside the lower budgets had already missed by -0.015 to -0.029). scaling.study.predict's
-interval is mostly an in-sample, zero-mean lack of fit drawn independently per recipe, so it neither
+Why: a law fitted on lower IsoFLOP budgets can miss the next budget by one level shift shared by every
+recipe (REPORT's "A budget predicted before it was trained" and its backtests say by how much).
+scaling.study.analysis.prediction.predict's interval is mostly an in-sample, zero-mean lack of fit drawn independently per recipe, so it neither
 covers a shared miss nor lets a gap's interval shrink where the shared part cancels. Here:
 
 Backtest (`backtest_pair`): fit the law on the rows with budget <= a, predict the rows labelled with a
@@ -12,9 +11,7 @@ higher budget b. Whole runs: a run with any row at b is left out of the fit (as 
 does), so no scored row is a later checkpoint of a fitted run. A row without a budget label (the
 reference evaluated at another recipe's step) counts at the smallest labelled budget its run reaches at
 or after its tokens; one past its run's last budget (a low-bit recipe's step, up to 4x the reference's
-compute) counts at none: it is never fitted, only the matched reference of a gap (the committed study's
-fit for 1e13 has 481 rows of 291 runs; the registered prediction fitted 616 of 313, those evaluations
-included, on the results as they stood then). Each recipe at b enters the law with the median of the
+compute) counts at none: it is never fitted, only the matched reference of a gap. Each recipe at b enters the law with the median of the
 law's other columns over its fitted rows (as predict.recipe_columns). Errors, measured - predicted in
 nats, are split three ways: `shared` (one number per backtest: the mean over recipes of each recipe's
 mean error), `per_recipe` (each recipe's mean minus the shared) and the rows' scatter about their
@@ -34,9 +31,8 @@ Calibration (`calibration`), from the k backtests inside the fitted budgets (eve
   each recipe's in-sample mean residual, less their mean over recipes (`bias`: it leaves the shared
   part alone), is added to its prediction with a weight w in [0, 1]: the least-squares slope of the
   backtests' per-recipe parts on their own fits' in-sample biases (learned from R recipes per backtest,
-  not from k backtests; 0 without a backtest). On the committed study the slope is about a half (the
-  FP4 recipes' in-sample misfit does not carry over; quartet's and fp8's do); on data whose offsets
-  persist it is about 1. What the backtests miss per recipe after the weighted correction gives
+  not from k backtests; 0 without a backtest): near 1 on data whose offsets persist, lower where a
+  recipe's in-sample misfit does not carry over (REPORT's backtests give the committed study's). What the backtests miss per recipe after the weighted correction gives
   sigma_recipe = sqrt(sum of squared parts / (k (R - 1))), t with k (R - 1) dof, one draw per recipe
   and draw (not scaled by distance);
 - per row: sigma_row, the pooled scatter of backtest rows about their recipe's mean error (noise and
@@ -51,14 +47,14 @@ the backtests' own gap errors, where the shared shift has already cancelled: the
 (with the weighted correction) + a zero-mean per-recipe gap term (the RMS of the recipes' mean gap
 errors over the backtests, t with as many dof as those means) + the gap rows' scatter about their
 recipe's mean. Not the difference of two level draws: a law's misfit along N is mostly common to the
-recipes at one N, so the level rows' scatter (0.042 nats for the committed study's law, against 0.025
-for its gaps) would count twice what a gap sees. Without matched gaps in the backtests a gap falls back
+recipes at one N, so the level rows' scatter (larger than the gap rows' on the committed study) would
+count twice what a gap sees. Without matched gaps in the backtests a gap falls back
 to the difference of the level draws. P(best) is the share of draws in which a row is the lowest of the
 rows at its (N, D) (with the reference there, on the gap draws, the reference at 0). Where a term cannot
 be estimated (no backtest inside one budget; no rows to scatter), the interval it enters is None and
 `notes` says why in words. Rows at or below the top fitted budget have d = 0.
 
-The old interval (scaling.study.predict's kind, per row): the bootstrap draws plus a normal of the
+The old interval (scaling.study.analysis.prediction.predict's kind, per row): the bootstrap draws plus a normal of the
 fit's in-sample RMS residual (nats), independent per row, no shared term.
 
 `backtest_all` (`backtest_pair` for one pair) scores both on every ordered pair of budgets, the
@@ -86,8 +82,8 @@ sigma_row, row_dof, sigma_gap_recipe, gap_recipe_dof, sigma_gap_row, gap_row_dof
 Errors are measured - predicted (negative: the runs came in lower than the law said). Widths are the
 mean of hi - lo over the rows (or gaps) scored.
 
-One module (about 630 lines): the backtests, the calibration and the calibrated draws read one
-decomposition of the misses (shared, per recipe, rows).
+One module: the backtests, the calibration and the calibrated draws read one decomposition of the
+misses (shared, per recipe, rows).
 """
 
 from __future__ import annotations
@@ -101,8 +97,8 @@ import numpy as np
 import pandas as pd
 
 from scaling.errors import ConfigError
-from scaling.study import analysis, fit as fit_lib, laws, selection
-from scaling.study.analysis import LEVEL
+from scaling.study.analysis import isoflop as analysis, fit as fit_lib, laws, selection
+from scaling.study.analysis.isoflop import LEVEL
 
 DRAWS = 4000  # joint predictive draws (the law's resamples cycled)
 METHOD = ("law + each recipe's in-sample misfit + bootstrap, a zero-mean shared shift tau·d·t_k (tau per decade "
@@ -197,7 +193,7 @@ class Model:
     def draws(self, frame: pd.DataFrame, weight: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
         """(centre (rows,), draws (resamples, rows)): the fit's prediction and each resample's, each row
         plus `weight` times its recipe's `bias`."""
-        law = laws.get(self.fit.law)
+        law = self.fit.law_form  # a per-recipe law (kumar_eff) carries the recipes it was fitted on
         x = fit_lib._columns(law, frame, require_rows=False)
         centre = np.asarray(law.predict(self.fit.params, x, np), float)
         samples = self.fit.samples.to_dict("records") or [dict(self.fit.params)]

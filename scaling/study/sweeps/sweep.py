@@ -26,7 +26,7 @@ G > 1 gives one run G GPUs (`parallel.data = G` unless the experiment sets it: o
 devices, scaling.train.parallel; not part of the run id): each local slot is G GPUs, and the
 take-off check probes every GPU of every slot, leaving out a slot with any GPU that fails. GPUs are
 found without JAX (CUDA_VISIBLE_DEVICES, else `nvidia-smi -L`); the take-off probes
-(scaling.study.takeoff) fly one lane per slot, this process's on the first GPU allocating memory as
+(scaling.study.sweeps.takeoff) fly one lane per slot, this process's on the first GPU allocating memory as
 needed and giving it back, so the runs find their GPUs free.
 
 Several sweeps may share an --out: each run is trained by the one process holding its lock
@@ -37,12 +37,12 @@ ends with every run of its grid landed, each trained once.
 Packs (`--pack K`, local executor): runs that differ only in seed, learning rate or format values
 (scaling.train.loop.pack_key) train K at a time as one program in one watched child
 (`execute_pack`), each under its own lock and into its own directory, where take-off found a packed
-step on the device bit for bit its single steps (scaling.study.takeoff.pack_probe).
+step on the device bit for bit its single steps (scaling.study.sweeps.takeoff.pack_probe).
 
 Ctrl-C (local executor, `_Stop`): no run starts after it, the runs in flight checkpoint and stop
 without landing (a rerun resumes them), and run_sweep raises Interrupted; a second one kills them.
 
-One module (about 850 lines): the grid's expansion, the two executors and the crash-safe bookkeeping
+One module: the grid's expansion, the two executors and the crash-safe bookkeeping
 share the RunSpec and the directory layout above.
 """
 
@@ -78,7 +78,7 @@ from scaling.train.config import set_dotted
 from scaling.errors import ConfigError
 
 if TYPE_CHECKING:
-    from scaling.study import summary as summary_lib
+    from scaling.study.sweeps import summary as summary_lib
 
 # JAX (train, the machine probes) and Ray are imported where a run or a cluster starts: planning a
 # sweep (--dry-run, --help) never loads them.
@@ -161,12 +161,12 @@ def expand(path: str | Path, overrides: list[str] = (), landed: str | Path | Non
     Every point is validated before anything runs: a bad value anywhere is a ConfigError.
     `landed`: the results root the sweep writes to; an IsoFLOP design with `extend_edges` or
     `replicates` adds the edge and replicate runs its landed runs there call for
-    (scaling.study.design.extend_edges, scaling.study.design.replicates), and those in the sweep's
-    committed `summary` (scaling.study.summary) count as landed too.
+    (scaling.study.sweeps.design.extend_edges, scaling.study.sweeps.design.replicates), and those in the sweep's
+    committed `summary` (scaling.study.sweeps.summary) count as landed too.
     """
     sweep, base, points, design = experiment_points(path, overrides)
     if design:
-        from scaling.study import design as design_lib
+        from scaling.study.sweeps import design as design_lib
     try:
         designed = design_lib.design_runs([c for _, c in points], design, _vocab(base)) if design else None
     except ConfigError as e:
@@ -181,7 +181,7 @@ def expand(path: str | Path, overrides: list[str] = (), landed: str | Path | Non
         for cfg in cfgs:
             specs.setdefault(cfg.run_id, RunSpec(run_id=cfg.run_id, sweep=sweep, config=cfg))
     if design and (design.replicates or design.extend_edges) and (landed is not None or summary is not None):
-        from scaling.study.summary import landed_rows
+        from scaling.study.sweeps.summary import landed_rows
 
         rows = landed_rows(Path(landed) / sweep if landed is not None else None, summary)
         designed = design_lib.extend_edges([c for _, c in points], designed, design, rows, _vocab(base))
@@ -199,7 +199,7 @@ def experiment_points(path: str | Path, overrides: list[str] = ()) -> tuple[str,
     sweep = str(base.get("name") or Path(path).stem)
     design = None
     if "isoflop" in experiment:  # an IsoFLOP design places the sizes and budgets of every grid point
-        from scaling.study import design as design_lib
+        from scaling.study.sweeps import design as design_lib
 
         design = design_lib.Design.from_table(experiment["isoflop"])
     points = []
@@ -227,7 +227,7 @@ def check_corpus(specs: list[RunSpec], out_root: Path) -> None:
             if s.config.data.fingerprint}
     for source, tokenizer, pin in sorted(pins):
         data.check_fingerprint(data.load(source, tokenizer), pin)
-    from scaling.study import results, summary as summary_lib
+    from scaling.study.sweeps import results, summary as summary_lib
 
     for sweep, pin in sorted({(s.sweep, s.config.data.fingerprint) for s in specs if s.config.data.fingerprint}):
         run_dir = Path(out_root) / sweep
@@ -368,9 +368,9 @@ def check_gpu_slots(pins: list[dict[str, str]], child_env: Callable[[Mapping[str
                     check: Callable | None = None) -> list[dict[str, str]]:
     """The take-off device check of slots: every GPU of a slot probed (a slot of G GPUs is one run's
     devices, all of which it trains on), the slots whose GPUs all pass kept, each with its probed
-    settings. `check`: scaling.study.devices.check_gpu_pins (one child probe per GPU)."""
+    settings. `check`: scaling.study.sweeps.devices.check_gpu_pins (one child probe per GPU)."""
     if check is None:
-        from scaling.study import devices
+        from scaling.study.sweeps import devices
 
         check = devices.check_gpu_pins
     if all("," not in pin.get("CUDA_VISIBLE_DEVICES", "") for pin in pins):
@@ -395,7 +395,7 @@ def gpu_share(gpus_per_run: float, environ: Mapping[str, str] | None = None) -> 
 def ray_pin(gpus_per_run: float, environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """A Ray run's settings on the GPU(s) Ray reserved (Ray sets CUDA_VISIBLE_DEVICES): JAX must start
     on CUDA with deterministic ops, as a local GPU run does (devices.gpu_pin), with its memory share."""
-    from scaling.study import devices
+    from scaling.study.sweeps import devices
 
     return devices.gpu_pin(gpu_share(gpus_per_run, environ), environ) if gpus_per_run > 0 else {}
 
@@ -508,7 +508,7 @@ def _watch(specs: list[RunSpec], out_root: str | Path, locks: list[runs.Lock], h
         ["--worker-pack", str(os.getpid()), *members]
     with open(log_path, "ab") as log:
         # a session of its own: the terminal's Ctrl-C reaches the sweep, which asks the child to stop (_Stop)
-        proc = subprocess.Popen([sys.executable, "-m", "scaling.study.sweep", *argv], pass_fds=[lock.fd for lock in locks],
+        proc = subprocess.Popen([sys.executable, "-m", "scaling.study.sweeps.sweep", *argv], pass_fds=[lock.fd for lock in locks],
                                 stdout=log, stderr=subprocess.STDOUT, env=worker_env(pin), start_new_session=True)
         _STOP.started(proc)
         try:
@@ -725,9 +725,9 @@ def run_sweep(specs: list[RunSpec], out_root: str | Path, *, executor: str = "lo
               progress: bool = True, on_landed: Callable[[], None] | None = None,
               pack: int = 1, pack_keys: Collection[str] = ()) -> dict[str, Any]:
     """Run every spec not yet landed; returns and writes <out>/<sweep>/sweep.json (counts, slow runs).
-    Local: `gpu_pins` (gpu_slots, each probed first: scaling.study.devices.check_gpu_pins) runs one
+    Local: `gpu_pins` (gpu_slots, each probed first: scaling.study.sweeps.devices.check_gpu_pins) runs one
     child per pin; Ray: each run reserves `gpus_per_run` GPUs. Local, with child processes: runs of
-    the pack keys in `pack_keys` (those scaling.study.takeoff.pack_probe cleared) train `pack` at a
+    the pack keys in `pack_keys` (those scaling.study.sweeps.takeoff.pack_probe cleared) train `pack` at a
     time as one program in one child (`packs`); runs another process owned are waited for alone.
     `on_landed`: called as each run lands (the sweep's committed summary is rewritten there).
     Ctrl-C (local executor; _Stop): no run starts after it, the runs in flight checkpoint and stop
@@ -854,4 +854,4 @@ if __name__ == "__main__":
         sys.exit(_worker(sys.argv[2], int(sys.argv[3]), int(sys.argv[4])))
     if len(sys.argv) > 3 and sys.argv[1] == "--worker-pack":
         sys.exit(_pack_worker(int(sys.argv[2]), sys.argv[3:]))
-    sys.exit("usage: python -m scaling.study.sweep --worker RUN_DIR PARENT_PID LOCK_FD (internal; use `scaling sweep`)")
+    sys.exit("usage: python -m scaling.study.sweeps.sweep --worker RUN_DIR PARENT_PID LOCK_FD (internal; use `scaling sweep`)")

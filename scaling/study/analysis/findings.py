@@ -14,13 +14,13 @@ import pandas as pd
 from scipy import stats
 
 from scaling.train import compute as compute_lib
-from scaling.study import laws, optimal
-from scaling.study import fit as fit_lib
-from scaling.study import profile as profile_lib
-from scaling.study.fit import FitResult
-from scaling.study.optimum_check import too_few_runs_reason
-from scaling.study.analysis import (LEVEL, analyse, default_budgets, high_precision_recipe, ok_rows,
-                                    replicate_noise, sweep_family, with_cost)
+from scaling.study.analysis import laws
+from scaling.study.analysis.pstar import optimal
+from scaling.study.analysis import fit as fit_lib
+from scaling.study.analysis.pstar import profile as profile_lib
+from scaling.study.analysis.fit import FitResult
+from scaling.study.analysis.pstar.optimum_check import too_few_runs_reason
+from scaling.study.analysis.isoflop import LEVEL, analyse, default_budgets, high_precision_recipe, ok_rows, replicate_noise, sweep_family, with_cost
 from scaling.errors import ConfigError
 
 # ----------------------------------------------------------------------------- findings

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from scaling.study import results
+from scaling.study.sweeps import results
 from scaling._io import read_jsonl
 from scaling.errors import ConfigError
 

@@ -4,7 +4,7 @@ sweet spots — Kumar et al. 2024: compute-optimal precision 7-8 bits; Sun et al
 P*'s interval, the verdicts), its predictions for a held-out budget and the calibrated predictor's backtests.
 
 The measurements' text and the formatting every section shares (`fmt`, `_markdown`) are
-scaling.study.prose's; this module imports from it, never the other way round.
+scaling.study.report.prose's; this module imports from it, never the other way round.
 """
 
 from __future__ import annotations
@@ -16,10 +16,11 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from scaling.study import laws, plots
-from scaling.study import findings as findings_lib
-from scaling.study.fit import FitResult
-from scaling.study.prose import _markdown, fmt
+from scaling.study.analysis import laws
+from scaling.study.report import plots
+from scaling.study.analysis import findings as findings_lib
+from scaling.study.analysis.fit import FitResult
+from scaling.study.report.prose import _markdown, fmt
 
 
 def fitted_law(fit: FitResult) -> str:
@@ -329,7 +330,7 @@ def _published_text(e: dict) -> str:
 
 
 def profile_text(p: dict) -> str:
-    """The P* profile (scaling.study.profile.precision_profile) as a table: each format's loss at its
+    """The P* profile (scaling.study.analysis.pstar.profile.precision_profile) as a table: each format's loss at its
     compute-optimal N with its CI, and each difference to the next format with its family-wise CI; a
     difference below the law's error (profile.judge_within_error: the largest it measured) is said to be
     within it, whatever its bootstrap CI."""
@@ -435,7 +436,7 @@ def _host_shift_text(p: dict) -> str:
 
 
 def backtests_section(f: dict) -> str:
-    """The calibrated predictor scored on a study's own budgets (scaling.study.calibrate.backtest_all, as
+    """The calibrated predictor scored on a study's own budgets (scaling.study.analysis.prediction.calibrate.backtest_all, as
     `scaling predict --backtest` writes it): per pair of budgets the law's error, the old and the calibrated
     intervals' coverage and width on levels and on gaps, and how often each ranked the measured best first."""
     b = f["backtests"]

@@ -1,4 +1,4 @@
-"""The figures drawn from a fitted law (`scaling figures`, listed by scaling.study.plots.make_figures).
+"""The figures drawn from a fitted law (`scaling figures`, listed by scaling.study.report.plots.make_figures).
 
   2 iso_loss            the law's L(N, D(C, N, P), P) over (N, P) at fixed C under the findings'
                         cost model, with the frontier N*(P)
@@ -6,11 +6,11 @@
   8 cluster_table       training days on GPU clusters from `scaling.plan.cluster`, the reference runs'
                         and the law's per-precision optima (cluster_time_table)
   9 residuals           observed - fitted loss per recipe against N, with each recipe's mean and CI
-                        (scaling.study.findings.residuals_by_recipe): where the law is biased
+                        (scaling.study.analysis.findings.residuals_by_recipe): where the law is biased
 
 with the fit adapters they read the law through (its bootstrap samples, precision grid, optimum,
 fitted sizes, held-out split). Each figure writes <stem>.png and <stem>.pdf through
-scaling.study.figure_base and returns a `Figure`, as the measured-data figures of scaling.study.plots do.
+scaling.study.report.figure_base and returns a `Figure`, as the measured-data figures of scaling.study.report.plots do.
 """
 
 from __future__ import annotations
@@ -31,10 +31,10 @@ import seaborn as sns  # noqa: E402
 
 from scaling import plan  # noqa: E402
 from scaling.errors import ConfigError  # noqa: E402
-from scaling.study import laws, optimal, optimum_check  # noqa: E402
-from scaling.study.figure_base import (TITLES, Figure, _figure, _fmt, _log_n_axis, loss_label,  # noqa: E402
-                                       palette_for, with_precision)
-from scaling.study.fit import FitResult, literature_exponents  # noqa: E402
+from scaling.study.analysis import laws  # noqa: E402
+from scaling.study.analysis.pstar import optimal, optimum_check  # noqa: E402
+from scaling.study.report.figure_base import TITLES, Figure, _figure, _fmt, _log_n_axis, loss_label, palette_for, with_precision
+from scaling.study.analysis.fit import FitResult, literature_exponents  # noqa: E402
 
 # The continuous precision grid of the law's curves (bits, log-spaced).
 P_GRID = np.geomspace(3.0, 32.0, 48)
@@ -60,7 +60,7 @@ def precision_grid(fit: FitResult) -> np.ndarray:
 
 def optimum(fit: FitResult, compute: float, precisions: Sequence[float] | None = None, params: dict | None = None,
             n_range: tuple[float, float] = (1.0, np.inf), cost: Any = None) -> dict:
-    """scaling.study.optimal.optimal_precision: the best (P, N, D, loss) and the per_precision table."""
+    """scaling.study.analysis.pstar.optimal.optimal_precision: the best (P, N, D, loss) and the per_precision table."""
     return optimal.optimal_precision(fit, compute=compute, precisions=None if precisions is None else list(precisions),
                                      params=params, n_range=n_range, **({"cost": cost} if cost is not None else {}))
 
@@ -75,7 +75,7 @@ def fitted_sizes(fit: Any) -> tuple[float, float] | None:
 
 def loss_vs_precision(fit: FitResult, compute: float, bits: Sequence[float] | None = None, params: dict | None = None,
                       cost: Any = None) -> pd.DataFrame:
-    """L*(P; C): for each P the cost-model-optimal N, D and loss (scaling.study.optimal's per_precision table)."""
+    """L*(P; C): for each P the cost-model-optimal N, D and loss (scaling.study.analysis.pstar.optimal's per_precision table)."""
     bits = precision_grid(fit) if bits is None else bits
     table = optimum(fit, compute, bits, params, cost=cost)["per_precision"]
     return table.sort_values("P").reset_index(drop=True)
@@ -90,7 +90,7 @@ def loss_vs_precision(fit: FitResult, compute: float, bits: Sequence[float] | No
 def iso_loss(fit: FitResult, compute: float, stem: str | Path, cost: Any = None, unit: str = "nats/token",
              chosen: str | None = None) -> Figure:
     """Figure 2: the law's loss over (N, P) at fixed C, each (N, P) given the tokens C affords it under
-    `cost` (a scaling.study.optimal.Cost; default: the fit's runs' unquantised share under the `bits` cost model);
+    `cost` (a scaling.study.analysis.pstar.optimal.Cost; default: the fit's runs' unquantised share under the `bits` cost model);
     the frontier N*(P) and the optimum, under the verdict `scaling optimal` prints (optimum_check.verdict):
     a filled star only for an optimum that exists inside the trained runs, a hollow one labelled
     extrapolated for one outside them, none where no optimum exists (the caption says why). chosen: the
@@ -162,7 +162,7 @@ def iso_loss(fit: FitResult, compute: float, stem: str | Path, cost: Any = None,
 def heldout_mask(fit: FitResult, results: pd.DataFrame) -> np.ndarray | None:
     """Which result rows the fit's held-out test predicted (None when the fit records no held-out test).
 
-    scaling.study.fit.holdout_error holds out the rows whose split key (N, or compute 6·N·D) is >= threshold.
+    scaling.study.analysis.fit.holdout_error holds out the rows whose split key (N, or compute 6·N·D) is >= threshold.
     """
     heldout = getattr(fit, "heldout", None)
     if not heldout or "threshold" not in heldout:

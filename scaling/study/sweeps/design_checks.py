@@ -12,8 +12,8 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from scaling.study import design as design_lib
-from scaling.study import sweep
+from scaling.study.sweeps import design as design_lib
+from scaling.study.sweeps import sweep
 from scaling.train import compute as compute_lib
 from scaling.train import config, ladder
 
@@ -31,7 +31,7 @@ def check(path: str | Path, overrides: Sequence[str] = (), landed_root: str | Pa
     """(notes, warnings) of an experiment file: the bracket of each recipe's minimum per budget (notes,
     or a warning where it cannot be bracketed), too few points for noise, unquantised FLOPs that
     dominate. `landed_root`: the results root whose landed runs say where the minima are, with
-    those of the sweep's committed `summary` (scaling.study.summary.Summary)."""
+    those of the sweep's committed `summary` (scaling.study.sweeps.summary.Summary)."""
     name, base, points, design = sweep.experiment_points(path, list(overrides))
     vocab = sweep._vocab(base)
     cfgs = [c for _, c in points]
@@ -39,7 +39,7 @@ def check(path: str | Path, overrides: Sequence[str] = (), landed_root: str | Pa
                               [r for runs in design_lib.design_runs(cfgs, design, vocab) for r in runs], vocab)
     if design is None:
         return [], warnings
-    from scaling.study.summary import landed_rows
+    from scaling.study.sweeps.summary import landed_rows
 
     landed = landed_rows(Path(landed_root) / name if landed_root is not None else None, summary)
     designed = design_lib.extend_edges(cfgs, design_lib.design_runs(cfgs, design, vocab), design, landed, vocab)
@@ -55,7 +55,8 @@ def pstar_warnings(n_runs: int, replicates: int = 0) -> list[str]:
     """One line when the design's runs (with at most `replicates` more) are too few for a P* from every
     law with a precision term, with what each needs (optimum_check.min_runs at the law's default fixed
     parameters: the rule the fit's P* follows)."""
-    from scaling.study import laws, optimum_check
+    from scaling.study.analysis import laws
+    from scaling.study.analysis.pstar import optimum_check
 
     needs = sorted((optimum_check.min_runs(name, laws.get(name).fixed), name) for name in laws.names()
                    if laws.get(name).precision_axis)

@@ -24,9 +24,9 @@ import pandas as pd
 from scipy.optimize import minimize_scalar
 
 from scaling.train import compute as compute_lib
-from scaling.study import laws
+from scaling.study.analysis import laws
 from scaling.errors import ConfigError
-from scaling.study.fit import FitResult, stored_share
+from scaling.study.analysis.fit import FitResult, stored_share
 
 TABLE_PRECISIONS = (4, 6, 8, 16, 32)
 _N_GRID = 400  # log-N grid points before the Brent refinement

@@ -2,9 +2,9 @@
 P*, the purpose sweeps, the fitted law, the figures and the limits, in that order (BUILT_IN), with a
 study's own sections (Section) where it places them.
 
-The sentences are scaling.study.prose's (the measurements) and scaling.study.law_prose's (the fitted
+The sentences are scaling.study.report.prose's (the measurements) and scaling.study.report.law_prose's (the fitted
 law); this module computes the facts, orders the sections and writes the files. Figures are made by
-`scaling.study.plots.make_figures` into the same directory and embedded by relative path; figures whose
+`scaling.study.report.plots.make_figures` into the same directory and embedded by relative path; figures whose
 inputs are absent are listed with the reason. Both files are written atomically.
 """
 
@@ -18,14 +18,14 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import pandas as pd
 
-from scaling.study import analysis, costs, fit, laws, matched, plots
-from scaling.study import findings as findings_lib
-from scaling.study.fit import FitResult
-from scaling.study import predict as predict_lib
-from scaling.study import profile as profile_lib
-from scaling.study.law_prose import fitted_law, heldout_error, prediction_sections, pstar_section
-from scaling.study.prose import (answer_section, chips_section, corpus_of, findings_section, fmt, granularity_section, law_errors, limitations,
-                                 matched_section, outliers_section, what_was_run)
+from scaling.study.analysis import isoflop as analysis, costs, fit, laws, matched
+from scaling.study.report import plots
+from scaling.study.analysis import findings as findings_lib
+from scaling.study.analysis.fit import FitResult
+from scaling.study.analysis.prediction import predict as predict_lib
+from scaling.study.analysis.pstar import profile as profile_lib
+from scaling.study.report.law_prose import fitted_law, heldout_error, prediction_sections, pstar_section
+from scaling.study.report.prose import answer_section, chips_section, corpus_of, findings_section, fmt, granularity_section, law_errors, limitations, matched_section, outliers_section, what_was_run
 from scaling._io import atomic_write_json, atomic_write_text
 from scaling.errors import ConfigError, user_code
 
@@ -94,7 +94,7 @@ def write_report(results_df: pd.DataFrame, fit_result: Any, out_dir: str | Path,
                  sections: Sequence[Section] = (), pairs: Sequence[tuple[str, str]] = (),
                  echo: Callable[[str], None] | None = None) -> Path:
     """Make every figure into `out_dir` and write out_dir/findings.json and out_dir/REPORT.md; returns
-    the report's path. `prediction`: a held-out budget's prediction (scaling.study.predict), set
+    the report's path. `prediction`: a held-out budget's prediction (scaling.study.analysis.prediction.predict), set
     against what that budget measured once it has landed. `posthoc`: the same budget predicted again
     after its runs existed (say, from lower budgets retrained on its corpus), scored beside it and
     labelled as made after the fact. `sections`: a study's own sections (Section); `pairs`: the recipe
@@ -178,7 +178,7 @@ def report_facts(results_df: pd.DataFrame, ok: pd.DataFrame, fitted: pd.DataFram
 
 def matched_facts(rows: pd.DataFrame) -> dict | None:
     """findings.json's `matched`: each recipe's gap to the reference at matched tokens (the same N, D,
-    seed and shape; scaling.study.matched), or None where the rows pair no recipe with the reference."""
+    seed and shape; scaling.study.analysis.matched), or None where the rows pair no recipe with the reference."""
     if rows.empty or "seed" not in rows.columns or rows["recipe"].nunique() < 2:
         return None
     result = matched.matched_gaps(rows)
@@ -189,7 +189,7 @@ def matched_facts(rows: pd.DataFrame) -> dict | None:
 
 def cost_facts(rows: pd.DataFrame, facts: dict) -> dict | None:
     """findings.json's `cost_models`: the IsoFLOP verdicts at the same budgets under each real chip's
-    cost model (scaling.study.costs; the budgets as the reference recipe spends them), and each recipe's
+    cost model (scaling.study.analysis.costs; the budgets as the reference recipe spends them), and each recipe's
     charge per 6ND under every model; None without IsoFLOP budgets."""
     budgets = [b["budget"] for b in facts.get("budgets") or []]
     if not budgets or "flops_fprop" not in rows.columns:
@@ -203,7 +203,7 @@ def cost_facts(rows: pd.DataFrame, facts: dict) -> dict | None:
 
 def prediction_facts(prediction: dict, facts: dict) -> dict:
     """findings.json's `prediction`: what was predicted (per recipe) and, once its budget has been
-    measured, the score (scaling.study.predict.score)."""
+    measured, the score (scaling.study.analysis.prediction.predict.score)."""
     measured = next((b for b in facts.get("budgets", []) if np.isclose(b["budget"], prediction["budget"], rtol=1e-9)), None)
     keep = ("budget", "cost_model", "level", "fitted_on", "chosen_law", "draws", "sigma_measurement",
             "sigma_lack_of_fit", "recipes", "best", "runner_up", "diff", "diff_pi", "winner", "reason")

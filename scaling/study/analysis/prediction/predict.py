@@ -34,8 +34,8 @@ import numpy as np
 import pandas as pd
 
 from scaling.errors import ConfigError
-from scaling.study import analysis, fit as fit_lib, laws, selection
-from scaling.study.analysis import LEVEL
+from scaling.study.analysis import isoflop as analysis, fit as fit_lib, laws, selection
+from scaling.study.analysis.isoflop import LEVEL
 from scaling.train import compute as compute_lib
 
 GRID = 200  # log-N points of a predicted profile
@@ -72,7 +72,7 @@ def profile_minimum(fit: fit_lib.FitResult, line: pd.DataFrame, columns: pd.Seri
     frame = pd.DataFrame({"N": np.exp(grid), "D": np.exp(np.interp(grid, logn, np.log(line["D"].to_numpy(float))))})
     for c, v in (columns if columns is not None else pd.Series(dtype=float)).items():
         frame[c] = v
-    law = laws.get(fit.law)
+    law = fit.law_form  # a per-recipe law (kumar_eff) carries the recipes it was fitted on
     x = fit_lib._columns(law, frame, require_rows=False)
     loss = np.asarray(law.predict(params or fit.params, x, np), float)
     if not np.isfinite(loss).any():

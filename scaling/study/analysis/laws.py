@@ -25,6 +25,7 @@ import numpy as np
 from scipy.optimize import brentq
 
 from scaling.errors import ConfigError
+from scaling.train.compute import UNQUANTISED_BITS  # one definition: the bits of a part no recipe quantises
 
 LogTerms = Callable[[Mapping[str, Any], Mapping[str, Any], Any], Sequence[Any]]
 
@@ -398,7 +399,6 @@ def capacity(p, x, xp):
 # relative MSE is 10^(-SNR/10); a role the recipe leaves unquantised (P_<role> = 32) logs no SNR: 0.
 MEASURED_QERR_COLUMNS = ("qerr_train_w", "qerr_train_a", "qerr_train_g")
 _TELEMETRY_ROLE = {"w": "weight", "a": "activation", "g": "grad"}
-UNQUANTISED_BITS = 32.0
 
 
 def measured_qerr(df: Any, role: str) -> np.ndarray:

@@ -57,7 +57,7 @@ import pandas as pd
 from scipy import stats
 
 from scaling.errors import ConfigError
-from scaling.study.analysis import LEVEL, high_precision_recipe, ok_rows, study_part
+from scaling.study.analysis.isoflop import LEVEL, high_precision_recipe, ok_rows, study_part
 
 SHAPE_COLUMNS = ("size", "n_layers", "d_model")  # model shape columns paired on where the table has them
 POINT_COLUMNS = ("sweep", "N", "D", "seed")  # a matched point (sweep where present: other sweeps may differ in setup)

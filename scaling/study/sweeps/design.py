@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from scaling.errors import ConfigError
-from scaling.study.analysis import MIN_SIZES
+from scaling.study.analysis.isoflop import MIN_SIZES
 from scaling.train import compute as compute_lib
 from scaling.train import config, ladder
 
@@ -149,7 +149,7 @@ def design_runs(points: Sequence[dict], design: Design, vocab: int = 256) -> lis
 
     With `design.reference` (a recipe name), that recipe's run of each size also trains to, and
     evaluates at, every step another recipe's run of the same size lands on (same grid point
-    otherwise): the matched high-precision loss that a precision gap (scaling.study.selection.select_law) needs.
+    otherwise): the matched high-precision loss that a precision gap (scaling.study.analysis.selection.select_law) needs.
     Raises ConfigError when a budget cannot get its sizes or two budgets fall on one step."""
     bases = [config.validate(p) for p in points]
     names = [b.recipe.name for b in bases]
@@ -324,7 +324,7 @@ def replicates(designed: Sequence[Sequence[config.RunConfig]], design: Design,
                landed: pd.DataFrame) -> list[config.RunConfig]:
     """The replicate runs of an IsoFLOP design (Design.replicates) that its landed results call for.
 
-    designed: `design_runs`'s configs per grid point; landed: the results rows (scaling.study.results.load) of
+    designed: `design_runs`'s configs per grid point; landed: the results rows (scaling.study.sweeps.results.load) of
     the runs landed so far. A grid point gets replicates once all its runs have landed ok: at each
     budget, its run at the minimum (of the mean over the seeds landed so far, see `_profile`) and the
     runs of the two neighbouring sizes (the two nearest where the minimum is the smallest or largest

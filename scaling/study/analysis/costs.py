@@ -2,7 +2,7 @@
 each model charges each recipe.
 
 An IsoFLOP verdict compares recipes at a fixed compute budget C, so it mixes two things: what a format
-does to the loss at the same tokens (`scaling.study.matched`), and how many tokens the cost model lets
+does to the loss at the same tokens (`scaling.study.analysis.matched`), and how many tokens the cost model lets
 it buy with C. Under `bits` (each FLOP at its operands' mean effective bits / 16: "half the bits, twice
 the throughput") MXFP6 is charged 6.25/16 per dense-GEMM FLOP against FP8's 8/16, and gets about 1.1-1.2x
 FP8's tokens at every budget. On the chips the study's `h100` and `b200` models describe, FP6 runs at the
@@ -53,7 +53,7 @@ import pandas as pd
 
 from scaling.errors import ConfigError
 from scaling.plan import hardware
-from scaling.study import analysis
+from scaling.study.analysis import isoflop as analysis
 from scaling.train import compute as compute_lib
 
 CHIPS = ("h100", "b200")  # the real chips every verdict is also read on, beside the idealised `bits`

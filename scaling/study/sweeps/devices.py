@@ -17,7 +17,7 @@ passed the numerics (SLOW_FRACTION) and against the datasheet dense bf16 peak of
 
 On GPUs each device is probed in a child process started with the environment its runs get
 (`gpu_pin`: CUDA_VISIBLE_DEVICES, JAX_PLATFORMS=cuda, deterministic GPU ops), so a CUDA install
-that would silently fall back to the CPU fails here. `python -m scaling.study.devices OUT.json`
+that would silently fall back to the CPU fails here. `python -m scaling.study.sweeps.devices OUT.json`
 is that child (internal).
 """
 
@@ -281,7 +281,7 @@ def check_gpu_pins(pins: list[dict[str, str]], child_env: Callable[[Mapping[str,
     first = [pin for i, pin in enumerate(pinned) if gpu(pin) not in {gpu(p) for p in pinned[:i]}]  # a slot per GPU
     with tempfile.TemporaryDirectory(prefix="devices-") as tmp:
         outs = [Path(tmp) / f"{i}.json" for i in range(len(first))]
-        procs = [subprocess.Popen([sys.executable, "-m", "scaling.study.devices", str(out)], env=child_env(pin),
+        procs = [subprocess.Popen([sys.executable, "-m", "scaling.study.sweeps.devices", str(out)], env=child_env(pin),
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for pin, out in zip(first, outs)]
         probes = [_landed(proc, out, pin, timeout) for proc, out, pin in zip(procs, outs, first)]
     usable = {gpu(first[probes.index(p)]) for p in _usable_or_stop(probes, echo)}
@@ -318,7 +318,7 @@ def _ray_probe(child_env: Callable[[Mapping[str, str]], dict[str, str]], timeout
     pin = gpu_pin({"CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "")})
     with tempfile.TemporaryDirectory(prefix="devices-") as tmp:
         out = Path(tmp) / "probe.json"
-        proc = subprocess.Popen([sys.executable, "-m", "scaling.study.devices", str(out)], env=child_env(pin),
+        proc = subprocess.Popen([sys.executable, "-m", "scaling.study.sweeps.devices", str(out)], env=child_env(pin),
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         result = _landed(proc, out, pin, timeout)
     result.name = f"{ray.util.get_node_ip_address()} {result.name}"
@@ -361,4 +361,4 @@ def _probe_this_process(out: str) -> int:
 if __name__ == "__main__":
     if len(sys.argv) == 2:
         sys.exit(_probe_this_process(sys.argv[1]))
-    sys.exit("usage: python -m scaling.study.devices OUT.json (internal; `scaling sweep --gpus-per-run` runs it)")
+    sys.exit("usage: python -m scaling.study.sweeps.devices OUT.json (internal; `scaling sweep --gpus-per-run` runs it)")

@@ -21,7 +21,7 @@ scipy loop it must agree with (tests and benchmarks/bench_fit.py compare them).
 Bootstrap: resampling units (runs, by `run_id`, or rows) with replacement is a multinomial weight
 per row, so all resamples are one batched weighted float64 fit, started from the full-data optimum.
 
-Choosing among laws by held-out precision gaps is scaling.study.selection. This module (about 780
+Choosing among laws by held-out precision gaps is scaling.study.analysis.selection. This module (about 780
 lines) keeps one job, a law fitted to data: the prepared problem, the solvers, the bootstrap and the
 held-out checks all work on the same `_Problem` and `FitResult`.
 """
@@ -40,7 +40,7 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import minimize
 
-from scaling.study import laws
+from scaling.study.analysis import laws
 from scaling.train import compute
 from scaling._io import atomic_write_json
 from scaling.errors import ConfigError
@@ -610,7 +610,7 @@ def stored_share(data: Mapping[str, Any] | None) -> dict[str, Any] | None:
 
 def _share(df: pd.DataFrame) -> dict[str, Any]:
     """The fitted runs' unquantised FLOPs per dense FLOP by N (compute.UnquantisedShare), which
-    scaling.study.optimal needs to cost a hypothetical model like the runs it was fitted on; {} for
+    scaling.study.analysis.pstar.optimal needs to cost a hypothetical model like the runs it was fitted on; {} for
     tables without FLOPs by part."""
     share = compute.UnquantisedShare.from_results(df)
     return {SHARE_KEY: share.to_dict()} if share.knots_N else {}

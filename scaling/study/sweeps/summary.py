@@ -21,7 +21,7 @@ from typing import Mapping
 import pandas as pd
 
 from scaling.errors import ConfigError
-from scaling.study import curves, results
+from scaling.study.sweeps import curves, results
 
 # per run in the committed curves: the reference study's 421 runs at 40 points are 1.4 MiB (85 made
 # 2.3 MiB), a curve's shape on a log-step axis is kept, and eval steps always are

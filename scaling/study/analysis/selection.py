@@ -2,7 +2,7 @@
 predicts held-out *precision gaps* (loss minus the matching high-precision run's loss) on three held-out
 splits, each fitted without the runs it scores: the largest compute budget, the largest size, and the
 largest tokens per parameter (D/N). What matters for choosing a precision is the gap, not the loss level
-every law fits about equally well. The fitting itself is scaling.study.fit.
+every law fits about equally well. The fitting itself is scaling.study.analysis.fit.
 
 The choice (see _choose): (1) the precision test: does the best law with a precision term predict the
 held-out gaps better than `chinchilla`, which has none (a clustered held-out likelihood test)? If not,
@@ -18,7 +18,7 @@ format), so the rows of one recipe are not independent evidence. Why the likelih
 (N, seed): a gap is one run's loss minus the reference run's at the same (N, seed), so every gap of that
 cell shares the reference's luck and every checkpoint of a run shares the run's; (N, seed) holds both.
 
-One module (about 650 lines): the splits, the scores, the likelihood tests and the choice all read the
+One module: the splits, the scores, the likelihood tests and the choice all read the
 same held-out errors, computed once per candidate.
 """
 
@@ -31,9 +31,9 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from scaling.study import fit, laws
-from scaling.study.analysis import LEVEL  # also the per-recipe residual intervals' level
-from scaling.study.fit import FitResult
+from scaling.study.analysis import fit, laws
+from scaling.study.analysis.isoflop import LEVEL  # also the per-recipe residual intervals' level
+from scaling.study.analysis.fit import FitResult
 from scaling.errors import ConfigError
 
 # The held-out splits, in order: compute (the largest IsoFLOP `budget`; a table without budgets: the

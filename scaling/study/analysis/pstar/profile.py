@@ -40,8 +40,9 @@ import numpy as np
 import pandas as pd
 
 from scaling.errors import ConfigError
-from scaling.study import laws, optimal
-from scaling.study.fit import SHARE_KEY, FitResult, stored_share
+from scaling.study.analysis import laws
+from scaling.study.analysis.pstar import optimal
+from scaling.study.analysis.fit import SHARE_KEY, FitResult, stored_share
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,8 @@ model shape and recipe compiles and trains TAKEOFF_STEPS steps end to end (which
 compilation cache the real runs reuse); and the sweep's ETA, first from this machine's matmul
 speed, then from the probes' measured step times.
 
-Probes run in this process and, on a CPU machine, in child lanes (`python -m scaling.study.takeoff
-JOB PARENT_PID`, internal). The executors that train the cleared runs are scaling.study.sweep.
+Probes run in this process and, on a CPU machine, in child lanes (`python -m scaling.study.sweeps.takeoff
+JOB PARENT_PID`, internal). The executors that train the cleared runs are scaling.study.sweeps.sweep.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from scaling.study import devices, sweep
-from scaling.study.sweep import RunSpec
+from scaling.study.sweeps import devices, sweep
+from scaling.study.sweeps.sweep import RunSpec
 from scaling.train import data, ladder
 from scaling._io import atomic_write_json
 from scaling.errors import ConfigError
@@ -73,7 +73,10 @@ def take_off(specs: list[RunSpec], out_root: str | Path, *, keep_going: bool = F
     say = echo or (lambda line: None)
     for source, tokenizer in sorted({(s.config.data.source, s.config.data.tokenizer) for s in specs}):
         say(f"take-off: corpus {source} ({tokenizer}), built once if not cached")
-        data.load(source, tokenizer)  # raises ConfigError naming data.source; builds a BPE once, before any run
+        corpus = data.load(source, tokenizer)  # raises ConfigError naming data.source; builds a BPE once, before any run
+        for eval_tokens, seq_len in sorted({(s.config.data.eval_tokens, s.config.model.seq_len) for s in specs
+                                            if (s.config.data.source, s.config.data.tokenizer) == (source, tokenizer)}):
+            data.eval_windows(corpus.val, eval_tokens, seq_len)  # the runs' own evaluation (a probe's is smaller)
     sweep.use_compilation_cache()
     groups = {}
     for spec in specs:
@@ -162,7 +165,7 @@ def _probe_packing_in_child(job: dict, out_root: Path, pin: dict[str, str]) -> d
     os.close(fd)
     path = Path(name)
     path.write_text(json.dumps(job))
-    proc = subprocess.run([sys.executable, "-m", "scaling.study.takeoff", "--pack-probe", str(path), str(os.getpid())],
+    proc = subprocess.run([sys.executable, "-m", "scaling.study.sweeps.takeoff", "--pack-probe", str(path), str(os.getpid())],
                           capture_output=True, text=True, env=sweep.worker_env(pin))
     out = path.with_suffix(".out")
     if proc.returncode != 0 or not out.is_file():
@@ -227,7 +230,7 @@ def _fly_in_child(probes: dict[str, RunSpec], out_root: Path, hang_timeout: floa
     job.write_text(json.dumps({key: [str(p.out_dir(out_root / ".takeoff")), p.config.to_dict()]
                                for key, p in probes.items()}))
     log = open(job.with_suffix(".log"), "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "scaling.study.takeoff", str(job), str(os.getpid())],
+    proc = subprocess.Popen([sys.executable, "-m", "scaling.study.sweeps.takeoff", str(job), str(os.getpid())],
                             stdout=log, stderr=subprocess.STDOUT, env=sweep.worker_env(pin))
 
     def wait(tick: Callable[[], None] = lambda: None) -> dict[str, dict]:
@@ -356,4 +359,4 @@ if __name__ == "__main__":
         sys.exit(_pack_probe_worker(sys.argv[2], int(sys.argv[3])))
     if len(sys.argv) == 3:
         sys.exit(_takeoff_worker(sys.argv[1], int(sys.argv[2])))
-    sys.exit("usage: python -m scaling.study.takeoff JOB PARENT_PID (internal; use `scaling sweep`)")
+    sys.exit("usage: python -m scaling.study.sweeps.takeoff JOB PARENT_PID (internal; use `scaling sweep`)")

@@ -21,8 +21,8 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping
 
-from scaling.study import laws
-from scaling.study.fit import FitResult, degenerate_reason
+from scaling.study.analysis import laws
+from scaling.study.analysis.fit import FitResult, degenerate_reason
 
 # A bootstrap resample of n runs holds about (1 - 1/e)·n distinct ones; a law's P* and its CI need each
 # resampled fit to keep as many residual degrees of freedom as free parameters, so that many distinct

@@ -4,7 +4,7 @@ Every sentence that states a finding is computed from the numbers passed in: wha
 matched-token gaps, the IsoFLOP findings, the purpose sweeps (granularity, outliers), the chips'
 verdicts, and the limitations paragraph from the data's own spans (sizes, tokens, points per parameter,
 precisions measured). The fitted law's text (how it was chosen, its P*, its predictions and backtests)
-is scaling.study.law_prose's, which imports the helpers here (`fmt`, `_markdown`); this module never
+is scaling.study.report.law_prose's, which imports the helpers here (`fmt`, `_markdown`); this module never
 imports it. scaling.study.report orders the sections, adds a study's own and writes the file; a study's
 own sections use `fmt`, `verdict_sentence` and `findings_section` as the built-in ones do.
 
@@ -22,10 +22,11 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from scaling.study import analysis, plots
-from scaling.study import findings as findings_lib
-from scaling.study.fit import FitResult
-from scaling.study.design_checks import HIGH_BITS, QUANTISED_PARTS, UNQUANTISED_DOMINATES
+from scaling.study.analysis import isoflop as analysis
+from scaling.study.report import plots
+from scaling.study.analysis import findings as findings_lib
+from scaling.study.analysis.fit import FitResult
+from scaling.study.sweeps.design_checks import HIGH_BITS, QUANTISED_PARTS, UNQUANTISED_DOMINATES
 
 # Chinchilla's compute-optimal ratio (Hoffmann et al. 2022), for the limitations paragraph.
 CHINCHILLA_TOKENS_PER_PARAM = 20.0
