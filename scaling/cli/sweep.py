@@ -56,11 +56,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _gpu_pins(args: argparse.Namespace) -> list[dict[str, str]] | None:
     """The local executor's GPU slots (None: no GPU asked for, or Ray); ConfigError if they cannot be had.
     With GPUs, this process's JAX starts on the first one only (the take-off probes fly there)."""
-    from scaling.study.sweeps import sweep, takeoff
+    from scaling.study.sweeps import devices, sweep, takeoff
 
-    gpus = sweep.visible_gpus() if args.gpus_per_run else []
-    sweep.check_gpus_per_run(args.gpus_per_run, args.executor, gpus)
-    pins = sweep.gpu_slots(gpus, args.workers, args.gpus_per_run) if args.executor == "local" and args.gpus_per_run else None
+    gpus = devices.visible_gpus() if args.gpus_per_run else []
+    devices.check_gpus_per_run(args.gpus_per_run, args.executor, gpus)
+    pins = devices.gpu_slots(gpus, args.workers, args.gpus_per_run) if args.executor == "local" and args.gpus_per_run else None
     if pins == []:
         raise ConfigError("--workers", args.workers, "at least 1 with --gpus-per-run (each run a child on its GPU)")
     if gpus:
@@ -188,7 +188,7 @@ def _main(args: argparse.Namespace) -> int:
         slot = len(pins[0]["CUDA_VISIBLE_DEVICES"].split(",")) if pins else None
         devices.check_parallel([(s.config, s.out_dir(out_root)) for s in todo], slot)
     if pins:  # GPU take-off, before anything compiles: each slot probed as its runs will see it
-        pins = sweep.check_gpu_slots(pins, sweep.worker_env, devices.check_gpu_pins)  # every GPU of a slot
+        pins = devices.check_gpu_slots(pins, sweep.worker_env, devices.check_gpu_pins)  # every GPU of a slot
     if args.executor == "ray" and args.gpus_per_run > 0:  # the same on every GPU of the Ray cluster
         devices.check_ray_gpus(int(sweep.start_ray(args.ray_address, args.gpus_per_run)), sweep.worker_env)
     counts: dict[str, int] = {}

@@ -107,7 +107,7 @@ def test_a_gpu_slot_whose_jax_cannot_start_cuda_is_left_out():
     run would silently have trained on the CPU without."""
     lines = []
     with pytest.raises(ConfigError, match="take-off"):  # two slots sharing GPU 0: one probe, one line
-        devices.check_gpu_pins(sweep.gpu_slots(["0"], None, 0.5), sweep.worker_env, echo=lines.append, timeout=120)
+        devices.check_gpu_pins(devices.gpu_slots(["0"], None, 0.5), sweep.worker_env, echo=lines.append, timeout=120)
     assert len(lines) == 1 and lines[0].startswith("device CUDA_VISIBLE_DEVICES=0 left out: JAX did not start on CUDA")
 
 
@@ -127,7 +127,7 @@ def test_slots_sharing_a_gpu_are_probed_once_and_share_its_verdict(monkeypatch):
     monkeypatch.setattr(devices.subprocess, "Popen", Child)
     monkeypatch.setattr(devices, "_landed", landed)
     lines = []
-    kept = devices.check_gpu_pins(sweep.gpu_slots(["0", "1"], None, 0.5), lambda pin: dict(pin), echo=lines.append)
+    kept = devices.check_gpu_pins(devices.gpu_slots(["0", "1"], None, 0.5), lambda pin: dict(pin), echo=lines.append)
     assert started == ["0", "1"] and len(lines) == 1 and "gpu1" in lines[0]
     assert [pin["CUDA_VISIBLE_DEVICES"] for pin in kept] == ["0", "0"]
     assert all(pin["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.375" and pin["JAX_PLATFORMS"] == "cuda" for pin in kept)
@@ -180,7 +180,7 @@ def test_a_ray_cluster_whose_gpus_do_not_start_cuda_stops_before_training():
 def test_a_ray_run_on_a_gpu_must_start_jax_on_it():
     """A Ray task's run gets the local GPU runs' pin: JAX_PLATFORMS=cuda (no silent CPU fallback) and
     deterministic GPU ops, beside its memory share."""
-    pin = sweep.ray_pin(0.5, environ={})
+    pin = devices.ray_pin(0.5, environ={})
     assert pin["JAX_PLATFORMS"] == "cuda" and devices.DETERMINISTIC_FLAG in pin["XLA_FLAGS"]
     assert pin["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.375" and "CUDA_VISIBLE_DEVICES" not in pin  # Ray's own
-    assert sweep.ray_pin(0, environ={}) == {}
+    assert devices.ray_pin(0, environ={}) == {}

@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 
 from scaling.train import ladder
-from scaling.study.sweeps import sweep, takeoff
+from scaling.study.sweeps import devices, sweep, takeoff
 from scaling.errors import ConfigError
 
 
@@ -81,27 +81,27 @@ SMI = ("GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-5f2c0a1e-0000-0000-0000-00000000
 
 
 def test_visible_gpus_from_cuda_visible_devices_or_nvidia_smi():
-    assert sweep.visible_gpus({}, listing=SMI) == ["0", "1"]
-    assert sweep.visible_gpus({}, listing="") == []  # no nvidia-smi, or no GPU
-    assert sweep.visible_gpus({"CUDA_VISIBLE_DEVICES": "3,1"}, listing=SMI) == ["3", "1"]
-    assert sweep.visible_gpus({"CUDA_VISIBLE_DEVICES": "GPU-77aa0a1e"}, listing=SMI) == ["GPU-77aa0a1e"]
-    assert sweep.visible_gpus({"CUDA_VISIBLE_DEVICES": ""}, listing=SMI) == []  # hides every GPU
-    assert sweep.visible_gpus({"CUDA_VISIBLE_DEVICES": "2,-1,0"}, listing=SMI) == ["2"]  # CUDA stops at -1
+    assert devices.visible_gpus({}, listing=SMI) == ["0", "1"]
+    assert devices.visible_gpus({}, listing="") == []  # no nvidia-smi, or no GPU
+    assert devices.visible_gpus({"CUDA_VISIBLE_DEVICES": "3,1"}, listing=SMI) == ["3", "1"]
+    assert devices.visible_gpus({"CUDA_VISIBLE_DEVICES": "GPU-77aa0a1e"}, listing=SMI) == ["GPU-77aa0a1e"]
+    assert devices.visible_gpus({"CUDA_VISIBLE_DEVICES": ""}, listing=SMI) == []  # hides every GPU
+    assert devices.visible_gpus({"CUDA_VISIBLE_DEVICES": "2,-1,0"}, listing=SMI) == ["2"]  # CUDA stops at -1
 
 
 def test_each_worker_is_pinned_to_its_own_gpu():
     pins = [{"CUDA_VISIBLE_DEVICES": g} for g in ("0", "1", "2", "3")]
-    assert sweep.gpu_slots(["0", "1", "2", "3"], workers=None) == pins  # one run per GPU
-    assert sweep.gpu_slots(["0", "1", "2", "3"], workers=2) == pins[:2]
-    assert sweep.gpu_slots(["0", "1"], workers=8) == pins[:2]  # never two runs on one GPU
-    assert sweep.gpu_slots([], workers=None) == []
+    assert devices.gpu_slots(["0", "1", "2", "3"], workers=None) == pins  # one run per GPU
+    assert devices.gpu_slots(["0", "1", "2", "3"], workers=2) == pins[:2]
+    assert devices.gpu_slots(["0", "1"], workers=8) == pins[:2]  # never two runs on one GPU
+    assert devices.gpu_slots([], workers=None) == []
     assert sweep.worker_env(pins[1])["CUDA_VISIBLE_DEVICES"] == "1"
     # 1/k GPUs per run: k slots per GPU, each with 1/k of XLA's default 75%, going round the GPUs first
     half = {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.375"}
     shared = [{"CUDA_VISIBLE_DEVICES": g, **half} for g in ("0", "1", "0", "1")]
-    assert sweep.gpu_slots(["0", "1"], workers=None, gpus_per_run=0.5) == shared
-    assert sweep.gpu_slots(["0", "1"], workers=3, gpus_per_run=0.5) == shared[:3]
-    assert len(sweep.gpu_slots(["0"], workers=None, gpus_per_run=0.25)) == 4
+    assert devices.gpu_slots(["0", "1"], workers=None, gpus_per_run=0.5) == shared
+    assert devices.gpu_slots(["0", "1"], workers=3, gpus_per_run=0.5) == shared[:3]
+    assert len(devices.gpu_slots(["0"], workers=None, gpus_per_run=0.25)) == 4
 
 
 def test_run_processes_start_with_the_process_env_unless_the_user_set_their_own(monkeypatch):
@@ -115,9 +115,9 @@ def test_run_processes_start_with_the_process_env_unless_the_user_set_their_own(
 
 
 def test_a_gpu_fraction_shares_memory_unless_the_user_set_it():
-    assert sweep.gpu_share(0.5, {}) == {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.375"}
-    assert sweep.gpu_share(1, {}) == {} and sweep.gpu_share(0, {}) == {}
-    assert sweep.gpu_share(0.25, {"XLA_CLIENT_MEM_FRACTION": "0.2"}) == {}
+    assert devices.gpu_share(0.5, {}) == {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.375"}
+    assert devices.gpu_share(1, {}) == {} and devices.gpu_share(0, {}) == {}
+    assert devices.gpu_share(0.25, {"XLA_CLIENT_MEM_FRACTION": "0.2"}) == {}
 
 
 @pytest.mark.parametrize("gpus_per_run, executor, gpus, allowed", [
@@ -129,15 +129,15 @@ def test_a_gpu_fraction_shares_memory_unless_the_user_set_it():
 ])
 def test_gpus_per_run_that_cannot_be_met_is_one_line(gpus_per_run, executor, gpus, allowed):
     with pytest.raises(ConfigError, match=r"^--gpus-per-run: got .*; allowed: ") as err:
-        sweep.check_gpus_per_run(gpus_per_run, executor, gpus)
+        devices.check_gpus_per_run(gpus_per_run, executor, gpus)
     assert allowed in err.value.allowed
-    sweep.check_gpus_per_run(0, "local", [])
-    sweep.check_gpus_per_run(1, "local", ["0"])
-    sweep.check_gpus_per_run(0.25, "local", ["0"])  # 4 runs share the GPU
-    sweep.check_gpus_per_run(2, "local", ["0", "1"])  # one run across both (parallel.data = 2)
-    sweep.check_gpus_per_run(8, "ray", [])  # Ray places it: num_gpus = 8
-    sweep.check_gpus_per_run(1 / 3, "local", ["0"])
-    sweep.check_gpus_per_run(0.5, "ray", [])  # a Ray cluster's GPUs may be on other machines
+    devices.check_gpus_per_run(0, "local", [])
+    devices.check_gpus_per_run(1, "local", ["0"])
+    devices.check_gpus_per_run(0.25, "local", ["0"])  # 4 runs share the GPU
+    devices.check_gpus_per_run(2, "local", ["0", "1"])  # one run across both (parallel.data = 2)
+    devices.check_gpus_per_run(8, "ray", [])  # Ray places it: num_gpus = 8
+    devices.check_gpus_per_run(1 / 3, "local", ["0"])
+    devices.check_gpus_per_run(0.5, "ray", [])  # a Ray cluster's GPUs may be on other machines
 
 
 def test_local_executor_runs_at_most_one_run_per_gpu(tmp_path, monkeypatch):
@@ -161,7 +161,7 @@ def test_local_executor_runs_at_most_one_run_per_gpu(tmp_path, monkeypatch):
     specs = [sweep.RunSpec(run_id=f"r{i}", sweep="s", config={}) for i in range(7)]
     done = []
     sweep._run_local(specs, tmp_path, 60, 1, lambda spec, status: done.append(status), False,
-                     sweep.gpu_slots(["0", "1", "2"], None))
+                     devices.gpu_slots(["0", "1", "2"], None))
     assert done == ["ok"] * 7 and sorted(r for r, _ in seen) == sorted(s.run_id for s in specs)
     assert {g for _, g in seen} == {"0", "1", "2"}
 
@@ -189,9 +189,9 @@ def test_every_shipped_experiment_expands_and_the_gpu_pilot_spans_its_design():
 def test_take_off_lanes_and_the_eta_they_measure(monkeypatch):
     """Probes fly one lane per worker where no GPU is visible (a GPU process would claim the
     device); probes flown two at a time measured runs that will also run two at a time."""
-    monkeypatch.setattr(sweep, "visible_gpus", lambda: [])
+    monkeypatch.setattr(devices, "visible_gpus", lambda: [])
     assert takeoff.takeoff_lanes(2) == 2 and takeoff.takeoff_lanes(0) == 1
-    monkeypatch.setattr(sweep, "visible_gpus", lambda: ["0"])
+    monkeypatch.setattr(devices, "visible_gpus", lambda: ["0"])
     assert takeoff.takeoff_lanes(2) == 1
     specs = sweep.expand(Path(__file__).resolve().parents[2] / "experiments" / "smoke_sweep.toml")
     flights = {sweep.shape_key(s.config): {"tokens_per_s": 1000.0} for s in specs}
@@ -215,7 +215,7 @@ def test_gpu_slots_each_fly_a_take_off_lane_with_their_own_settings(monkeypatch,
         return lambda tick=None: {k: {"status": "ok"} for k in probes}
 
     monkeypatch.setattr(takeoff, "_fly_in_child", child)
-    pins = sweep.gpu_slots(["0", "1"], None, 0.5)
+    pins = devices.gpu_slots(["0", "1"], None, 0.5)
     assert takeoff.takeoff_lanes(1, pins) == 4
     cleared, flights = takeoff.take_off(specs, tmp_path, lanes=takeoff.takeoff_lanes(1, pins), pins=pins)
     lanes = min(len(pins), len(keys))

@@ -326,18 +326,18 @@ def test_two_processes_train_checkpoint_and_resume_one_run(tmp_path):
 
 def test_gpus_per_run_g_gives_each_run_g_gpus_and_probes_every_one():
     from scaling.errors import ConfigError
-    from scaling.study.sweeps import sweep
+    from scaling.study.sweeps import devices, sweep
 
     gpus = [str(i) for i in range(10)]
-    assert sweep.gpu_slots(gpus, workers=None, gpus_per_run=4) == [{"CUDA_VISIBLE_DEVICES": "0,1,2,3"},
+    assert devices.gpu_slots(gpus, workers=None, gpus_per_run=4) == [{"CUDA_VISIBLE_DEVICES": "0,1,2,3"},
                                                                     {"CUDA_VISIBLE_DEVICES": "4,5,6,7"}]
-    assert sweep.gpu_slots(gpus, workers=1, gpus_per_run=8) == [{"CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"}]
-    sweep.check_gpus_per_run(8, "local", gpus)
-    sweep.check_gpus_per_run(8, "ray", [])  # Ray's cluster size is checked when it starts
+    assert devices.gpu_slots(gpus, workers=1, gpus_per_run=8) == [{"CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"}]
+    devices.check_gpus_per_run(8, "local", gpus)
+    devices.check_gpus_per_run(8, "ray", [])  # Ray's cluster size is checked when it starts
     with pytest.raises(ConfigError, match="at most the 4 GPUs visible here"):
-        sweep.check_gpus_per_run(8, "local", gpus[:4])
+        devices.check_gpus_per_run(8, "local", gpus[:4])
     with pytest.raises(ConfigError, match="a whole number of GPUs"):
-        sweep.check_gpus_per_run(2.5, "ray", [])
+        devices.check_gpus_per_run(2.5, "ray", [])
 
     probed = []
 
@@ -345,12 +345,12 @@ def test_gpus_per_run_g_gives_each_run_g_gpus_and_probes_every_one():
         probed.extend(p["CUDA_VISIBLE_DEVICES"] for p in pins)
         return [{**p, "JAX_PLATFORMS": "cuda"} for p in pins if p["CUDA_VISIBLE_DEVICES"] != "5"]
 
-    slots = sweep.gpu_slots(gpus[:8], workers=None, gpus_per_run=4)
-    kept = sweep.check_gpu_slots(slots, sweep.worker_env, check)
+    slots = devices.gpu_slots(gpus[:8], workers=None, gpus_per_run=4)
+    kept = devices.check_gpu_slots(slots, sweep.worker_env, check)
     assert probed == [str(i) for i in range(8)]  # every device of every run, one probe each
     assert kept == [{"CUDA_VISIBLE_DEVICES": "0,1,2,3", "JAX_PLATFORMS": "cuda"}]  # the slot with GPU 5 is left out
-    single = sweep.gpu_slots(gpus[:2], workers=None)
-    assert sweep.check_gpu_slots(single, sweep.worker_env, check) == [{**p, "JAX_PLATFORMS": "cuda"} for p in single]
+    single = devices.gpu_slots(gpus[:2], workers=None)
+    assert devices.check_gpu_slots(single, sweep.worker_env, check) == [{**p, "JAX_PLATFORMS": "cuda"} for p in single]
 
 
 def test_a_sweep_run_on_g_gpus_gets_parallel_data_g_unless_the_experiment_sets_it(tmp_path):

@@ -17,15 +17,18 @@ passed the numerics (SLOW_FRACTION) and against the datasheet dense bf16 peak of
 
 On GPUs each device is probed in a child process started with the environment its runs get
 (`gpu_pin`: CUDA_VISIBLE_DEVICES, JAX_PLATFORMS=cuda, deterministic GPU ops), so a CUDA install
-that would silently fall back to the CPU fails here. `python -m scaling.study.sweeps.devices OUT.json`
+that would silently fall back to the CPU fails here. `python -m scaling.study.sweeps.child device-probe OUT.json`
 is that child (internal).
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
+import math
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -44,6 +47,7 @@ SLOW_FRACTION = 0.5  # a device under half its peers' median matmul FLOP/s is le
 PEAK_FRACTION = 0.1  # ... and one under a tenth of its datasheet peak (throttled, wrong clocks or path)
 SPEED_N, SPEED_REPEATS = 4096, 10  # the speed probe's bf16 matmul: large enough for tensor-core peak
 PROBE_TIMEOUT_S = 300.0
+CHILD = "scaling.study.sweeps.child"  # the one entry point of every process a sweep starts (run, pack, probes)
 # runs promise a bit-identical resume and same-seed repeat: no autotuned or atomics-based choice may differ
 DETERMINISTIC_FLAG = "--xla_gpu_deterministic_ops=true"
 
@@ -202,7 +206,87 @@ def _usable_or_stop(probes: list[Probe], echo: Callable[[str], None]) -> list[Pr
     return usable
 
 
-# ---------------------------------------------------------------- GPUs: the sweep's pinned children
+# ---------------------------------------------------------------- GPUs: which, how many per run, pinned how
+
+
+def visible_gpus(environ: Mapping[str, str] | None = None, listing: str | None = None) -> list[str]:
+    """The GPUs runs may use, found without JAX (a JAX backend here would claim them): the entries of
+    CUDA_VISIBLE_DEVICES if it is set (indices or UUIDs; CUDA ignores everything from an invalid
+    entry such as -1 on), else the GPUs `nvidia-smi -L` lists (`listing`: its output)."""
+    environ = os.environ if environ is None else environ
+    if "CUDA_VISIBLE_DEVICES" in environ:
+        entries = [e.strip() for e in environ["CUDA_VISIBLE_DEVICES"].split(",")]
+        return list(itertools.takewhile(lambda e: e and not e.startswith("-"), entries))
+    if listing is None:
+        try:
+            listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60).stdout
+        except (OSError, subprocess.SubprocessError):
+            listing = ""
+    return re.findall(r"^GPU (\d+):", listing, flags=re.MULTILINE)
+
+
+def gpu_slots(gpus: list[str], workers: int | None, gpus_per_run: float = 1) -> list[dict[str, str]]:
+    """The local executor's concurrent runs with --gpus-per-run: one child process per slot, each
+    pinned to its GPU; 1/k GPUs per run gives each GPU k slots with 1/k of XLA's default memory share
+    (gpu_share). Slots go round the GPUs, so fewer `workers` spread over as many GPUs as they can;
+    `workers` None = every slot, else at most that many."""
+    if gpus_per_run > 1:  # one run across G GPUs: consecutive groups of G, a leftover fewer unused
+        g = round(gpus_per_run)
+        slots = [{"CUDA_VISIBLE_DEVICES": ",".join(gpus[i:i + g])} for i in range(0, len(gpus) - g + 1, g)]
+        return slots if workers is None else slots[:workers]
+    share = gpu_share(gpus_per_run)
+    slots = [{"CUDA_VISIBLE_DEVICES": gpu, **share} for _ in range(round(1 / gpus_per_run)) for gpu in gpus]
+    return slots if workers is None else slots[:workers]
+
+
+def check_gpu_slots(pins: list[dict[str, str]], child_env: Callable[[Mapping[str, str]], dict[str, str]],
+                    check: Callable | None = None) -> list[dict[str, str]]:
+    """The take-off device check of slots: every GPU of a slot probed (a slot of G GPUs is one run's
+    devices, all of which it trains on), the slots whose GPUs all pass kept, each with its probed
+    settings. `check`: default check_gpu_pins (one child probe per GPU)."""
+    check = check or check_gpu_pins
+    if all("," not in pin.get("CUDA_VISIBLE_DEVICES", "") for pin in pins):
+        return check(pins, child_env)
+    one_each = [{**pin, "CUDA_VISIBLE_DEVICES": gpu} for pin in pins for gpu in pin["CUDA_VISIBLE_DEVICES"].split(",")]
+    usable = check(one_each, child_env)
+    passed = {p["CUDA_VISIBLE_DEVICES"] for p in usable}
+    by_gpu = {p["CUDA_VISIBLE_DEVICES"]: p for p in usable}
+    return [{**by_gpu[pin["CUDA_VISIBLE_DEVICES"].split(",")[0]], "CUDA_VISIBLE_DEVICES": pin["CUDA_VISIBLE_DEVICES"]}
+            for pin in pins if set(pin["CUDA_VISIBLE_DEVICES"].split(",")) <= passed]
+
+
+def gpu_share(gpus_per_run: float, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """A Ray run reserving a fraction of a GPU gets that fraction of XLA's default 75% memory
+    preallocation (unless the user set a fraction), so the runs sharing the GPU fit on it."""
+    environ = os.environ if environ is None else environ
+    if not 0 < gpus_per_run < 1 or {"XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION"} & set(environ):
+        return {}
+    return {"XLA_PYTHON_CLIENT_MEM_FRACTION": f"{0.75 * gpus_per_run:.3f}"}
+
+
+def ray_pin(gpus_per_run: float, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """A Ray run's settings on the GPU(s) Ray reserved (Ray sets CUDA_VISIBLE_DEVICES): JAX must start
+    on CUDA with deterministic ops, as a local GPU run does (devices.gpu_pin), with its memory share."""
+    return gpu_pin(gpu_share(gpus_per_run, environ), environ) if gpus_per_run > 0 else {}
+
+
+def check_gpus_per_run(gpus_per_run: float, executor: str, gpus: list[str]) -> None:
+    """ConfigError unless --gpus-per-run fits the executor and, for the local one, this machine."""
+    whole = gpus_per_run >= 1 and float(gpus_per_run).is_integer()
+    if gpus_per_run < 0 or (gpus_per_run > 1 and not whole):
+        raise ConfigError("--gpus-per-run", gpus_per_run, "a number in [0, 1], or a whole number of GPUs for one "
+                          "run across them (parallel.data)")
+    if executor == "local" and gpus_per_run > 1:
+        if len(gpus) < gpus_per_run:
+            raise ConfigError("--gpus-per-run", gpus_per_run, f"at most the {len(gpus)} GPUs visible here")
+        return
+    runs_per_gpu = 1 / gpus_per_run if gpus_per_run else 0
+    if executor == "local" and gpus_per_run and not math.isclose(runs_per_gpu, round(runs_per_gpu), rel_tol=1e-6):
+        raise ConfigError("--gpus-per-run", gpus_per_run, "0, 1 or 1/k with the local executor (k runs share "
+                          "each GPU, e.g. 0.5 or 0.25); other fractions with --executor ray")
+    if executor == "local" and gpus_per_run and not gpus:
+        raise ConfigError("--gpus-per-run", gpus_per_run, "0 on a machine without GPUs (CUDA_VISIBLE_DEVICES "
+                          "names none and `nvidia-smi -L` lists none)")
 
 
 def gpu_pin(pin: Mapping[str, str], environ: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -281,7 +365,7 @@ def check_gpu_pins(pins: list[dict[str, str]], child_env: Callable[[Mapping[str,
     first = [pin for i, pin in enumerate(pinned) if gpu(pin) not in {gpu(p) for p in pinned[:i]}]  # a slot per GPU
     with tempfile.TemporaryDirectory(prefix="devices-") as tmp:
         outs = [Path(tmp) / f"{i}.json" for i in range(len(first))]
-        procs = [subprocess.Popen([sys.executable, "-m", "scaling.study.sweeps.devices", str(out)], env=child_env(pin),
+        procs = [subprocess.Popen([sys.executable, "-m", CHILD, "device-probe", str(out)], env=child_env(pin),
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for pin, out in zip(first, outs)]
         probes = [_landed(proc, out, pin, timeout) for proc, out, pin in zip(procs, outs, first)]
     usable = {gpu(first[probes.index(p)]) for p in _usable_or_stop(probes, echo)}
@@ -318,7 +402,7 @@ def _ray_probe(child_env: Callable[[Mapping[str, str]], dict[str, str]], timeout
     pin = gpu_pin({"CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "")})
     with tempfile.TemporaryDirectory(prefix="devices-") as tmp:
         out = Path(tmp) / "probe.json"
-        proc = subprocess.Popen([sys.executable, "-m", "scaling.study.sweeps.devices", str(out)], env=child_env(pin),
+        proc = subprocess.Popen([sys.executable, "-m", CHILD, "device-probe", str(out)], env=child_env(pin),
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         result = _landed(proc, out, pin, timeout)
     result.name = f"{ray.util.get_node_ip_address()} {result.name}"
@@ -339,7 +423,7 @@ def _landed(proc: subprocess.Popen, out: Path, pin: Mapping[str, str], timeout: 
     return Probe(**{**json.loads(out.read_text()), "name": name})
 
 
-def _probe_this_process(out: str) -> int:
+def device_probe_child(out: str) -> int:
     """Child entry point: probe this process's first device (the slot's GPU), write its Probe."""
     import jax
 
@@ -357,8 +441,3 @@ def _probe_this_process(out: str) -> int:
     Path(out).write_text(json.dumps(asdict(result)))
     return 0
 
-
-if __name__ == "__main__":
-    if len(sys.argv) == 2:
-        sys.exit(_probe_this_process(sys.argv[1]))
-    sys.exit("usage: python -m scaling.study.sweeps.devices OUT.json (internal; `scaling sweep --gpus-per-run` runs it)")

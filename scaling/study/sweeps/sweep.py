@@ -72,6 +72,7 @@ from typing import TYPE_CHECKING, Any, Callable, Collection, Mapping
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from scaling.train import config, data, runs
+from scaling.study.sweeps import devices
 from scaling import host
 from scaling._io import atomic_write_json, atomic_write_text
 from scaling.train.config import set_dotted
@@ -331,94 +332,6 @@ def worker_env(pin: Mapping[str, str] = {}) -> dict[str, str]:
     return {**_compilation_cache_settings(), **host.process_env(os.environ), **os.environ, **pin}
 
 
-# ---------------------------------------------------------------- GPUs
-
-
-def visible_gpus(environ: Mapping[str, str] | None = None, listing: str | None = None) -> list[str]:
-    """The GPUs runs may use, found without JAX (a JAX backend here would claim them): the entries of
-    CUDA_VISIBLE_DEVICES if it is set (indices or UUIDs; CUDA ignores everything from an invalid
-    entry such as -1 on), else the GPUs `nvidia-smi -L` lists (`listing`: its output)."""
-    environ = os.environ if environ is None else environ
-    if "CUDA_VISIBLE_DEVICES" in environ:
-        entries = [e.strip() for e in environ["CUDA_VISIBLE_DEVICES"].split(",")]
-        return list(itertools.takewhile(lambda e: e and not e.startswith("-"), entries))
-    if listing is None:
-        try:
-            listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60).stdout
-        except (OSError, subprocess.SubprocessError):
-            listing = ""
-    return re.findall(r"^GPU (\d+):", listing, flags=re.MULTILINE)
-
-
-def gpu_slots(gpus: list[str], workers: int | None, gpus_per_run: float = 1) -> list[dict[str, str]]:
-    """The local executor's concurrent runs with --gpus-per-run: one child process per slot, each
-    pinned to its GPU; 1/k GPUs per run gives each GPU k slots with 1/k of XLA's default memory share
-    (gpu_share). Slots go round the GPUs, so fewer `workers` spread over as many GPUs as they can;
-    `workers` None = every slot, else at most that many."""
-    if gpus_per_run > 1:  # one run across G GPUs: consecutive groups of G, a leftover fewer unused
-        g = round(gpus_per_run)
-        slots = [{"CUDA_VISIBLE_DEVICES": ",".join(gpus[i:i + g])} for i in range(0, len(gpus) - g + 1, g)]
-        return slots if workers is None else slots[:workers]
-    share = gpu_share(gpus_per_run)
-    slots = [{"CUDA_VISIBLE_DEVICES": gpu, **share} for _ in range(round(1 / gpus_per_run)) for gpu in gpus]
-    return slots if workers is None else slots[:workers]
-
-
-def check_gpu_slots(pins: list[dict[str, str]], child_env: Callable[[Mapping[str, str]], dict[str, str]],
-                    check: Callable | None = None) -> list[dict[str, str]]:
-    """The take-off device check of slots: every GPU of a slot probed (a slot of G GPUs is one run's
-    devices, all of which it trains on), the slots whose GPUs all pass kept, each with its probed
-    settings. `check`: scaling.study.sweeps.devices.check_gpu_pins (one child probe per GPU)."""
-    if check is None:
-        from scaling.study.sweeps import devices
-
-        check = devices.check_gpu_pins
-    if all("," not in pin.get("CUDA_VISIBLE_DEVICES", "") for pin in pins):
-        return check(pins, child_env)
-    one_each = [{**pin, "CUDA_VISIBLE_DEVICES": gpu} for pin in pins for gpu in pin["CUDA_VISIBLE_DEVICES"].split(",")]
-    usable = check(one_each, child_env)
-    passed = {p["CUDA_VISIBLE_DEVICES"] for p in usable}
-    by_gpu = {p["CUDA_VISIBLE_DEVICES"]: p for p in usable}
-    return [{**by_gpu[pin["CUDA_VISIBLE_DEVICES"].split(",")[0]], "CUDA_VISIBLE_DEVICES": pin["CUDA_VISIBLE_DEVICES"]}
-            for pin in pins if set(pin["CUDA_VISIBLE_DEVICES"].split(",")) <= passed]
-
-
-def gpu_share(gpus_per_run: float, environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """A Ray run reserving a fraction of a GPU gets that fraction of XLA's default 75% memory
-    preallocation (unless the user set a fraction), so the runs sharing the GPU fit on it."""
-    environ = os.environ if environ is None else environ
-    if not 0 < gpus_per_run < 1 or {"XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION"} & set(environ):
-        return {}
-    return {"XLA_PYTHON_CLIENT_MEM_FRACTION": f"{0.75 * gpus_per_run:.3f}"}
-
-
-def ray_pin(gpus_per_run: float, environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """A Ray run's settings on the GPU(s) Ray reserved (Ray sets CUDA_VISIBLE_DEVICES): JAX must start
-    on CUDA with deterministic ops, as a local GPU run does (devices.gpu_pin), with its memory share."""
-    from scaling.study.sweeps import devices
-
-    return devices.gpu_pin(gpu_share(gpus_per_run, environ), environ) if gpus_per_run > 0 else {}
-
-
-def check_gpus_per_run(gpus_per_run: float, executor: str, gpus: list[str]) -> None:
-    """ConfigError unless --gpus-per-run fits the executor and, for the local one, this machine."""
-    whole = gpus_per_run >= 1 and float(gpus_per_run).is_integer()
-    if gpus_per_run < 0 or (gpus_per_run > 1 and not whole):
-        raise ConfigError("--gpus-per-run", gpus_per_run, "a number in [0, 1], or a whole number of GPUs for one "
-                          "run across them (parallel.data)")
-    if executor == "local" and gpus_per_run > 1:
-        if len(gpus) < gpus_per_run:
-            raise ConfigError("--gpus-per-run", gpus_per_run, f"at most the {len(gpus)} GPUs visible here")
-        return
-    runs_per_gpu = 1 / gpus_per_run if gpus_per_run else 0
-    if executor == "local" and gpus_per_run and not math.isclose(runs_per_gpu, round(runs_per_gpu), rel_tol=1e-6):
-        raise ConfigError("--gpus-per-run", gpus_per_run, "0, 1 or 1/k with the local executor (k runs share "
-                          "each GPU, e.g. 0.5 or 0.25); other fractions with --executor ray")
-    if executor == "local" and gpus_per_run and not gpus:
-        raise ConfigError("--gpus-per-run", gpus_per_run, "0 on a machine without GPUs (CUDA_VISIBLE_DEVICES "
-                          "names none and `nvidia-smi -L` lists none)")
-
-
 def use_compilation_cache() -> None:
     """This process's JAX reads and writes the runs' shared persistent compilation cache."""
     import jax
@@ -504,11 +417,11 @@ def _watch(specs: list[RunSpec], out_root: str | Path, locks: list[runs.Lock], h
     log_path = out_dirs[0] / "run.log"  # a pack's log is its first member's
     started = time.time()
     members = [f"{d}:{lock.fd}" for d, lock in zip(out_dirs, locks)]
-    argv = ["--worker", str(out_dirs[0]), str(os.getpid()), str(locks[0].fd)] if len(specs) == 1 else \
-        ["--worker-pack", str(os.getpid()), *members]
+    argv = ["run", str(out_dirs[0]), str(os.getpid()), str(locks[0].fd)] if len(specs) == 1 else \
+        ["pack", str(os.getpid()), *members]
     with open(log_path, "ab") as log:
         # a session of its own: the terminal's Ctrl-C reaches the sweep, which asks the child to stop (_Stop)
-        proc = subprocess.Popen([sys.executable, "-m", "scaling.study.sweeps.sweep", *argv], pass_fds=[lock.fd for lock in locks],
+        proc = subprocess.Popen([sys.executable, "-m", devices.CHILD, *argv], pass_fds=[lock.fd for lock in locks],
                                 stdout=log, stderr=subprocess.STDOUT, env=worker_env(pin), start_new_session=True)
         _STOP.started(proc)
         try:
@@ -553,7 +466,7 @@ def _tail(path: Path, n_bytes: int = 8000) -> str:
         return f.read().decode(errors="replace")
 
 
-def _worker(out_dir: str, parent_pid: int, lock_fd: int) -> int:
+def run_child(out_dir: str, parent_pid: int, lock_fd: int) -> int:
     """Child entry point: train the run whose validated config.json is in out_dir, under the
     lock its parent holds (passed down as an open file)."""
     die_with_parent(parent_pid)
@@ -569,7 +482,7 @@ def _worker(out_dir: str, parent_pid: int, lock_fd: int) -> int:
     return 0 if summary.get("status") in runs.STATUSES else 1
 
 
-def _pack_worker(parent_pid: int, members: list[str]) -> int:
+def pack_child(parent_pid: int, members: list[str]) -> int:
     """Child entry point of a pack: train the runs of these `DIR:LOCK_FD`s as one program
     (scaling.train.loop.run_packed) under the locks its parent holds."""
     die_with_parent(parent_pid)
@@ -592,7 +505,7 @@ def _ray_task(spec: RunSpec, out_root: str, hang_timeout: float, wait: bool,
               gpus_per_run: float) -> tuple[str, dict[str, str]]:
     """One Ray task = one watched run; returns its files so the driver holds them even without shared
     storage. Ray sets the task's CUDA_VISIBLE_DEVICES to the GPUs it reserved; the child inherits it."""
-    status = execute(spec, out_root, hang_timeout, wait=wait, pin=ray_pin(gpus_per_run))
+    status = execute(spec, out_root, hang_timeout, wait=wait, pin=devices.ray_pin(gpus_per_run))
     out_dir = spec.out_dir(out_root)
     files = {} if status == OWNED else {name: (out_dir / name).read_text() for name in RUN_FILES
                                         if (out_dir / name).exists()}
@@ -848,10 +761,3 @@ def describe(cfg) -> str:
     return (f"size={cfg.model.size}{depth} precision={cfg.recipe.name} tokens={cfg.train.tokens:,} "
             f"lr={cfg.train.lr:g} seed={cfg.seed}")
 
-
-if __name__ == "__main__":
-    if len(sys.argv) == 5 and sys.argv[1] == "--worker":
-        sys.exit(_worker(sys.argv[2], int(sys.argv[3]), int(sys.argv[4])))
-    if len(sys.argv) > 3 and sys.argv[1] == "--worker-pack":
-        sys.exit(_pack_worker(int(sys.argv[2]), sys.argv[3:]))
-    sys.exit("usage: python -m scaling.study.sweeps.sweep --worker RUN_DIR PARENT_PID LOCK_FD (internal; use `scaling sweep`)")

@@ -3,7 +3,7 @@ model shape and recipe compiles and trains TAKEOFF_STEPS steps end to end (which
 compilation cache the real runs reuse); and the sweep's ETA, first from this machine's matmul
 speed, then from the probes' measured step times.
 
-Probes run in this process and, on a CPU machine, in child lanes (`python -m scaling.study.sweeps.takeoff
+Probes run in this process and, on a CPU machine, in child lanes (`python -m scaling.study.sweeps.child takeoff
 JOB PARENT_PID`, internal). The executors that train the cleared runs are scaling.study.sweeps.sweep.
 """
 
@@ -165,7 +165,7 @@ def _probe_packing_in_child(job: dict, out_root: Path, pin: dict[str, str]) -> d
     os.close(fd)
     path = Path(name)
     path.write_text(json.dumps(job))
-    proc = subprocess.run([sys.executable, "-m", "scaling.study.sweeps.takeoff", "--pack-probe", str(path), str(os.getpid())],
+    proc = subprocess.run([sys.executable, "-m", devices.CHILD, "pack-probe", str(path), str(os.getpid())],
                           capture_output=True, text=True, env=sweep.worker_env(pin))
     out = path.with_suffix(".out")
     if proc.returncode != 0 or not out.is_file():
@@ -177,7 +177,7 @@ def _probe_packing_in_child(job: dict, out_root: Path, pin: dict[str, str]) -> d
     return differences
 
 
-def _pack_probe_worker(job: str, parent_pid: int) -> int:
+def pack_probe_child(job: str, parent_pid: int) -> int:
     """Child entry point of the packing probe: each key's difference (scaling.train.step.packing_difference)."""
     sweep.die_with_parent(parent_pid)
     sweep.use_compilation_cache()
@@ -200,7 +200,7 @@ def takeoff_lanes(workers: int, pins: list[dict[str, str]] | None = None) -> int
     many on a machine without GPUs (an unpinned process there would claim every GPU) and one with."""
     if pins:
         return len(pins)
-    return 1 if sweep.visible_gpus() else max(1, workers)
+    return 1 if devices.visible_gpus() else max(1, workers)
 
 
 def _fly(config, out_dir: str | Path) -> dict:
@@ -230,7 +230,7 @@ def _fly_in_child(probes: dict[str, RunSpec], out_root: Path, hang_timeout: floa
     job.write_text(json.dumps({key: [str(p.out_dir(out_root / ".takeoff")), p.config.to_dict()]
                                for key, p in probes.items()}))
     log = open(job.with_suffix(".log"), "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "scaling.study.sweeps.takeoff", str(job), str(os.getpid())],
+    proc = subprocess.Popen([sys.executable, "-m", devices.CHILD, "takeoff", str(job), str(os.getpid())],
                             stdout=log, stderr=subprocess.STDOUT, env=sweep.worker_env(pin))
 
     def wait(tick: Callable[[], None] = lambda: None) -> dict[str, dict]:
@@ -255,7 +255,7 @@ def _fly_in_child(probes: dict[str, RunSpec], out_root: Path, hang_timeout: floa
     return wait
 
 
-def _takeoff_worker(job: str, parent_pid: int) -> int:
+def takeoff_child(job: str, parent_pid: int) -> int:
     """Child entry point of a take-off lane: fly the probes listed in `job`, write their summaries."""
     sweep.die_with_parent(parent_pid)
     sweep.use_compilation_cache()
@@ -353,10 +353,3 @@ def eta_seconds(specs: list[RunSpec], out_root: str | Path, lanes: int = 1,
         seconds += COMPILE_SECONDS_PER_SHAPE * len({sweep.shape_key(s.config) for s in rest}) / lanes
     return seconds, len(flights), len({sweep.shape_key(s.config) for s in specs})
 
-
-if __name__ == "__main__":
-    if len(sys.argv) == 4 and sys.argv[1] == "--pack-probe":
-        sys.exit(_pack_probe_worker(sys.argv[2], int(sys.argv[3])))
-    if len(sys.argv) == 3:
-        sys.exit(_takeoff_worker(sys.argv[1], int(sys.argv[2])))
-    sys.exit("usage: python -m scaling.study.sweeps.takeoff JOB PARENT_PID (internal; use `scaling sweep`)")
