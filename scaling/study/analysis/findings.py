@@ -19,7 +19,7 @@ from scaling.study.analysis.pstar import optimal
 from scaling.study.analysis import fit as fit_lib
 from scaling.study.analysis.pstar import profile as profile_lib
 from scaling.study.analysis.fit import FitResult
-from scaling.study.analysis.pstar.optimum_check import too_few_runs_reason
+from scaling.study.analysis.pstar.optimum_check import too_few_runs
 from scaling.study.analysis.isoflop import LEVEL, analyse, default_budgets, high_precision_recipe, ok_rows, replicate_noise, sweep_family, with_cost
 from scaling.errors import ConfigError
 
@@ -202,13 +202,6 @@ def findings(df: pd.DataFrame, fit: FitResult | None, *, cost: str = "bits", bud
             entry["profile"] = {"error": str(e)}
         out["P_star"].append(entry)
     return out
-
-
-def too_few_runs(df: pd.DataFrame, fit: FitResult) -> str | None:
-    """Why these runs are too few for a P* from `fit`, or None: the rule every verb shares
-    (optimum_check.too_few_runs_reason, DISTINCT_RUNS_PER_PARAM), on the runs of `df`."""
-    n = int(df["run_id"].nunique()) if "run_id" in df.columns else len(df)
-    return too_few_runs_reason(n, fit.law, fit.fixed)
 
 
 def _measured_findings(df: pd.DataFrame, main: pd.DataFrame, budgets: Sequence[float],

@@ -27,6 +27,7 @@ from scaling.train import compute as compute_lib
 from scaling.study.analysis import laws
 from scaling.errors import ConfigError
 from scaling.study.analysis.fit import FitResult, stored_share
+from scaling.study.analysis.pstar.optimum_check import refuse_degenerate
 
 TABLE_PRECISIONS = (4, 6, 8, 16, 32)
 _N_GRID = 400  # log-N grid points before the Brent refinement
@@ -71,13 +72,6 @@ def _fit(fit: FitResult | Mapping[str, Any]) -> FitResult:
     fit = fit if isinstance(fit, FitResult) else FitResult.from_dict(fit)
     refuse_degenerate(fit)
     return fit
-
-
-def refuse_degenerate(fit: FitResult, key: str = "fit") -> None:
-    """One-line ConfigError naming `key` when the fit is degenerate."""
-    if fit.degenerate:
-        raise ConfigError(key, f"{fit.law} fit, degenerate: {fit.degenerate}",
-                          "a fit that is not degenerate (more shapes, seeds or budgets, or another law)")
 
 
 def precision_columns(law: laws.Law, P: float, context: Mapping[str, float], data: Mapping[str, Any]) -> list[dict]:

@@ -1,6 +1,7 @@
-"""Whether a fitted law's compute optimum exists, and how far it reaches past the runs: the one verdict
-that `scaling optimal` and `scaling plan --fit` print, and whose run-count rule REPORT's P* follows
-(findings.too_few_runs).
+"""Whether a fitted law's compute optimum exists, and how far it reaches past the runs: the one place
+that decides it. The verdict `scaling optimal` and `scaling plan --fit` print; the run-count rule
+(`min_runs`, `too_few_runs_reason`, `too_few_runs`) REPORT's P* and the dry run follow; the refusal every
+optimiser applies to a degenerate fit (`refuse_degenerate`).
 
 `verdict(fit, optimum=None, cost=None)` -> {"exists", "reasons", "extrapolated", "extrapolation",
 "unchecked", "cost_model"}:
@@ -21,7 +22,10 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping
 
+import pandas as pd
+
 from scaling.study.analysis import laws
+from scaling.errors import ConfigError
 from scaling.study.analysis.fit import FitResult, degenerate_reason
 
 # A bootstrap resample of n runs holds about (1 - 1/e)·n distinct ones; a law's P* and its CI need each
@@ -49,6 +53,19 @@ def too_few_runs_reason(n_runs: int, law: str, fixed: Mapping[str, float] | None
     return (f"too few runs for a P*: {n_runs} runs for the {k} free parameters of `{law}` (a bootstrap resample "
             f"holds about {(1 - math.exp(-1)) * n_runs:.0f} distinct runs; a CI that covers a rerun needs at least "
             f"{DISTINCT_RUNS_PER_PARAM * k:.0f}, twice the parameters, so at least {needed} runs)")
+
+
+def too_few_runs(df: pd.DataFrame, fit: FitResult) -> str | None:
+    """Why these runs are too few for a P* from `fit`, or None: too_few_runs_reason on the runs of `df`."""
+    n = int(df["run_id"].nunique()) if "run_id" in df.columns else len(df)
+    return too_few_runs_reason(n, fit.law, fit.fixed)
+
+
+def refuse_degenerate(fit: FitResult, key: str = "fit") -> None:
+    """One-line ConfigError naming `key` when the fit is degenerate."""
+    if fit.degenerate:
+        raise ConfigError(key, f"{fit.law} fit, degenerate: {fit.degenerate}",
+                          "a fit that is not degenerate (more shapes, seeds or budgets, or another law)")
 
 
 def _number(v: float, bits: bool = False) -> str:
