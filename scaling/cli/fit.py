@@ -122,7 +122,8 @@ def _print_selection(law_choice: Mapping[str, Any]) -> None:
         versus = "-" if diff is None else "chosen" if mark == "*" else \
             f"{diff['value']:+.4f} ± {num(diff['se'], '.4f')}"
         flags = [f for f, on in (("within noise", c["within_noise"] and mark != "*"),
-                                 ("degenerate: not chosen", bool(c.get("degenerate")))) if on]
+                                 ("degenerate: not chosen", bool(c.get("degenerate")) and mark != "*"),
+                                 ("degenerate, as every fitted law is", bool(c.get("degenerate")) and mark == "*")) if on]
         print(f"{mark} {c['name']:<{width}}  {c['n_params']:>2}  {num(c['aic'], '10.2f')}  {num(c['mare'], '7.3%')}"
               + "".join(f"  {num(gap.get(by), '8.4f')}" for by in cols)
               + f"  {num(c.get('score'), '8.4f')}  {versus:>18}" + (f"  {'; '.join(flags)}" if flags else ""))

@@ -374,3 +374,20 @@ def test_a_law_its_own_bootstrap_finds_degenerate_gives_way_to_the_next_sound_on
     bad = set(fits)
     first = choice["chosen"]
     assert selection.chosen_fit(df, choice, fits, bootstrap=10) is fits[first] and len(choice["set_aside"]) == 3
+
+
+def test_the_table_does_not_call_the_chosen_law_not_chosen_when_every_law_is_degenerate(capsys):
+    """A new user's 8-run study: every law degenerate, the lowest-AIC one starred and flagged 'not chosen'."""
+    from scaling.cli import fit as fit_cli
+
+    def entry(name, aic):
+        return {"name": name, "law": name, "fittable": True, "n_params": 5, "aic": aic, "mare": 0.012, "score": None,
+                "heldout_gap_mae": {}, "gap_mae_diff": None, "within_noise": name == "chinchilla",
+                "degenerate": "E = 2.2e-10 is at its bound 0"}
+
+    choice = {"reference": {"recipes": ["bf16"]}, "splits": [], "noise_se": 2, "clustered_by": "recipe",
+              "chosen": "chinchilla", "candidates": [entry("kumar", -55.0), entry("chinchilla", -57.0)]}
+    fit_cli._print_selection(choice)
+    lines = {line.split()[1] if line.startswith("*") else line.split()[0]: line for line in capsys.readouterr().out.splitlines()[2:4]}
+    assert lines["chinchilla"].startswith("* chinchilla") and lines["chinchilla"].endswith("degenerate, as every fitted law is")
+    assert lines["kumar"].endswith("degenerate: not chosen")
