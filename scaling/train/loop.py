@@ -46,24 +46,20 @@ most log_every steps late; throughput is tokens over the wall time between those
 Many runs, one program (`run_packed`): runs differing only in seed, learning rate and format values
 (`pack_key`) train in step as members of one vmapped program (scaling.train.step.packed), each
 writing its own directory as it would alone; the sweep packs runs where the device sums a packed
-step as it sums a single one (scaling.study.sweep).
+step as it sums a single one (scaling.study.sweeps.sweep).
 
-One module (about 750 lines): the trunk, its cooldown branches, evaluation, health checks and
-checkpoints share one training state and its resume point; a _Member is one run's side of it.
+The trunk, its cooldown branches, evaluation, health checks and checkpoints share one training
+state and its resume point, so they live together here; a _Member is one run's side of it. How a
+checkpoint is written, read back or set aside (Orbax and its quirks, a full disk) is
+scaling.train.checkpoints; this module decides when.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import gc
-import errno
-import itertools
 import json
-import logging
 import math
-import os
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -73,12 +69,12 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
-import orbax.checkpoint as ocp
 from flax import nnx
 
 from scaling.train import compute as compute_lib
 from scaling.train import config as config_lib
-from scaling.train import architectures, data, health, ladder, parallel, runs, tracking
+from scaling.train import architectures, checkpoints, data, health, ladder, parallel, runs, tracking
+from scaling.train.checkpoints import BAD_CHECKPOINTS, KEEP_CHECKPOINTS, DiskFull, disk_full  # noqa: F401 - importable from here
 from scaling.numerics import formats, gemm, precision
 from scaling import host
 from scaling.train import model as model_lib
@@ -86,12 +82,10 @@ from scaling.train import step as step_lib
 from scaling._io import append_jsonl, atomic_write_json, read_jsonl
 from scaling.errors import ConfigError
 
-KEEP_CHECKPOINTS = 2
-# Set (by a sweep's run child on SIGINT, scaling.study.sweep) to stop the run between two steps: it
+# Set (by a sweep's run child on SIGINT, scaling.study.sweeps.sweep) to stop the run between two steps: it
 # checkpoints where it is, logs an `interrupted` event and raises Interrupted without landing, so
 # training it again resumes at that step.
 STOP = threading.Event()
-BAD_CHECKPOINTS = "bad_checkpoints"  # checkpoints that did not read back, kept for inspection
 
 
 # ---------------------------------------------------------------- the schedule: steps, budgets, learning rate
@@ -331,64 +325,6 @@ def _train(setups: list[Setup], out_dirs: list[Path], echo: Callable[[str], None
     return [member.landed for member in trainer.members]
 
 
-class DiskFull(Exception):
-    """A checkpoint could not be written for want of space; the message names the last good one."""
-
-
-def disk_full(error: BaseException) -> bool:
-    """Whether `error` (or an exception it was raised from) is the disk running out of space or quota."""
-    seen = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        if isinstance(error, DiskFull) or (isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT)):
-            return True
-        if "No space left on device" in str(error):  # TensorStore's errors carry the OS's words, not its errno
-            return True
-        error = error.__cause__ or error.__context__
-    return False
-
-
-@contextlib.contextmanager
-def _quiet_orbax():
-    """Orbax logs its own errors through absl ("ERROR:absl:..." on stderr) about a checkpoint we already
-    name in one line (a save or a restore that failed): silenced for the call only, the level put back."""
-    logger = logging.getLogger("absl")
-    level = logger.level
-    logger.setLevel(logging.CRITICAL + 1)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
-
-
-def _abandoned_read(unraisable) -> bool:
-    """Whether an exception Python can only print comes from a read a failed restore abandoned."""
-    error = unraisable.exc_value
-    return (isinstance(error.__cause__, GeneratorExit)  # a pending read closed when collected
-            or (unraisable.object is None and isinstance(error, RuntimeError)  # a read in flight calling back
-                and str(error) == "Event loop is closed"))
-
-
-def _drop_abandoned_reads() -> None:
-    """Never print what a failed restore leaves behind. Orbax runs a restore's reads as tasks of an
-    event loop it closes as soon as one read fails (orbax asyncio_utils.run_sync), the others still
-    pending or in flight in TensorStore: a read in flight calls back into the closed loop ("Event
-    loop is closed", from a TensorStore thread, at once), and each pending read catches
-    BaseException, so when Python closes it the GeneratorExit becomes an exception it can only print
-    ("Exception ignored in", a TensorStore spec per array), at any later point of the process. The
-    checkpoint is named in one line instead. Installed once per process, before the first restore,
-    over whatever hook is in place; every other unraisable exception goes on to it."""
-    if not getattr(sys.unraisablehook, "drops_abandoned_reads", False):
-        previous = sys.unraisablehook
-
-        def hook(unraisable):
-            if not _abandoned_read(unraisable):
-                previous(unraisable)
-
-        hook.drops_abandoned_reads = True
-        sys.unraisablehook = hook
-
-
 class _Member:
     """One run's side of a program: its progress, health checks, logs, checkpoints and summary."""
 
@@ -402,7 +338,7 @@ class _Member:
         self.last_losses: list[float] = []
         h = self.cfg.health
         self.monitor = health.LossMonitor(h.spike_factor, h.spike_window, self.schedule.warmup_steps)
-        self.checkpoints = self._checkpoint_manager()
+        self.checkpoints = checkpoints.Checkpoints(out_dir, self.echo) if self.cfg.train.checkpoint_every else None
         self.primary = parallel.primary()  # writes metrics, summary and failure records
         self.metrics_file = out_dir / "metrics.jsonl"
         self.mirror = tracking.Mirror([], {})  # opened by _Trainer.train()
@@ -410,61 +346,19 @@ class _Member:
 
     # -- checkpoints
 
-    def _checkpoint_manager(self):
-        if not self.cfg.train.checkpoint_every:
-            return None
-        options = ocp.CheckpointManagerOptions(max_to_keep=KEEP_CHECKPOINTS, enable_async_checkpointing=False)
-        with _quiet_orbax():  # it reads every step's metadata: a bad one is named by restore, once
-            return ocp.CheckpointManager((self.out_dir / "checkpoints").absolute(), options=options)
-
     def save(self, state) -> None:
         self.progress.wall_s += self._elapsed()
         self.progress.recent_losses = list(self.monitor.recent)
-        step = self.progress.step
-        try:
-            with _quiet_orbax():
-                self.checkpoints.save(step, args=ocp.args.Composite(
-                    state=ocp.args.StandardSave(state),
-                    progress=ocp.args.JsonSave(dataclasses.asdict(self.progress))))
-        except Exception as error:
-            if not disk_full(error):
-                raise
-            folder = self.out_dir / "checkpoints"
-            good = [int(p.name) for p in folder.iterdir() if p.name.isdigit() and int(p.name) != step] if folder.is_dir() else []
-            raise DiskFull(f"no space left on the disk for the checkpoint at step {step}; "
-                           + (f"the last good one (step {max(good)}) is intact: free space and train it again to resume there"
-                              if good else "there is no earlier one: training it again starts over")) from error
+        self.checkpoints.save(self.progress.step, state, dataclasses.asdict(self.progress))
 
     def restore(self, abstract) -> tuple[Any, Progress, list[int]]:
         """The newest checkpoint that reads back: (state or None, its progress, the steps set aside).
-        One that does not (any error: unreadable metadata, a truncated or missing file, a shape that
-        no longer fits) is set aside in DIR/bad_checkpoints/ with one line naming it, and the next
-        older one is tried; with none left the run starts again from step 0 (`resumed` says so)."""
-        set_aside = []
+        One that does not is set aside (scaling.train.checkpoints) and the next older one tried; with
+        none left the run starts again from step 0 (`resumed` says so)."""
         if self.checkpoints is None:
-            return None, Progress(), set_aside
-        with _quiet_orbax():
-            steps = sorted(self.checkpoints.all_steps(), reverse=True)
-        if steps:
-            _drop_abandoned_reads()
-        for step in steps:
-            if set_aside:  # the read before failed: collect what it left behind, once its error is gone
-                gc.collect()
-            try:
-                with _quiet_orbax():  # a checkpoint that does not read back is ours to name, once
-                    restored = self.checkpoints.restore(step, args=ocp.args.Composite(
-                        state=ocp.args.StandardRestore(abstract), progress=ocp.args.JsonRestore()))
-                progress = Progress(**restored.progress)
-                if progress.step != step:
-                    raise ValueError(f"its progress record is for step {progress.step}")
-            except Exception as error:  # noqa: BLE001 - whatever went wrong, an older checkpoint may read back
-                self._set_aside(step, error)
-                set_aside.append(step)
-                continue
-            return restored.state, progress, set_aside
-        if set_aside:
-            gc.collect()
-        return None, Progress(), set_aside
+            return None, Progress(), []
+        state, progress, set_aside = self.checkpoints.restore(abstract, lambda record: Progress(**record))
+        return state, progress if progress is not None else Progress(), set_aside
 
     def resumed(self, progress: Progress, set_aside: list[int]) -> None:
         """Take up a restored progress record (or none: step 0) and say where the run resumed."""
@@ -477,21 +371,6 @@ class _Member:
         elif set_aside:
             self.log({"event": "restarted", "step": 0, "tokens": 0, "set_aside": set_aside})
             self.echo("no checkpoint reads back: the run starts again from step 0")
-
-    def _set_aside(self, step: int, error: Exception) -> None:
-        """Move checkpoint `step` out of the manager's sight (kept, not deleted) and say why."""
-        bad = self.out_dir / BAD_CHECKPOINTS
-        bad.mkdir(exist_ok=True)
-        target = bad / str(step)
-        for n in itertools.count(1):  # a step set aside before (an earlier attempt) keeps its copy
-            if not target.exists():
-                break
-            target = bad / f"{step}.{n}"
-        os.replace(self.out_dir / "checkpoints" / str(step), target)
-        self.checkpoints.close()  # a fresh manager: nothing of the failed read lingers in the old one
-        self.checkpoints = self._checkpoint_manager()
-        reason = " ".join(f"{type(error).__name__}: {error}".split())
-        self.echo(f"checkpoint at step {step} does not read back ({reason[:160]}); moved to {target}")
 
     def _elapsed(self) -> float:
         """Wall time since the last call (accumulated into progress.wall_s)."""
@@ -664,7 +543,7 @@ class _Trainer:
         if self.packed:  # a member's slice
             one = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), self.state)
         else:
-            one = jax.tree.map(ocp.utils.to_shape_dtype_struct, self.state)
+            one = checkpoints.abstract(self.state)
         restored = [member.restore(one) for member in self.members]
         steps = {progress.step for _, progress, _ in restored}
         if len(steps) > 1:

@@ -148,75 +148,84 @@ def _update(model_def, opt_def, state, tokens_BxL1, seed, step, lr, measure):
 
 @functools.lru_cache(maxsize=None)
 def compiled(layout=None):
-    """The jitted train and eval steps. Graph definitions are static arguments (as `Static`s, hashed
-    once per run), so runs of the same model shape and recipe structure in one process share one
-    compilation. `layout`
+    """The jitted train and eval steps and the initialiser, `(train_step, eval_loss, init)` (the
+    forms above; `train_step.lower` as a jitted function's: benchmarks and tests compile ahead of
+    time). Graph definitions are static arguments (as `Static`s, hashed once per run), so runs of the
+    same model shape and recipe structure in one process share one compilation. `layout`
     (scaling.train.parallel.Layout): the steps of a run across devices, the same computation with
     the batch split over the mesh and the weights and optimiser state where the layout puts them;
     None: one device."""
     data.use_compilation_cache()  # a quantised step compiles for tens of seconds: the next run loads it
+    steps = _Compiled(layout)
+    return steps, steps.eval_loss, steps.init
 
-    def laid_out(tree):
-        return tree if layout is None else layout.constrain(tree)
 
-    def step_fn(model_def, opt_def, state, tokens_BxL1, seed, step, lr, measure):
+class _Compiled:
+    """`compiled(layout)`'s steps, one instance per layout and process: the instance is the train
+    step. Each jitted function is built once, here, from the method of its name (compile logs say
+    `jit(step_fn)`, `jit(jitted_eval)`, `jit(init_params)`, `jit(init_around)`)."""
+
+    def __init__(self, layout):
+        self.layout = layout
+        # the state is donated: its buffers become the next state's (no second copy of the weights and
+        # optimiser moments per step); a caller keeping the old state copies it first (loop._branch)
+        self.one_step = jax.jit(self.step_fn, static_argnums=(0, 1), donate_argnums=2)  # measure traced
+        self.logged_or_not = jax.jit(self.step_fn, static_argnums=(0, 1, 7), donate_argnums=2)  # measure static: two programs
+        self._eval = jax.jit(self.jitted_eval, static_argnums=0)
+        # One compiled initialiser instead of one eager dispatch (and compile) per weight matrix, in two
+        # parts: the weights, which do not depend on the recipe (a recipe adds formats and scaling state,
+        # draws nothing), so one compile of their ~2 s serves every recipe of a model shape; and the
+        # recipe's state around them, which compiles in a fraction of that. Across devices the weights are
+        # drawn where they live (partitionable threefry: the same values whatever the layout).
+        self._init_params = jax.jit(self.init_params, static_argnums=0)
+        self._init_around = jax.jit(self.init_around, static_argnums=(0, 1, 2))
+
+    def laid_out(self, tree):
+        return tree if self.layout is None else self.layout.constrain(tree)
+
+    def step_fn(self, model_def, opt_def, state, tokens_BxL1, seed, step, lr, measure):
+        layout = self.layout
         if layout is None:
             return _update(model_def, opt_def, state, tokens_BxL1, seed, step, lr, measure)
         state, tokens_BxL1 = layout.constrain(state), layout.constrain_batch(tokens_BxL1)
         state, loss, grad_norm, telemetry = _update(model_def, opt_def, state, tokens_BxL1, seed, step, lr, measure)
         return (layout.constrain(state), *layout.constrain_replicated((loss, grad_norm, telemetry)))
 
-    # the state is donated: its buffers become the next state's (no second copy of the weights and
-    # optimiser moments per step); a caller keeping the old state copies it first (loop._branch)
-    one_step = jax.jit(step_fn, static_argnums=(0, 1), donate_argnums=2)  # measure traced
-    logged_or_not = jax.jit(step_fn, static_argnums=(0, 1, 7), donate_argnums=2)  # measure static: two programs
-
-    def program(measure):
+    def program(self, measure):
         """The jitted step for this backend and the form of `measure` it takes."""
         if jax.default_backend() == "cpu":
-            return one_step, np.bool_(measure)
-        return logged_or_not, bool(measure)
+            return self.one_step, np.bool_(measure)
+        return self.logged_or_not, bool(measure)
 
-    def train_step(model_def, opt_def, state, tokens_BxL1, seed, step, lr, measure):
-        jitted, measure = program(measure)
+    def __call__(self, model_def, opt_def, state, tokens_BxL1, seed, step, lr, measure):
+        jitted, measure = self.program(measure)
         return jitted(_static(model_def), _static(opt_def), state, tokens_BxL1, seed, step, lr, measure)
 
-    def lower(model_def, opt_def, state, tokens_BxL1, seed, step, lr, measure):
-        jitted, measure = program(measure)
+    def lower(self, model_def, opt_def, state, tokens_BxL1, seed, step, lr, measure):
+        jitted, measure = self.program(measure)
         return jitted.lower(_static(model_def), _static(opt_def), state, tokens_BxL1, seed, step, lr, measure)
 
-    train_step.lower = lower  # as a jitted function's: benchmarks and tests compile ahead of time
-
-    @functools.partial(jax.jit, static_argnums=0)
-    def jitted_eval(model_def, model_state, tokens_BxL1):
+    def jitted_eval(self, model_def, model_state, tokens_BxL1):
+        layout = self.layout
         if layout is not None:
             model_state, tokens_BxL1 = layout.constrain(model_state), layout.constrain_batch(tokens_BxL1)
         loss = model_lib.eval_loss(nnx.merge(model_def.value, model_state), tokens_BxL1)
         return loss if layout is None else layout.constrain_replicated(loss)
 
-    def eval_loss(model_def, model_state, tokens_BxL1):
-        return jitted_eval(_static(model_def), model_state, tokens_BxL1)
+    def eval_loss(self, model_def, model_state, tokens_BxL1):
+        return self._eval(_static(model_def), model_state, tokens_BxL1)
 
-    # One compiled initialiser instead of one eager dispatch (and compile) per weight matrix, in two
-    # parts: the weights, which do not depend on the recipe (a recipe adds formats and scaling state,
-    # draws nothing), so one compile of their ~2 s serves every recipe of a model shape; and the
-    # recipe's state around them, which compiles in a fraction of that. Across devices the weights are
-    # drawn where they live (partitionable threefry: the same values whatever the layout).
-    @functools.partial(jax.jit, static_argnums=0)
-    def init_params(model_cfg, seed):
-        return laid_out(nnx.state(architectures.build(model_cfg, "fp32", rngs=nnx.Rngs(jax.random.key(seed))), nnx.Param))
+    def init_params(self, model_cfg, seed):
+        return self.laid_out(nnx.state(architectures.build(model_cfg, "fp32", rngs=nnx.Rngs(jax.random.key(seed))), nnx.Param))
 
-    @functools.partial(jax.jit, static_argnums=(0, 1, 2))
-    def init_around(model_cfg, recipe, tx, params):
+    def init_around(self, model_cfg, recipe, tx, params):
         model = architectures.build(model_cfg, recipe, rngs=nnx.Rngs(0))  # its own draws: dead code
         nnx.update(model, params)
         optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
-        return laid_out({"model": nnx.state(model), "optimizer": nnx.state(optimizer)})
+        return self.laid_out({"model": nnx.state(model), "optimizer": nnx.state(optimizer)})
 
-    def init(model_cfg, recipe, tx, seed):
-        return init_around(model_cfg, recipe, tx, init_params(model_cfg, seed))
-
-    return train_step, eval_loss, init
+    def init(self, model_cfg, recipe, tx, seed):
+        return self._init_around(model_cfg, recipe, tx, self._init_params(model_cfg, seed))
 
 
 def graph_defs(model_cfg, recipe, tx, seed):
@@ -242,7 +251,7 @@ def packed():
     (`--xla_cpu_experimental_ynn_fusion_type=`); with them on (the default) not (Adam turns last-bit
     differences in near-zero gradients into weight differences of the order of the learning rate). On a
     GPU: not yet measured. `packing_difference` measures it on the device at hand; the sweep packs
-    runs (`--pack K`) only where it is 0 (scaling.study.takeoff.pack_probe).
+    runs (`--pack K`) only where it is 0 (scaling.study.sweeps.takeoff.pack_probe).
 
         train_step(model_def, opt_def, states, tokens_KxBxL1, seeds_K, step, lrs_K, measure)
             -> (states, losses_K, grad_norms_K, telemetry with a leading K axis)
