@@ -21,8 +21,8 @@ scipy loop it must agree with (tests and benchmarks/bench_fit.py compare them).
 Bootstrap: resampling units (runs, by `run_id`, or rows) with replacement is a multinomial weight
 per row, so all resamples are one batched weighted float64 fit, started from the full-data optimum.
 
-Choosing among laws by held-out precision gaps is scaling.study.analysis.selection. This module (about 780
-lines) keeps one job, a law fitted to data: the prepared problem, the solvers, the bootstrap and the
+Choosing among laws by held-out precision gaps is scaling.study.analysis.selection. One module
+keeps one job, a law fitted to data: the prepared problem, the solvers, the bootstrap and the
 held-out checks all work on the same `_Problem` and `FitResult`.
 """
 
