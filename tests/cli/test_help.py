@@ -83,6 +83,7 @@ def test_every_option_has_help_and_the_output_flag_is_o_out(command):
             assert action.option_strings == ["-o", "--out"] and action.dest == "out", f"scaling {command}: {action}"
 
 
+@pytest.mark.slow
 def test_the_help_names_match_the_library():
     """scaling.cli._names copies names whose library home is heavy to import; they must match it
     (a fresh process: the law registry as the command line sees it)."""

@@ -48,6 +48,7 @@ def _run(folder, *extra, rows="rows.csv", out="out.csv"):
                      "-o", str(folder / out)])
 
 
+@pytest.mark.slow
 def test_rows_are_written_with_their_interval_gap_and_p_best(files, capsys):
     assert _run(files, "--law", LAW, "--bootstrap", "3") == 0
     out = pd.read_csv(files / "out.csv")
@@ -215,6 +216,7 @@ def test_fit_on_results_where_no_run_landed_says_so(files, capsys):
                    "run's failure.json says why)"]
 
 
+@pytest.mark.slow
 def test_a_per_recipe_law_predicts_through_predict_rows(files, capsys):
     """`scaling predict --law kumar_eff` refused every recipe ('a recipe law kumar_eff was fitted on ()'):
     the draws looked the law up by name, not the fitted form that carries its recipes."""

@@ -18,6 +18,8 @@ from scaling.numerics import precision
 from scaling.train import ladder
 from scaling.train import step as step_lib
 
+pytestmark = pytest.mark.slow  # every test here compiles or trains several models
+
 CFG = ladder.ModelConfig(d_model=32, n_layers=2, n_heads=2, d_ff=64, vocab=64, seq_len=16)
 DOT = re.compile(r"stablehlo\.dot_general .*?(?:precision = \[(\w+), (\w+)\].*?)?: "
                  r"\(tensor<(?:[0-9?]+x)*(\w+)>, tensor<(?:[0-9?]+x)*(\w+)>\)")

@@ -74,7 +74,9 @@ def _nearest_grads(recipe):
     return dataclasses.replace(r, grad=dataclasses.replace(r.grad, rounding="nearest"))
 
 
-@pytest.mark.parametrize("recipe", ["fp8", SMALL_BLOCKS, "mxfp8", CHANNEL, "nvfp4"])
+# fp8 alone in the fast subset (-m "not slow"): its one check that the three GEMMs are the reference's
+@pytest.mark.parametrize("recipe", ["fp8", *(pytest.param(r, marks=pytest.mark.slow)
+                                             for r in (SMALL_BLOCKS, "mxfp8", CHANNEL, "nvfp4"))])
 def test_three_gemms_match_hand_written_reference(recipe):
     r = _nearest_grads(recipe)
     x, w, dy = _operands()
@@ -98,6 +100,7 @@ def _fq_dot_t(a, b, spec_a, spec_b):
     return jnp.dot(quant.fake_quant(a, spec_a), quant.fake_quant(b, spec_b).T, precision=jax.lax.Precision.HIGHEST)
 
 
+@pytest.mark.slow
 def test_wrong_axis_would_be_caught():
     # guard for the reference test: quantising W along K (the fprop axis) for dgrad changes dX
     # with 1×16 weight blocks, not with 16×16 tiles (the same tiles along both axes)
@@ -138,6 +141,7 @@ def test_stochastic_rounding_uses_explicit_keys():
     assert float(jnp.abs(draws.mean(0) - exact).mean()) < 0.5 * float(jnp.abs(draws[0] - exact).mean())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["bf16", "fp8-blockwise", "mxfp4"])
 def test_fast_path_agrees_with_fp32_path(name):
     # model-sized blocks (128) and stochastic gradient rounding (same keys on both paths)
@@ -170,6 +174,7 @@ OPERAND_SPECS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("axis", [0, 1])
 @pytest.mark.parametrize("spec", OPERAND_SPECS, ids=lambda s: f"{s.granularity}-{s.rounding}")
 def test_operands_and_their_telemetry_are_quants(spec, axis):
@@ -199,6 +204,7 @@ def test_operands_and_their_telemetry_are_quants(spec, axis):
         np.testing.assert_array_equal(nearest.q.values, quant.quantize(x, dataclasses.replace(along, rounding="nearest")).values)
 
 
+@pytest.mark.slow
 def test_training_telemetry_samples_the_rows_of_long_operands():
     """Operands quantised along their columns (activations, gradients) are measured on every
     (M // 256)-th row, with the whole tensor's amax; weights (along rows) on all of them."""
@@ -268,6 +274,7 @@ def test_delayed_scaling_histories_evolve():
     np.testing.assert_array_equal(qkv.hist_activation[...][0], h2_a)
 
 
+@pytest.mark.slow
 def test_grad_step_reports_block_amax_per_role():
     m = model.Transformer(TINY, "fp8", rngs=nnx.Rngs(0))
     tokens = jax.random.randint(jax.random.key(0), (2, TINY.seq_len + 1), 0, TINY.vocab)
@@ -277,6 +284,7 @@ def test_grad_step_reports_block_amax_per_role():
         assert 0.0 <= b["min"] <= b["p50"] <= b["max"] <= float(tel[role]["amax"]) * (1 + 1e-6), (role, b)
         assert b["min"] < b["max"]
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["cpu", "gpu"])
 @pytest.mark.parametrize("name", ["fp8-delayed", "mxfp4"])
 def test_telemetry_is_skipped_at_run_time_without_changing_the_step(name, backend, monkeypatch):
@@ -375,6 +383,7 @@ def test_a_host_side_measure_traces_no_telemetry_where_false():
     assert all(np.isfinite(np.asarray(v)).all() for v in tel_on.values())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, kept_bytes", [("bf16", 2), ("fp8", 2), ("fp16", 4), ("mxfp8", 4)])
 def test_the_backward_keeps_one_copy_of_each_operand_in_bfloat16_where_exact(name, kept_bytes):
     """What autodiff keeps of X (M×K) and W (K×N) for the backward, in bytes per element: a

@@ -91,6 +91,7 @@ def _emulated(x: np.ndarray, name: str) -> np.ndarray:
     return np.asarray(formats.round_to_grid(jnp.asarray(x), formats.get(name).params(), "nearest"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["bf16", "fp16"])
 def test_native_rounding_is_the_emulation_bit_for_bit(name):
     f = formats.get(name)
@@ -187,6 +188,7 @@ def _emulated_structure(st: precision.RecipeStructure) -> precision.RecipeStruct
     return dataclasses.replace(st, **roles)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recipe", ["bf16", "fp16"])
 def test_a_bf16_recipes_gemm_trains_natively_with_the_same_bits(recipe):
     """Training passes formats as runtime vectors; an unscaled bf16 / fp16 role rounded to nearest is

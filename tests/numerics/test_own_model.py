@@ -20,6 +20,8 @@ from flax import nnx
 from scaling.errors import ConfigError
 from scaling.numerics import QDense, precision, qdot, quant, value_and_grad
 
+pytestmark = pytest.mark.slow  # every test here compiles or trains several models
+
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "own_model.py"
 
 

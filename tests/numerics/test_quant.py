@@ -55,6 +55,7 @@ def test_hand_computed_e2m1(kw, values, scale):
     np.testing.assert_array_equal(xhat, np.array(values, np.float32) * np.asarray(quant.expand_scale(q.scale, spec, X.shape)))
 
 
+@pytest.mark.slow
 def test_mx_scale_exponent_floor_vs_ceil_and_saturation():
     x = np.array([[5.0, 1.0, -7.0, 0.3]], np.float32)
     floor = QuantSpec("fp4_e2m1", "mx", block=4)
@@ -241,6 +242,7 @@ def test_non_dividing_block_has_its_own_scale():
     np.testing.assert_array_equal(np.asarray(q.values), ref)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("gran", ["none", "tensor", "channel", "block", "block2d", "mx", "nvfp4"])
 def test_all_zero_input_is_safe(gran):
     spec = QuantSpec("fp4_e2m1", gran)
@@ -377,6 +379,7 @@ def test_block_amax_median_is_numpys_also_with_nan(shape, nan):
                                   QuantSpec("fp8_e4m3", "block2d", block=16, rounding="stochastic"),
                                   QuantSpec("int4", "channel", rounding="stochastic")],
                          ids=lambda s: f"{s.granularity}-ax{s.axis}")
+@pytest.mark.slow
 def test_stochastic_draws_follow_the_element_not_the_block_layout(spec):
     """Each element's random number is drawn for its index in x (formats.random_bits of x's shape),
     whatever the padded block layout: quantising equals rounding x / scale elementwise with the key."""
@@ -414,6 +417,7 @@ def test_stochastic_rounding_through_fake_quant():
 @pytest.mark.parametrize("spec", [QuantSpec("fp8_e4m3", "channel"), QuantSpec("fp6_e2m3", "block", block=8),
                                   QuantSpec("fp4_e2m1", "mx"), QuantSpec("fp4_e2m1", "nvfp4"),
                                   QuantSpec("int8", "block2d", block=4)], ids=lambda s: s.granularity)
+@pytest.mark.slow
 def test_jit_and_vmap_match_eager(spec):
     x = np.random.default_rng(3).standard_normal((3, 8, 40)).astype(np.float32)
     eager = np.stack([np.asarray(quant.fake_quant(xi, spec)) for xi in x])
@@ -424,6 +428,7 @@ def test_jit_and_vmap_match_eager(spec):
     assert set(t) == set(quant.TELEMETRY_FIELDS)
 
 
+@pytest.mark.slow
 def test_traced_format_params_one_compile():
     traces = []
 

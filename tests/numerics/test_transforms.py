@@ -17,6 +17,8 @@ from scaling.numerics import formats, gemm, layers, precision, quant, transforms
 from scaling.numerics.quant import QuantSpec
 from scaling.train import ladder, model
 
+pytestmark = pytest.mark.slow  # every test here compiles or trains several models
+
 E2M1 = ml_dtypes.float4_e2m1fn
 
 

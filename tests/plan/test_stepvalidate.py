@@ -89,6 +89,7 @@ def _slowed(case: dict, factor: float = 3.0) -> dict:
     return case
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("gen", ["h100", "b200"])
 def test_moe_fit_never_sees_a_held_out_case(gen):
     """Tripling every held-out MoE run's measured step leaves a generation's refit exactly as it was; tripling the MoE

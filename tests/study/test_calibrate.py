@@ -65,6 +65,7 @@ def _top(result):
     return next(p for p in result["pairs"] if p["fit_budget"] == BUDGETS[1] and p["target_budget"] == BUDGETS[2])
 
 
+@pytest.mark.slow
 def test_calibrated_intervals_cover_a_shared_shift_at_their_nominal_rate_and_the_old_ones_do_not(replicates):
     """The top budget predicted from the two below, calibrated on the backtest inside them: over the
     datasets the calibrated 95% intervals hold about 95% of the rows; the old ones (law + in-sample
@@ -79,6 +80,7 @@ def test_calibrated_intervals_cover_a_shared_shift_at_their_nominal_rate_and_the
     assert np.median([t["calibrated"]["mean_width"] for t in tops]) < 1.5
 
 
+@pytest.mark.slow
 def test_gap_intervals_are_narrower_than_level_intervals_when_the_shared_part_dominates(replicates):
     """The shared shift cancels in a gap: the calibrated gap intervals are several times narrower than
     the level intervals and still cover the measured gaps."""
@@ -90,6 +92,7 @@ def test_gap_intervals_are_narrower_than_level_intervals_when_the_shared_part_do
     assert sum(t["gap_inside"] for t in tops) / sum(t["gap_n"] for t in tops) >= 0.88
 
 
+@pytest.mark.slow
 def test_ranks_follow_the_recipe_correction_and_the_old_draws_only_guess(replicates):
     """Four recipes at each matched (N, D): the law has no precision term, so the old draws give each
     about a quarter of P(best); the calibrated ones, corrected by each recipe's in-sample misfit, put

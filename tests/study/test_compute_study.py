@@ -41,6 +41,7 @@ def _subjaxprs(eqn):
                 yield item
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("size,seq_len", [(1, 16), (2, 32), (3, 24)])
 def test_flops_by_part_equal_the_dots_of_a_training_step(size, seq_len, monkeypatch):
     cfg = ladder.config_for_size(size, seq_len=seq_len)
@@ -70,6 +71,7 @@ def test_flops_by_part_equal_the_dots_of_a_training_step(size, seq_len, monkeypa
     assert sum(p.flops for p in parts) == pytest.approx(ladder.flops_per_token(cfg), rel=1e-12)
 
 
+@pytest.mark.slow
 def test_effective_bits_per_recipe():
     cfg = ladder.config_for_size(4, seq_len=64)  # d_model 128: every reduction axis >= 128
     bits = {name: compute.columns(cfg, name, 1024)["bits_eff"] for name in
@@ -355,6 +357,7 @@ def test_warmup_in_steps_gives_a_budget_the_same_schedule_in_any_run_length():
     assert train.schedule_for(frac[0]).warmup_steps != train.schedule_for(frac[1]).warmup_steps
 
 
+@pytest.mark.slow
 def test_sweep_expands_an_isoflop_design_and_its_runs_carry_their_budgets(tmp_path):
     from scaling.study.sweeps import results, sweep
     from scaling.train import loop as train

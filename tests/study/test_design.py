@@ -103,6 +103,7 @@ def test_edge_runs_never_repeat_a_budget_and_shape_a_design_run_serves():
         assert _shapes_by_budget([c for c in after if c not in before]) == {b: {n + 1} for b, n in largest.items()}
 
 
+@pytest.mark.slow
 def test_the_reference_study_on_common_shapes_reuses_every_landed_run():
     """The lower budgets and the held-out budget (one sweep, two designs): every landed run is one the
     designs expand to, and at every budget every recipe has the same shapes."""

@@ -159,6 +159,7 @@ def test_the_sweep_checks_its_gpus_before_take_off_compiles_anything(monkeypatch
 
 # Ray starts its processes with subprocess (fork, then exec at once): JAX's at-fork warning is meant for
 # a fork that goes on running Python beside JAX's threads, which this is not.
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:os.fork\\(\\) was called:RuntimeWarning")
 def test_a_ray_cluster_whose_gpus_do_not_start_cuda_stops_before_training():
     """--executor ray with GPUs: every GPU of the cluster is probed in a task reserving it, in a child with

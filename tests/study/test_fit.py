@@ -286,6 +286,7 @@ def test_selection_key_round_trips():
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_a_fit_whose_loss_rises_with_N_is_degenerate_and_says_so_in_its_json(tmp_path):
     """The loss grows with N (a small model trained on a corpus the large ones overfit): the fitted alpha
     is negative, and the fit says it is degenerate, in its JSON too."""

@@ -145,6 +145,7 @@ def test_a_leaking_split_favours_a_law_that_memorises_runs_and_the_held_out_budg
     assert sel["split"] == {"by": "budget", "value": 3e16, "held_runs": 10, "train_rows": 42, "train_runs": 10, "note": None}
 
 
+@pytest.mark.slow
 def test_the_budget_split_leaves_out_every_run_at_a_held_out_point(monkeypatch):
     """The fit sees no row of a run that has a row at the largest budget's points, the reference
     evaluated there included (even where its row carries no budget), and every other row."""
@@ -178,6 +179,7 @@ def test_without_a_usable_budget_the_largest_size_is_held_out_whole():
     assert "nothing left to fit on" in selection.heldout_split(df[df["N"] == 3e8])
 
 
+@pytest.mark.slow
 def test_a_split_whose_held_out_gaps_come_from_one_run_is_not_used():
     """One run's held-out error has no standard error: the split is noted and not ranked on, so no
     law is called worse than another on one run; the other splits rank (with none, the choice falls
@@ -346,6 +348,7 @@ def test_without_held_out_gaps_the_aic_choice_is_the_sound_fit_with_the_lowest_a
     assert selection._choose(entries, {}, np.zeros(0))[0] == "sun"
 
 
+@pytest.mark.slow
 def test_a_law_its_own_bootstrap_finds_degenerate_gives_way_to_the_next_sound_one(monkeypatch):
     """The chosen law's resamples can make it degenerate (a CI at a bound) where its full-data fit was
     sound: `chosen_fit` then keeps the next candidate in the selection's order whose bootstrap is sound,

@@ -184,6 +184,7 @@ def test_paired_contrast_directly_and_via_the_reference():
         matched.paired_contrast(iso, "a", "b", via="a")
 
 
+@pytest.mark.slow
 def test_the_module_does_not_import_jax():
     code = "import sys, scaling.study.analysis.matched; assert not any(m.split('.')[0] in ('jax', 'jaxlib') for m in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0

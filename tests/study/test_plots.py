@@ -299,6 +299,7 @@ def test_heldout_points_are_predicted_by_the_heldout_fit():
     assert plots.heldout_mask(fake_fit(5.0, n_samples=0), ok) is None
 
 
+@pytest.mark.slow
 def test_absent_inputs_are_skipped_not_errors(tmp_path):
     made = plots.make_figures(fake_results(), None, tmp_path, curves=None)
     skipped = {f.number: f.reason for f in made if isinstance(f, plots.Skipped)}
@@ -386,6 +387,7 @@ def test_granularity_figure_draws_every_run_at_a_single_size(tmp_path, monkeypat
     assert len(drawn["axes"]) == 2 and lo <= final["val_loss"].min() and final["val_loss"].max() <= hi
 
 
+@pytest.mark.slow
 def test_iso_loss_marks_the_fitted_sizes(tmp_path):
     from scaling.study.analysis import fit
 

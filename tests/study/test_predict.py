@@ -65,6 +65,7 @@ def test_the_design_line_lands_on_the_budget_even_for_the_reference_that_trains_
     assert longer >= 1  # fp32 is the reference: some of its runs train on past this budget
 
 
+@pytest.mark.slow
 def test_a_prediction_names_every_recipe_with_an_interval_and_says_cannot_tell_when_it_cannot(found, rows):
     assert [e["recipe"] for e in found["recipes"]] == ["fp32", "fp8", "mxfp4"]
     assert found["fitted_on"]["budgets"] == [1e11, 2e11] and found["fitted_on"]["runs"] == rows["run_id"].nunique()
@@ -82,6 +83,7 @@ def test_a_prediction_names_every_recipe_with_an_interval_and_says_cannot_tell_w
     assert (found["winner"] is None) == (found["diff_pi"][0] <= 0) and ("cannot tell" in found["reason"]) == (found["winner"] is None)
 
 
+@pytest.mark.slow
 def test_the_interval_widens_with_the_law_form_and_the_noise(rows, line):
     one = predict.predict(rows, line, HELD, bootstrap=4, candidates=["kumar"])
     width = lambda f: np.mean([e["loss_pi"][1] - e["loss_pi"][0] for e in f["recipes"]])
@@ -94,6 +96,7 @@ def test_a_budget_the_fit_has_seen_is_refused(rows, line):
         predict.predict(rows, line, 2e11, bootstrap=0, candidates=LAWS)
 
 
+@pytest.mark.slow
 def test_score_counts_the_measured_minima_inside_their_intervals(found):
     measured = {"winner": None, "reason": "cannot tell: stand-in", "recipes": [
         {"recipe": e["recipe"], "loss": e["loss"] + (0.0 if i else 10.0), "ci": [0, 1], "N_opt": e["N_opt"], "inside": True}
@@ -104,6 +107,7 @@ def test_score_counts_the_measured_minima_inside_their_intervals(found):
     assert [r["inside"] for r in scored["recipes"]] == [False, True, True]
 
 
+@pytest.mark.slow
 def test_score_sets_each_gap_to_the_reference_against_its_measured_ci(found):
     """Every minimum measured 0.05 low (a level the law misses alike) but fp8's gap to fp32 off by 0.05
     more: the gaps are right for mxfp4 and wrong for fp8, whatever the levels say."""
@@ -128,6 +132,7 @@ def test_score_sets_each_gap_to_the_reference_against_its_measured_ci(found):
     assert predict.score(found, no_ref)["gaps"] == []
 
 
+@pytest.mark.slow
 def test_the_cli_refuses_a_design_whose_runs_have_landed_and_never_overwrites(tmp_path):
     held = _held_out(tmp_path, 2e11)  # one budget of the quick study's, as a design of its own: other run ids
     out = tmp_path / "p.json"
@@ -148,6 +153,7 @@ def test_the_cli_refuses_a_design_whose_runs_have_landed_and_never_overwrites(tm
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_load_refuses_what_is_not_a_prediction(tmp_path, found):
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"budget": 1}))
@@ -158,6 +164,7 @@ def test_load_refuses_what_is_not_a_prediction(tmp_path, found):
     assert predict.load(good)["budget"] == HELD
 
 
+@pytest.mark.slow
 def test_report_shows_the_prediction_then_predicted_against_measured(found):
     unit = "nats per byte"
     before = law_prose.prediction_section(report.prediction_facts({**found, "laws": found["laws"]}, {"budgets": []}), unit)
@@ -176,6 +183,7 @@ def test_report_shows_the_prediction_then_predicted_against_measured(found):
     assert "1 of 2 predicted gaps to fp32 fell inside the measured gap's 95% CI" in after
 
 
+@pytest.mark.slow
 def test_a_posthoc_prediction_is_scored_in_its_own_section_and_says_it_is_not_a_prediction(found):
     measured = {"budget": HELD, "winner": None, "reason": "cannot tell: stand-in", "corpora": {"pysrc abc": 3},
                 "recipes": [{"recipe": e["recipe"], "loss": e["loss"], "ci": [0, 9], "N_opt": e["N_opt"], "inside": True,
@@ -193,6 +201,7 @@ def test_a_posthoc_prediction_is_scored_in_its_own_section_and_says_it_is_not_a_
     assert "post hoc" not in without.lower()
 
 
+@pytest.mark.slow
 def test_readme_states_the_registered_score_and_the_posthoc_beneath_it(found):
     """README's findings line for the held-out budget: predicted only, then scored (how many minima fell
     inside their intervals, the mean error, the verdicts), with a post-hoc re-prediction said to be one."""
@@ -220,6 +229,7 @@ def test_readme_states_the_registered_score_and_the_posthoc_beneath_it(found):
     assert readme._prediction({}, unit) == []
 
 
+@pytest.mark.slow
 def test_a_prediction_fitted_on_its_budgets_data_but_other_hosts_says_so(found):
     """Same corpus, other kinds of host: REPORT names the hosts of both sides and README says the
     errors hold that difference; one host kind on both sides, or a fit whose data are not recorded

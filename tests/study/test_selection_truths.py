@@ -51,6 +51,7 @@ def by_name(sel):
     return {c["name"]: c for c in sel["candidates"]}
 
 
+@pytest.mark.slow
 def test_a_penalty_growing_with_d_picks_the_data_dependent_law():
     sel = selection.select_law(ladder("kumar_data", KUMAR_DATA), ["chinchilla", "kumar", "kumar_data"], **QUICK)
     c = by_name(sel)
@@ -74,6 +75,7 @@ def test_a_penalty_growing_with_d_picks_the_data_dependent_law():
     assert sel["bits_groups"] == {"6-8": [6.0, 8.0], "<=4": [0.0, 4.0]}
 
 
+@pytest.mark.slow
 def test_b_no_precision_effect_picks_chinchilla_and_the_precision_test_says_no():
     sel = selection.select_law(ladder("chinchilla", CHINCHILLA), ["chinchilla", "kumar"], **QUICK)
     pt = sel["precision_test"]
@@ -88,6 +90,7 @@ EFFICIENCY = {"bf16": (1.0, 1.0), "fp4-a": (0.45, 0.9), "fp4-b": (0.6, 0.95), "f
 EQUAL_BITS = {"bf16": 16, "fp4-a": 4, "fp4-b": 4, "fp4-c": 4}
 
 
+@pytest.mark.slow
 def test_c_a_per_recipe_law_ranks_recipes_of_equal_bits_and_a_bits_law_cannot():
     truth = dict(CHINCHILLA, **{f"eN[{r}]": e[0] for r, e in EFFICIENCY.items()},
                  **{f"eD[{r}]": e[1] for r, e in EFFICIENCY.items()})

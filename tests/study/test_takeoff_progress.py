@@ -25,6 +25,7 @@ def test_take_off_says_each_shape_it_clears_in_either_lane(tmp_path):
     assert {line.split(", ")[1].split(")")[0] for line in said} == {"fp32", "fp8"}
 
 
+@pytest.mark.slow
 def test_reproduce_passes_its_echo_to_take_off(tmp_path, monkeypatch):
     """reproduce's take-off speaks through reproduce's own echo (its lines reach the console)."""
     experiments = tmp_path / "experiments"

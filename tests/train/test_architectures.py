@@ -52,6 +52,7 @@ def test_an_architectures_counts_are_its_own_parameters_and_flops(example, name)
         assert ladder.param_counts(cfg)["non_embedding"] == cfg.n_layers * (4 * d * d + 8 * d * d + 2 * d) + d
 
 
+@pytest.mark.slow
 def test_a_registered_architecture_trains_under_the_harness_with_run_ids_of_its_own(example, tmp_path):
     base = example.config("transformer", tokens=8 * 64 * 6)
     gelu = example.config("gelu", tokens=8 * 64 * 6)

@@ -40,6 +40,7 @@ def _dense(q, k, v, probs_dtype=None):
     return jnp.einsum("bhlm,bmhk->blhk", probs, v, precision="highest")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["cpu", "gpu"])
 @pytest.mark.parametrize("L", [16, model.ATTENTION_CHUNK, 2 * model.ATTENTION_CHUNK + 5, 4 * model.ATTENTION_CHUNK + 5])
 def test_flash_attention_matches_the_dense_form_on_every_backend(L, backend, monkeypatch):
@@ -55,6 +56,7 @@ def test_flash_attention_matches_the_dense_form_on_every_backend(L, backend, mon
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
 def test_fused_attention_is_the_dense_form_on_rounded_inputs(dtype):
     """Q, K, V rounded to the 16-bit type, probabilities rounded to it for P·V, output in it:
@@ -73,6 +75,7 @@ def test_fused_attention_is_the_dense_form_on_rounded_inputs(dtype):
         np.testing.assert_allclose(got, want, rtol=5e-2, atol=5e-2)
 
 
+@pytest.mark.slow
 def test_the_model_runs_the_fused_kernel_exactly_where_the_inputs_are_16_bit(monkeypatch):
     calls = []
     fused = model._fused_attention
@@ -96,6 +99,7 @@ def test_the_model_runs_the_fused_kernel_exactly_where_the_inputs_are_16_bit(mon
         assert np.isfinite(float(loss)) and calls == ([jnp.dtype(want)] if want else []), what
 
 
+@pytest.mark.slow
 def test_the_compiled_step_holds_no_LxL_scores_per_layer(monkeypatch):
     """bench_gpu's default shape (the ladder size nearest 20M parameters, batch 16 × 1024 tokens),
     its bf16 reference recipe, traced as on a GPU and compiled on this CPU: the step's temporary
@@ -121,6 +125,7 @@ def test_the_compiled_step_holds_no_LxL_scores_per_layer(monkeypatch):
     assert 0 < per_layer < scores, (per_layer / 1e9, scores / 1e9)
 
 
+@pytest.mark.slow
 def test_on_a_gpu_a_layers_attention_runs_a_bounded_number_of_dots_whatever_the_sequence_length(monkeypatch):
     """The bf16 recipe's training step (FP32 attention) traced as on a GPU: its dots do not grow with L
     past ATTENTION_BLOCKS_GPU blocks of ATTENTION_CHUNK rows (64-row blocks at L = 1024 were 16 blocks
@@ -177,6 +182,7 @@ def test_a_gpu_asks_for_cudnn_by_name_and_says_when_xla_ran_instead(monkeypatch)
     assert asked == ["cudnn"] and model.attention_kernels()["bfloat16"] == "cudnn"
 
 
+@pytest.mark.slow
 def test_a_run_with_16_bit_attention_logs_which_kernel_ran(tmp_path):
     from scaling import train
     from scaling._io import read_jsonl

@@ -126,6 +126,7 @@ def _enospc(*args, **kwargs):
     raise OSError(errno.ENOSPC, "No space left on device")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("records_fit", [True, False], ids=["failure.json fits", "nothing fits"])
 def test_a_full_disk_at_a_checkpoint_ends_the_run_in_one_line_and_keeps_the_last_good_one(tmp_path, monkeypatch,
                                                                                           capfd, records_fit):

@@ -172,6 +172,7 @@ def test_recipe_switches_change_the_model():
     assert hasattr(head, "grad_sink")  # the output head runs the quantised matmul
 
 
+@pytest.mark.slow
 def test_blocks_kept_in_high_precision_run_the_kept_recipe():
     """high_precision_first / _last: those blocks compute what the bf16 recipe's blocks do (to float32 rounding),
     the others what the recipe's do (checked layer by layer), without unrolling the stack."""

@@ -23,6 +23,8 @@ from scaling.train import config, data, loop, runs
 from scaling.train import step as step_lib
 from scaling.train.ladder import ModelConfig
 
+pytestmark = pytest.mark.slow  # its tests spawn processes that train, or train several models
+
 CFG = ModelConfig(d_model=32, n_layers=2, n_heads=2, d_ff=64, vocab=64, seq_len=16)
 STEPS = 3
 

@@ -16,6 +16,8 @@ import pytest
 
 from scaling._io import read_jsonl
 
+pytestmark = pytest.mark.slow  # its tests spawn processes that train, or train several models
+
 ROOT = Path(__file__).resolve().parents[2]
 # float32 summation order (partial sums per device, then an all-reduce): a loss of ~5 agrees to ~1e-6
 # after a step; over a dozen AdamW steps the differences compound to ~1e-5. Quantisation with a

@@ -142,6 +142,7 @@ def test_land_failure_from_what_a_dead_run_logged(tmp_path):
     assert runs.finished(run) == full and not (run / "checkpoints").exists()
 
 
+@pytest.mark.slow
 def test_train_refuses_a_run_another_process_is_training(tmp_path):
     from scaling.train import config, loop as train
 

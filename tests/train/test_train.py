@@ -59,6 +59,7 @@ def losses(run_dir: Path) -> list[tuple]:
 # ---------------------------------------------------------------- schedule and ladder arithmetic
 
 
+@pytest.mark.slow
 def test_weight_decay_shrinks_matrices_not_norm_gains():
     """Zero gradients: AdamW's update is the decay alone, on every matrix (stacked layers
     included) and on no norm gain, although the stacked gains are 2-D arrays."""
@@ -429,6 +430,7 @@ def _step_ops(measure: bool) -> "collections.Counter[str]":
     return collections.Counter(re.findall(r"= \"?(stablehlo\.\w+)", _lowered_step(measure)[0]))
 
 
+@pytest.mark.slow
 def test_the_step_donates_the_state_it_updates(monkeypatch):
     """The weights and both Adam moments are updated in place (their buffers become the next state's),
     on the CPU program and on the two programs of a GPU."""
@@ -443,6 +445,7 @@ def test_the_step_donates_the_state_it_updates(monkeypatch):
     assert len(set(programs)) == 3
 
 
+@pytest.mark.slow
 def test_the_step_hashes_its_graph_definitions_once_per_run_and_equal_ones_share_a_compile(monkeypatch):
     """jax.jit hashes static arguments at every call, and hashing an nnx graph definition walks the
     graph; the step looks a run's definitions up by identity instead. Two equal definitions (two runs
@@ -479,6 +482,7 @@ def test_the_step_hashes_its_graph_definitions_once_per_run_and_equal_ones_share
     assert traced == []
 
 
+@pytest.mark.slow
 def test_an_unlogged_step_on_a_gpu_computes_no_telemetry(monkeypatch):
     """Off a CPU the host picks the logged or the unlogged program (no conditional for XLA:GPU to
     read on the host, no telemetry computed and masked): the unlogged one is smaller by the
@@ -498,6 +502,7 @@ def test_an_unlogged_step_on_a_gpu_computes_no_telemetry(monkeypatch):
     assert unlogged["stablehlo.scatter"] == logged["stablehlo.scatter"] == 2
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(__import__("jax").default_backend() != "cpu", reason="a CPU's program")
 def test_on_a_cpu_one_program_serves_logged_and_unlogged_steps():
     """XLA:CPU runs only the branch taken: one compile, the telemetry a runtime condition."""
