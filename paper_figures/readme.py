@@ -126,7 +126,8 @@ def _budgets(f: dict, unit: str) -> list[str]:
         return ["- **Which precision is best at a fixed budget.** No budget has IsoFLOP profiles: cannot tell."]
     cost = f.get("cost_model", "bits").split(":")[0]
     lines = [f"- **Which precision is best at a fixed budget, under the idealised `{cost}` cost model** (half the bits, "
-             "twice the throughput: no chip runs FP6 faster than FP8; each recipe's IsoFLOP minimum, bootstrap P(best)):"]
+             "twice the throughput; H100 and B200 run FP6 at the FP8 rate, AMD's MI355X at its FP4 rate, twice FP8's, which "
+             "no cost model here prices yet; each recipe's IsoFLOP minimum, bootstrap P(best)):"]
     for b in f["budgets"]:
         lines.append(f"  - C = {_num(b['budget'])}: {_verdict(b, unit)}")
     # at each budget a recipe trained at (a study may train some recipes at some budgets only)
