@@ -170,7 +170,7 @@ def _rows(args: argparse.Namespace) -> int:
     cal = facts["calibration"]
     tau = f"{cal['tau']:.3f} nats per decade from {cal['k']} backtest(s)" if cal["tau"] is not None else "not estimable"
     fixed = ", ".join(f"{k}={v:g}" for k, v in facts["fixed"].items())
-    print(f"law {facts['law']}{f'[{fixed}]' if fixed else ''} fitted on {results_path} (budgets {', '.join(f'{b:g}' for b in facts['budgets'])}); "
+    print(f"law {facts['law']}{f'[{fixed}]' if fixed else ''} fitted on {results_path} ({'budgets ' + ', '.join(f'{b:g}' for b in facts['budgets']) if facts['budgets'] else 'no budget labels'}); "
           f"shared shift {tau}")
     for note in facts["notes"]:
         print(f"  note: {note}")

@@ -227,3 +227,20 @@ def test_a_per_recipe_law_predicts_through_predict_rows(files, capsys):
     assert len(table) == 4 and np.isfinite(table["loss"]).all()
     at = table.set_index("recipe")  # the planted offsets at one N, D: fp4 above fp8 above bf16
     assert at.loc["fp4", "loss"] > at.loc["fp8", "loss"] > at.loc["bf16", "loss"]
+
+
+def test_rows_are_predicted_from_a_grid_of_runs_without_budgets(files, capsys):
+    """`scaling predict --rows` refused results without a `budget` column (a grid of runs is not an IsoFLOP
+    design): it predicts from the law fitted on them, uncalibrated, and says why; a backtest still needs budgets."""
+    synthetic(2).drop(columns=["budget"]).to_csv(files / "grid.csv", index=False)
+    out = files / "grid_out.csv"
+    assert cli.main(["predict", "--rows", str(files / "rows.csv"), "--results", str(files / "grid.csv"), "--law", LAW,
+                     "--bootstrap", "4", "-o", str(out)]) == 0
+    said = capsys.readouterr().out
+    assert "(no budget labels)" in said and "the results carry no IsoFLOP budget labels" in said
+    table = pd.read_csv(out)
+    assert len(table) == 4 and table["interval"].str.startswith("none: the results carry no IsoFLOP budget labels").all()
+    assert np.isfinite(table["loss"]).all() and (table["old_lo"] < table["loss"]).all() and (table["loss"] < table["old_hi"]).all()
+    assert cli.main(["predict", "--backtest", "--results", str(files / "grid.csv"), "--law", LAW,
+                     "-o", str(files / "grid_bt.json")]) == 2
+    assert "no rows labelled with an IsoFLOP budget" in capsys.readouterr().err

@@ -496,10 +496,14 @@ def _rank_score(gaps: np.ndarray, pairs: list[tuple[int, int]], measured: np.nda
 
 # ----------------------------------------------------------------------------- every pair
 
-def _keyed(rows: pd.DataFrame) -> pd.DataFrame:
+def _keyed(rows: pd.DataFrame, need_budgets: bool = True) -> pd.DataFrame:
+    """ok rows with a key per (run, D, budget); `need_budgets`: refused without budget labels (a backtest
+    splits by them; predicting rows does not need them)."""
     rows = analysis.ok_rows(rows)
     if "budget" not in rows.columns or not budgets(rows):
-        raise ConfigError("results", "no rows labelled with an IsoFLOP budget", "results of an IsoFLOP design (a budget column)")
+        if need_budgets:
+            raise ConfigError("results", "no rows labelled with an IsoFLOP budget", "results of an IsoFLOP design (a budget column)")
+        rows = rows.assign(budget=np.nan)
     return rows.assign(row_key=[f"{r}|{d!r}|{b!r}" for r, d, b in zip(rows["run_id"], rows["D"], rows["budget"])])
 
 
@@ -628,7 +632,7 @@ def predict_table(results: pd.DataFrame, table: pd.DataFrame, law: str | None = 
             raise ConfigError(c, bad, "numbers > 0 in every row")
     if len(table) == 0:
         raise ConfigError("rows", 0, "at least one row to predict")
-    rows = _keyed(results)
+    rows = _keyed(results, need_budgets=False)
     known = set(rows["recipe"].astype(str))
     unknown = [r for r in dict.fromkeys(table["recipe"].astype(str)) if r not in known]
     if unknown:
@@ -639,6 +643,9 @@ def predict_table(results: pd.DataFrame, table: pd.DataFrame, law: str | None = 
     reference = reference or analysis.high_precision_recipe(rows)
     backtests, skipped = _backtests(rows, [(a, b) for j, b in enumerate(found) for a in found[:j]], fits, reference)
     calib = calibration(backtests, skipped)
+    if not found:  # a grid of runs, not an IsoFLOP design: the law's own interval, saying why
+        calib["notes"] = ["the results carry no IsoFLOP budget labels, so no backtest inside them calibrates the "
+                          "interval: the shared shift, per-recipe and row terms cannot be estimated"]
     for bt in backtests:
         bt.pop("_")
     table = table.assign(N=pd.to_numeric(table["N"]).astype(float), D=pd.to_numeric(table["D"]).astype(float),
