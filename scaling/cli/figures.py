@@ -45,7 +45,7 @@ def main(args: argparse.Namespace) -> int:
         raise ConfigError("results", args.results, "a results directory, .csv or .parquet (--results)")
     check_writable_dir("--out", args.out)
     results = results_lib.load(args.results)
-    curves = None
+    curves, beside = None, Summary(Path(args.results)).curves_path  # a sweep's summary: its curves sit beside it
     if args.curves:
         if not Path(args.curves).exists():
             raise ConfigError("curves", args.curves, "an existing results directory, .csv or .parquet")
@@ -53,9 +53,9 @@ def main(args: argparse.Namespace) -> int:
     elif Path(args.results).is_dir():  # run directories carry their own metrics.jsonl
         curves = curves_lib.load_curves(args.results)
         curves = curves if not curves.empty else None
-    elif Summary(Path(args.results)).curves_path.is_file():  # a sweep's summary: its curves sit beside it
-        curves = curves_lib.load_curves(Summary(Path(args.results)).curves_path)
-        print(f"curves: {Summary(Path(args.results)).curves_path} (beside --results)")
+    elif beside.is_file():
+        curves = curves_lib.load_curves(beside)
+        print(f"curves: {beside} (beside --results)")
     fit = load_fit(args.fit) if args.fit else None
     computes = None
     if args.compute:

@@ -52,7 +52,8 @@ def _table(df: pd.DataFrame, columns: Sequence[str]) -> str:
 
 def main(args: argparse.Namespace) -> int:
     from scaling.study.analysis.fit import FitResult
-    from scaling.study.analysis.pstar.optimal import Cost, cost_models, optimal_precision, optimal_precision_ci, share_of, specification_range
+    from scaling.study.analysis.pstar.optimal import (Cost, cost_models, optimal_precision, optimal_precision_ci,
+        share_of, specification_range)
     from scaling.study.analysis.pstar.optimum_check import describe, verdict
     from scaling.study.analysis import laws
     from scaling.study.analysis.pstar.profile import precision_profile

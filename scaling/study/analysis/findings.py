@@ -20,7 +20,8 @@ from scaling.study.analysis import fit as fit_lib
 from scaling.study.analysis.pstar import profile as profile_lib
 from scaling.study.analysis.fit import FitResult
 from scaling.study.analysis.pstar.optimum_check import too_few_runs
-from scaling.study.analysis.isoflop import LEVEL, analyse, default_budgets, high_precision_recipe, ok_rows, replicate_noise, sweep_family, with_cost
+from scaling.study.analysis.isoflop import (LEVEL, analyse, default_budgets, high_precision_recipe, ok_rows,
+    replicate_noise, sweep_family, with_cost)
 from scaling.errors import ConfigError
 
 # ----------------------------------------------------------------------------- findings

@@ -33,7 +33,8 @@ from scaling import plan  # noqa: E402
 from scaling.errors import ConfigError  # noqa: E402
 from scaling.study.analysis import laws  # noqa: E402
 from scaling.study.analysis.pstar import optimal, optimum_check  # noqa: E402
-from scaling.study.report.figure_base import TITLES, Figure, _figure, _fmt, _log_n_axis, loss_label, palette_for, with_precision
+from scaling.study.report.figure_base import (TITLES, Figure, _figure, _fmt, _log_n_axis, loss_label, palette_for,  # noqa: E402
+    with_precision)
 from scaling.study.analysis.fit import FitResult, literature_exponents  # noqa: E402
 
 # The continuous precision grid of the law's curves (bits, log-spaced).

@@ -50,9 +50,11 @@ from scaling.study.sweeps import curves as curves_lib  # noqa: E402
 from scaling.errors import ConfigError  # noqa: E402
 from scaling.study.analysis.isoflop import study_part  # noqa: E402
 from scaling.study.analysis.findings import final_rows  # noqa: E402  (each figure reads its own study part)
-from scaling.study.report.figure_base import STEMS, TITLES, Figure, Skipped, _figure, _fmt, _log_n_axis, loss_label, palette_for, precision_label, precision_order, recipe_palette, with_precision
+from scaling.study.report.figure_base import (STEMS, TITLES, Figure, Skipped, _figure, _fmt, _log_n_axis, loss_label,  # noqa: E402
+    palette_for, precision_label, precision_order, recipe_palette, with_precision)
 from scaling.study.analysis.fit import FitResult  # noqa: E402
-from scaling.study.report.law_plots import CLUSTER_COMPUTE, cluster_table, cluster_time_table, fitted_sizes, fitted_vs_observed, heldout_mask, heldout_predictions, iso_loss, param_samples, residuals, table_markdown
+from scaling.study.report.law_plots import (CLUSTER_COMPUTE, cluster_table, cluster_time_table, fitted_sizes,  # noqa: E402
+    fitted_vs_observed, heldout_mask, heldout_predictions, iso_loss, param_samples, residuals, table_markdown)
 
 __all__ = [
     # the measured-data figures, their inputs and the list of all nine

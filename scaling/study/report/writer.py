@@ -25,7 +25,8 @@ from scaling.study.analysis.fit import FitResult
 from scaling.study.analysis.prediction import predict as predict_lib
 from scaling.study.analysis.pstar import profile as profile_lib
 from scaling.study.report.law_prose import fitted_law, heldout_error, prediction_sections, pstar_section
-from scaling.study.report.prose import answer_section, chips_section, corpus_of, findings_section, fmt, granularity_section, law_errors, limitations, matched_section, outliers_section, what_was_run
+from scaling.study.report.prose import (answer_section, chips_section, corpus_of, findings_section, fmt,
+    granularity_section, law_errors, limitations, matched_section, outliers_section, what_was_run)
 from scaling._io import atomic_write_json, atomic_write_text
 from scaling.errors import ConfigError, user_code
 
