@@ -24,7 +24,7 @@ from scaling.plan.cluster import (
     optimum_speedup,
     plan_optimum,
 )
-from scaling.plan.efficiency import RECIPE_FOR_FORMAT
+from scaling.plan.efficiency import RECIPE_FOR_FORMAT, recipe_for_format
 from scaling.plan.hardware import GPUS, PRECISIONS, canonical_precision, get_gpu
 from scaling.plan.layout import parse_step_layout
 from scaling.plan.reliability import (
@@ -140,9 +140,9 @@ def _model_runs(args: argparse.Namespace, flops: float, gpus: list[int], precisi
                           "sets the speed), or --mfu for a measured utilisation")
     model = load_model(args.model)
     recipe = CLUSTER_RECIPES[args.model.lower()]
-    step_recipe = RECIPE_FOR_FORMAT.get(precision)
-    if step_recipe is None:
+    if precision not in RECIPE_FOR_FORMAT:
         raise ConfigError("precision", precision, f"one of {', '.join(RECIPE_FOR_FORMAT)} with --model")
+    step_recipe = recipe_for_format(precision, get_gpu(args.gpu))
     runs = [plan_run(flops, k, args.gpu, step=cluster_step(model, args.gpu, k, step_recipe, recipe), **options) for k in gpus]
     return runs, (f"{model.name} stepped on each cluster (seq {recipe.seq_len}, "
                   f"{recipe.global_batch:,} sequences per step)")

@@ -20,8 +20,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 
 from scaling.errors import ConfigError
-from scaling.plan.efficiency import RECIPE_FOR_FORMAT
-from scaling.plan.hardware import precision_for_bits
+from scaling.plan.efficiency import recipe_for_format
+from scaling.plan.hardware import get_gpu, precision_for_bits
 from scaling.plan.layout import StepLayout, parse_step_layout
 from scaling.plan.runplan import RunPlan, plan_run
 from scaling.plan.shapes import ModelShape, gpt_for_params
@@ -204,7 +204,7 @@ def plan_optimum(point: Mapping[str, float], gpus: list[int], gpu: str = "h100",
         runs = tuple(plan_run(flops, k, gpu, precision, mfu, **run_options) for k in gpus)
     else:
         model = gpt_for_params(float(point["N"]), parse_step_layout(recipe.layout).tp)
-        step_recipe = RECIPE_FOR_FORMAT[precision]
+        step_recipe = recipe_for_format(precision, get_gpu(gpu))
         runs = tuple(plan_run(flops, k, gpu, step=cluster_step(model, gpu, k, step_recipe, recipe), **run_options)
                      for k in gpus)
     return PrecisionPlan(float(point["P"]), precision, float(point["N"]), float(point["D"]), float(point["loss"]), flops, runs)
@@ -214,5 +214,5 @@ def optimum_speedup(best: PrecisionPlan, gpu: str, gpus: int, recipe: ClusterRec
     """(BF16 step, the optimum's P-bit recipe step) of the optimum's dense shape on `gpus` GPUs, both on
     the layout the P-bit recipe's days come from (a ConfigError where the shape cannot take it)."""
     model = gpt_for_params(best.params, parse_step_layout(recipe.layout).tp)
-    low = cluster_step(model, gpu, gpus, RECIPE_FOR_FORMAT[best.hardware_precision], recipe)
+    low = cluster_step(model, gpu, gpus, recipe_for_format(best.hardware_precision, get_gpu(gpu)), recipe)
     return step(model, gpu, low.layout, "bf16", recipe.seq_len), low

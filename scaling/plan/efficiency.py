@@ -113,7 +113,8 @@ RECIPES: dict[str, StepRecipe] = {
     "fp8": StepRecipe("fp8", 1.0),  # per-tensor scaling (Transformer Engine delayed/current scaling)
     "fp8-blockwise": StepRecipe("fp8", 1.0 + 4 / 128, blocks=True),  # DeepSeek-V3 (its 128x128 weight blocks priced as 1x128 tiles)
     "mxfp8": StepRecipe("fp8", 1.0 + 1 / 32, "mxfp8", blocks=True),
-    "mxfp6": StepRecipe("fp8", 0.75 + 1 / 32, "mxfp6", blocks=True),  # FP6 runs at the FP8 rate on Blackwell
+    # the chip's FP6 rate: Blackwell's is its FP8 rate, MI355X's its FP4 rate (hardware.GPUS)
+    "mxfp6": StepRecipe("fp6", 0.75 + 1 / 32, "mxfp6", blocks=True),
     "mxfp4": StepRecipe("fp4", 0.5 + 1 / 32, "mxfp4", blocks=True),
     "nvfp4": StepRecipe("fp4", 0.5 + 1 / 16, "nvfp4", blocks=True),
     # NVIDIA's NVFP4 recipe (Sec. 4): 16x16 weight tiles, a 16-point random Hadamard transform on the
@@ -138,6 +139,9 @@ RECIPES: dict[str, StepRecipe] = {
     # FP32 GEMMs on TF32 tensor cores (what cuBLAS and XLA do by default): priced as BF16 inputs
     # cast to FP32 per GEMM; the activations, norms and collectives stay priced in BF16
     "tf32": StepRecipe("tf32", 4.0),
+    # FP32 GEMMs at the FP32 rate: what FP32 matmuls cost on a chip with no TF32 path (MI355X), and
+    # what the `fp32` preset (dot precision HIGHEST) asks of any chip; priced otherwise as tf32
+    "fp32": StepRecipe("fp32", 4.0),
 }
 
 
@@ -157,7 +161,16 @@ def get_recipe(precision: str, gpu: GPU) -> StepRecipe:
 
 
 # hardware format (scaling.plan.hardware.precision_for_bits) -> the recipe that runs it
-RECIPE_FOR_FORMAT = {"bf16": "bf16", "fp8": "fp8", "fp4": "nvfp4", "tf32": "tf32"}
+RECIPE_FOR_FORMAT = {"bf16": "bf16", "fp8": "fp8", "fp6": "mxfp6", "fp4": "nvfp4", "tf32": "tf32", "fp32": "fp32"}
+
+
+def recipe_for_format(precision: str, gpu: GPU) -> str:
+    """The step recipe that runs a hardware format on `gpu`: RECIPE_FOR_FORMAT's, except FP4 on a chip
+    with MX but no NVFP4 scaling (MI355X), which runs mxfp4."""
+    name = RECIPE_FOR_FORMAT[precision]
+    if name == "nvfp4" and "nvfp4" not in gpu.block_scaled and "mxfp4" in gpu.block_scaled:
+        return "mxfp4"
+    return name
 
 
 # --------------------------------------------------------------------------------------------
@@ -245,7 +258,10 @@ EFFICIENCY: dict[str, Efficiency] = {
     "h100": Efficiency(gemm=0.493, gemm_half_flops=2.13e10, attention=0.558, bandwidth=0.806,
                        moe_layer_seconds=3.13e-3, gemm_rates=(("bf16", 0.595),)),
 }
-GENERATION = {"a100": "h100", "h100": "h100", "h800": "h100", "h200": "h100", "b200": "b200"}
+# B300 borrows B200's (the same Blackwell tensor cores and software stack); AMD's chips have no
+# calibration runs yet and borrow Hopper's, as A100 does
+GENERATION = {"a100": "h100", "h100": "h100", "h800": "h100", "h200": "h100", "b200": "b200", "b300": "b200",
+              "mi300x": "h100", "mi355x": "h100"}
 
 
 def efficiency_for(gpu: str | GPU) -> Efficiency:

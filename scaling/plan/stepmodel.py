@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from scaling.errors import ConfigError
-from scaling.plan.efficiency import RECIPE_FOR_FORMAT, RECIPES, Efficiency, efficiency_for, get_recipe
+from scaling.plan.efficiency import RECIPE_FOR_FORMAT, RECIPES, Efficiency, efficiency_for, get_recipe, recipe_for_format
 from scaling.plan.hardware import GPU, GPUS, get_gpu
 from scaling.plan.layerops import Ctx, Op, attention_flops_per_token, edge_ops, layer_ops
 from scaling.plan.layout import StepLayout
@@ -385,7 +385,7 @@ def breakdown(result: StepResult) -> dict[str, float]:
 def recipe_speedup(model: ModelShape, gpu: str, layout: StepLayout, hardware_format: str,
                    seq_len: int = 4096) -> tuple[StepResult, StepResult]:
     """(BF16 step, the format's recipe step) for the same model, layout and GPU."""
-    recipe = RECIPE_FOR_FORMAT.get(hardware_format)
-    if recipe is None:
+    if hardware_format not in RECIPE_FOR_FORMAT:
         raise ConfigError("precision", hardware_format, f"a format the step model prices: {', '.join(RECIPE_FOR_FORMAT)}")
+    recipe = recipe_for_format(hardware_format, get_gpu(gpu))
     return step(model, gpu, layout, "bf16", seq_len), step(model, gpu, layout, recipe, seq_len)

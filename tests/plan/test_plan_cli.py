@@ -9,7 +9,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from scaling.plan import cluster, efficiency, runplan, shapes, stepmodel
+from scaling.plan import cluster, efficiency, hardware, runplan, shapes, stepmodel
 
 
 def _cli(*argv):
@@ -78,8 +78,11 @@ def test_cli_plans_the_compute_optimum_of_a_fitted_law(kumar_fit_json, capsys):
     best = optimal.optimal_precision(fit.FitResult.from_json(kumar_fit_json), compute=1e22)
     assert best["P"] == pytest.approx(2.5 * 1.904, abs=0.01)
     flops = 6 * best["N"] * best["D"]  # hardware FLOPs; optimal's compute counts P/16 of them
-    # 4.76 bits need an 8-bit format (FP4 is too narrow); the A100 has none below BF16
-    for gpu, fmt, p4_fmt in (("b200", "fp8", "fp4"), ("h100", "fp8", "fp8"), ("a100", "bf16", "bf16")):
+    # 4.76 bits need a 6-bit format (FP4 is too narrow): FP6 where the chip has it (B200/B300 at the FP8
+    # rate, MI355X at the FP4 rate), else FP8; the A100 has none below BF16; MI355X has no TF32
+    for gpu, fmt, p4_fmt, p32_fmt in (("b200", "fp6", "fp4", "tf32"), ("h100", "fp8", "fp8", "tf32"),
+                                      ("a100", "bf16", "bf16", "tf32"), ("b300", "fp6", "fp4", "tf32"),
+                                      ("mi300x", "fp8", "fp8", "tf32"), ("mi355x", "fp6", "fp4", "fp32")):
         argv = ["plan", "--fit", str(kumar_fit_json), "--compute", "1e22", "--gpus", "1024", "--gpu", gpu,
                 "--layout", "tp=8,zero=1"]
         assert cli.main(argv) == 0
@@ -88,14 +91,15 @@ def test_cli_plans_the_compute_optimum_of_a_fitted_law(kumar_fit_json, capsys):
         optimum_row = out.split("optimum P=")[1].splitlines()[3].split()
         # the optimum's dense shape stepped on 1,024 GPUs with --layout's tp and pp
         recipe = replace(cluster.DENSE_RECIPE, layout="tp=8,pp=1,ogr=1,opg=1,tpo=1")
-        step = cluster.cluster_step(shapes.gpt_for_params(best["N"], 8), gpu, 1024, efficiency.RECIPE_FOR_FORMAT[fmt], recipe)
+        step = cluster.cluster_step(shapes.gpt_for_params(best["N"], 8), gpu, 1024,
+                                    efficiency.recipe_for_format(fmt, hardware.get_gpu(gpu)), recipe)
         assert float(optimum_row[2]) == pytest.approx(flops / (step.model_flops / step.step_seconds) / 86_400, rel=1e-3)
         assert float(optimum_row[1]) == pytest.approx(runplan.step_mfu(step, 1024), abs=1e-3)
         assert float(optimum_row[13]) == pytest.approx(step.memory.total / 2**30, abs=0.05)  # GiB/GPU of that step
         assert optimum_row[14:16] == ["tp8", "pp1"]
         rows = {float(line.split()[0]): line.split() for line in out.split("days@1024")[1].split("\n\n")[0].strip().splitlines()}
         assert sorted(rows) == [4, 6, 8, 16, 32]
-        assert (rows[4][1], rows[16][1], rows[32][1]) == (p4_fmt, "bf16", "tf32")
+        assert (rows[4][1], rows[16][1], rows[32][1]) == (p4_fmt, "bf16", p32_fmt)
         p4 = best["per_precision"].set_index("P").loc[4]
         p4_plan = cluster.plan_optimum({"P": 4, "N": p4["N"], "D": p4["D"], "loss": p4["loss"]}, [1024], gpu, recipe=recipe)
         assert float(rows[4][6]) == pytest.approx(p4_plan.runs[0].days, rel=1e-2)
