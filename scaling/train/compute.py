@@ -32,11 +32,17 @@ tables carry them as columns (`columns`), so any cost model can be applied after
 A cost model turns parts into 16-bit FLOP units (one BF16 FLOP = 1):
 
     bits     each FLOP costs the mean effective bits of its two operands / 16
-    h100, b200, ...  each GEMM runs at the rate of the format the GPU executes it in (the wider
-             operand's element width, `hardware.precision_for_bits`): cost = BF16 peak / that peak
-             (H100: FP8 and FP6/FP4 at 2x BF16; B200: FP4 at 4x, FP8/FP6 at 2x; FP32 = TF32 at 0.5x)
+    h100, b200, mi355x, ...  every chip of `hardware.GPUS`: each GEMM runs at the rate of the format
+             the GPU executes it in (the wider operand's element width, `hardware.precision_for_bits`):
+             cost = BF16 peak / that peak (H100: FP8 and FP6/FP4 at 2x BF16; B200: FP4 at 4x, FP8/FP6
+             at 2x; MI355X: FP6/FP4 at 4x, FP8 at 2x; FP32 = TF32 at 0.5x, MI355X's FP32 at 1/16).
+             A format the chip lacks runs in the next wider one (FP4 on an H100 at the FP8 rate: the
+             emulation's cost) and `CostModel.fallbacks` says which recipes and GEMMs that touched
     nominal  Kumar et al.'s convention, 6·N·D·P/16: every FLOP at the recipe's label P, attention
              and head not counted (what the toolkit used before; kept to compare against)
+    FILE.toml  a user's own throughput table (`ThroughputTable`): a listed recipe costs its BF16
+             FLOPs / its measured step throughput relative to BF16; another recipe each GEMM at
+             1 / the table's relative rate of the format it runs in (docs/fitting.md)
 
 In `bits` and the GPU models an operand the recipe leaves unquantised (attention, head, a
 forward-only backward) costs `high_bits` (default 16: real low-precision training keeps these in
@@ -267,31 +273,123 @@ def columns(cfg: Any, recipe: Any, tokens_per_step: int) -> dict[str, float]:
 
 # ----------------------------------------------------------------------------- cost models
 
+TABLE_FORMATS = ("fp32", "tf32", "bf16", "fp8", "fp6", "fp4")  # the formats a throughput table may rate
+TABLE_KEYS = ("name", "description", "recipes", "formats")
+
+
+@dataclass(frozen=True)
+class ThroughputTable:
+    """A user's own measured throughputs, relative to BF16 (tokens/s of a recipe's step / tokens/s of
+    BF16's; for a format, its GEMMs' FLOP/s / BF16's): `recipes` for whole recipes, `formats` for the
+    GEMMs of recipes it does not list. Loaded from TOML (`load`; docs/fitting.md has the format)."""
+
+    name: str
+    path: str
+    recipes: tuple[tuple[str, float], ...] = ()
+    formats: tuple[tuple[str, float], ...] = ()
+
+    @classmethod
+    def load(cls, path: str | Path) -> "ThroughputTable":
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError("cost_model", str(path), "a throughput table (a .toml file) that exists")
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+            raise ConfigError("cost_model", str(path), f"valid TOML ({str(e).splitlines()[0]})") from None
+        for key in data:
+            if key not in TABLE_KEYS:
+                raise ConfigError(f"{path}: key", key, TABLE_KEYS)
+        name = data.get("name", path.stem)
+        if not isinstance(name, str) or not name.strip():
+            raise ConfigError(f"{path}: name", name, "a non-empty string")
+        rates = {}
+        for section in ("recipes", "formats"):
+            table = data.get(section, {})
+            if not isinstance(table, dict):
+                raise ConfigError(f"{path}: {section}", table, "a table of name = relative throughput")
+            for key, value in table.items():
+                if section == "formats" and key not in TABLE_FORMATS:
+                    raise ConfigError(f"{path}: formats.{key}", value, f"a rate for one of {', '.join(TABLE_FORMATS)}")
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+                    raise ConfigError(f"{path}: {section}.{key}", value, "a positive number: throughput relative to BF16")
+                if section == "formats" and key == "bf16" and value != 1:
+                    raise ConfigError(f"{path}: formats.bf16", value, "1 (rates are relative to BF16)")
+            rates[section] = tuple((str(k), float(v)) for k, v in table.items())
+        if not rates["recipes"] and not rates["formats"]:
+            raise ConfigError(f"{path}: rates", "none", "a [recipes] or [formats] table with at least one rate")
+        return cls(name.strip(), str(path), rates["recipes"], rates["formats"])
+
+    def recipe_rate(self, recipe: Any) -> float | None:
+        return dict(self.recipes).get(str(recipe))
+
+    def format_rate(self, width: float) -> float | None:
+        """The relative rate of the format a `width`-bit GEMM runs in (`hardware.native_precision`; above
+        16 bits tf32, else fp32 if only that is given); BF16 is 1 unless given. None: the table has none."""
+        formats = {"bf16": 1.0, **dict(self.formats)}
+        fmt = hardware.native_precision(width)
+        return formats.get(fmt, formats.get("fp32") if fmt == "tf32" else None)
+
+
+@dataclass(frozen=True)
+class Fallback:
+    """A recipe's GEMMs that a chip runs in a wider format than their width asks for (it has no path for
+    that format): what a cost model charges them, said in one line (str)."""
+
+    recipe: str
+    parts: tuple[str, ...]
+    width: float
+    wanted: str
+    charged: str
+    chip: str
+
+    def __str__(self) -> str:
+        return (f"{self.recipe} on the {self.chip}: its {self.wanted.upper()} GEMMs ({', '.join(self.parts)}) "
+                f"charged at the {self.charged.upper()} rate: no {self.wanted.upper()} path")
+
+
 @dataclass(frozen=True)
 class CostModel:
-    """How many 16-bit FLOP units a FLOP costs. kind: 'bits', 'nominal', or a GPU name of
-    `scaling.plan.hardware.GPUS` (e.g. 'h100', 'b200'). high_bits: what an operand left unquantised costs in
-    a run that quantises something (16: BF16)."""
+    """How many 16-bit FLOP units a FLOP costs. kind: 'bits', 'nominal', a GPU name of
+    `scaling.plan.hardware.GPUS` (e.g. 'h100', 'b200', 'mi355x'), or 'table' with `table` a user's
+    ThroughputTable (`get("FILE.toml")`). high_bits: what an operand left unquantised costs in a run
+    that quantises something (16: BF16)."""
 
     kind: str = "bits"
     high_bits: float = 16.0
+    table: ThroughputTable | None = None
 
     def __post_init__(self):
-        if self.kind not in ("bits", "nominal") and self.kind not in hardware.GPUS:
-            raise ConfigError("cost_model", self.kind, ["bits", "nominal", *hardware.GPUS])
+        if self.kind not in ("bits", "nominal", "table") and self.kind not in hardware.GPUS:
+            raise ConfigError("cost_model", self.kind, ["bits", "nominal", *hardware.GPUS, "FILE.toml"])
+        if (self.kind == "table") != (self.table is not None):
+            raise ConfigError("cost_model.table", self.table, "a ThroughputTable exactly when kind is 'table'")
         if not 0 < self.high_bits <= 32:
             raise ConfigError("cost_model.high_bits", self.high_bits, "bits in (0, 32]")
 
     @property
     def name(self) -> str:
-        return self.kind if self.high_bits == 16 else f"{self.kind}(high={self.high_bits:g})"
+        kind = self.table.name if self.table is not None else self.kind
+        return kind if self.high_bits == 16 else f"{kind}(high={self.high_bits:g})"
+
+    @property
+    def gpu(self) -> hardware.GPU | None:
+        """The chip this model prices on (None for bits, nominal and a throughput table)."""
+        return hardware.GPUS.get(self.kind)
 
     def describe(self) -> str:
         if self.kind == "bits":
             return f"bits: each FLOP at its operands' mean effective bits / 16 (unquantised parts at {self.high_bits:g} bits)"
         if self.kind == "nominal":
             return "nominal: 6·N·D·P/16 (Kumar et al.; attention and head not counted)"
-        return f"{self.kind}: each GEMM at the {self.kind.upper()} peak of the format it runs in, relative to BF16"
+        if self.table is not None:
+            listed = ", ".join(f"{k} {v:g}x" for k, v in self.table.recipes) or "none"
+            rates = ", ".join(f"{k} {v:g}x" for k, v in self.table.formats) or "none"
+            return (f"{self.table.name} ({self.table.path}): measured throughput relative to BF16; recipes: {listed}; "
+                    f"other recipes' GEMMs at the format rates: {rates}")
+        lacks = [f.upper() for f in ("fp4", "fp6", "fp8", "tf32") if f not in self.gpu.peak_tflops]
+        note = f"; no {'/'.join(lacks)} path: those GEMMs charged at the next wider format's rate" if lacks else ""
+        return f"{self.kind}: each GEMM at the {self.gpu.name} peak of the format it runs in, relative to BF16{note}"
 
     def gemm_factor(self, bits_0, bits_1, width):
         """Cost of one FLOP of a GEMM whose operands carry these effective bits (unquantised ones
@@ -299,9 +397,49 @@ class CostModel:
         bits_0, bits_1, width = (np.asarray(v, float) for v in (bits_0, bits_1, width))
         if self.kind == "bits":
             return (bits_0 + bits_1) / 32.0
+        slowdown = self._table_slowdown if self.table is not None else functools.partial(_slowdown, self.kind)
         if width.ndim == 0:  # the law optimiser's case, hundreds of thousands of calls
-            return np.asarray(_slowdown(self.kind, float(width)))
-        return np.vectorize(lambda w: _slowdown(self.kind, float(w)), otypes=[float])(width)
+            return np.asarray(slowdown(float(width)))
+        return np.vectorize(lambda w: slowdown(float(w)), otypes=[float])(width)
+
+    def _table_slowdown(self, width: float) -> float:
+        rate = self.table.format_rate(width)
+        if rate is None:
+            raise ConfigError(f"cost_model {self.table.name} ({self.table.path})", f"a {width:g}-bit GEMM",
+                              f"a [formats] rate for {hardware.native_precision(width)}")
+        return 1.0 / rate
+
+    def fallback_note(self, width: float) -> str | None:
+        """One line where this model's chip has no path for the format a `width`-bit GEMM asks for
+        (it is charged at the next wider format's rate, what emulating it there costs); else None."""
+        if self.gpu is None:
+            return None
+        fb = hardware.fallback(width, self.kind)
+        if fb is None:
+            return None
+        return f"{fb[0].upper()} GEMMs on the {self.gpu.name} charged at the {fb[1].upper()} rate: no {fb[0].upper()} path"
+
+    def fallbacks(self, df: pd.DataFrame) -> list[Fallback]:
+        """Each (recipe, format) of a results table that this model's chip has no path for: the GEMM
+        parts it touches and the format they are charged at instead (empty for bits, nominal, tables)."""
+        if self.gpu is None or df.empty:
+            return []
+        flops, bits, width = _part_columns(df)
+        quantised_run = np.any([b < UNQUANTISED_BITS for p in bits for b in bits[p]], axis=0)
+        recipes = df["recipe"].astype(str).to_numpy() if "recipe" in df.columns else np.full(len(df), "a row")
+        found: dict[tuple[str, float], list[str]] = {}
+        for p in width:
+            w = self._mapped(width[p], quantised_run)
+            for recipe, wi, f in zip(recipes, w, flops[p]):
+                if f > 0 and np.isfinite(wi) and hardware.fallback(float(wi), self.kind) is not None:
+                    parts = found.setdefault((recipe, float(wi)), [])
+                    if p not in parts:
+                        parts.append(p)
+        out = []
+        for (recipe, wi), parts in found.items():
+            wanted, charged = hardware.fallback(wi, self.kind)
+            out.append(Fallback(recipe, tuple(parts), wi, wanted, charged, self.gpu.name))
+        return out
 
     def _mapped(self, bits, quantised_run):
         bits = np.asarray(bits, float)
@@ -316,10 +454,36 @@ class CostModel:
             raise ConfigError("results columns", missing[0], "a table with FLOPs by part (scaling.train.compute.columns)")
         flops, bits, width = _part_columns(df)
         quantised_run = np.any([b < UNQUANTISED_BITS for p in bits for b in bits[p]], axis=0)
+        if self.table is not None:
+            return self._table_per_token(df, flops, bits, width, quantised_run)
         total = np.zeros(len(df))
         for p in bits:
             b0, b1, w = (self._mapped(b, quantised_run) for b in (*bits[p], width[p]))
             total += flops[p] * self.gemm_factor(b0, b1, w)
+        return total
+
+    def _table_per_token(self, df, flops, bits, width, quantised_run) -> np.ndarray:
+        """A listed recipe: its BF16 FLOPs (every GEMM of the model at the BF16 rate; rotations, which a
+        BF16 run does not do, left out: the measured throughput has them) / its relative throughput.
+        Another: each GEMM at 1 / the table's rate of its format; ConfigError where the table has neither."""
+        recipes = df["recipe"].astype(str).to_numpy() if "recipe" in df.columns else np.full(len(df), "(no recipe column)")
+        rate = np.array([self.table.recipe_rate(r) or np.nan for r in recipes])
+        bf16_flops = sum(flops[p] for p in flops if p != "rotations")
+        total = bf16_flops / rate
+        unlisted = np.isnan(rate)
+        if unlisted.any():
+            per_part = np.zeros(len(df))
+            for p in bits:
+                w = self._mapped(width[p], quantised_run)
+                inverse = np.array([np.nan if (r := self.table.format_rate(x)) is None else 1.0 / r for x in w])
+                missing = unlisted & (flops[p] > 0) & np.isnan(inverse)
+                if missing.any():
+                    i = int(np.flatnonzero(missing)[0])
+                    raise ConfigError(f"cost_model {self.table.name} ({self.table.path})", recipes[i],
+                                      f"a recipe in its [recipes], or a [formats] rate for {hardware.native_precision(w[i])} "
+                                      f"(its {p} GEMMs)")
+                per_part += flops[p] * np.where(flops[p] > 0, inverse, 0.0)
+            total = np.where(unlisted, per_part, total)
         return total
 
     def effective_bits(self, df: pd.DataFrame) -> np.ndarray:
@@ -375,12 +539,17 @@ def _part_columns(df: pd.DataFrame):
     return flops, bits, width
 
 
-COST_MODELS = ("bits", "nominal", "h100", "b200")
+COST_MODELS = ("bits", "nominal", *hardware.GPUS)  # and any user throughput table, FILE.toml
 
 
-def get(name: str | CostModel) -> CostModel:
-    """A CostModel by name ('bits', 'nominal', 'h100', 'b200', ...)."""
-    return name if isinstance(name, CostModel) else CostModel(kind=str(name))
+def get(name: str | Path | CostModel) -> CostModel:
+    """A CostModel by name ('bits', 'nominal', a chip of hardware.GPUS: 'h100', 'b200', 'mi355x', ...) or
+    a throughput table's path ('my-h100-bench.toml': ThroughputTable)."""
+    if isinstance(name, CostModel):
+        return name
+    if str(name).endswith(".toml"):
+        return CostModel(kind="table", table=ThroughputTable.load(name))
+    return CostModel(kind=str(name))
 
 
 @dataclass(frozen=True)
