@@ -144,4 +144,5 @@ def test_a_recipe_a_cost_model_cannot_price_is_named_not_charged():
 def test_answer_table_has_a_cell_per_chip_and_budget(result):
     table = chips.answer_table(result)
     lines = table.splitlines()
-    assert len(lines) == 4 and lines[2].startswith("| fast4 | **narrow4**") and "(3 recipes)" in lines[3]
+    assert len(lines) == 4 and lines[2].startswith("| fast4 | **narrow4**, ") and "below wide8 [+" in lines[2]
+    assert lines[3].startswith("| slow4 | **wide8**, ") and "below narrow4" in lines[3]

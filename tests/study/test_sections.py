@@ -84,20 +84,22 @@ def test_the_report_leads_with_the_gaps_at_matched_tokens(tmp_path, no_figures):
     assert f"| fp8 | {fp8['n']} ({fp8['clusters']}) | {fp8['mean']:+.4f} |" in text
 
 
-def test_every_verdict_is_also_read_on_real_chips(tmp_path, no_figures):
-    """Cost second: the same budgets under the H100 and B200 cost models, each recipe's charge per 6ND
-    beside them, and a recipe the `bits` design placed past a chip's budget listed as absent."""
+def test_every_recipe_is_compared_on_every_chip(tmp_path, no_figures):
+    """Cost second: every recipe with a gap model at every budget on `bits` and every chip of the table,
+    each recipe's charge per 6ND beside them, and REPORT opening with the answer table."""
     path = report.write_report(results.load(QUICK), None, tmp_path)
     text = path.read_text()
-    assert (text.index("## IsoFLOP profiles under the `bits` cost model") < text.index("## On a real chip: the same budgets")
-            < text.index("## What was run"))
+    assert (text.index("## The answer") < text.index("| chip | C = ") < text.index("## IsoFLOP profiles under the `bits` cost model")
+            < text.index("## On each chip: every recipe at the tokens its cost buys") < text.index("## What was run"))
     facts = json.loads((tmp_path / "findings.json").read_text())
     chips = facts["cost_models"]["chips"]
-    assert set(chips) == {"h100", "b200"}
+    assert set(chips) == {"bits", "h100", "h200", "b200", "b300", "mi300x", "mi355x"}
     for entry in chips.values():
         assert [b["budget_reference"] for b in entry["budgets"]] == [b["budget"] for b in facts["budgets"]]
         for b in entry["budgets"]:
-            assert set(b["fitted"]) | set(b["short"]) | set(b["absent"]) == {"fp32", "fp8", "mxfp4"}
+            assert {e["recipe"] for e in b["recipes"]} == {"fp32", "fp8", "mxfp4"} and b["compared"] == 3
+    for chip in chips:
+        assert f"| {chip} | " in text
     charge = {r["recipe"]: r for r in facts["cost_models"]["charges"]["rows"]}
     assert charge["fp8"]["h100"] == pytest.approx(charge["mxfp4"]["h100"])  # FP4 runs at the FP8 rate on an H100
     assert charge["mxfp4"]["b200"] < charge["fp8"]["b200"] and charge["mxfp4"]["bits"] < charge["fp8"]["bits"]

@@ -355,8 +355,8 @@ def chip_verdicts(rows: pd.DataFrame, budgets: Sequence[float], cost_models: Seq
 # ----------------------------------------------------------------------------- text
 
 def answer_table(result: Mapping[str, Any], chips: Sequence[str] | None = None) -> str:
-    """Markdown: one row per chip, one column per budget; each cell the winner (its lead over the
-    runner-up with the family-wise interval) or "cannot tell between ...", and how many recipes it compared."""
+    """Markdown: one row per chip, one column per budget; each cell the winner and its lead over the
+    runner-up with the family-wise interval, or "cannot tell: ..." naming every recipe tied with the best."""
     chips = list(chips or result["chips"])
     budgets = [b["budget_reference"] for b in result["chips"][chips[0]]["budgets"]]
     lines = ["| chip | " + " | ".join(f"C = {b:.0e}" for b in budgets) + " |",
@@ -364,10 +364,12 @@ def answer_table(result: Mapping[str, Any], chips: Sequence[str] | None = None) 
     for chip in chips:
         cells = []
         for v in result["chips"][chip]["budgets"]:
-            lead = ("" if v["diff"] is None else f" by {v['diff']:.3f}"
-                    + (f" [{v['diff_ci'][0]:+.3f}, {v['diff_ci'][1]:+.3f}]" if v["diff_ci"] else " (no interval)"))
-            head = f"**{v['winner']}**{lead}" if v["winner"] else f"cannot tell: {', '.join(v['tied'])}"
-            cells.append(f"{head} ({v['compared']} recipes)")
+            if v["winner"] is None:
+                cells.append("cannot tell: " + ", ".join(v["tied"]))
+                continue
+            lead = "" if v["diff"] is None else f", {v['diff']:.3f} below {v['runner_up']}" + (
+                f" [{v['diff_ci'][0]:+.3f}, {v['diff_ci'][1]:+.3f}]" if v["diff_ci"] else " (no interval)")
+            cells.append(f"**{v['winner']}**{lead}")
         lines.append(f"| {chip} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -22,7 +22,7 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from scaling.study.analysis import isoflop as analysis
+from scaling.study.analysis import chips as chips_lib, isoflop as analysis
 from scaling.study.report import plots
 from scaling.study.analysis import findings as findings_lib
 from scaling.study.analysis.fit import FitResult
@@ -180,42 +180,43 @@ def _with_tokens(recipes: list[dict]) -> str:
 
 
 def chips_section(f: dict) -> str:
-    """The IsoFLOP verdicts at the same budgets on real chips (findings' `cost_models`): each recipe's charge
-    per 6ND under every cost model, then the verdict per chip and budget, indicative where interpolated."""
+    """Each recipe on each chip (findings' `cost_models`): its charge per 6ND under every cost model, then
+    per chip and budget every recipe's best loss at the tokens it buys there, where, its difference to the
+    best with the family-wise interval, and what that reading rests on beyond what was measured."""
     c = f["cost_models"]
-    ch = c["charges"]
-    chips = list(c["chips"])
-    lines = ["The verdicts above charge each FLOP by its operands' bits (`bits`: half the bits, twice the throughput). "
-             "A chip charges by the rate its tensor cores run each format at (dense peaks; FP8 and FP6 at the FP8 "
-             "rate, FP4 at the FP8 rate on H100 and twice it on B200): a recipe's tokens at a budget follow from "
+    ch, unit = c["charges"], f["loss_unit"]
+    models = list(c["chips"])
+    lines = ["A chip charges each GEMM by the rate its tensor cores run its format at (dense peaks from the planner's "
+             "table, `scaling plan`); `bits` charges by the operands' bits. A recipe's tokens at a budget follow from "
              f"its charge. Charge per 6ND at N = {fmt(ch['N'])}, and the tokens it buys relative to {ch['reference']}:", "",
-             "| recipe | " + " | ".join(f"{m}: charge (tokens)" for m in ("bits", *chips)) + " |",
-             "| --- | " + " | ".join("---" for _ in ("bits", *chips)) + " |"]
+             "| recipe | " + " | ".join(f"{m}: charge (tokens)" for m in models) + " |",
+             "| --- | " + " | ".join("---" for _ in models) + " |"]
     for r in ch["rows"]:
         lines.append(f"| {r['recipe']} | " + " | ".join(
-            f"{r[m]:.3f} ({r[m + '_tokens']:.2f}x)" for m in ("bits", *chips)) + " |")
-    lines += ["", f"The same budgets ({ch['reference']} spends the same compute under every model), read on each chip. "
-                  "A run evaluated only where the `bits` design put it may pass a chip's budget before its first "
-                  "evaluation (absent: nothing is extrapolated) or be read between two evaluations (interpolated: "
-                  "indicative, log loss linear in log D).", "",
-              "| chip | C | verdict | best vs runner-up | runner-up − best (95% CI) | recipes fitted / short / absent | interpolated |",
-              "| --- | --- | --- | --- | --- | --- | --- |"]
-    thin = False
+            f"{r[m]:.3f} ({r[m + '_tokens']:.2f}x)" if m in r else "–" for m in models) + " |")
+    fw = c["familywise"]
+    lines += ["", f"How each verdict is computed: {c['method']} ({c['draws']} draws). Differences to the best recipe "
+                  f"with {c['level']:.0%} intervals family-wise over {fw['m']} comparisons (normal, bootstrap SE × "
+                  f"{fw['z']:.2f}). Loss in {unit}; N and D at each recipe's best size."]
+    if c.get("excluded"):
+        lines += ["", "Not compared: " + "; ".join(f"{r} ({why})" for r, why in c["excluded"].items()) + "."]
     for chip, entry in c["chips"].items():
-        for b in entry["budgets"]:
-            verdict = f"**{b['winner']}**" if b["winner"] else ("cannot tell" if b["best"] else "no IsoFLOP profile")
-            diff = (f"{b['diff']:+.3f} ({b['diff_ci'][0]:+.3f} to {b['diff_ci'][1]:+.3f})"
-                    if b["diff_ci"] else "–")
-            share = b["interpolated_share"]
-            thin = thin or bool(b["absent"]) or bool(share)
-            lines.append(f"| {chip} | {fmt(b['budget_reference'])} | {verdict} | {b['best'] or '–'} vs {b['runner_up'] or '–'} | "
-                         f"{diff} | {len(b['fitted'])} / {len(b['short'])} / {len(b['absent'])} | "
-                         + ("–" if share is None else f"{share:.0%}" + (" (indicative)" if share else "")) + " |")
-    if thin:
-        lines += ["", "What would settle it: these runs were placed by the `bits` cost model, so on a chip some recipes "
-                      "miss the budgets or are read between evaluations. An IsoFLOP design costed on the chip "
-                      "(`cost = \"h100\"` in the experiment's `[isoflop]` table) lands every recipe on its budgets; it "
-                      "needs new runs."]
+        budgets = entry["budgets"]
+        lines += ["", f"**{chip}** ({entry['description']})"
+                  + ("; not priced: " + "; ".join(f"{r} ({why})" for r, why in entry["not_priced"].items())
+                     if entry.get("not_priced") else "") + ". Best loss at each budget (minus the best, family-wise CI):", "",
+                  "| recipe | " + " | ".join(f"C = {fmt(b['budget_reference'])}" for b in budgets) + " |",
+                  "| --- | " + " | ".join("---" for _ in budgets) + " |"]
+        cells = {e["recipe"]: {} for e in budgets[-1]["recipes"]}
+        for i, b in enumerate(budgets):
+            for e in b["recipes"]:
+                ci = "" if e["diff_ci"] is None else f" ({e['diff']:+.3f} [{e['diff_ci'][0]:+.3f}, {e['diff_ci'][1]:+.3f}])"
+                cells.setdefault(e["recipe"], {})[i] = f"{e['loss']:.3f}{ci}{' *' if e['notes'] else ''}"
+        for recipe, row in cells.items():
+            lines.append(f"| {recipe} | " + " | ".join(row.get(i, "–") for i in range(len(budgets))) + " |")
+    lines += ["", "\\* read beyond what was measured: the reference's loss beyond the tokens measured at that size, "
+                  "the recipe's gap beyond the (N, D/N) it was measured at, or the best size at the edge of the sizes "
+                  "(findings.json's `cost_models` names each)."]
     return "\n".join(lines)
 
 
@@ -225,7 +226,47 @@ def bits_cell(e: dict) -> str:
 
 
 def answer_section(f: dict) -> str:
-    """REPORT's first words: which precision to train in, in plain words, from the verdicts at each budget
+    """REPORT's and README's first words: the answer per chip and budget (findings' `cost_models`), then what
+    the formats do at matched tokens; without per-chip verdicts, the `bits` design's (bits_answer)."""
+    c = f.get("cost_models") or {}
+    if not c.get("chips"):
+        return bits_answer(f)
+    fw, compared = c["familywise"], {b["compared"] for e in c["chips"].values() for b in e["budgets"]}
+    cells = [b for e in c["chips"].values() for b in e["budgets"]]
+    resting = sum(any(e["notes"] for e in b["recipes"] if e["recipe"] in b["tied"]) for b in cells)
+    lines = [f"Which recipe reaches the lowest loss at a fixed compute budget on each chip: the best and its lead over "
+             "the runner-up, or the recipes these runs cannot tell apart "
+             f"({'/'.join(map(str, sorted(compared)))} recipes compared in every cell; {c['level']:.0%} intervals "
+             f"family-wise over {fw['m']} comparisons). Computed from the reference's measured loss curves at the tokens "
+             "each recipe's cost buys on that chip, plus the recipe's gap at matched tokens; `bits` is the idealised "
+             "model (half the bits, twice the throughput); budgets C in FLOPs as the reference spends them.", "",
+             chips_lib.answer_table(c), "",
+             f"{resting} of the {len(cells)} cells rest on a reading beyond what was measured (marked \\* in the chip "
+             "section below)."]
+    matched = matched_line(f)
+    return "\n".join(lines + (["", matched] if matched else []))
+
+
+def matched_line(f: dict) -> str | None:
+    """One sentence: each recipe's gap to the reference at matched tokens, grouped by its family-wise verdict."""
+    m = f.get("matched")
+    if not m:
+        return None
+    measured = sorted((r for r in m["recipes"] if r["mean"] is not None), key=lambda r: r["mean"])
+
+    def gap(r: dict) -> str:
+        lo, hi = r["mean_familywise_ci"]
+        return f"{r['recipe']} {r['mean']:+.3f} [{lo:+.3f}, {hi:+.3f}]"
+    groups = [(v, [gap(r) for r in measured if r["verdict"] == v])
+              for v in ("lower than the reference", "cannot tell", "higher than the reference")]
+    said = "; ".join(f"{v.replace('the reference', m['reference'])}: {', '.join(g)}" for v, g in groups if g)
+    return (f"At matched tokens (the numerics alone: the same size, tokens and seed as {m['reference']}, "
+            f"{sum(r['n'] for r in measured)} paired points, errors clustered by (N, seed), mean gap in {f['loss_unit']} "
+            f"with {m['familywise']['level']:.0%} intervals family-wise over {m['familywise']['m']} coefficients): {said}.")
+
+
+def bits_answer(f: dict) -> str:
+    """The answer from the `bits` design's IsoFLOP minima alone: which precision to train in, in plain words, from the verdicts at each budget
     (under the study's cost model) and what the formats do at matched tokens. A recipe that leads at a fixed
     budget without a lower matched-token loss owes its place to the tokens its cheaper FLOPs buy."""
     cost, unit = str(f["cost_model"]).split(":")[0], f["loss_unit"]

@@ -18,7 +18,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import pandas as pd
 
-from scaling.study.analysis import isoflop as analysis, costs, fit, laws, matched
+from scaling.study.analysis import isoflop as analysis, chips, costs, fit, laws, matched
 from scaling.study.report import plots
 from scaling.study.analysis import findings as findings_lib
 from scaling.study.analysis.fit import FitResult
@@ -134,7 +134,7 @@ def write_report(results_df: pd.DataFrame, fit_result: Any, out_dir: str | Path,
                             if facts.get("matched") else []),
                 "findings": [f"## IsoFLOP profiles under the `{str(facts['cost_model']).split(':')[0]}` cost model", "",
                              findings_section(facts), ""],
-                "chips": (["## On a real chip: the same budgets under H100 and B200 cost models", "", chips_section(facts), ""]
+                "chips": (["## On each chip: every recipe at the tokens its cost buys", "", chips_section(facts), ""]
                           if facts.get("cost_models") else []),
                 "prediction": prediction_sections(facts),
                 "pstar": ["## P*: the law's loss at the formats chips run, and its optimum", "", pstar_section(facts), ""],
@@ -189,17 +189,17 @@ def matched_facts(rows: pd.DataFrame) -> dict | None:
 
 
 def cost_facts(rows: pd.DataFrame, facts: dict) -> dict | None:
-    """findings.json's `cost_models`: the IsoFLOP verdicts at the same budgets under each real chip's
-    cost model (scaling.study.analysis.costs; the budgets as the reference recipe spends them), and each recipe's
-    charge per 6ND under every model; None without IsoFLOP budgets."""
+    """findings.json's `cost_models`: each recipe's verdict on every chip of the planner's table and under
+    `bits`, computed from the reference's loss curves and the matched-token gaps at the tokens each recipe
+    buys there (scaling.study.analysis.chips; budgets as the reference recipe spends them), and each
+    recipe's charge per 6ND under every model; None without IsoFLOP budgets."""
     budgets = [b["budget"] for b in facts.get("budgets") or []]
-    if not budgets or "flops_fprop" not in rows.columns:
+    if not budgets or "flops_fprop" not in rows.columns or "seed" not in rows.columns:
         return None
-    pairs = [(p["a"], p["b"]) for b in facts["budgets"] for p in b.get("pairs", [])]
-    verdicts = costs.verdicts_by_cost(rows, budgets, costs.CHIPS, pairs=list(dict.fromkeys(pairs)))
+    verdicts = chips.chip_verdicts(rows, budgets, ("bits", *costs.CHIPS))
     table = costs.charges(rows, cost_models=("bits", *costs.CHIPS))
-    return {"chips": verdicts, "charges": {"N": table.attrs["N"], "reference": table.attrs["reference"],
-                                           "rows": table.to_dict("records")}}
+    return {**verdicts, "charges": {"N": table.attrs["N"], "reference": table.attrs["reference"],
+                                    "rows": table.to_dict("records")}}
 
 
 def prediction_facts(prediction: dict, facts: dict) -> dict:
