@@ -101,7 +101,7 @@ def _print_selection(law_choice: Mapping[str, Any]) -> None:
     ref = law_choice["reference"]
     splits = law_choice.get("splits") or []
     print(f"law selection: held-out precision-gap MAE (nats) vs the reference ({', '.join(ref.get('recipes', [])) or ref}), "
-          f"one column per held-out split (whole runs left out), score = their mean; vs chosen: excess over the chosen law, "
+          f"one column per held-out split (every row at or beyond its threshold left out), score = their mean; vs chosen: excess over the chosen law, "
           f"SE clustered by {law_choice.get('clustered_by', 'recipe')}; within noise: excess <= {law_choice['noise_se']:g} SE")
     labels = {"budget": "gap|C", "compute": "gap|C", "N": "gap|N", "D/N": "gap|D/N"}
     cols = [by for by in ("budget", "compute", "N", "D/N")
@@ -160,10 +160,20 @@ def _selection_notes(law_choice: Mapping[str, Any], splits: Sequence[str]) -> li
         out.append("starred over a lower score: " + "; ".join(why))
     out.append("-: not measured (a split whose held-out gaps could not be scored for that law, see heldout_notes in "
                "the fit JSON; `vs chosen` - where no held-out error was measured)")
-    if splits:
-        out.append("splits: gap|C the largest compute budget (N·D without budgets), gap|N the largest size, "
-                   "gap|D/N the largest tokens per parameter")
+    short = {"budget": "gap|C", "compute": "gap|C", "N": "gap|N", "D/N": "gap|D/N"}
+    for d in law_choice.get("split_details") or []:  # each split's rule in words (selection._strict_split)
+        if d.get("by") in splits and d.get("label"):
+            out.append(f"{short.get(d['by'], d['by'])}: {d['label']}, {d['scored_rows']} gaps scored")
     return out
+
+
+def stability_line(law_choice: Mapping[str, Any]) -> str:
+    """One line: each law's share of wins over the cluster resamples, and the rule for laws within noise."""
+    shares = law_choice.get("stability")
+    won = ", ".join(f"{name} {share:.0%}" for name, share in (shares or {}).items() if share > 0)
+    head = (f"stability: {won} of {law_choice['stability_resamples']} resamples of {law_choice['stability_unit']}s"
+            if shares else "stability: not measured (no held-out gaps to resample)")
+    return f"{head}; within noise: {law_choice.get('rule', '-')}"
 
 
 def num_or_dash(v: Any, fmt: str) -> str:
@@ -195,6 +205,7 @@ def main(args: argparse.Namespace) -> int:
         result = selection.chosen_fit(df, law_choice, fits, bootstrap=args.bootstrap, seed=args.seed,
                                       loss_column=loss_column)
         print(f"chosen: {law_choice['chosen']}, by {law_choice['criterion']}")
+        print(stability_line(law_choice))
         if not law_choice.get("splits"):
             for by, why in (law_choice.get("split_notes") or {}).items():
                 print(f"  held-out split {by}: {why}")

@@ -45,8 +45,8 @@ def test_select_law_prefers_the_data_dependent_penalty():
     c = by_name(sel)
     assert sel["chosen"] == "kumar_data"
     kd, ku, free = c["kumar_data"], c["kumar"], c["kumar[kappa free]"]
-    # No budget column: three splits, each holding out whole runs (the largest N·D, the largest size, the
-    # largest D/N); kumar's gap does not grow with D.
+    # No budget column: three splits, each holding out every row at or beyond its threshold (the largest
+    # N·D, the largest size, the largest D/N); kumar's gap does not grow with D.
     assert sel["splits"] == ["compute", "N", "D/N"]
     assert kd["heldout_gap_mae"]["N"] < min(ku["heldout_gap_mae"]["N"], free["heldout_gap_mae"]["N"])
     assert kd["score"] < min(ku["score"], free["score"])
@@ -101,82 +101,62 @@ def isoflop_runs(seed: int = 0, offset: float = 0.05) -> pd.DataFrame:
     return df
 
 
-@pytest.fixture
-def memo_law():
-    """A law that memorises runs: Chinchilla times exp(d_k) for the int8 run in cell k (no precision
-    term). It can only predict a run it has seen, so it wins exactly where held-out rows leak."""
-    cells = range(1, 11)
-
-    @laws.register(params=("E", "A", "B", "alpha", "beta") + tuple(f"d{k}" for k in cells),
-                   positive=("E", "A", "B"), columns=("N", "D", "cell"), name="test_memo_runs",
-                   init_grid={**{k: INIT[k] for k in ("E", "A", "B", "alpha", "beta")}, **{f"d{k}": [0.0] for k in cells}})
-    def memo(p, x, xp):
-        shift = sum(xp.where(x["cell"] == k, p[f"d{k}"], 0.0) for k in cells)
-        return [t + shift for t in (xp.log(p["E"]), xp.log(p["A"]) - p["alpha"] * xp.log(x["N"]),
-                                    xp.log(p["B"]) - p["beta"] * xp.log(x["D"]))]
-
-    yield "test_memo_runs"
-    del laws._REGISTRY["test_memo_runs"]
-
-
-@pytest.mark.slow
-def test_a_leaking_split_favours_a_law_that_memorises_runs_and_the_held_out_budget_does_not(memo_law):
-    """4 of the 5 int8 runs at the largest budget are later checkpoints of runs at 1e16. Fitted on every
-    row but the largest budget's (the leak), the memorising law predicts their gaps from the same runs'
-    earlier checkpoints and beats the true form; with those runs held out whole it cannot, and kumar wins."""
+def test_the_budget_split_holds_out_the_largest_budget_and_fits_the_same_runs_earlier_rows():
+    """Strict rows: every row at or beyond the largest budget's compute is held out (here the 10 rows
+    labelled 3e16: 5 sizes x 2 recipes), and nothing else: the same runs' earlier evaluations (a quarter and
+    half of their tokens, no budget label) and sizes 5..8's rows at 1e16 stay in the fit, since predicting a
+    run's later tokens from its earlier ones is the honest test in D."""
     df = isoflop_runs()
-    top = (df["budget"] == df["budget"].max()).to_numpy()
-    measured = selection.gaps_to_reference_rows(df)
-    scored = top & measured.notna().to_numpy()
-    leaked = {}
-    for name in ("kumar", memo_law):
-        init = {k: v for k, v in INIT.items() if k in laws.get(name).params}
-        fitted = fit.fit_law(df[~top], name, loss_column="val_loss", init=init, polish=1)
-        predicted = selection.gaps_to_reference_rows(df.assign(val_loss=fitted.predict(df)))
-        leaked[name] = float(np.mean(np.abs(predicted - measured)[scored]))
-    assert leaked[memo_law] < 0.7 * leaked["kumar"]
-
-    sel = selection.select_law(df, ["kumar", memo_law], **QUICK)
-    c = by_name(sel)
-    assert sel["chosen"] == "kumar" and c[memo_law]["score"] > 1.3 * c["kumar"]["score"]
-    assert c["kumar"]["n_heldout"]["budget"] == 5 and sel["splits"][0] == "budget"
-    # left out whole: both recipes' runs at sizes 5..9 (10 runs); fitted: sizes 0..4, every checkpoint
-    # (3 each at 1e15, and sizes 3 and 4 at 1e16 too): 2 x (5 + 2) x 3 = 42 rows
-    assert sel["split"] == {"by": "budget", "value": 3e16, "held_runs": 10, "train_rows": 42, "train_runs": 10, "note": None}
+    top = (df["budget"] == 3e16).to_numpy()
+    split = next(s for s in selection.heldout_splits(df)[0] if s.by == "budget")
+    assert (split.train == ~top).all() and top.sum() == 10
+    # every fitted row is below the threshold in compute (6·N·D, the design's)
+    assert (6 * df.loc[split.train, "N"] * df.loc[split.train, "D"] < 3e16).all()
+    # the held-out runs' other rows: 2 earlier evaluations each, and sizes 5..8's 3 rows at 1e16 (both recipes)
+    earlier = df["run_id"].isin(df.loc[top, "run_id"]) & ~top
+    assert earlier.sum() == 10 * 2 + 2 * 4 * 3 and split.train[earlier.to_numpy()].all()
+    assert split.scored.sum() == 5 and set(df.loc[split.scored, "recipe"]) == {"int8"}
+    assert selection._describe_split(df, split) == {
+        "by": "budget", "key": "budget", "value": 3e16, "label": "every row with budget >= 3e16 held out (10 rows of 10 runs)",
+        "held_rows": 10, "held_runs": 10, "scored_rows": 5, "train_rows": len(df) - 10, "train_runs": 20, "note": None}
 
 
 @pytest.mark.slow
-def test_the_budget_split_leaves_out_every_run_at_a_held_out_point(monkeypatch):
-    """The fit sees no row of a run that has a row at the largest budget's points, the reference
-    evaluated there included (even where its row carries no budget), and every other row."""
+def test_the_budget_split_fits_no_row_at_or_beyond_the_largest_budget(monkeypatch):
+    """The reference evaluated at the largest budget's compute under another run id and without a budget
+    label (its compute: 6·N·D times its recipe's budget per 6·N·D) is held out too; the split's fit sees
+    exactly the rows below the threshold."""
     df = isoflop_runs()
     ref_elsewhere = pd.DataFrame([{**df.iloc[0].to_dict(), "run_id": "bf16-extra", "N": 3.2e7, "D": 3e16 / (6 * 3.2e7),
-                                   "budget": np.nan}])  # the reference at a held-out point, under another run id
+                                   "budget": np.nan}])
     df = pd.concat([df, ref_elsewhere], ignore_index=True)
     split = selection.heldout_split(df)
-    held = set(df.loc[~split.train, "run_id"])
-    assert held == {f"{r}-{i}" for r in ("bf16", "int8") for i in range(5, 10)} | {"bf16-extra"}
-    assert split.scored.sum() == 10 and (df.loc[split.scored, "budget"] == 3e16).all()
+    assert split.by == "budget" and not split.train[-1] and split.held_rows == 11
+    assert split.label == "every row with budget >= 3e16 held out (11 rows of 11 runs)"
     seen = []
     real_fit = fit.fit_law
 
     def spy(data, *args, **kwargs):
-        seen.append(set(data["run_id"]))
+        seen.append(data)
         return real_fit(data, *args, **kwargs)
 
     monkeypatch.setattr(fit, "fit_law", spy)
-    selection.select_law(df, ["kumar"], **QUICK)
-    assert set(df["run_id"]) - held in seen  # the split's fit: exactly the runs not held out
+    selection.select_law(df, ["kumar"], resamples=0, **QUICK)
+    fitted = [d for d in seen if len(d) == int(split.train.sum())]
+    assert fitted and all((6 * d["N"] * d["D"] < 3e16).all() and "bf16-extra" not in set(d["run_id"]) for d in fitted)
 
 
-def test_without_a_usable_budget_the_largest_size_is_held_out_whole():
+def test_a_runs_rows_below_the_largest_budget_stay_and_without_a_usable_budget_the_n_split_is_first():
     df = kumar_data_runs()
-    df["budget"] = np.where(df["D"] >= 2e10, 3e12, 1e12)  # every run reaches the largest budget
+    df["budget"] = np.where(df["D"] >= 2e10, 3e12, 1e12)  # every run's two last evaluations at the largest budget
     split = selection.heldout_split(df)
-    assert split.by == "N" and set(df.loc[~split.train, "N"]) == {3e8} and set(df.loc[split.train, "N"]) == {1e7, 3e7, 1e8}
-    assert split.note == "every run has a row at the largest budget's points: nothing left to fit on"
+    assert split.by == "budget" and set(df.loc[~split.train, "D"]) == {2e10, 5e10}
+    assert df.loc[split.train, "run_id"].nunique() == 16  # every run keeps its earlier rows in the fit
+    one = selection.heldout_split(df.assign(budget=1e12))
+    assert one.by == "N" and set(df.loc[~one.train, "N"]) == {3e8} and set(df.loc[one.train, "N"]) == {1e7, 3e7, 1e8}
+    assert one.note == "fewer than two values of budget with a gap to the reference"
     assert selection.heldout_split(kumar_data_runs()).note == "no budget column"
-    assert "nothing left to fit on" in selection.heldout_split(df[df["N"] == 3e8])
+    assert "fewer than two values of N" in selection.heldout_split(df[df["N"] == 3e8].assign(budget=1e12))
 
 
 @pytest.mark.slow

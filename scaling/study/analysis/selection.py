@@ -1,30 +1,43 @@
 """Law selection (`select_law`, `scaling fit --law auto`): every candidate law is scored by how well it
 predicts held-out *precision gaps* (loss minus the matching high-precision run's loss) on three held-out
-splits, each fitted without the runs it scores: the largest compute budget, the largest size, and the
-largest tokens per parameter (D/N). What matters for choosing a precision is the gap, not the loss level
-every law fits about equally well. The fitting itself is scaling.study.analysis.fit.
+splits: the largest compute budget, the largest size, and the largest tokens per parameter (D/N). What
+matters for choosing a precision is the gap, not the loss level every law fits about equally well. The
+fitting itself is scaling.study.analysis.fit.
 
-The choice (see _choose): (1) the precision test: does the best law with a precision term predict the
-held-out gaps better than `chinchilla`, which has none (a clustered held-out likelihood test)? If not,
-`chinchilla` is chosen and the summary says so. (2) Otherwise the precision law with the lowest mean
-held-out gap error over the splits, then (3) nested laws (Law.nests: kumar within kumar_data) are
-settled by the same test: the larger law only where it beats the smaller one.
+Strict splits (heldout_splits): each split is a threshold on one key (a row's compute, N or D/N); every
+row at or beyond it is held out of the fit, whatever run it belongs to, the reference's rows and cooldown
+branches included, and every fitted row is strictly below it. A run's earlier rows below the threshold stay
+in the fit: predicting a run's later tokens from its earlier ones is the honest test in D, while leaving a
+later checkpoint in the fit would let a law that memorises runs look as if it extrapolated. The scored
+rows are the held-out rows with a measurable gap (a matching reference row). Each split's `label` says
+what it holds out ("every row with N >= 8.04e5 held out (k rows of m runs)").
 
-Why whole runs: an IsoFLOP run serves several budgets (its evaluations at each budget's tokens), so a
-row at the largest budget is usually a later checkpoint of a run whose earlier evaluation would
-otherwise be fitted, and a law that memorises runs would look as if it extrapolated. Why the MAE
-comparison is clustered by recipe: a law's errors are systematic by recipe (its form misprices a
-format), so the rows of one recipe are not independent evidence. Why the likelihood test is clustered by
-(N, seed): a gap is one run's loss minus the reference run's at the same (N, seed), so every gap of that
-cell shares the reference's luck and every checkpoint of a run shares the run's; (N, seed) holds both.
+The choice (_choose), on the held-out errors computed once per candidate:
+(1) score: the mean over the splits of each law's held-out gap MAE. (2) Within noise, fewest params
+(TIE_RULE): among the sound laws with a precision term whose excess MAE over the best-scoring one is
+within NOISE_SE recipe-clustered standard errors, the one with the fewest free params (ties: the lower
+score); the data do not rank those, so the simplest is kept. (3) The precision test: is that law better
+than `chinchilla` (no precision term) on the held-out gaps (a clustered held-out likelihood test)? It was
+picked on the same scores among K sound precision laws, so it must pass at ALPHA / K (Bonferroni: under
+the null that no precision term helps, the chance that whichever law is picked passes is at most ALPHA).
+If not, `chinchilla` is chosen and the summary says so. (4) Nested laws (Law.nests: kumar within
+kumar_data) by the same test at ALPHA: the larger law only where it beats the smaller one.
 
-One module: the splits, the scores, the likelihood tests and the choice all read the
-same held-out errors, computed once per candidate.
+Stability (stability): the (N, seed) cells of the scored rows are resampled with replacement
+STABILITY_RESAMPLES times and the whole choice is repeated on each resample's held-out errors (no refit);
+`stability` is each law's share of wins. (N, seed) cells, not recipes: a cell holds what one draw of the
+data shares (the reference run's luck and every checkpoint of a run), the recipes are the fixed set the
+law is chosen for, and a study has many more cells than recipes.
+
+Why the MAE comparison is clustered by recipe: a law's errors are systematic by recipe (its form
+misprices a format), so the rows of one recipe are not independent evidence. Why the likelihood test is
+clustered by (N, seed): a gap is one run's loss minus the reference run's at the same (N, seed), so every
+gap of that cell shares the reference's luck and every checkpoint of a run shares the run's.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -37,15 +50,18 @@ from scaling.study.analysis.fit import FitResult
 from scaling.errors import ConfigError
 
 # The held-out splits, in order: compute (the largest IsoFLOP `budget`; a table without budgets: the
-# largest N·D), size (the largest N) and tokens per parameter (the largest D/N). Each holds out whole
-# runs. D/N rather than D: at a fixed N the largest D is the largest D/N, but across sizes the largest D
-# belongs to the largest models, which the N split already holds out; D/N is the axis along which a
-# precision penalty that grows with the data (kumar_data's D^gamma_D / N^gamma_N) shows, whatever the size.
+# largest N·D), size (the largest N) and tokens per parameter (the largest D/N). Each holds out every row
+# at or beyond its threshold. D/N rather than D: at a fixed N the largest D is the largest D/N, but across
+# sizes the largest D belongs to the largest models, which the N split already holds out; D/N is the axis
+# along which a precision penalty that grows with the data (kumar_data's D^gamma_D / N^gamma_N) shows.
 SPLITS = ("compute", "N", "D/N")
 SELECTION_SPLITS = ("budget", "N")  # heldout_split's (the first usable of these): kept for its callers
 # A continuous key (N·D without budgets, D/N) holds out its largest values holding at most this share of
-# the rows (at least the largest value), as fit.holdout_error's frac.
+# the rows with a gap (at least the largest value), as fit.holdout_error's frac.
 TOP_SHARE = 0.2
+# Keys equal to 6 significant digits count as one (a D logged as 4e9 by one run and 3.9999999e9 by another):
+# a row is held out where key >= threshold · (1 - REL_TOL), so every fitted row is strictly below the threshold.
+REL_TOL = 1e-6
 # within_noise: a law whose held-out gap error exceeds the chosen one's by at most this many standard errors.
 NOISE_SE = 2.0
 # The likelihood tests (precision term vs none, nested laws): one-sided level, and the fewest clusters a
@@ -53,6 +69,11 @@ NOISE_SE = 2.0
 # three it can come out near zero (a quick study's nested test gave t = 7e15 on 2 clusters).
 ALPHA = 0.05
 MIN_TEST_CLUSTERS = 4
+# How many cluster resamples the stability of the choice is measured on (each repeats _choose, no refit).
+STABILITY_RESAMPLES = 50
+TIE_RULE = (f"among the sound laws with a precision term within {NOISE_SE:g} recipe-clustered SEs of the best "
+            "held-out score, the one with the fewest free params (ties: the lower score); nested laws then by the "
+            "likelihood test")
 # Held-out gaps scored separately by the recipe's bits (the `P` column): name -> (lowest, highest) P.
 BITS_GROUPS = {"6-8": (6.0, 8.0), "<=4": (0.0, 4.0)}
 
@@ -68,16 +89,21 @@ class Candidate:
 
 @dataclass(frozen=True)
 class Split:
-    """The held-out split: `by` ('budget' or 'N'), the rows whose gaps are scored (`scored`: rows at the
-    largest `by`), and the rows the law is fitted on (`train`: every row of every run with no row at a
-    held-out point, the reference evaluated there included). `held_runs`: how many runs are left out;
-    `note`: why an earlier split (the budget) could not be used, or None."""
+    """A held-out split: `by` ('budget', 'compute', 'N' or 'D/N'), the threshold on its key (`key`: 'budget',
+    'N·D', 'N' or 'D/N'), the rows the law is fitted on (`train`: every row strictly below the threshold),
+    the rows whose gaps are scored (`scored`: the held-out rows with a matching reference row), how many
+    rows and runs have a row held out, `label` (the rule in words) and `note` (why an earlier split could
+    not be used, or None)."""
 
     by: str
     scored: np.ndarray
     train: np.ndarray
     held_runs: int
     note: str | None = None
+    key: str = ""
+    threshold: float = float("nan")
+    held_rows: int = 0
+    label: str = ""
 
 
 def parse_candidate(spec: str) -> Candidate:
@@ -176,63 +202,90 @@ def gaps_to_reference_rows(df: pd.DataFrame, loss_column: str = "val_loss", refe
     return pd.Series(out, index=index, name="gap")
 
 
-def _split_at(df: pd.DataFrame, by: str, scored: np.ndarray, ids: np.ndarray) -> Split | str:
-    """The Split scoring the rows `scored`: every run with a row at one of their (N, D, seed) points, the
-    reference's included, is left out of the fit whole; or why that leaves nothing to fit on."""
-    runs = _run_ids(df)
-    held = np.isin(runs, runs[np.isin(ids, ids[scored])])
+def _short(x: float) -> str:
+    """3 significant digits, exponents without '+' or leading zeros: 8.04e5, 1e13, 55.7."""
+    return f"{x:.3g}".replace("e+0", "e").replace("e+", "e").replace("e-0", "e-")
+
+
+def _row_compute(df: pd.DataFrame) -> np.ndarray:
+    """Each row's compute in its `budget` labels' units (a budget is priced by its own cost model, not 6·N·D):
+    a labelled row's budget; an unlabelled one (a cooldown branch, an intermediate evaluation) its run's
+    budget per token times its D; a run with no label, 6·N·D times the median ratio of budget to 6·N·D over
+    the labelled rows of its recipe (of every labelled row where its recipe has none)."""
+    budget = pd.to_numeric(df["budget"], errors="coerce").to_numpy(float)
+    d = pd.to_numeric(df["D"], errors="coerce").to_numpy(float)
+    nd6 = 6.0 * pd.to_numeric(df["N"], errors="coerce").to_numpy(float) * d
+    per_token = pd.Series(budget / d).groupby(_run_ids(df)).transform("median").to_numpy(float)
+    ratio = pd.Series(budget / nd6)
+    if "recipe" in df.columns:
+        by_recipe = ratio.groupby(df["recipe"].astype(str).to_numpy()).transform("median").to_numpy(float)
+        ratio = np.where(np.isfinite(by_recipe), by_recipe, np.nanmedian(ratio))
+    else:
+        ratio = np.full(len(df), np.nanmedian(ratio))
+    return np.where(np.isfinite(budget), budget, np.where(np.isfinite(per_token), per_token * d, ratio * nd6))
+
+
+def _top_threshold(key: np.ndarray, share: float = TOP_SHARE) -> float:
+    """The smallest of the largest values of `key` (finite, > 0) that together hold at most `share` of those
+    rows (at least the largest value); values equal to 6 significant digits count as one."""
+    key = key[np.isfinite(key) & (key > 0)]
+    rounded = np.round(np.log(key), 6)
+    values, counts = np.unique(rounded, return_counts=True)
+    cum = np.cumsum(counts[::-1]) / len(key)
+    top = values[::-1][max(0, int(np.searchsorted(cum, share, side="right")) - 1)]
+    return float(np.min(key[rounded >= top]))
+
+
+def _strict_split(df: pd.DataFrame, by: str, key_name: str, key: np.ndarray, threshold: float,
+                  gappable: np.ndarray) -> Split | str:
+    """The Split holding out every row with key >= threshold (a row without a key too: it cannot be shown to
+    be below), scoring those with a gap (`gappable`); or why that leaves nothing to fit on."""
+    held = ~(key < threshold * (1 - REL_TOL))
     if held.all():
-        return f"every run has a row at the largest {by}'s points: nothing left to fit on"
-    return Split(by, scored, ~held, int(len(np.unique(runs[held]))))
+        return f"every row has {key_name} >= {_short(threshold)}: nothing left to fit on"
+    runs = len(np.unique(_run_ids(df)[held]))
+    label = f"every row with {key_name} >= {_short(threshold)} held out ({int(held.sum())} rows of {runs} runs)"
+    return Split(by, held & gappable, ~held, runs, None, key_name, float(threshold), int(held.sum()), label)
 
 
-def _top_rows(key: np.ndarray, share: float = TOP_SHARE) -> np.ndarray:
-    """Rows at the largest values of a continuous key that together hold at most `share` of the keyed rows
-    (at least the largest value); values equal to 6 significant digits count as one."""
-    finite = np.isfinite(key) & (key > 0)
-    rounded = np.where(finite, np.round(np.log(np.where(finite, key, 1.0)), 6), -np.inf)
-    values, counts = np.unique(rounded[finite], return_counts=True)
-    cum = np.cumsum(counts[::-1]) / finite.sum()
-    threshold = values[::-1][max(0, int(np.searchsorted(cum, share, side="right")) - 1)]
-    return finite & (rounded >= threshold)
+def _gappable(df: pd.DataFrame, ids: np.ndarray, ref: np.ndarray) -> np.ndarray:
+    """Rows with a measurable gap: not reference rows, with a reference row of the same (N, D, seed)."""
+    n_ids = int(ids.max()) + 1 if len(ids) else 0
+    return ~ref & (np.bincount(ids[ref], minlength=n_ids)[ids] > 0) if n_ids else np.zeros(len(df), bool)
 
 
 def heldout_splits(df: pd.DataFrame, ids: np.ndarray | None = None, ref: np.ndarray | None = None
                    ) -> tuple[list[Split], dict[str, str]]:
     """Every held-out split the table allows (SPLITS, in order) and, by name, why each other one is not made.
 
-    compute: the largest IsoFLOP `budget` (by 'budget'); a table without two budgets: the rows at the
-    largest N·D (by 'compute', TOP_SHARE). N: the largest size. D/N: the largest tokens per parameter
-    (TOP_SHARE). "Largest" among the rows with a measurable gap (a matching reference row, `ref`:
-    reference_mask by default): a size trained only in low precision has no gap to hold out, and the
-    split moves to the largest size that has one. Each scores the rows it selects and fits on every run
-    without a row at their points."""
+    compute: threshold the largest IsoFLOP `budget`, key each row's compute in budget units (_row_compute;
+    by 'budget'); a table without two budgets: the largest N·D (by 'compute', TOP_SHARE). N: the largest
+    size. D/N: the largest tokens per parameter (TOP_SHARE). Thresholds are set among the rows with a
+    measurable gap (a matching reference row, `ref`: reference_mask by default): a size trained only in low
+    precision has no gap to score, so the N threshold is the largest size that has one, and every row at or
+    beyond it (that size included) is held out. _strict_split holds out and scores."""
     df = df.reset_index(drop=True)
     ids = _match_ids(df) if ids is None else ids
     ref = reference_mask(df) if ref is None else ref
-    n_ids = int(ids.max()) + 1 if len(ids) else 0
-    gappable = ~ref & (np.bincount(ids[ref], minlength=n_ids)[ids] > 0) if n_ids else np.zeros(len(df), bool)
-    num = {c: np.where(gappable, pd.to_numeric(df[c], errors="coerce").to_numpy(float), np.nan)
-           for c in ("N", "D", "budget") if c in df.columns}
+    gappable = _gappable(df, ids, ref)
+    num = {c: pd.to_numeric(df[c], errors="coerce").to_numpy(float) for c in ("N", "D", "budget") if c in df.columns}
     splits, notes = [], {}
     for name in SPLITS:
-        if name == "compute" and "budget" in num and len(np.unique(num["budget"][np.isfinite(num["budget"])])) >= 2:
-            by, scored = "budget", np.isfinite(num["budget"]) & (num["budget"] == np.nanmax(num["budget"]))
-        elif name != "N" and not {"N", "D"} <= set(num):
-            notes[name] = "no N and D columns"
+        if name == "compute" and {"budget", "N", "D"} <= set(num) and \
+                len(np.unique(num["budget"][gappable & np.isfinite(num["budget"])])) >= 2:
+            got = _strict_split(df, "budget", "budget", _row_compute(df), np.nanmax(num["budget"][gappable]), gappable)
+        elif not ({"N"} if name == "N" else {"N", "D"}) <= set(num):
+            notes[name] = "no N column" if name == "N" else "no N and D columns"
             continue
-        elif name == "N":
-            if "N" not in num or len(np.unique(num["N"][np.isfinite(num["N"])])) < 2:
-                notes[name] = "fewer than two values of N with a gap to the reference" if "N" in num else "no N column"
-                continue
-            by, scored = "N", np.isfinite(num["N"]) & (num["N"] == np.nanmax(num["N"]))
         else:
-            key = num["N"] * num["D"] if name == "compute" else num["D"] / num["N"]
-            if len(np.unique(np.round(np.log(key[np.isfinite(key) & (key > 0)]), 6))) < 2:
-                notes[name] = f"fewer than two values of {'N·D' if name == 'compute' else 'D/N'} with a gap to the reference"
+            key_name = {"compute": "N·D", "N": "N", "D/N": "D/N"}[name]
+            key = {"compute": lambda: num["N"] * num["D"], "N": lambda: num["N"], "D/N": lambda: num["D"] / num["N"]}[name]()
+            values = key[gappable & np.isfinite(key) & (key > 0)]
+            if len(np.unique(np.round(np.log(values), 6))) < 2:
+                notes[name] = f"fewer than two values of {key_name} with a gap to the reference"
                 continue
-            by, scored = name, _top_rows(key)
-        got = _split_at(df, by, scored, ids)
+            threshold = float(np.max(values)) if name == "N" else _top_threshold(values)
+            got = _strict_split(df, name, key_name, key, threshold, gappable)
         if isinstance(got, str):
             notes[name] = got
         else:
@@ -241,27 +294,18 @@ def heldout_splits(df: pd.DataFrame, ids: np.ndarray | None = None, ref: np.ndar
 
 
 def heldout_split(df: pd.DataFrame, ids: np.ndarray | None = None) -> Split | str:
-    """The first split of SELECTION_SPLITS (the largest `budget`, else the largest N) the table allows
-    (Split, with `note` saying why an earlier one could not be used), or why there is none. select
-    scores every split of heldout_splits; this one is the `split` its summary describes first."""
-    df = df.reset_index(drop=True)
-    ids = _match_ids(df) if ids is None else ids
-    reasons = []
-    for by in SELECTION_SPLITS:
-        if by not in df.columns:
-            reasons.append(f"no {by} column")
-            continue
-        key = pd.to_numeric(df[by], errors="coerce").to_numpy(float)
-        finite = np.isfinite(key)
-        if len(np.unique(key[finite])) < 2:
-            reasons.append(f"fewer than two values of {by}")
-            continue
-        got = _split_at(df, by, finite & (key == np.nanmax(key)), ids)
-        if isinstance(got, str):
-            reasons.append(got)
-            continue
-        return Split(got.by, got.scored, got.train, got.held_runs, "; ".join(reasons) or None)
-    return "; ".join(reasons)
+    """The first split of SELECTION_SPLITS (the largest `budget`, else the largest N) heldout_splits makes
+    (Split, with `note` saying why the budget split could not be used), or why there is none."""
+    splits, notes = heldout_splits(df.reset_index(drop=True), ids)
+    made = {sp.by: sp for sp in splits}
+    if "budget" in made:
+        return made["budget"]
+    reasons = ["no budget column" if "budget" not in df.columns else
+               notes.get("compute") if "compute" in notes and "N·D" not in notes["compute"] else
+               "fewer than two values of budget with a gap to the reference"]
+    if "N" in made:
+        return replace(made["N"], note=reasons[0])
+    return "; ".join(reasons + [notes.get("N", "no N split")])
 
 
 def _heldout_gap_errors(df: pd.DataFrame, cand: Candidate, split: Split, loss_column: str, ref: np.ndarray,
@@ -270,24 +314,25 @@ def _heldout_gap_errors(df: pd.DataFrame, cand: Candidate, split: Split, loss_co
     gap), or the reason it could not be done. Gaps from fewer than two runs are not used: one run's
     error has no standard error."""
     train = df[split.train]
+    below = f"fitted below {split.key} = {_short(split.threshold)}"
     reason = fit.unfittable_reason(train, cand.law, cand.fixed, loss_column)
     if reason:
-        return f"without the runs at the largest {split.by}: {reason}"
+        return f"{below}: {reason}"
     pos, measured = _gaps(pd.to_numeric(df[loss_column]).to_numpy(float), ids, ref, split.scored)
     if len(pos) == 0:
-        return f"no row at the largest {split.by} has a matching reference run"
+        return f"no row with {split.key} >= {_short(split.threshold)} has a matching reference run"
     if len(np.unique(_run_ids(df)[pos])) < 2:
-        return f"the held-out gaps at the largest {split.by} come from one run: no standard error, not used"
+        return f"the held-out gaps at {split.key} >= {_short(split.threshold)} come from one run: no standard error, not used"
     try:
         fitted = fit.fit_law(train, cand.law, fixed=cand.fixed, loss_column=loss_column, **fit_kwargs)
     except ConfigError as e:
-        return f"without the runs at the largest {split.by}: {e}"
+        return f"{below}: {e}"
     needed = split.scored | (ref & np.isin(ids, ids[pos]))  # a per-recipe law predicts only recipes it saw
     values = np.full(len(df), np.nan)
     try:
         values[needed] = fitted.predict(df[needed])
     except ConfigError as e:
-        return f"without the runs at the largest {split.by}: {e}"
+        return f"{below}: {e}"
     _, predicted = _gaps(values, ids, ref, split.scored)
     return pos, predicted - measured
 
@@ -387,8 +432,8 @@ def _evaluate(df: pd.DataFrame, cand: Candidate, splits: Sequence[Split] | str, 
 
 
 def select(df: pd.DataFrame, candidates: Sequence[str] | None, loss_column: str = "val_loss",
-           reference: str | None = None, fit_kwargs: Mapping[str, Any] | None = None
-           ) -> tuple[dict[str, Any], dict[str, FitResult]]:
+           reference: str | None = None, fit_kwargs: Mapping[str, Any] | None = None, *,
+           resamples: int = STABILITY_RESAMPLES) -> tuple[dict[str, Any], dict[str, FitResult]]:
     """select_law's summary plus the full-data FitResult of every fitted candidate (by name)."""
     fit_kwargs = fit_kwargs or {}
     for key in ("fixed", "bootstrap"):
@@ -416,6 +461,7 @@ def select(df: pd.DataFrame, candidates: Sequence[str] | None, loss_column: str 
             errors[cand.name] = errs
     tests: dict[str, Any] = {}
     chosen, criterion = _choose(entries, errors, clusters, _test_clusters(df), tests)
+    shares = stability(entries, errors, clusters, _test_clusters(df), resamples) if tests["splits"] else None
     used = tests.pop("splits", [])
     first = used[0] if used else None
     summary = {"chosen": chosen, "criterion": criterion, "loss_column": loss_column,
@@ -424,7 +470,9 @@ def select(df: pd.DataFrame, candidates: Sequence[str] | None, loss_column: str 
                "split": _describe_split(df, next((sp for sp in splits if sp.by == first), primary)),
                "split_details": [_describe_split(df, sp) for sp in splits],
                "split_notes": split_notes,
-               "noise_se": NOISE_SE, "clustered_by": clustered_by,
+               "noise_se": NOISE_SE, "clustered_by": clustered_by, "rule": TIE_RULE,
+               "stability": shares, "stability_resamples": resamples if shares else 0,
+               "stability_unit": "(N, seed) cell" if "N" in df.columns else "run",
                "bits_groups": {k: list(v) for k, v in BITS_GROUPS.items()},
                **tests,
                "within_noise": [e["name"] for e in entries if e.get("within_noise")],
@@ -466,16 +514,12 @@ def chosen_fit(df: pd.DataFrame, choice: dict[str, Any], fits: Mapping[str, FitR
 
 
 def _describe_split(df: pd.DataFrame, split: Split | str) -> dict[str, Any]:
-    """What was held out: the split, its smallest held-out value (the largest value for budget and N),
-    runs left out and rows fitted (or why none)."""
+    """What was held out: the split, its key and threshold (`value`), the rule in words (`label`), rows and
+    runs held out (a run counts if any of its rows is), rows scored, rows and runs fitted; or why none."""
     if isinstance(split, str):
         return {"by": None, "note": split}
-    if split.by in ("budget", "N"):
-        value = pd.to_numeric(df[split.by], errors="coerce").max()
-    else:
-        n, d = (pd.to_numeric(df[c], errors="coerce").to_numpy(float) for c in ("N", "D"))
-        value = float(np.min((n * d if split.by == "compute" else d / n)[split.scored]))
-    return {"by": split.by, "value": float(value), "held_runs": split.held_runs,
+    return {"by": split.by, "key": split.key, "value": split.threshold, "label": split.label,
+            "held_rows": split.held_rows, "held_runs": split.held_runs, "scored_rows": int(split.scored.sum()),
             "train_rows": int(split.train.sum()), "train_runs": int(len(np.unique(_run_ids(df)[split.train]))),
             "note": split.note}
 
@@ -548,27 +592,120 @@ def _sound_after_bootstrap(df: pd.DataFrame, choice: dict[str, Any], fits: Mappi
     return result  # every candidate is degenerate: the first, as chosen, says why
 
 
+def _ranked_splits(fitted: list[dict[str, Any]], errors: Mapping[str, dict]) -> tuple[list[str], list[dict[str, Any]]]:
+    """(the splits ranked on, the laws scored on each of them): the splits every scored law was scored on
+    (else the one most were), in the order the laws list them."""
+    scored = [e for e in fitted if errors.get(e["name"])]
+    if not scored:
+        return [], []
+    common = set.intersection(*(set(errors[e["name"]]) for e in scored))
+    if not common:
+        counts: dict[str, int] = {}
+        for e in scored:
+            for by in errors[e["name"]]:
+                counts[by] = counts.get(by, 0) + 1
+        common = {max(counts, key=counts.get)}
+    used = [by for by in dict.fromkeys(by for e in scored for by in errors[e["name"]]) if by in common]
+    return used, [e for e in scored if set(used) <= set(errors[e["name"]])]
+
+
+def _excess(e: dict, base: dict, errors: Mapping[str, dict], used: Sequence[str], clusters: np.ndarray) -> tuple[float, float]:
+    """(the split-averaged mean of |e's error| - |base's| on the same held-out rows, its SE clustered by
+    `clusters` across splits: pooled_mean_and_var; NaN with a single cluster)."""
+    parts = []
+    for by in used:
+        (pos, err), (pos_b, err_b) = errors[e["name"]][by], errors[base["name"]][by]
+        assert np.array_equal(pos, pos_b)  # held-out rows depend on the data only, not the law
+        parts.append((np.abs(err) - np.abs(err_b), clusters[pos]))
+    delta, var, _ = pooled_mean_and_var(parts)
+    return delta, float(np.sqrt(var))
+
+
+def _within_noise(delta: float, se: float) -> bool:
+    return bool(not np.isfinite(se) or delta <= NOISE_SE * se)
+
+
+def _simplest_within_noise(group: list[dict], errors: Mapping[str, dict], used: Sequence[str], clusters: np.ndarray) -> dict:
+    """TIE_RULE: among `group`, the laws within noise of the best score, the one with the fewest free params."""
+    best = min(group, key=lambda e: (e["score"], e["n_params"]))
+    close = [e for e in group if e is best or _within_noise(*_excess(e, best, errors, used, clusters))]
+    return min(close, key=lambda e: (e["n_params"], e["score"]))
+
+
+def _tester(errors: Mapping[str, dict], clusters: np.ndarray, used: Sequence[str]):
+    """(test(big, small, alpha): likelihood_test memoised with `beats` = p < alpha, the memo)."""
+    memo: dict[tuple, dict[str, Any]] = {}
+
+    def test(big: dict, small: dict, alpha: float = ALPHA) -> dict[str, Any]:
+        key = (big["name"], small["name"], alpha)
+        if key not in memo:
+            memo[key] = {"big": big["name"], "small": small["name"], "alpha": alpha,
+                         **likelihood_test(errors[big["name"]], errors[small["name"]], clusters, used)}
+            memo[key]["beats"] = bool(memo[key]["p_value"] is not None and memo[key]["p_value"] < alpha)
+        return memo[key]
+
+    return test, memo
+
+
+def _precision_step(entries: list[dict], sound: list[dict], errors: Mapping[str, dict], used: Sequence[str],
+                    clusters: np.ndarray, test, tests: dict[str, Any]) -> tuple[dict, str, dict | None]:
+    """Steps (2) and (3) of the module doc: (the law kept, how, the chinchilla entry tested against or None);
+    fills tests["precision_test"]."""
+    chin = next((e for e in sound if e.get("law") == "chinchilla" and e["name"] == "chinchilla"), None) or \
+        next((e for e in sound if e.get("law") == "chinchilla"), None)
+    precise = [e for e in sound if e.get("law") and laws.get(e["law"]).precision_axis]
+    top = _simplest_within_noise(precise or sound, errors, used, clusters)
+    best = min(precise or sound, key=lambda e: (e["score"], e["n_params"]))
+    how = ("the lowest mean held-out gap MAE" if top is best else
+           f"the fewest params within noise of the best score (`{best['name']}`)")
+    if not precise:
+        return top, how, chin
+    if chin is None:
+        listed = next((e for e in entries if e.get("law") == "chinchilla"), None)
+        why = ("no chinchilla candidate to test a precision term against" if listed is None else
+               f"`{listed['name']}` could not be fitted" if not listed["fittable"] else
+               f"`{listed['name']}` is degenerate ({listed['degenerate']})" if listed.get("degenerate") else
+               f"`{listed['name']}` was not scored on the held-out splits {', '.join(used)}")
+        tests["precision_test"] = {"verdict": None, "reason": why}
+        return top, how, None
+    pt = tests["precision_test"] = {**test(top, chin, ALPHA / len(precise)), "bonferroni": len(precise)}
+    pt["verdict"] = (f"`{top['name']}` beats `{chin['name']}` (no precision term)" if pt["beats"] else
+                     f"no law with a precision term beats `{chin['name']}`: it is chosen")
+    if pt["beats"]:
+        return top, f"the precision test, then {how}", chin
+    return chin, "the precision test (no precision law beats chinchilla)", chin
+
+
+def _nested_walk(chosen: dict, how: str, sound: list[dict], chin: dict | None, test) -> tuple[dict, str]:
+    """Step (4): the chosen law gives way to the law it nests unless it beats it at ALPHA, and to a law
+    nesting it that beats it at ALPHA (repeated; never down to chinchilla once the precision test said yes)."""
+    same = [e for e in sound if e.get("law")]
+    for _ in range(8):  # a chain of nested laws is short; each step is one test
+        law = laws.get(chosen["law"])
+        smaller = next((e for e in same if law.nests and e["law"] == law.nests and e["fixed"] == chosen["fixed"]
+                        and (e is not chin or chin is None)), None)
+        bigger = next((e for e in same if laws.get(e["law"]).nests == chosen["law"] and e["fixed"] == chosen["fixed"]), None)
+        if smaller is not None and not test(chosen, smaller)["beats"]:
+            chosen, how = smaller, f"the nested test (`{chosen['name']}` does not beat `{smaller['name']}`)"
+        elif bigger is not None and test(bigger, chosen)["beats"]:
+            chosen, how = bigger, f"the nested test (`{bigger['name']}` beats `{chosen['name']}`)"
+        else:
+            break
+    return chosen, how
+
+
 def _choose(entries: list[dict[str, Any]], errors: Mapping[str, Any], clusters: np.ndarray,
             test_clusters: np.ndarray | None = None, tests: dict[str, Any] | None = None) -> tuple[str | None, str]:
-    """Choose a law and mark every law within noise of it; returns (chosen, criterion) and fills `tests`
-    (precision_test, nested_tests, choice_rule, splits: those ranked on).
+    """Choose a law (the module doc's steps) and mark every law within noise of it; returns (chosen,
+    criterion) and fills `tests` (precision_test, nested_tests, choice_rule, splits: those ranked on).
 
-    errors: name -> {split: (positions, held-out gap errors)} (or one (positions, errors) pair). The splits
-    ranked on are those every scored law was scored on (else the one most were). Score: the mean over
-    them of each split's held-out gap MAE. Then:
-    1. precision test: the best-scoring sound law with a precision term against the `chinchilla`
-       candidate (likelihood_test, clustered by `test_clusters`); unless it beats chinchilla at ALPHA,
-       chinchilla is chosen. Without a chinchilla candidate this step is skipped.
-    2. otherwise the best-scoring sound law with a precision term (the best-scoring sound law where
-       there is no precision test); a degenerate full-data fit (fit.degenerate_reason) is scored but
-       chosen only when every law is;
-    3. nested laws (Law.nests, same fixed params): the chosen law gives way to the law it nests unless it
-       beats it at ALPHA, and to a law nesting it that beats it at ALPHA (repeated; never down to
-       chinchilla once the precision test said yes).
-    within_noise: for each scored law k, Delta = the split-averaged mean of |e_k| - |e_chosen| on the
-    same rows, SE clustered by `clusters` (recipes) across splits (pooled_mean_and_var); within noise if
-    Delta <= NOISE_SE · SE (negative Delta: better than the chosen, within noise); with a single cluster
-    every scored law is. The chosen law is always within noise.
+    errors: name -> {split: (positions, held-out gap errors)} (or one (positions, errors) pair);
+    `clusters` (recipes) cluster the MAE comparisons, `test_clusters` ((N, seed) cells; default
+    `clusters`) the likelihood tests. Without a chinchilla candidate there is no precision test; where no
+    law has a precision term the tie rule runs over every sound law. A degenerate full-data fit
+    (fit.degenerate_reason) is scored but chosen only when every law is. Without held-out gaps: the sound
+    fit with the lowest AIC. within_noise: for each scored law, its excess over the chosen one (_excess)
+    <= NOISE_SE · SE (negative: better than the chosen, within noise; a single cluster: every law is).
     """
     tests = {} if tests is None else tests
     tests.update({"precision_test": None, "nested_tests": [], "choice_rule": CHOICE_RULE, "splits": []})
@@ -576,20 +713,7 @@ def _choose(entries: list[dict[str, Any]], errors: Mapping[str, Any], clusters: 
     errors = {k: _as_splits(v) for k, v in errors.items()}
     for e in entries:
         e["within_noise"], e["score"], e["gap_mae_diff"] = False, None, None
-    scored = [e for e in fitted if errors.get(e["name"])]
-    if scored:
-        common = set.intersection(*(set(errors[e["name"]]) for e in scored))
-        if not common:
-            counts: dict[str, int] = {}
-            for e in scored:
-                for by in errors[e["name"]]:
-                    counts[by] = counts.get(by, 0) + 1
-            common = {max(counts, key=counts.get)}
-        order = [by for e in scored for by in errors[e["name"]]]
-        used = [by for by in dict.fromkeys(order) if by in common]
-        ranked = [e for e in scored if set(used) <= set(errors[e["name"]])]
-    else:
-        used, ranked = [], []
+    used, ranked = _ranked_splits(fitted, errors)
     tests["splits"] = used
     if not ranked:
         if not fitted:
@@ -600,75 +724,68 @@ def _choose(entries: list[dict[str, Any]], errors: Mapping[str, Any], clusters: 
                               "degenerate fits only where every fit is)")
     for e in ranked:
         e["score"] = float(np.mean([np.mean(np.abs(errors[e["name"]][by][1])) for by in used]))
-    test_clusters = clusters if test_clusters is None else test_clusters
     sound = [e for e in ranked if not e.get("degenerate")] or ranked
-    best = min(sound, key=lambda e: (e["score"], e["n_params"]))
-    memo: dict[tuple[str, str], dict[str, Any]] = {}
-
-    def test(big: dict, small: dict) -> dict[str, Any]:
-        key = (big["name"], small["name"])
-        if key not in memo:
-            memo[key] = {"big": big["name"], "small": small["name"], "alpha": ALPHA,
-                         **likelihood_test(errors[big["name"]], errors[small["name"]], test_clusters, used)}
-            p = memo[key]["p_value"]
-            memo[key]["beats"] = bool(p is not None and p < ALPHA)
-        return memo[key]
-
-    chosen, how = best, "the lowest mean held-out gap MAE"
-    chin = next((e for e in sound if e.get("law") == "chinchilla" and e["name"] == "chinchilla"), None) or \
-        next((e for e in sound if e.get("law") == "chinchilla"), None)
-    precise = [e for e in sound if e.get("law") and laws.get(e["law"]).precision_axis]
-    if chin is not None and precise:
-        top = min(precise, key=lambda e: (e["score"], e["n_params"]))
-        pt = tests["precision_test"] = test(top, chin)
-        pt["verdict"] = (f"`{top['name']}` beats `{chin['name']}` (no precision term)" if pt["beats"] else
-                         f"no law with a precision term beats `{chin['name']}`: it is chosen")
-        chosen, how = (top, "the precision law with the lowest mean held-out gap MAE") if pt["beats"] else \
-            (chin, "the precision test (no precision law beats chinchilla)")
-    elif precise and chin is None:
-        listed = next((e for e in entries if e.get("law") == "chinchilla"), None)
-        why = ("no chinchilla candidate to test a precision term against" if listed is None else
-               f"`{listed['name']}` could not be fitted" if not listed["fittable"] else
-               f"`{listed['name']}` is degenerate ({listed['degenerate']})" if listed.get("degenerate") else
-               f"`{listed['name']}` was not scored on the held-out splits {', '.join(used)}")
-        tests["precision_test"] = {"verdict": None, "reason": why}
+    test, memo = _tester(errors, clusters if test_clusters is None else test_clusters, used)
+    chosen, how, chin = _precision_step(entries, sound, errors, used, clusters, test, tests)
     if chosen.get("law") and (chosen is not chin or chin is None):
-        same = {e["name"]: e for e in sound if e.get("law")}
-        for _ in range(8):  # a chain of nested laws is short; each step is one test
-            law = laws.get(chosen["law"])
-            smaller = next((e for e in same.values() if law.nests and e["law"] == law.nests and e["fixed"] == chosen["fixed"]
-                            and (e is not chin or chin is None)), None)
-            bigger = next((e for e in same.values() if laws.get(e["law"]).nests == chosen["law"] and e["fixed"] == chosen["fixed"]), None)
-            if smaller is not None and not test(chosen, smaller)["beats"]:
-                chosen, how = smaller, f"the nested test (`{chosen['name']}` does not beat `{smaller['name']}`)"
-                continue
-            if bigger is not None and test(bigger, chosen)["beats"]:
-                chosen, how = bigger, f"the nested test (`{bigger['name']}` beats `{chosen['name']}`)"
-                continue
-            break
-    tests["nested_tests"] = [t for k, t in memo.items() if tests["precision_test"] is not t]
-    c_errs = errors[chosen["name"]]
+        chosen, how = _nested_walk(chosen, how, sound, chin, test)
+    pt = tests["precision_test"] or {}
+    tests["nested_tests"] = [t for t in memo.values() if (t["big"], t["small"], t["alpha"]) != (pt.get("big"), pt.get("small"), pt.get("alpha"))]
     for e in ranked:
-        parts = []
-        for by in used:
-            pos, err = errors[e["name"]][by]
-            pos_c, err_c = c_errs[by]
-            assert np.array_equal(pos, pos_c)  # held-out rows depend on the data only, not the law
-            parts.append((np.abs(err) - np.abs(err_c), clusters[pos]))
-        delta, var, _ = pooled_mean_and_var(parts)
-        se = float(np.sqrt(var))
+        delta, se = _excess(e, chosen, errors, used, clusters)
         e["gap_mae_diff"] = {"value": delta, "se": _finite(se)}
-        e["within_noise"] = bool(e is chosen or not np.isfinite(se) or delta <= NOISE_SE * se)
-    labels = ", ".join(used)
-    return chosen["name"], f"heldout_gap_mae (mean over the held-out splits {labels}; chosen by {how})"
+        e["within_noise"] = e is chosen or _within_noise(delta, se)
+    return chosen["name"], f"heldout_gap_mae (mean over the held-out splits {', '.join(used)}; chosen by {how})"
 
 
-CHOICE_RULE = ("score = mean over the held-out splits (largest compute budget, largest N, largest D/N; whole runs "
-               "left out) of the held-out precision-gap MAE; precision test: the best-scoring sound law with a "
-               "precision term vs chinchilla, a held-out likelihood ratio clustered by (N, seed), one-sided at "
-               f"{ALPHA:g}: if it does not beat chinchilla, chinchilla is chosen; else that law, and nested laws "
-               "(kumar within kumar_data) by the same test; within noise: excess MAE over the chosen law <= "
-               f"{NOISE_SE:g} recipe-clustered SEs; degenerate fits scored, never chosen while a sound one exists")
+CHOICE_RULE = ("score = mean over the held-out splits (largest compute budget, largest N, largest D/N; every row at "
+               "or beyond each threshold left out) of the held-out precision-gap MAE; " + TIE_RULE + "; precision "
+               "test: that law vs chinchilla, a held-out likelihood ratio clustered by (N, seed), one-sided at "
+               f"{ALPHA:g}/K over the K sound precision laws it was picked among (Bonferroni): if it does not beat "
+               "chinchilla, chinchilla is chosen; nested laws (kumar within kumar_data) by the same test at "
+               f"{ALPHA:g}; within noise: excess MAE over the chosen law <= {NOISE_SE:g} recipe-clustered SEs; "
+               "degenerate fits scored, never chosen while a sound one exists")
+
+
+def _resample(errors: Mapping[str, dict], cells: np.ndarray, draw: np.ndarray, n: int) -> dict[str, dict]:
+    """The held-out errors of a cluster resample: the rows of each drawn cell, the j-th draw's rows at
+    positions j·n + pos (a cell drawn twice counts as two clusters)."""
+    out: dict[str, dict] = {name: {} for name in errors}
+    for by in {by for errs in errors.values() for by in errs}:
+        pos = next(errs[by][0] for errs in errors.values() if by in errs)
+        rows = [(j, np.flatnonzero(cells[pos] == c)) for j, c in enumerate(draw)]
+        take = np.concatenate([r for _, r in rows])
+        if len(take) == 0:
+            continue  # no drawn cell has a row in this split
+        new_pos = np.concatenate([j * n + pos[r] for j, r in rows])
+        for name, errs in errors.items():
+            if by in errs:
+                out[name][by] = (new_pos, errs[by][1][take])
+    return out
+
+
+def stability(entries: list[dict[str, Any]], errors: Mapping[str, dict], clusters: np.ndarray, cells: np.ndarray,
+              resamples: int = STABILITY_RESAMPLES, seed: int = 0) -> dict[str, float] | None:
+    """How often each scored law is chosen when the (N, seed) cells (`cells`, one per row of the table) of
+    the held-out rows are resampled with replacement `resamples` times, the whole choice (_choose) repeated
+    on each resample's errors (no refit): {name: share}, every scored law listed; None without held-out
+    errors or resamples."""
+    errors = {k: _as_splits(v) for k, v in errors.items()}
+    if not resamples or not errors:
+        return None
+    n = len(cells)
+    _, cells = np.unique(cells, return_inverse=True)
+    present = np.unique(np.concatenate([pos for errs in errors.values() for pos, _ in errs.values()]))
+    pool = np.unique(cells[present])
+    wide_clusters, wide_cells = np.tile(clusters, len(pool)), np.repeat(np.arange(len(pool)), n)
+    rng = np.random.default_rng(seed)
+    wins = {e["name"]: 0 for e in entries if e["name"] in errors}
+    for _ in range(resamples):
+        resampled = _resample(errors, cells, rng.choice(pool, size=len(pool), replace=True), n)
+        chosen, _ = _choose([dict(e) for e in entries], resampled, wide_clusters, wide_cells)
+        if chosen is not None:
+            wins[chosen] = wins.get(chosen, 0) + 1
+    return {name: count / resamples for name, count in sorted(wins.items(), key=lambda kv: -kv[1])}
 
 
 def _describe_reference(df: pd.DataFrame, ref: np.ndarray) -> dict[str, Any]:
@@ -694,32 +811,33 @@ def _json_safe(obj: Any) -> Any:
 
 
 def select_law(df: pd.DataFrame, candidates: Sequence[str] | None = None, loss_column: str = "val_loss",
-               reference: str | None = None, **fit_kwargs: Any) -> dict[str, Any]:
+               reference: str | None = None, *, resamples: int = STABILITY_RESAMPLES, **fit_kwargs: Any) -> dict[str, Any]:
     """Fit every candidate law and rank them by how well they predict held-out *precision gaps*.
 
     candidates: names or variants ('kumar', 'kumar[kappa free]', 'kumar[kappa=2]'); default: every
         registered law plus each with its default-fixed params freed (default_candidates()).
     reference: the high-precision recipe (a `recipe` value); default: the rows with the largest P.
+    resamples: cluster resamples for `stability` (0: none).
     fit_kwargs: passed to fit_law (init, iters, polish, ...); an `init` grid applies to every law that
         has those params.
 
     A gap is a row's loss minus the loss of the reference run with the same (N, D, seed if present);
-    the law's predicted gap is law(x) - law(x_ref). The held-out split (heldout_split) is the largest
-    compute budget (`budget`), or the largest size (N) in a table without budgets: each law is fitted
-    without every run that has a row at the held-out points and predicts the gaps there (rows without
-    a matching reference are dropped; the count is n_heldout; gaps from fewer than two runs are not
-    used). `chosen` has the lowest held-out gap MAE (nats); `within_noise` lists every law whose excess
-    over it is within NOISE_SE standard errors clustered by recipe (see _choose): the data do not
-    decide among those. Also per law: AIC with n = number of runs, in-sample MARE of the loss, params;
-    and the chosen law's held-out gap errors per recipe (heldout_errors_by_recipe). Laws that cannot be
-    fitted are listed with the reason.
+    the law's predicted gap is law(x) - law(x_ref). On each strict split (heldout_splits) a law is fitted
+    on the rows below the threshold and predicts the held-out gaps (rows without a matching reference are
+    not scored; the count is n_heldout; gaps from fewer than two runs are not used). The choice is the
+    module doc's; `within_noise` lists every law whose excess over the chosen one is within NOISE_SE
+    standard errors clustered by recipe: the data do not decide among those. Also per law: AIC with n =
+    number of runs, in-sample MARE of the loss, params; and the chosen law's held-out gap errors per
+    recipe (heldout_errors_by_recipe). Laws that cannot be fitted are listed with the reason.
 
-    Returns {"chosen": name or None, "criterion", "loss_column", "reference", "splits": [by] or [],
-    "split": {by, value, held_runs, train_rows, train_runs, note}, "noise_se", "clustered_by",
-    "within_noise": [names], "chosen_residuals": [{recipe, n, runs, mean, ci}, ...],
-    "candidates": [{name, law, fixed, fittable, reason, n_params, aic, mare, objective,
-    heldout_gap_mae: {by}, n_heldout: {by}, heldout_notes, score, gap_mae_diff: {value, se},
-    within_noise, params, degenerate (why the full-data fit is degenerate, or None)}, ...]} (unfittable entries: name, law, fixed, fittable False, reason,
-    within_noise False, score None, gap_mae_diff None).
+    Returns {"chosen": name or None, "criterion", "choice_rule", "rule" (TIE_RULE), "loss_column",
+    "reference", "splits": [by] or [], "split" (the first) and "split_details": [{by, key, value (the
+    threshold), label, held_rows, held_runs, scored_rows, train_rows, train_runs, note}], "split_notes",
+    "precision_test", "nested_tests", "noise_se", "clustered_by", "stability": {name: share} or None,
+    "stability_resamples", "stability_unit", "within_noise": [names], "chosen_residuals": [{recipe, n,
+    runs, mean, ci}, ...], "candidates": [{name, law, fixed, fittable, reason, n_params, aic, mare,
+    objective, heldout_gap_mae: {by}, n_heldout: {by}, heldout_notes, score, gap_mae_diff: {value, se},
+    within_noise, params, degenerate (why the full-data fit is degenerate, or None)}, ...]} (unfittable
+    entries: name, law, fixed, fittable False, reason, within_noise False, score None, gap_mae_diff None).
     """
-    return select(df, candidates, loss_column, reference, fit_kwargs)[0]
+    return select(df, candidates, loss_column, reference, fit_kwargs, resamples=resamples)[0]
