@@ -6,15 +6,17 @@ results hold; its runs must not have landed yet (a prediction made after the dat
 are fitted on the results of the same sweep, the prediction written as JSON for the history and the report.
 
 `scaling predict --rows TABLE.csv --results RESULTS.csv [--law NAME] -o OUT.csv`: predict any runs
-(scaling.study.analysis.prediction.calibrate.predict_table): each row (N, D, recipe; the recipe must have runs in the
-results) gets the law's loss with a calibrated interval (the law's resamples, a shared shift measured by
-backtests inside the results' budgets, per-recipe and row terms), its gap to the reference recipe's row
-at the same (N, D) and P(best) among those rows; OUT.json beside it holds the law and the calibration.
+(scaling.study.analysis.prediction.table.predict_table): each row (N, D, recipe; the recipe must have runs in the
+results; a `budget` column is not needed) gets the loss and interval of the predictor that won the
+results' own backtests on CRPS (calibrate.choose: the law's bootstrap, the law shifted by the latest
+backtest's mean miss, or the calibrated one), its gap to the reference recipe's row at the same (N, D)
+and P(best) among those rows; OUT.json beside it holds the law, the choice and the calibration.
 
-`scaling predict --backtest --results RESULTS.csv [--law NAME] -o OUT.json`: score the method on the
-results' own budgets (scaling.study.analysis.prediction.calibrate.backtest_all): every pair of budgets, fitted on the lower
-and scored on the higher, with the old and the calibrated intervals (each calibrated only on the pairs
-inside its own fitted budgets). A study's report reads the JSON (paper_figures/reference_study.py).
+`scaling predict --backtest --results RESULTS.csv [--law NAME] -o OUT.json`: score the predictors on the
+results' own backtests (scaling.study.analysis.prediction.calibrate.backtest_all): every pair of budgets
+(fit the lower, score the higher) and every size threshold (fit the smaller N, score the larger), each
+predictor calibrated only on the backtests inside its own fitted data, with coverage, CRPS and the 95%
+interval score, and the winner. A study's report reads the JSON (paper_figures/reference_study.py).
 """
 
 from __future__ import annotations
@@ -30,10 +32,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("experiment", nargs="?", default=None,
                         help="the held-out IsoFLOP design (an experiment TOML with one budget); not with --rows")
     parser.add_argument("--rows", default=None,
-                        help="a CSV of runs to predict (columns N, D, recipe): writes each row's loss with its "
-                             "calibrated interval to -o OUT.csv (needs --results)")
+                        help="a CSV of runs to predict (columns N, D, recipe): writes each row's loss with the "
+                             "interval of the predictor that won the backtests to -o OUT.csv (needs --results)")
     parser.add_argument("--backtest", action="store_true",
-                        help="score the calibrated predictor on every pair of the results' budgets: writes -o OUT.json "
+                        help="score the predictors on the results' backtests along compute and N: writes -o OUT.json "
                              "(needs --results)")
     parser.add_argument("--law", default=None,
                         help="with --rows: the law to fit, e.g. sun or 'kumar[kappa free]' (default: chosen by "
@@ -123,14 +125,23 @@ def _backtest(args: argparse.Namespace) -> int:
     found = calibrate.backtest_all(rows, args.law, candidates=args.candidate or None, bootstrap=args.bootstrap,
                                    seed=args.seed)
     atomic_write_json(Path(args.out), {"results": str(args.results), **found})
-    for p in found["pairs"]:
-        old, cal = p["old"], p["calibrated"]
-        said = (f"calibrated {cal['inside']}/{cal['n']} rows inside (width {cal['mean_width']:.3f}), gaps "
-                f"{cal['gap_inside']}/{cal['gap_n']}" if cal.get("available") else f"calibrated: {cal.get('reason')}")
-        print(f"{p['fit_budget']:g} -> {p['target_budget']:g}: {p['n']} rows, law mean error {p['mean_error']:+.3f}; "
-              f"old {old['inside']}/{old['n']} inside (width {old['mean_width']:.3f}); {said}")
+    for p in found["pairs"] + found["sizes"]:
+        said = "; ".join(f"{n} CRPS {s['crps']:.4f} 95% {s['coverage']['0.95']:.0%} (width {s['width']:.3f})"
+                         for n, s in p["scores"].items())
+        chosen = f"; chosen {p['chosen']['predictor']}" if p.get("chosen") else ""
+        print(f"{p['label']}: {p['n']} rows, law mean error {p['mean_error']:+.3f}; {said}{chosen}")
+    print(_choice_line(found["choice"]))
     print(f"-> {args.out}")
     return 0
+
+
+def _choice_line(choice: dict) -> str:
+    """Which predictor won the backtests on CRPS, and by how much, in one line."""
+    if not choice["n"]:
+        return f"predictor: {choice['winner']} ({choice['rule']})"
+    return (f"predictor: {choice['winner']}, CRPS {choice['crps'][choice['winner']]:.4f} against "
+            f"{choice['runner_up']} {choice['crps'][choice['runner_up']]:.4f} ({choice['relative']:.0%} lower) over "
+            f"{choice['n']} backtest(s) ({choice['rule']})")
 
 
 def _rows(args: argparse.Namespace) -> int:
@@ -151,7 +162,7 @@ def _rows(args: argparse.Namespace) -> int:
 
     from scaling._io import atomic_write_json, atomic_write_text
     from scaling.study.analysis import isoflop as analysis, selection
-    from scaling.study.analysis.prediction import calibrate
+    from scaling.study.analysis.prediction import table as table_lib
     from scaling.study.sweeps import results
 
     if args.law is not None:
@@ -161,22 +172,23 @@ def _rows(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as e:
         raise ConfigError("--rows", str(rows_path), f"a readable CSV with columns N, D, recipe ({e})") from None
     found = analysis.study_part(results.checked(results.load(results_path)), "main")
-    out, facts = calibrate.predict_table(found, table, args.law, candidates=args.candidate or None,
+    out, facts = table_lib.predict_table(found, table, args.law, candidates=args.candidate or None,
                                          bootstrap=args.bootstrap, seed=args.seed)
     path = Path(args.out)
     side = path.with_suffix(".json")
     atomic_write_json(side, {"rows": str(rows_path), "results": str(results_path), **facts})
     atomic_write_text(path, out.to_csv(index=False))
     cal = facts["calibration"]
-    tau = f"{cal['tau']:.3f} nats per decade from {cal['k']} backtest(s)" if cal["tau"] is not None else "not estimable"
+    shift = (f"shift {cal['shift']:+.3f} nats per decade from the fitted data ({cal['k']} backtest(s))"
+             if cal["shift"] is not None else "no backtest to calibrate on")
     fixed = ", ".join(f"{k}={v:g}" for k, v in facts["fixed"].items())
     print(f"law {facts['law']}{f'[{fixed}]' if fixed else ''} fitted on {results_path} ({'budgets ' + ', '.join(f'{b:g}' for b in facts['budgets']) if facts['budgets'] else 'no budget labels'}); "
-          f"shared shift {tau}")
+          f"{shift}")
+    print(_choice_line(facts["choice"]))
     for note in facts["notes"]:
         print(f"  note: {note}")
     for r in out.itertuples():
-        band = (f"{r.level:.0%} PI {r.loss_lo:.4f}-{r.loss_hi:.4f}" if r.interval == "calibrated"
-                else f"uncalibrated {r.level:.0%} PI {r.old_lo:.4f}-{r.old_hi:.4f} (law and noise only: see the note)")
-        print(f"  {r.recipe:<14} N {r.N:.3g} D {r.D:.3g}: {r.loss:.4f}  {band}")
+        print(f"  {r.recipe:<14} N {r.N:.3g} D {r.D:.3g}: {r.loss:.4f}  {r.level:.0%} PI {r.loss_lo:.4f}-{r.loss_hi:.4f} "
+              f"({r.predictor})")
     print(f"-> {path} (+ {side.name})")
     return 0

@@ -3,11 +3,8 @@ law (chinchilla with its exponents held at the truth, so one budget identifies i
 per-recipe offsets, a shared extrapolation shift that grows with log compute (a random walk in
 log10 C: each step between budgets N(0, (tau·decades)^2), one draw per dataset) and row noise.
 
-Coverage is judged over many datasets because the shared shift is one draw per dataset: the rows of a
-dataset are covered or missed together. The fits here skip the bootstrap (its compilation alone costs
-~10 s; tests/cli/test_predict_rows.py runs it). With one backtest below the top budget the shared
-term's tail is t with 1 dof: on these datasets a normal of the same scale covers about 60% of the
-rows (the Cauchy ratio of two draws), t_1 all of them; the old intervals about a quarter."""
+The fits here skip the bootstrap (its compilation alone costs ~10 s; tests/cli/test_predict_rows.py runs
+it). Coverage and proper scores of the predictors on known truths: tests/study/test_predict_scores.py."""
 
 from __future__ import annotations
 
@@ -16,7 +13,7 @@ import pandas as pd
 import pytest
 
 from scaling.errors import ConfigError
-from scaling.study.analysis.prediction import calibrate
+from scaling.study.analysis.prediction import calibrate, table as table_lib
 from scaling.study.analysis import laws
 
 TRUTH = dict(E=1.8, A=400.0, B=2000.0, alpha=0.34, beta=0.36)
@@ -55,7 +52,7 @@ def replicates():
     for seed in range(DATASETS):
         df, shifts = synthetic(seed)
         out.append((shifts, calibrate.backtest_pair(df, BUDGETS[1], BUDGETS[2], LAW, bootstrap=0, fit_kwargs=FIT_KWARGS,
-                                                    draws=1500, seed=seed)))
+                                                    draws=1500, seed=seed, nested=False)))
     return out
 
 
@@ -63,21 +60,6 @@ def _top(result):
     if "pairs" not in result:
         return result
     return next(p for p in result["pairs"] if p["fit_budget"] == BUDGETS[1] and p["target_budget"] == BUDGETS[2])
-
-
-@pytest.mark.slow
-def test_calibrated_intervals_cover_a_shared_shift_at_their_nominal_rate_and_the_old_ones_do_not(replicates):
-    """The top budget predicted from the two below, calibrated on the backtest inside them: over the
-    datasets the calibrated 95% intervals hold about 95% of the rows; the old ones (law + in-sample
-    lack of fit, independent per row) miss most rows of every dataset whose shift is large."""
-    tops = [_top(r) for _, r in replicates]
-    assert all(t["calibrated"]["available"] for t in tops)
-    calibrated = sum(t["calibrated"]["inside"] for t in tops) / sum(t["calibrated"]["n"] for t in tops)
-    old = sum(t["old"]["inside"] for t in tops) / sum(t["old"]["n"] for t in tops)
-    assert calibrated >= 0.88, calibrated
-    assert old <= 0.6, old
-    # and not by being uselessly wide in every dataset: the planted shift's own spread is tau·0.5 = 0.06
-    assert np.median([t["calibrated"]["mean_width"] for t in tops]) < 1.5
 
 
 @pytest.mark.slow
@@ -105,22 +87,41 @@ def test_ranks_follow_the_recipe_correction_and_the_old_draws_only_guess(replica
     assert np.mean([t["old"]["rank_p_measured"] for t in tops]) < 0.35
 
 
-def test_every_pair_is_scored_and_one_with_no_backtest_below_it_says_so_in_words():
-    """backtest_all: all three pairs; fitted on one budget there is no backtest to calibrate on, so no
-    calibrated interval, a reason instead; the top pair is calibrated on the pair inside its budgets."""
+def test_every_backtest_is_scored_and_one_with_nothing_inside_says_so_in_words():
+    """backtest_all: all three budget pairs and the size thresholds; a pair fitted on one budget is
+    calibrated on the size backtests inside that budget alone; every predictor scored where it can be
+    built, the winner named with its margin; the top pair's shifted baseline moves by the latest budget
+    backtest's mean miss."""
     df, _ = synthetic(0)
-    result = calibrate.backtest_all(df, LAW, bootstrap=0, fit_kwargs=FIT_KWARGS, draws=500)
+    result = calibrate.backtest_all(df, LAW, bootstrap=0, fit_kwargs=FIT_KWARGS, draws=300, nested=False)
     assert [(p["fit_budget"], p["target_budget"]) for p in result["pairs"]] == [
         (BUDGETS[0], BUDGETS[1]), (BUDGETS[0], BUDGETS[2]), (BUDGETS[1], BUDGETS[2])]
+    assert [p["kind"] for p in result["sizes"]] == ["size"] * len(result["sizes"]) and result["sizes"]
     for p in result["pairs"][:2]:
-        assert p["calibrated"]["available"] is False
-        assert "no backtest" in p["calibrated"]["reason"]
-        assert "coverage" not in p["calibrated"]
-        assert p["old"]["coverage"] is not None and p["n"] == len(RECIPES) * len(SIZES)
+        assert all(k.startswith("N >= ") for k in p["calibrated"]["calibrated_on"])
     top = _top(result)
-    assert top["calibrated"]["calibrated_on"] == [[BUDGETS[0], BUDGETS[1]]]
-    assert top["calibrated"]["calibration"]["k"] == 1
-    assert top["calibrated"]["calibration"]["shared"] == [pytest.approx(result["pairs"][0]["shared"])]
+    assert top["calibrated"]["calibration"]["latest"] == f"C {BUDGETS[0]:.3g} -> {BUDGETS[1]:.3g}"
+    assert top["shifted"]["shift"] == pytest.approx(result["pairs"][0]["mean_error"])
+    for p in result["pairs"] + result["sizes"]:
+        assert p["old"]["available"] and set(p["scores"]) <= set(calibrate.PREDICTORS)
+        assert p["winner"] == min(p["scores"], key=lambda n: p["scores"][n]["crps"])
+    choice = result["choice"]
+    assert choice["winner"] in calibrate.PREDICTORS and choice["n"] >= 1 and choice["margin"] >= 0
+    # one budget of three sizes: no backtest either way, one line that says so
+    small = df[(df["budget"] == BUDGETS[0]) & df["N"].isin(sorted(df["N"].unique())[:3])]
+    with pytest.raises(ConfigError, match="a backtest can split"):
+        calibrate.backtest_all(small, LAW, bootstrap=0, fit_kwargs=FIT_KWARGS)
+
+
+def test_size_backtests_hold_out_every_row_at_or_beyond_their_threshold():
+    """A size backtest fits only rows below its threshold and scores every row at or above it."""
+    from scaling.study.analysis.prediction import backtest
+
+    df, _ = synthetic(0)
+    for t in backtest.size_thresholds(df):
+        fit, target = backtest.size_split(df, t)
+        assert (df.loc[fit, "N"] < t).all() and (df.loc[target, "N"] >= t).all() and (fit | target).all()
+        assert df.loc[fit, "N"].nunique() >= max(backtest.MIN_SIZES, df["N"].nunique() / 2)
 
 
 def test_the_decomposition_recovers_a_planted_shared_shift_and_per_recipe_offsets():
@@ -129,7 +130,8 @@ def test_the_decomposition_recovers_a_planted_shared_shift_and_per_recipe_offset
     law's in-sample misfit per recipe (the correction a calibrated prediction weighs in) the same."""
     recipes = {"bf16": (16, 0.0), "fp8": (8, 0.03), "fp4": (4, 0.06)}  # symmetric: the law's robust fit centres on the mean
     df, _ = synthetic(1, noise=0.0005, recipes=recipes, shifts=(0.0, 0.0, 0.08))
-    top = calibrate.backtest_pair(df, BUDGETS[1], BUDGETS[2], LAW, bootstrap=0, fit_kwargs=FIT_KWARGS, draws=500)
+    top = calibrate.backtest_pair(df, BUDGETS[1], BUDGETS[2], LAW, bootstrap=0, fit_kwargs=FIT_KWARGS, draws=500,
+                                  nested=False)
     assert top["shared"] == pytest.approx(0.08, abs=0.01)
     mean = np.mean([o for _, o in recipes.values()])
     for recipe, (_, offset) in recipes.items():
@@ -166,27 +168,41 @@ def test_predict_table_gives_each_row_an_interval_a_gap_and_p_best():
     df, _ = synthetic(3)
     n = 2e7
     table = pd.DataFrame({"N": [n] * 4 + [n], "D": [1e9] * 4 + [1e8], "recipe": ["bf16", "fp8", "fp6", "fp4", "bf16"]})
-    out, facts = calibrate.predict_table(df, table, LAW, bootstrap=0, fit_kwargs=FIT_KWARGS, draws=1500)
-    assert facts["calibration"]["k"] == 3 and facts["calibration"]["tau"] > 0
-    assert (out["interval"] == "calibrated").all()
+    out, facts = table_lib.predict_table(df, table, LAW, bootstrap=0, fit_kwargs=FIT_KWARGS, draws=1500,
+                                         predictor="calibrated")
+    assert facts["calibration"]["k"] == 2 and facts["calibration"]["shift"] != 0  # the planted random walk in C
+    assert facts["predictor"] == "calibrated" and facts["choice"]["winner"] in calibrate.PREDICTORS
+    assert (out["interval"] == "calibrated").all() and (out["predictor"] == "calibrated").all()
     assert ((out["loss_lo"] < out["loss"]) & (out["loss"] < out["loss_hi"])).all()
     assert out.loc[0, "distance"] > 0 and out.loc[4, "distance"] == 0
     assert out.loc[0, "loss_hi"] - out.loc[0, "loss_lo"] > out.loc[4, "loss_hi"] - out.loc[4, "loss_lo"]
+    shift = facts["calibration"]["shift"] * out.loc[0, "distance"]  # beyond the data the shift, inside (row 4) none
+    assert (out.loc[0, "loss"] - out.loc[0, "law_loss"]) - (out.loc[4, "loss"] - out.loc[4, "law_loss"]) == pytest.approx(shift)
     fp8 = out.loc[1]
     assert fp8["gap_reference"] == "bf16" and fp8["gap_hi"] - fp8["gap_lo"] < fp8["loss_hi"] - fp8["loss_lo"]
     assert out.loc[:3, "p_best"].sum() == pytest.approx(1.0)
     assert np.isnan(out.loc[4, "p_best"])
     with pytest.raises(ConfigError, match="recipe: got 'mxfp4'"):
-        calibrate.predict_table(df, table.assign(recipe="mxfp4"), LAW, bootstrap=0, fit_kwargs=FIT_KWARGS)
+        table_lib.predict_table(df, table.assign(recipe="mxfp4"), LAW, bootstrap=0, fit_kwargs=FIT_KWARGS)
     with pytest.raises(ConfigError, match="missing D"):
-        calibrate.predict_table(df, table.drop(columns="D"), LAW)
+        table_lib.predict_table(df, table.drop(columns="D"), LAW)
+    with pytest.raises(ConfigError, match="predictor: got 'best'"):
+        table_lib.predict_table(df, table, LAW, predictor="best")
+    # by default the winner of the results' own backtests predicts, and says so
+    chosen, facts = table_lib.predict_table(df, table, LAW, bootstrap=0, fit_kwargs=FIT_KWARGS, draws=300)
+    assert (chosen["predictor"] == facts["choice"]["winner"]).all()
 
 
-def test_one_budget_gives_predictions_without_an_interval_and_says_why():
+def test_results_with_no_backtest_give_the_laws_own_interval_and_say_why():
+    """One budget of three sizes: no backtest along compute or N, so the law's bootstrap interval, and a
+    note that says why; asking for the calibrated predictor there is one line."""
     df, _ = synthetic(4)
-    one = df[df["budget"] == BUDGETS[0]]
-    out, facts = calibrate.predict_table(one, pd.DataFrame({"N": [2e7], "D": [1e9], "recipe": ["fp8"]}), LAW,
+    one = df[(df["budget"] == BUDGETS[0]) & df["N"].isin(sorted(df["N"].unique())[:3])]
+    out, facts = table_lib.predict_table(one, pd.DataFrame({"N": [2e7], "D": [1e9], "recipe": ["fp8"]}), LAW,
                                          bootstrap=0, fit_kwargs=FIT_KWARGS, draws=500)
-    assert facts["calibration"]["tau"] is None
-    assert out.loc[0, "interval"].startswith("none: no backtest")
-    assert np.isnan(out.loc[0, "loss_lo"]) and np.isfinite(out.loc[0, "loss"])
+    assert facts["calibration"]["shift"] is None and facts["predictor"] == "bootstrap"
+    assert out.loc[0, "interval"] == "bootstrap" and any("no backtest" in n for n in facts["notes"])
+    assert out.loc[0, "loss_lo"] < out.loc[0, "loss"] < out.loc[0, "loss_hi"]
+    with pytest.raises(ConfigError, match="predictor: got 'calibrated'"):
+        table_lib.predict_table(one, pd.DataFrame({"N": [2e7], "D": [1e9], "recipe": ["fp8"]}), LAW, bootstrap=0,
+                                fit_kwargs=FIT_KWARGS, draws=500, predictor="calibrated")
