@@ -56,11 +56,13 @@ class Law:
     fixed: Mapping[str, float] = field(default_factory=dict)
     doc: str = ""
     varying: tuple[tuple[str, ...], ...] = ()
-    # per_recipe: params the law has once per recipe (e.g. kumar_eff's eN, eD), positive, 1 for the
-    # reference recipe. The registered law declares the base names; `for_recipes` expands them into
-    # `name[recipe]` params for the recipes a table holds (the reference's fixed at 1), and
-    # `log_predict` hands log_terms each as a per-row value read off the `recipe` column.
+    # per_recipe: params the law has once per recipe (kumar_eff's eN, eD; recipe_gap's k), held at
+    # per_recipe_reference's value (default 1, a multiplier) for the reference recipe. The registered law
+    # declares the base names; `for_recipes` expands them into `name[recipe]` params for the recipes a
+    # table holds (the reference's fixed), positive where the base name is, and `log_predict` hands
+    # log_terms each as a per-row value read off the `recipe` column.
     per_recipe: tuple[str, ...] = ()
+    per_recipe_reference: Mapping[str, float] = field(default_factory=dict)
     recipes: tuple[str, ...] = ()  # the recipes of an expanded law (for_recipes), sorted: rows hold codes into it
     # nests: the registered law this one reduces to at a boundary of its params (kumar -> chinchilla as
     # gamma -> 0; kumar_data -> kumar as C_T -> 0): selection tests the extra term with a likelihood test.
@@ -68,7 +70,8 @@ class Law:
 
     def for_recipes(self, recipes: Sequence[str], reference: str | None = None) -> "Law":
         """This per-recipe law expanded for `recipes`: `recipes` sorted (row codes index them), params
-        `name[recipe]` for each, those of `reference` (default the first given) fixed at 1."""
+        `name[recipe]` for each, those of `reference` (default the first given) fixed at the reference value
+        (per_recipe_reference, default 1)."""
         if not self.per_recipe:
             return self
         given = [str(r) for r in recipes]
@@ -80,10 +83,11 @@ class Law:
         grid = {k: v for k, v in self.init_grid.items() if k not in self.per_recipe}
         grid.update({f"{n}[{r}]": self.init_grid.get(n, (1.0,)) for n in self.per_recipe for r in ordered})
         fixed = {k: v for k, v in self.fixed.items() if k not in self.per_recipe}
-        fixed.update({f"{n}[{reference}]": 1.0 for n in self.per_recipe})
+        fixed.update({f"{n}[{reference}]": float(self.per_recipe_reference.get(n, 1.0)) for n in self.per_recipe})
+        positive = {f"{n}[{r}]" for n in self.per_recipe if n in self.positive for r in ordered}
         return replace(self, params=tuple(p for p in self.params if p not in self.per_recipe) + expanded,
                        init_grid=grid, fixed=fixed, recipes=ordered,
-                       positive=(self.positive - set(self.per_recipe)) | set(expanded))
+                       positive=(self.positive - set(self.per_recipe)) | positive)
 
     def for_params(self, names: Iterable[str]) -> "Law":
         """The expanded law whose params are `names` (a fit's params, the reference's fixed ones included):
@@ -109,7 +113,7 @@ class Law:
 
     @property
     def precision_axis(self) -> str | None:
-        """'bits', 'quantisation error', 'recipe' (a fitted efficiency per recipe) or None (no precision term)."""
+        """'bits', 'quantisation error', 'recipe' (a fitted efficiency or gap per recipe) or None (no precision term)."""
         if self.bits_axis:
             return "bits"
         return "quantisation error" if self.error_columns else "recipe" if self.per_recipe else None
@@ -123,7 +127,8 @@ class Law:
             return (f"the {self.name} law prices precision by measured quantisation error, not bits, so it has no "
                     "loss at a format it was not measured at")
         if self.per_recipe:
-            return (f"the {self.name} law prices precision by a fitted efficiency per recipe, not bits, so it has no "
+            what = "gap" if self.per_recipe_reference and not any(self.per_recipe_reference.values()) else "efficiency"
+            return (f"the {self.name} law prices precision by a fitted {what} per recipe, not bits, so it has no "
                     "loss at a format it was not fitted on")
         return f"the {self.name} law has no precision term"
 
@@ -159,10 +164,12 @@ def register(
     varying: Sequence[Sequence[str]] | None = None,
     per_recipe: Sequence[str] = (),
     nests: str | None = None,
+    per_recipe_reference: Mapping[str, float] | None = None,
 ) -> Callable[[LogTerms], LogTerms]:
     """Decorator: register `fn(p, x, xp) -> list of log-terms` as a law named `name or fn.__name__`.
     per_recipe: params the law has once per recipe (Law.per_recipe; a `recipe` column is then one of
-    `columns`); nests: the law this one reduces to at a boundary of its params (Law.nests)."""
+    `columns`), positive only where listed in `positive`; per_recipe_reference: their value at the
+    reference recipe (default 1); nests: the law this one reduces to at a boundary of its params (Law.nests)."""
 
     def decorate(fn: LogTerms) -> LogTerms:
         law_name = name or fn.__name__
@@ -172,7 +179,14 @@ def register(
             raise ConfigError(f"laws.{law_name}.init_grid", sorted(grid), f"a grid for every param, missing {missing}")
         if per_recipe and "recipe" not in columns:
             raise ConfigError(f"laws.{law_name}.columns", list(columns), "a `recipe` column (the law has per-recipe params)")
-        pos = frozenset(positive) | frozenset(per_recipe)
+        pos = frozenset(positive)
+        reference = dict(per_recipe_reference or {})
+        stray_ref = sorted(set(reference) - set(per_recipe))
+        if stray_ref:
+            raise ConfigError(f"laws.{law_name}.per_recipe_reference", stray_ref, f"per-recipe params: {list(per_recipe)}")
+        for p in set(per_recipe) & pos:
+            if not reference.get(p, 1.0) > 0:
+                raise ConfigError(f"laws.{law_name}.per_recipe_reference.{p}", reference[p], "> 0 (param is positive)")
         groups = tuple(tuple(g) for g in varying) if varying is not None else tuple((c,) for c in columns)
         stray = sorted({c for g in groups for c in g} - set(columns))
         if stray:
@@ -183,7 +197,7 @@ def register(
         _REGISTRY[law_name] = Law(
             name=law_name, log_terms=fn, params=tuple(params), positive=pos, columns=tuple(columns),
             init_grid=grid, fixed=dict(fixed or {}), doc=(fn.__doc__ or "").strip(), varying=groups,
-            per_recipe=tuple(per_recipe), nests=nests,
+            per_recipe=tuple(per_recipe), per_recipe_reference=reference, nests=nests,
         )
         return fn
 
@@ -335,7 +349,7 @@ def quartet(p, x, xp):
             xp.log(p["B"]) - p["beta"] * log_d_eff]
 
 
-@register(params=("E", "A", "B", "alpha", "beta", "eN", "eD"), positive=("E", "A", "B"),
+@register(params=("E", "A", "B", "alpha", "beta", "eN", "eD"), positive=("E", "A", "B", "eN", "eD"),
           columns=("N", "D", "recipe"), init_grid={**_SMALL_CHINCHILLA_GRID, "eN": [1.0], "eD": [1.0]},
           per_recipe=("eN", "eD"), nests="chinchilla")
 def kumar_eff(p, x, xp):
@@ -350,6 +364,48 @@ def kumar_eff(p, x, xp):
     """
     return [xp.log(p["E"]), xp.log(p["A"]) - p["alpha"] * (xp.log(x["N"]) + xp.log(p["eN"])),
             xp.log(p["B"]) - p["beta"] * (xp.log(x["D"]) + xp.log(p["eD"]))]
+
+
+# |log of the gap's scale D^gamma_D/N^gamma_N| kept under this: a wild start of the float32 ranking pass
+# stays finite (e^60 ~ 1e26), far beyond any scale a fit lands on.
+_GAP_LOG_SCALE_MAX = 60.0
+# Every k_r starts at 0 (no gap): a start with a gap of the wrong shape (gamma_N 0.5 at N = 1e8) drove
+# gamma_N up until the gap, and its gradient, vanished (the synthetic roles test of test_laws_recipe_gap.py).
+
+
+@register(params=("E", "A", "B", "alpha", "beta", "gamma_D", "gamma_N", "k"), positive=("E", "A", "B"),
+          columns=("N", "D", "recipe"),
+          init_grid={**_SMALL_CHINCHILLA_GRID, "gamma_D": [0.0, 0.5], "gamma_N": [0.0, 0.5], "k": [0.0]},
+          per_recipe=("k",), per_recipe_reference={"k": 0.0}, nests="chinchilla")
+def recipe_gap(p, x, xp):
+    """Chinchilla for the reference recipe plus an additive gap per recipe r (the QAT gap of Chen et al.
+    2025, "Scaling law for quantization-aware training", fitted on 268 runs: k·D^gamma_D·(log2 G)^gamma_G
+    / N^gamma_N; here k_r per recipe, which absorbs the block size G and everything else a recipe does):
+    L = E + A·N^-alpha + B·D^-beta + k_r·D^gamma_D / N^gamma_N,   k_r = 0 for the reference recipe.
+
+    Additive in loss because that is what was measured: a recipe's loss minus the reference's at matched
+    (N, D, seed) (matched.matched_gaps; Chen et al. and Sun et al. 2025 add their precision terms too).
+    The gap grows with D/N at fixed N at rate gamma_D per e-fold (d ln gap / d ln(D/N) = gamma_D), which
+    neither kumar_eff (its eD term shrinks with D) nor capacity (N only) can say. gamma_D and gamma_N are
+    shared by the recipes (one shape, a level each) and signed, so the fit, not the form, says which way
+    the gap goes with data and size (a Quartet-style data-efficiency loss shrinks with D, Chen's grows).
+    k_r is signed too: a recipe may match or beat the reference within noise (int8-fwd, mxfp6 on the
+    committed study), and a positive k would pin those at its bound 0, which a fit's degeneracy check
+    reads as a vanished term. Roles, kept layers and backward algorithms act through their own k_r: recipes
+    of equal bits get different gaps. No bits axis (no continuous P*); it refuses a recipe it was not
+    fitted on. 1 param per recipe + 2 beyond Chinchilla. E + gap sits in one log-term (the gap may be
+    negative), floored at a tiny positive value so a wild start stays finite.
+    """
+    log_scale = xp.clip(p["gamma_D"] * xp.log(x["D"]) - p["gamma_N"] * xp.log(x["N"]),
+                        -_GAP_LOG_SCALE_MAX, _GAP_LOG_SCALE_MAX)
+    floor = p["E"] + p["k"] * xp.exp(log_scale)
+    return [xp.log(xp.maximum(floor, 1e-12)), xp.log(p["A"]) - p["alpha"] * xp.log(x["N"]),
+            xp.log(p["B"]) - p["beta"] * xp.log(x["D"])]
+
+
+def recipe_gap_at(p: Mapping[str, float], recipe: str, N, D):
+    """recipe_gap's gap of `recipe` to the reference at (N, D): k_r·D^gamma_D / N^gamma_N (numpy)."""
+    return p[f"k[{recipe}]"] * np.asarray(D, float) ** p["gamma_D"] / np.asarray(N, float) ** p["gamma_N"]
 
 
 QERR_COLUMNS = ("qerr_w", "qerr_a", "qerr_g")
