@@ -153,9 +153,13 @@ def _selection_notes(law_choice: Mapping[str, Any], splits: Sequence[str]) -> li
         degenerate = [c["name"] for c in lower if c.get("degenerate")]
         if degenerate:
             why.append(f"{', '.join(degenerate)}: degenerate full-data fit (no optimum may be derived from it)")
-        rest = [c["name"] for c in lower if not c.get("degenerate")]
-        if rest:
-            why.append(f"{', '.join(rest)}: not preferred by the precision / nested likelihood tests "
+        rest = [c for c in lower if not c.get("degenerate")]
+        more = [c["name"] for c in rest if c.get("within_noise") and c["n_params"] > chosen["n_params"]]
+        tested = [c["name"] for c in rest if c["name"] not in more]
+        if more:
+            why.append(f"{', '.join(more)}: within noise of it with more params (the rule for laws within noise)")
+        if tested:
+            why.append(f"{', '.join(tested)}: not preferred by the precision / nested likelihood tests "
                        f"({law_choice.get('criterion', '')})")
         out.append("starred over a lower score: " + "; ".join(why))
     out.append("-: not measured (a split whose held-out gaps could not be scored for that law, see heldout_notes in "

@@ -292,6 +292,11 @@ def test_cli_law_auto_writes_the_chosen_fit_with_selection(tmp_path, capsys, mon
     assert not cands["sun"]["fittable"] and cands["kumar"]["heldout_gap_mae"]["N"] > 0
     lines = [line for line in printed.splitlines() if line[2:].split(" ")[0] in cands]
     assert len(lines) == 3 and lines[1].startswith("* kumar_data") and "not fitted" in lines[2]
+    # each split's rule, and one line with the stability of the choice and the rule for laws within noise
+    assert "  gap|N: every row with N >= 3e8 held out (24 rows of 4 runs), 18 gaps scored" in printed.splitlines()
+    stab = next(line for line in printed.splitlines() if line.startswith("stability: "))
+    assert stab.endswith(f"of 50 resamples of (N, seed) cells; within noise: {selection.TIE_RULE}")
+    assert set(result.selection["stability"]) == {"kumar", "kumar_data"}
     # --fix belongs to a named law; with auto the variants are candidates.
     assert cli.main(argv + ["--fix", "kappa=2"]) == 2
     assert "error: --fix" in capsys.readouterr().err
