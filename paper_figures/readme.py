@@ -1,12 +1,12 @@
 """README.md's findings block: what the committed study finds, written from its findings.json.
 
-`findings_markdown(findings)` turns the dict that `scaling figures` writes to findings.json into a short
-markdown summary (the verdict per budget, the held-out budget's prediction and its score, the chosen law,
-P* against the published ranges, the integer and FP4 arms, scaling granularity, outliers, the GPU
-pilot); `with_findings(readme, block)` puts it between README's markers.
-Both are pure: `paper_figures/make_figures.py` does the reading and writing, and a test checks that
-README.md holds exactly the block the committed findings.json gives, so no finding in README is typed.
-REPORT.md (scaling.study.report) has the tables and figures behind each line.
+`findings_markdown(findings)` opens with REPORT's own answer (scaling.study.report.prose.answer_section:
+the verdict per chip and budget and what the formats do at matched tokens, word for word as REPORT says
+it), then one bullet each for the held-out budget's prediction, the chosen law, P* at the largest budget,
+scaling granularity, outliers and the GPU pilot; `with_findings(readme, block)` puts it between README's
+markers. Both are pure: `paper_figures/make_figures.py` does the reading and writing, and a test checks
+that README.md holds exactly the block the committed findings.json gives, so no finding in README is
+typed. REPORT.md has the tables and figures behind each line.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from scaling.errors import ConfigError
-from scaling.study.analysis.findings import PUBLISHED, host_shift_between, other_hosts
+from scaling.study.analysis.findings import host_shift_between, other_hosts
 from scaling.study.analysis import fit
-from scaling.study.report import writer as report
+from scaling.study.report import prose
 
 BEGIN = "<!-- findings:begin -->"
 END = "<!-- findings:end -->"
@@ -34,70 +34,24 @@ def with_findings(readme: str, block: str) -> str:
 
 
 def findings_markdown(f: dict) -> str:
-    """The findings block (without the markers) for a findings.json dict."""
+    """The findings block (without the markers) for a findings.json dict: REPORT's answer, word for word
+    (prose.answer_section), then one short bullet per other finding; REPORT has the detail."""
     unit = f["loss_unit"]
-    cost = f["cost_model"].split(":")[0]
     lines = [GENERATED_NOTE,
-             f"{f['runs']} IsoFLOP runs ({_span(f['seeds_per_cell'])} seeds per size, recipe and token count). "
-             f"Loss in {unit}; compute in 16-bit FLOP units under the `{cost}` cost model: {_after_colon(f['cost_model'])}.",
-             ""]
+             f"{f['runs']} IsoFLOP runs ({_span(f['seeds_per_cell'])} seeds per size, recipe and token count); loss in "
+             f"{unit}. REPORT.md opens with the same answer:", "", prose.answer_section(f), ""]
     lines += _corpora(f)
-    lines += _matched(f.get("matched"), unit)
-    lines += _chips(f.get("cost_models"))
-    lines += _budgets(f, unit)
     lines += _prediction(f, unit)
     lines += _law(f.get("law") or {})
     lines += _pstar(f)
-    lines += _integer_arm(f, unit)
-    lines += _fp4_arm(f)
     if f.get("granularity"):
         lines += _granularity(f["granularity"], unit)
     if f.get("outliers"):
         lines += _outliers(f["outliers"], unit)
     lines += _gpu_pilot(f.get("gpu_pilot"), unit)
+    lines += ["", "[REPORT.md](paper_figures/REPORT.md) has the rest: the IsoFLOP profiles of the `bits` design, every "
+                  "recipe on every chip, P\\* at every budget, the integer and FP4 arms, the backtests and the figures."]
     return "\n".join(lines) + "\n"
-
-
-def _matched(m: dict | None, unit: str) -> list[str]:
-    """What the formats do at matched tokens (findings' `matched`): each recipe's gap to the reference with
-    its family-wise interval, grouped by verdict; [] without matched points."""
-    if not m:
-        return []
-    fw = m["familywise"]
-    measured = sorted((r for r in m["recipes"] if r["mean"] is not None), key=lambda r: r["mean"])
-
-    def gap(r: dict) -> str:
-        lo, hi = r["mean_familywise_ci"]
-        return f"{r['recipe']} {r['mean']:+.3f} [{lo:+.3f}, {hi:+.3f}]"
-    groups = [(v, [gap(r) for r in measured if r["verdict"] == v])
-              for v in ("lower than the reference", "cannot tell", "higher than the reference")]
-    said = "; ".join(f"{v.replace('the reference', m['reference'])}: {', '.join(g)}" for v, g in groups if g)
-    n = sum(r["n"] for r in measured)
-    return [f"- **At matched tokens: what the formats do** (the numerics alone, no cost model: each recipe's loss minus "
-            f"{m['reference']}'s at the same size, tokens and seed, {n} paired points; mean gap in {unit} with "
-            f"{fw['level']:.0%} intervals family-wise over {fw['m']} coefficients, errors clustered by run): {said}."]
-
-
-def _chips(c: dict | None) -> list[str]:
-    """The IsoFLOP verdict at each budget on each real chip (findings' `cost_models`), indicative where
-    interpolated; [] without it."""
-    if not c:
-        return []
-    out = []
-    for chip in sorted(c["chips"], key=lambda k: (k != "h100", k)):  # the chip most readers have first
-        entry, said = c["chips"][chip], []
-        for b in entry["budgets"]:
-            if b["winner"]:
-                verdict = f"**{b['winner']}**, {b['diff']:.3f} below {b['runner_up']} [{b['diff_ci'][0]:+.3f}, {b['diff_ci'][1]:+.3f}]"
-            else:  # the analysis's own reason: an interval that includes zero, or a minimum at an edge
-                verdict = b["reason"] or "cannot tell"
-            flags = [f"{len(b['fitted'])} recipes compared"]
-            if b["interpolated_share"]:
-                flags.append(f"{b['interpolated_share']:.0%} of points interpolated: indicative")
-            said.append(f"C = {_num(b['budget_reference'])}: {verdict} ({'; '.join(flags)})")
-        out.append(f"**{chip.upper()}**: " + "; ".join(said) + ".")
-    return ["- **At a fixed budget on a real chip** (each format at the rate the chip's tensor cores run it; the same "
-            "budgets, the reference spending the same compute; REPORT's per-chip table): " + " ".join(out)]
 
 
 def _corpora(f: dict) -> list[str]:
@@ -121,23 +75,6 @@ def _corpora(f: dict) -> list[str]:
               "precision; REPORT's findings list which recipe trained on which."]
 
 
-def _budgets(f: dict, unit: str) -> list[str]:
-    if not f["budgets"]:
-        return ["- **Which precision is best at a fixed budget.** No budget has IsoFLOP profiles: cannot tell."]
-    cost = f.get("cost_model", "bits").split(":")[0]
-    lines = [f"- **Which precision is best at a fixed budget, under the idealised `{cost}` cost model** (half the bits, "
-             "twice the throughput; H100 and B200 run FP6 at the FP8 rate, AMD's MI355X at its FP4 rate, twice FP8's, which "
-             "no cost model here prices yet; each recipe's IsoFLOP minimum, bootstrap P(best)):"]
-    for b in f["budgets"]:
-        lines.append(f"  - C = {_num(b['budget'])}: {_verdict(b, unit)}")
-    # at each budget a recipe trained at (a study may train some recipes at some budgets only)
-    trained = {e["recipe"] for b in f["budgets"] for e in b["recipes"]}
-    never = sorted(trained - {e["recipe"] for b in f["budgets"] for e in b["recipes"] if e.get("p_best") != 0})
-    if never:
-        lines.append(f"  - Never best in any bootstrap resample at any budget it trained at: {', '.join(never)}.")
-    return lines
-
-
 def _verdict(b: dict, unit: str) -> str:
     contenders = sorted((e for e in b["recipes"] if (e.get("p_best") or 0) >= 0.025), key=lambda e: -e["p_best"])
     p_best = ", ".join(f"{e['recipe']} {e['p_best']:.2f}" for e in contenders)
@@ -150,41 +87,14 @@ def _verdict(b: dict, unit: str) -> str:
 
 
 def _prediction(f: dict, unit: str) -> list[str]:
-    """The held-out budget: what was predicted before it trained and, once it is measured, the score; a
-    post-hoc re-prediction beneath it, said to be one."""
+    """The held-out budget: what was predicted before it trained and, once it is measured, the score
+    (REPORT has the post-hoc re-prediction and the backtests)."""
     p = f.get("prediction")
     if not p:
         return []
     lower = ", ".join(_num(b) for b in p["fitted_on"]["budgets"])
-    lines = [f"- **A budget predicted before it was trained** (C = {_num(p['budget'])}, from C = {lower} alone; "
-             f"REPORT's table per recipe): {_scored(p, unit)}"]
-    post = f.get("prediction_posthoc")
-    if post:
-        lines.append(f"  - Post hoc, not a prediction (the same method, run after this budget's runs existed, from "
-                     f"{post['fitted_on']['runs']} runs at C = {', '.join(_num(b) for b in post['fitted_on']['budgets'])}): "
-                     + _scored(post, unit))
-    calibrated = _calibrated(f.get("backtests"), p["budget"])
-    if calibrated:
-        lines[-1] += " " + calibrated
-    return lines
-
-
-def _calibrated(b: dict | None, budget: float) -> str:
-    """The calibrated predictor on the predicted budget (the backtests' pair that ends there and could be
-    calibrated), against the old interval on the same rows; '' without one."""
-    pairs = [p for p in (b or {}).get("pairs", []) if p["calibrated"].get("available")
-             and abs(p["target_budget"] / budget - 1) < 1e-9]
-    if not pairs:
-        return ""
-    p = pairs[-1]
-    cal, old, k = p["calibrated"], p["old"], p["calibrated"]["calibration"]["k"]
-    text = (f"The calibrated method (post hoc, fitted on C ≤ {_num(p['fit_budget'])}, its shared shift scaled by {k} "
-            f"backtest{'s' if k != 1 else ''} inside): {cal['inside']}/{cal['n']} runs inside at "
-            f"{cal['mean_width'] / old['mean_width']:.1f}x the old interval's width (old: {old['inside']}/{old['n']})")
-    if cal.get("gap_n") and old.get("gap_mean_width"):
-        text += (f"; gaps to {b['reference']} {cal['gap_inside']}/{cal['gap_n']} inside at "
-                 f"{cal['gap_mean_width'] / old['gap_mean_width']:.2f}x the old width")
-    return text + " (REPORT's backtests)."
+    return [_first_sentence(f"- **A budget predicted before it was trained** (C = {_num(p['budget'])}, from C = {lower} "
+                            "alone): " + _scored(p, unit))]
 
 
 def _scored(p: dict, unit: str) -> str:
@@ -224,7 +134,7 @@ def _gpu_pilot(g: dict | None, unit: str) -> list[str]:
         return [head + " no budget has IsoFLOP profiles yet: cannot tell."]
     lines = [head]
     for b in g["budgets"]:
-        text = f"  - C = {_num(b['budget'])}: {_verdict(b, unit)}"
+        text = f"  - C = {_num(b['budget'])}: {_first_sentence(_verdict(b, unit))}"
         reference = next((e["recipe"] for e in b["recipes"] if e.get("gap") is None and e.get("loss") is not None), None)
         gaps = sorted((e for e in b["recipes"] if e.get("gap") is not None and e.get("gap_ci")), key=lambda e: e["gap"])
         if reference and gaps:
@@ -251,14 +161,9 @@ def _law(law: dict) -> list[str]:
                      f"{splits} splits" + (f"; it beats `chinchilla`, which has no precision term: p = {pt['p_value']:.2g}, "
                                               f"{pt['n_clusters']} (N, seed) clusters, {pt['n']} held-out gaps"
                                            if pt.get("beats") and pt.get("p_value") is not None else "") + ")")
-        close = [f"`{c['name']}`" + (" (degenerate: no optimum from it)" if c.get("degenerate") else "")
-                 for c in others if c.get("within_noise")]
-        far = [f"`{c['name']}` {c['score']:.3f}" for c in others if not c.get("within_noise")]
+        close = [c for c in others if c.get("within_noise")]
         if close:
-            text += f"; within noise of it: {', '.join(close)}"
-        if far:
-            text += (f"; worse by more than {selection['noise_se']:g} {selection.get('clustered_by', 'run')}-clustered standard errors: "
-                     + ", ".join(far))
+            text += f"; {len(close)} other law{'s' if len(close) > 1 else ''} within noise of it (REPORT names them)"
     if {"alpha", "beta"} <= set(params):
         a, b = params["alpha"], params["beta"]
         split = b / (a + b)
@@ -277,13 +182,12 @@ def _pstar(f: dict) -> list[str]:
     if not f.get("P_star"):
         return ["- **P\\***: no precision-aware law was fitted, so there is no P\\*."]
     profiled = any((e.get("profile") or {}).get("rows") for e in f["P_star"])
-    lines = ["- **P\\*, as a profile over the formats chips run** (the law's loss at each format's compute-optimal N; "
-             "formats within the law's error of the best, the larger of its held-out and its predicted budget's, "
-             "are not told apart; REPORT's table per budget):"
+    lines = ["- **P\\*, as a profile over the formats chips run** (the law's loss at each format's compute-optimal N, "
+             "formats within the law's error not told apart; REPORT has every budget):"
              if profiled else
-             "- **P\\*, the compute-optimal precision** (the law's choice, its spread over specifications and "
-             "what the measurement cannot rule out):"]
-    for e in f["P_star"]:
+             "- **P\\*, the compute-optimal precision** (the law's choice and what the measurement cannot rule out; "
+             "REPORT has every budget):"]
+    for e in f["P_star"][-1:]:  # the largest budget; REPORT has each
         head = f"  - C = {_num(e['compute'])}: "
         if "error" in e:
             lines.append(head + f"no P\\* ({e['error']}).")
@@ -307,11 +211,10 @@ def _pstar(f: dict) -> list[str]:
             text += "; the measurement cannot rule out " + ", ".join(f"{m['recipe']} ({m['bits']:.3g} bits)" for m in measured)
         if e.get("no_bits_axis") and (e.get("profile") or {}).get("rows"):  # drawn from a within-noise law
             text += f"); over the formats chips run, the `{e['profile']['law']}` law (within noise of it) puts " + _profile(e["profile"], e)
-        if (e.get("profile") or {}).get("rows"):  # the published ranges against the law's own interval alone
-            law_iv = e.get("law_interval") or e["interval"]
-            lines.append(head + text + f". The law's interval {_bits(law_iv)}: " + _published(e.get("published_law") or e["published"]) + ".")
+        if e.get("no_bits_axis"):  # README keeps the claim; REPORT has the profile of a law within noise beside it
+            lines.append(head + text.split("; ")[0] + ").")
             continue
-        lines.append(head + text + "); " + _published(e["published"]) + ".")
+        lines.append(head + text + ("." if (e.get("profile") or {}).get("rows") else ")."))
     return lines
 
 
@@ -335,67 +238,24 @@ def _profile(p: dict, e: dict) -> str:
     return text
 
 
-def _integer_arm(f: dict, unit: str) -> list[str]:
-    arm = f.get("integer_arm") or []
-    if not arm:
-        return []
-    lines = ["- **Like for like with Kumar et al.** (integer weights and activations in the forward pass only):"]
-    for b in arm:
-        text = f"  - C = {_num(b['budget'])}: {_verdict(b, unit)}"
-        if b.get("P_interval"):
-            name = "Kumar et al. 2024"
-            text += (f" Forward precision {_bits(b['P_interval'])}; against {name}'s "
-                     f"{_bits(PUBLISHED[name])}: {b['published'][name]}.")
-        lines.append(text)
-    return lines
-
-
-def _fp4_arm(f: dict) -> list[str]:
-    arm = f.get("fp4_arm") or []
-    if not arm:
-        return []
-    fw = arm[0].get("familywise")
-    which = f"family-wise 95% CI over the arm's {fw['m']} claims" if fw else "95% CI"
-    lines = [f"- **The FP4 arm, plain and as published** (IsoFLOP minimum minus the reference's, {which}; "
-             "a minimum at the edge of its sizes marked):"]
-    for b in arm:
-        gaps = "; ".join(_gap(g["recipe"], g["gap"], g.get("familywise_ci") or g["ci"], g["inside"])
-                         for g in sorted(b["gaps"], key=lambda g: g["gap"]))
-        pairs = "; ".join(p["verdict"] for p in b["pairs"])
-        pairs = f"Published against plain: {pairs}." if pairs else ""
-        above = "; ".join(p["verdict"] for p in b.get("above", []))
-        pairs += f" Published against FP8 and MXFP6: {above}." if above else ""
-        lines.append(f"  - C = {_num(b['budget'])}, against {b['reference']}: {gaps}. {pairs}".rstrip())
-    return lines
-
-
 def _gap(recipe: str, gap: float, ci: Sequence[float], inside: bool) -> str:
     """One recipe's gap to its reference with its 95% CI; a minimum at the edge of its sizes marked."""
     return f"{recipe} {gap:+.3f} [{ci[0]:+.3f}, {ci[1]:+.3f}]" + ("" if inside else " (edge)")
 
 
 def _granularity(g: dict, unit: str) -> list[str]:
-    head = (f"- **Scaling granularity** ({g['runs']} runs; each scheme against per-tensor current scaling in its "
-            f"format, paired by seed")
+    """One sentence: per format, the schemes that lower (or raise) the loss against per-tensor scaling."""
+    head = f"- **Scaling granularity** ({g['runs']} runs, each scheme against per-tensor current scaling, paired by seed"
     if g.get("sigma") is None:
         return [head + "): no scheme has two seeds, so every comparison is *cannot tell*."]
-    head += f"; {g['level']:.0%} intervals simultaneous over {g['comparisons']} comparisons):"
-    lines = [head]
+    said = []
     for fmt in sorted({r["format"] for r in g["rows"]}, reverse=True):
         rows = [r for r in g["rows"] if r["format"] == fmt]
-        parts = []
-        for verdict in ("lower", "higher", "cannot tell"):
-            hit = [r for r in rows if r["verdict"] == verdict]
-            if not hit:
-                continue
-            schemes = ", ".join(_scheme(r) for r in hit)
-            if verdict == "cannot tell":
-                parts.append(f"cannot tell for {schemes}")
-            else:
-                diffs = [r["diff"] for r in hit]
-                parts.append(f"{verdict} loss with {schemes} (by {_span(sorted(abs(d) for d in diffs), '.2f')} {unit})")
-        lines.append(f"  - {fmt}: " + "; ".join(parts) + ".")
-    return lines
+        parts = [f"{v} with {', '.join(_scheme(r) for r in rows if r['verdict'] == v)} (by "
+                 f"{_span(sorted(abs(r['diff']) for r in rows if r['verdict'] == v), '.2f')})"
+                 for v in ("lower", "higher") if any(r["verdict"] == v for r in rows)]
+        said.append(f"{fmt} {'; '.join(parts) if parts else 'cannot tell'}")
+    return [head + f"; {g['level']:.0%} simultaneous over {g['comparisons']} comparisons, {unit}): " + "; ".join(said) + "."]
 
 
 def _outliers(o: dict, unit: str) -> list[str]:
@@ -410,10 +270,6 @@ def _scheme(row: dict) -> str:
     return f"{name} ({row['scaling']})" if row["scaling"] != "current" else name
 
 
-def _published(verdicts: dict) -> str:
-    return "; ".join(f"{name} ({_bits(PUBLISHED[name])}): {v}" for name, v in verdicts.items())
-
-
 def _bits(interval: Sequence[float]) -> str:
     lo, hi = interval
     return f"{lo:.3g} bits" if f"{lo:.3g}" == f"{hi:.3g}" else f"{lo:.3g}–{hi:.3g} bits"
@@ -424,9 +280,15 @@ def _span(values: Sequence[Any], spec: str = "g") -> str:
     return format(lo, spec) if format(lo, spec) == format(hi, spec) else f"{format(lo, spec)}–{format(hi, spec)}"
 
 
+def _first_sentence(text: str) -> str:
+    """text up to its first full stop outside parentheses and brackets (a README bullet's claim; REPORT has the rest)."""
+    depth = 0
+    for i, ch in enumerate(text):
+        depth += (ch in "([") - (ch in ")]")
+        if ch == "." and depth == 0 and text[i + 1:i + 2] in (" ", "") and not text[max(0, i - 3):i].strip().isdigit():
+            return text[:i + 1]
+    return text
+
+
 def _num(x: float) -> str:
     return f"{x:.3g}".replace("e+", "e")
-
-
-def _after_colon(text: str) -> str:
-    return text.split(":", 1)[1].strip() if ":" in text else text

@@ -15,6 +15,7 @@ import pytest
 from scaling.errors import ConfigError
 from scaling.numerics import precision
 import readme
+from scaling.study.report import prose
 from scaling.study.analysis import laws
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,39 +46,32 @@ def test_readme_findings_block_is_generated_from_the_committed_findings():
     assert f"`{findings['law']['name']}`" in block
 
 
-def test_findings_block_states_each_verdict_and_pstar_as_its_law_allows():
+def test_findings_block_opens_with_reports_answer_and_states_pstar_as_its_law_allows():
     findings = json.loads((ROOT / "paper_figures" / "findings.json").read_text(encoding="utf-8"))
     text = readme.findings_markdown(findings)
-    for budget in findings["budgets"]:  # a winner where the data tell, else "cannot tell"
-        verdict = budget["winner"] or "cannot tell"
-        assert f"C = {readme._num(budget['budget'])}: **{verdict}**" in text
-    # the committed law: its profile over the formats chips run, the best format and those within its error
-    profile = findings["P_star"][0]["profile"]
+    # REPORT's answer word for word: a cell per chip and budget, the winner where the data tell, else "cannot tell"
+    assert prose.answer_section(findings) in text
+    for chip, entry in findings["cost_models"]["chips"].items():
+        row = next(line for line in text.splitlines() if line.startswith(f"| {chip} | "))
+        for b in entry["budgets"]:
+            tied = f"{b['tied'][0]}" + (" \\*" if b["recipes"][0]["notes"] else "") + f" or {b['tied'][1]}" if not b["winner"] else ""
+            assert (f"**{b['winner']}**" if b["winner"] else tied) in row
+    # a law with a bits axis and a profile over the formats chips run: the best format at the largest budget
+    profile = findings["P_star"][-1]["profile"]
     best = min(profile["rows"], key=lambda r: r["loss"])
+    text = readme.findings_markdown({**findings, "P_star": [{**findings["P_star"][-1], "no_bits_axis": None}]})
     assert f"under `bits`, **{best['name']}** ({best['bits_per_element']:.3g} bits per element" in text
     # a law with a bits axis and no profile: P* with its bootstrap CI
-    entry = {**findings["P_star"][0], "no_bits_axis": None, "P": 5.5, "P_ci": [4.8, 6.6], "interval": [4.8, 6.6],
+    entry = {**findings["P_star"][-1], "no_bits_axis": None, "P": 5.5, "P_ci": [4.8, 6.6], "interval": [4.8, 6.6],
              "law_interval": [4.8, 6.6], "profile": None}
     text = readme.findings_markdown({**findings, "P_star": [entry]})
     assert "**4.8–6.6 bits** (the law's P\\* 5.5 bits, bootstrap 95% CI 4.8–6.6" in text
     # a law without one: the measured recipes it chooses among, never an interval of bits
-    entry = {**findings["P_star"][0], "no_bits_axis": "capacity", "interval": [6.25, 8.0],
+    entry = {**findings["P_star"][-1], "no_bits_axis": "capacity", "interval": [6.25, 8.0],
              "recipes": [{"recipe": "mxfp6", "bits": 6.25}], "measured": [{"recipe": "fp8", "bits": 8.0}]}
     text = readme.findings_markdown({**findings, "P_star": [entry]})
     assert "**mxfp6 (6.25 bits), fp8 (8 bits)**: a choice among measured recipes, not an interval" in text
     assert "6.25–8 bits" not in text
-
-
-def test_never_best_counts_each_recipe_at_the_budgets_it_trained_at():
-    def entry(recipe, p_best):
-        return {"recipe": recipe, "p_best": p_best}
-    budgets = [{"budget": 1e12, "winner": None, "reason": "cannot tell: a vs b", "recipes": [
-                    entry("a", 0.6), entry("b", 0.4), entry("c", 0.0), entry("d", 0.0), entry("e", None)]},
-               {"budget": 1e13, "winner": None, "reason": "cannot tell: a vs d", "recipes": [
-                    entry("a", 0.7), entry("b", 0.0), entry("d", 0.3)]}]
-    (line,) = [x for x in readme._budgets({"budgets": budgets}, "nats/byte") if "Never best" in x]
-    # c trained at the first budget only; b and d were best somewhere; e's minimum was not measured
-    assert line.endswith("at any budget it trained at: c.")
 
 
 def test_with_findings_replaces_only_between_the_markers_and_needs_both():

@@ -188,3 +188,13 @@ def test_paired_contrast_directly_and_via_the_reference():
 def test_the_module_does_not_import_jax():
     code = "import sys, scaling.study.analysis.matched; assert not any(m.split('.')[0] in ('jax', 'jaxlib') for m in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_collinear_n_and_tokens_per_parameter_leave_the_d_over_n_slope_unidentified():
+    """One budget puts every matched point on one line in (ln N, ln D/N): the two slopes trade off, so the
+    D/N slope is reported as not identified (and left out of the family), the N slope kept."""
+    log_n = np.log([1e5, 2e5, 4e5, 8e5])
+    _, reasons, _ = matched.gap_design(log_n, 10.0 - log_n)  # D/N ∝ 1/N: a fixed budget C ∝ N·D
+    assert reasons["b"] is None and reasons["c"].startswith("not identified: ln N and ln(D/N) collinear")
+    _, reasons, _ = matched.gap_design(np.r_[log_n, log_n], np.r_[10.0 - log_n, 11.0 - log_n])  # two budgets
+    assert reasons == {"a": None, "b": None, "c": None}

@@ -30,8 +30,9 @@ its luck). Each draw reweights the cells (multinomial counts) and refits the ref
 gap model on the same draw, so a recipe's gap and the reference it is measured against move together.
 A verdict compares every recipe with the best one at that chip and budget: the difference's interval
 is the bootstrap standard error times the normal quantile at the family-wise level, Bonferroni over
-every comparison of every chip and budget reported (a percentile interval at that level would need
-far more draws than a study can afford). "cannot tell between" lists the best and every recipe whose
+every comparison of one chip's row (every recipe against the best at every budget: a reader asks which
+recipe to train on the chip they have; a percentile interval at that level would need far more draws
+than a study can afford). "cannot tell between" lists the best and every recipe whose
 interval does not exclude zero.
 
 Pure numpy/pandas/scipy (no JAX).
@@ -312,7 +313,8 @@ def chip_verdicts(rows: pd.DataFrame, budgets: Sequence[float], cost_models: Seq
     an object are in its own units, k = 1). Returns JSON-friendly
     {reference, method, level, draws, clustered_by, familywise {rule, m, z}, reference_curves {beta, B,
     u per size}, gaps {recipe: {coefficients, centre}}, excluded {recipe: why}, chips {name: {description,
-    reference_factor, budgets: [verdict_at's dict + budget_reference]}}}."""
+    reference_factor, not_priced {recipe: why}, charged_as [a format the chip has no path for, charged at the
+    next wider one's rate], budgets: [verdict_at's dict + budget_reference]}}}."""
     from scaling.study.analysis import costs  # costs imports isoflop; kept local so this module reads alone
 
     rows = ok_rows(rows)
@@ -334,15 +336,21 @@ def chip_verdicts(rows: pd.DataFrame, budgets: Sequence[float], cost_models: Seq
         k = costs.reference_factor(rows, cost, reference)[0] if isinstance(cost, compute_lib.CostModel) else 1.0
         got, why = charges_from_rows(rows, cost, data.sizes, recipes)
         priced[cost.name] = (cost, k, got, why)
-    m = max(1, sum(len(got) - 1 for _, _, got, _ in priced.values()) * len(budgets))
+    # one family per chip (a reader asks which recipe to train on the chip they have): every recipe
+    # against the best at every budget of that chip's row
+    m = max(1, max(len(got) - 1 for _, _, got, _ in priced.values()) * len(budgets))
     z = float(stats.norm.ppf(1 - (1 - level) / (2 * m)))
     chips = {}
     for name, (cost, k, got, why) in priced.items():
         verdicts = [{**verdict_at(data, fitted, got, b * k, z), "budget_reference": float(b)} for b in budgets]
-        chips[name] = {"description": cost.describe(), "reference_factor": k, "not_priced": why, "budgets": verdicts}
+        # a chip without a path for a format charges it at the next wider one's rate: say so beside the verdict
+        charged_as = [str(f) for f in cost.fallbacks(compute_lib.backfill(rows[rows["recipe"].isin(recipes)]))
+                      ] if hasattr(cost, "fallbacks") else []
+        chips[name] = {"description": cost.describe(), "reference_factor": k, "not_priced": why,
+                       "charged_as": charged_as, "budgets": verdicts}
     return {"reference": reference, "method": METHOD, "level": level, "draws": draws,
             "clustered_by": ["N", "seed"], "familywise": {"rule": "Bonferroni", "m": m, "z": z,
-                                                          "over": "every recipe against the best, on every chip and budget"},
+                                                          "over": "every recipe against the best at every budget, per chip"},
             "reference_curves": {"beta": float(fitted["beta"][0]), "B": float(fitted["B"][0]),
                                  "u": {f"{n:g}": float(v) for n, v in zip(data.sizes, fitted["u"][0])}},
             "gaps": {r: {"centre": {"N": float(np.exp(fitted["models"][r].centre[0])),
@@ -354,25 +362,35 @@ def chip_verdicts(rows: pd.DataFrame, budgets: Sequence[float], cost_models: Seq
 
 # ----------------------------------------------------------------------------- text
 
-def answer_table(result: Mapping[str, Any], chips: Sequence[str] | None = None) -> str:
-    """Markdown: one row per chip, one column per budget; each cell the winner and its lead over the
-    runner-up with the family-wise interval, or "cannot tell: ..." naming every recipe tied with the best."""
-    chips = list(chips or result["chips"])
+CHIP_ORDER = ("h100", "h200", "b200", "b300", "mi300x", "mi355x")  # rows of the answer: chips first, `bits` last
+
+
+def answer_table(result: Mapping[str, Any]) -> str:
+    """Markdown: one row per chip, one column per budget. Each cell: the winner and its lead over the
+    runner-up with the family-wise interval, or the recipes tied with the best ("a or b", "+k" more) with the
+    difference of the closest tied one and its interval; * where the best recipe's reading goes beyond what
+    was measured."""
+    order = {name: i for i, name in enumerate(CHIP_ORDER)}
+    chips = sorted(result["chips"], key=lambda c: (c == "bits", order.get(c, len(order)), c))
     budgets = [b["budget_reference"] for b in result["chips"][chips[0]]["budgets"]]
     lines = ["| chip | " + " | ".join(f"C = {b:.0e}" for b in budgets) + " |",
              "| --- | " + " | ".join("---" for _ in budgets) + " |"]
     for chip in chips:
         cells = []
         for v in result["chips"][chip]["budgets"]:
-            if v["winner"] is None:
-                cells.append("cannot tell: " + ", ".join(v["tied"]))
+            ci = "" if v["diff_ci"] is None else f" [{v['diff_ci'][0]:+.3f}, {v['diff_ci'][1]:+.3f}]"
+            star = " \\*" if v["recipes"][0]["notes"] else ""
+            if v["winner"] is not None:
+                cells.append(f"**{v['winner']}**{star}, {v['diff']:.3f} below {v['runner_up']}{ci}"
+                             if v["runner_up"] else f"**{v['winner']}**{star}")
                 continue
-            lead = "" if v["diff"] is None else f", {v['diff']:.3f} below {v['runner_up']}" + (
-                f" [{v['diff_ci'][0]:+.3f}, {v['diff_ci'][1]:+.3f}]" if v["diff_ci"] else " (no interval)")
-            cells.append(f"**{v['winner']}**{lead}")
+            more, second = len(v["tied"]) - 2, next(e for e in v["recipes"] if e["recipe"] == v["tied"][1])
+            ci = "" if second["diff_ci"] is None else f" [{second['diff_ci'][0]:+.3f}, {second['diff_ci'][1]:+.3f}]"
+            cells.append(f"{v['tied'][0]}{star} or {v['tied'][1]}" + (f" +{more}" if more > 0 else "")
+                         + f" ({second['diff']:+.3f}{ci})")
         lines.append(f"| {chip} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-__all__ = ["DRAWS", "Data", "GapModel", "answer_table", "charges_from_rows", "chip_verdicts", "fit_reference",
+__all__ = ["CHIP_ORDER", "DRAWS", "Data", "GapModel", "answer_table", "charges_from_rows", "chip_verdicts", "fit_reference",
            "losses_at", "verdict_at"]

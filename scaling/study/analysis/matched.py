@@ -69,6 +69,7 @@ CONTRAST_NAMES = {"a": "a − b at the centre", "b": "a − b, per e-fold of N",
 METHOD = ("paired OLS gap = a + b·(ln N − mean) + c·(ln(D/N) − mean), centred on the recipe's matched points; "
           "CR1 cluster-robust SEs by (N, seed), t with G−1 dof")
 NAIVE_METHOD = "paired OLS, points treated as independent (iid SEs, t with n−p dof): for comparison only"
+COLLINEAR = 0.99  # |correlation| of ln N and ln(D/N) above which the D/N slope is not identified apart from N's
 _REL_TOL = 1e-9  # a coefficient whose SE is below this (relative to 1 + |estimate|) has no estimable spread
 
 
@@ -193,6 +194,10 @@ def gap_design(log_n: np.ndarray, log_dn: np.ndarray) -> tuple[np.ndarray, dict[
         reasons["b"] = "not identified: every matched point at one N"
     if np.ptp(log_dn) < 1e-9:
         reasons["c"] = "not identified: every matched point at one D/N"
+    elif np.ptp(log_n) >= 1e-9 and abs(r := float(np.corrcoef(log_n, log_dn)[0, 1])) > COLLINEAR:
+        # the points lie on one line in (ln N, ln D/N) (one budget): the two slopes trade off against each
+        # other and neither has a meaning of its own; the gap is modelled along N alone
+        reasons["c"] = f"not identified: ln N and ln(D/N) collinear over the matched points (r = {r:.3f})"
     return x, reasons, centre
 
 

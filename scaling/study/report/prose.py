@@ -232,17 +232,12 @@ def answer_section(f: dict) -> str:
     if not c.get("chips"):
         return bits_answer(f)
     fw, compared = c["familywise"], {b["compared"] for e in c["chips"].values() for b in e["budgets"]}
-    cells = [b for e in c["chips"].values() for b in e["budgets"]]
-    resting = sum(any(e["notes"] for e in b["recipes"] if e["recipe"] in b["tied"]) for b in cells)
-    lines = [f"Which recipe reaches the lowest loss at a fixed compute budget on each chip: the best and its lead over "
-             "the runner-up, or the recipes these runs cannot tell apart "
-             f"({'/'.join(map(str, sorted(compared)))} recipes compared in every cell; {c['level']:.0%} intervals "
-             f"family-wise over {fw['m']} comparisons). Computed from the reference's measured loss curves at the tokens "
-             "each recipe's cost buys on that chip, plus the recipe's gap at matched tokens; `bits` is the idealised "
-             "model (half the bits, twice the throughput); budgets C in FLOPs as the reference spends them.", "",
-             chips_lib.answer_table(c), "",
-             f"{resting} of the {len(cells)} cells rest on a reading beyond what was measured (marked \\* in the chip "
-             "section below)."]
+    lines = [f"The lowest loss at a fixed compute budget C on each chip: the best recipe and its lead, or the recipes "
+             "these runs cannot tell apart and the closest one's difference "
+             f"({'/'.join(map(str, sorted(compared)))} recipes in every cell, {c['level']:.0%} intervals family-wise "
+             f"over each chip's {fw['m']} comparisons, \\* read beyond what was measured). Each recipe's loss is the "
+             "reference's measured loss curve at the tokens its cost buys on that chip plus its gap at matched tokens; "
+             "`bits` is the idealised half-the-bits-twice-the-throughput model.", "", chips_lib.answer_table(c)]
     matched = matched_line(f)
     return "\n".join(lines + (["", matched] if matched else []))
 
