@@ -117,9 +117,10 @@ def test_backtest_scores_every_pair_of_budgets_and_writes_one_json(files, capsys
     (section,) = [s for s in reference_study.sections(files / "results.csv") if s.key == "backtests"]
     assert section.before == "pstar" and section.facts(None) == found
     text = law_prose.backtests_section({"backtests": found, "prediction": {"budget": 1e17}})
-    assert "| 1e16 | 1e17 | " in text
-    assert f"{top['calibrated']['inside']}/{top['n']} ({top['calibrated']['mean_width']:.3f})" in text
-    assert "scores the calibrated method on it post hoc" in text
+    assert f"| {top['label']} | {top['n']} | {top['mean_error']:+.3f} | bootstrap | " in text
+    cal = top["scores"]["calibrated"]
+    assert (f"| | | | calibrated | " + " | ".join(f"{v:.0%}" for v in cal["coverage"].values())) in text
+    assert f"The predictor `scaling predict` uses: **{found['choice']['winner']}**" in text
     (files / "bad_backtests.json").write_text('{"pairs": []}')
     with pytest.raises(Exception, match="scaling predict --backtest"):
         reference_study.load_backtests(files / "bad_backtests.json")

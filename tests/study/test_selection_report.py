@@ -106,3 +106,16 @@ def test_a_three_split_selection_names_its_splits_tests_and_scores_by_bits():
         c["heldout_notes"] = {"N": "no row at the largest N has a matching reference run"}
     text = law_prose.selection_text(sel)
     assert "on 2 held-out splits" in text and "Not used: N (no row at the largest N has a matching reference run)." in text
+
+
+def test_strict_splits_are_described_by_their_rule_and_the_choice_by_its_stability():
+    sel = _three_splits()
+    for d in sel["split_details"]:
+        d["label"] = f"every row with {d['by']} >= {d['value']:g} held out (9 rows of 7 runs)"
+    sel.update(stability={"kumar_data": 0.62, "chinchilla": 0.38}, stability_resamples=50,
+               stability_unit="(N, seed) cell", rule="the fewest params within noise")
+    text = law_prose.selection_text(sel)
+    assert "every row with D/N >= 160 held out (9 rows of 7 runs)" in text and "left out whole" not in text
+    assert "so a run's earlier rows are fitted and its later ones predicted" in text
+    assert "Rule within noise: the fewest params within noise." in text
+    assert "(N, seed) cells are resampled (50 resamples, the held-out errors not refitted): `kumar_data` 62%, `chinchilla` 38%." in text

@@ -96,17 +96,20 @@ def _splits_selection_text(selection: dict) -> str:
         parts = []
         for by in used:
             d = details.get(by, {})
-            parts.append(f"{_SPLIT_WORDS.get(by, by)} ({by} ≥ {fmt(d.get('value'))}: {d.get('held_runs', '?')} runs left out "
-                         f"whole, {d.get('train_runs', '?')} fitted)")
+            parts.append(f"{_SPLIT_WORDS.get(by, by)} ({d['label']}; {d.get('train_rows', '?')} rows fitted)" if d.get("label") else
+                         f"{_SPLIT_WORDS.get(by, by)} ({by} ≥ {fmt(d.get('value'))}: {d.get('held_runs', '?')} runs left out "
+                         f"whole, {d.get('train_runs', '?')} fitted)")  # a fit selected before splits were strict
         skipped = {k: v for k, v in (selection.get("split_notes") or {}).items() if k not in used}
         for by in details:  # a split made but scored by no law: why, in the candidates' own words
             if by not in used and by not in skipped:
                 notes = [c["heldout_notes"][by] for c in selection["candidates"] if (c.get("heldout_notes") or {}).get(by)]
                 skipped[by] = notes[0] if notes else "not every law could be scored on it"
         how = (f"Laws are compared on the precision gaps (loss minus the same-size, same-tokens {ref} run's, nats), each "
-               f"fitted without the runs it is scored on, on {len(used)} held-out split{'s' if len(used) != 1 else ''}: "
-               + "; ".join(parts) + " (no held-out gap is a later checkpoint of a fitted run). A law's score is its mean "
-               "held-out gap MAE over the splits."
+               f"fitted without the rows it is scored on, on {len(used)} held-out split{'s' if len(used) != 1 else ''}: "
+               + "; ".join(parts) + (" (every row at or beyond a split's threshold is held out, so a run's earlier rows "
+                                     "are fitted and its later ones predicted)" if any(d.get("label") for d in details.values())
+                                     else " (no held-out gap is a later checkpoint of a fitted run)")
+               + ". A law's score is its mean held-out gap MAE over the splits."
                + (" Not used: " + "; ".join(f"{k} ({v})" for k, v in skipped.items()) + "." if skipped else ""))
     pt = selection.get("precision_test") or {}
     tests = []
@@ -129,6 +132,12 @@ def _splits_selection_text(selection: dict) -> str:
                   "; on held-out MAE alone these data do not rank them (the only paired test is the precision test above)."
                   if pt.get("big") else "; these data do not rank them.") if close else
                f"Chosen: `{chosen}`; no other law is within noise of it ({clustered}).")
+    if selection.get("stability"):
+        shares = sorted(selection["stability"].items(), key=lambda kv: -kv[1])
+        verdict += (f" Rule within noise: {selection['rule']}. How often each law is chosen when the "
+                    f"{selection.get('stability_unit', '(N, seed) cell')}s are resampled "
+                    f"({selection.get('stability_resamples')} resamples, the held-out errors not refitted): "
+                    + ", ".join(f"`{name}` {share:.0%}" for name, share in shares if share > 0) + ".")
     rows = []
     for c in selection["candidates"]:
         diff = c.get("gap_mae_diff") or {}
@@ -436,67 +445,59 @@ def _host_shift_text(p: dict) -> str:
 
 
 def backtests_section(f: dict) -> str:
-    """The calibrated predictor scored on a study's own budgets (scaling.study.analysis.prediction.calibrate.backtest_all, as
-    `scaling predict --backtest` writes it): per pair of budgets the law's error, the old and the calibrated
-    intervals' coverage and width on levels and on gaps, and how often each ranked the measured best first."""
+    """The predictors scored on a study's own backtests (scaling.study.analysis.prediction.calibrate.backtest_all,
+    as `scaling predict --backtest` writes it): per backtest and predictor the coverage at each level, CRPS
+    and the 95% interval score, then which predictor wins and by how much (the one `scaling predict` uses)."""
     b = f["backtests"]
-    level = f"{b['level']:.0%}"
-
-    def rows_text(q: dict) -> str:
-        return "–" if not q.get("n") else f"{q['inside']}/{q['n']} ({q['mean_width']:.3f})"
-
-    def gaps_text(q: dict) -> str:
-        return "–" if not q.get("gap_n") or q.get("gap_mean_width") is None else f"{q['gap_inside']}/{q['gap_n']} ({q['gap_mean_width']:.3f})"
-
-    def rank_text(q: dict) -> str:
-        return "–" if q.get("rank_hit") is None else f"{q['rank_hit']:.0%} (called {q['rank_called_right']}/{q['rank_called']})"
-
-    lines = [f"Every pair of the study's budgets: the `{b['law']}` law fitted on the runs up to the lower one "
-             f"({b['bootstrap']} bootstrap resamples) predicts every run at the higher one (measured − predicted, in "
-             f"nats; a run with a row at the higher budget is left out of the fit). The old interval is the registered "
-             "prediction's method: the law's resamples plus an in-sample lack of fit drawn per recipe. The calibrated "
-             "one adds a zero-mean shift shared by every recipe, scaled by the misses of the backtests inside the pair's "
-             "own fitted budgets (a t with as many dof as backtests), per-recipe and row terms from the same backtests, "
-             "and each recipe's in-sample misfit carried forward as far as the backtests show it persists; so no pair is "
-             f"scored on data its fit or its calibration has seen. Gaps are to {b['reference']} at matched (N, D, seed); "
-             f"ranks: at each matched point, whether the recipe the draws most often put best was the measured best, and "
-             f"how many points one recipe was called best with P ≥ 0.975 (right/called). {level} intervals; "
-             "inside/n (mean width).", "",
-             "| fitted on | predicted | rows | law: mean error (MAE) | shared part | old: rows | calibrated: rows | "
-             "old: gaps | calibrated: gaps | old: best first | calibrated: best first |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    unavailable = []
-    for p in b["pairs"]:
-        old, cal = p["old"], p["calibrated"]
-        if not cal.get("available"):
-            unavailable.append((p, cal.get("reason")))
-        lines.append(f"| {fmt(p['fit_budget'])} | {fmt(p['target_budget'])} | {p['n']} | {p['mean_error']:+.3f} "
-                     f"({p['mean_abs_error']:.3f}) | {p['shared']:+.3f} | {rows_text(old)} | "
-                     f"{rows_text(cal) if cal.get('available') else 'cannot be estimated'} | {gaps_text(old)} | "
-                     f"{gaps_text(cal) if cal.get('available') else '–'} | {rank_text(old)} | "
-                     f"{rank_text(cal) if cal.get('available') else '–'} |")
+    if "sizes" not in b:  # written before predictors were scored (no `sizes`, no `scores`)
+        return (f"The committed backtests (`{b['law']}`) were written before predictors were scored by proper scores; "
+                "`scaling predict --backtest` writes them again.")
+    done = b["pairs"] + b["sizes"]
+    predictors = b.get("predictors") or ["bootstrap", "shifted", "calibrated"]
+    levels = next((list(e["coverage"]) for d in done for e in d.get("scores", {}).values()), [])
+    lines = [f"Each backtest fits the `{b['law']}` law on some runs and predicts runs it never saw (measured − predicted, "
+             "nats): along compute (fitted on the budgets up to one, predicting every row at a higher one) and along N "
+             "(fitted on the sizes below a threshold, predicting every row at or above it: every row at or beyond a "
+             "threshold is held out). Three predictors, each calibrated only on the backtests inside its own fitted "
+             "data: `bootstrap` (the law's resamples and its in-sample residual), `shifted` (that, moved by the latest "
+             "earlier backtest's mean miss) and `calibrated` (a shift per decade of distance from the fitted data in "
+             "compute, N and D/N, and a spread per decade, both from earlier backtests). Scores: coverage of the "
+             f"central intervals at {', '.join(f'{float(lv):.0%}' for lv in levels)}, CRPS and the 95% interval score "
+             "(lower is better for both).", "",
+             "| backtest | rows | law: mean error | predictor | " + " | ".join(f"{float(lv):.0%}" for lv in levels)
+             + " | CRPS | 95% interval score | 95% width |",
+             "| --- | --- | --- | --- | " + " | ".join("---" for _ in levels) + " | --- | --- | --- |"]
+    for d in done:
+        for name in predictors:
+            sc = d.get("scores", {}).get(name)
+            head = f"| {d['label']} | {d['n']} | {d['mean_error']:+.3f} |" if name == predictors[0] else "| | | |"
+            if sc is None:
+                why = (d.get({"bootstrap": "old"}.get(name, name)) or {}).get("reason") or "not scored"
+                lines.append(f"{head} {name} | " + " | ".join("–" for _ in levels) + f" | {why} | | |")
+                continue
+            best = " **" if d.get("winner") == name else " "
+            lines.append(f"{head} {name} | " + " | ".join(f"{sc['coverage'][lv]:.0%}" for lv in levels)
+                         + f" |{best}{sc['crps']:.4f}{best.strip()} | {sc['interval_score']:.3f} | {sc['width']:.3f} |")
+    choice = b.get("choice") or {}
     notes = []
-    if unavailable:
-        which = ", ".join(f"{fmt(p['fit_budget'])} → {fmt(p['target_budget'])}" for p, _ in unavailable)
-        notes.append(f"Calibrated intervals cannot be estimated for {which}: {unavailable[0][1]}.")
-    scored = [p for p in b["pairs"] if p["calibrated"].get("available")]
-    for p in scored:
-        cal, old = p["calibrated"], p["old"]
-        k = cal["calibration"]["k"]
-        notes.append(f"Fitted on {fmt(p['fit_budget'])} and predicting {fmt(p['target_budget'])}, calibrated on {k} "
-                     f"backtest{'s' if k != 1 else ''} inside: the calibrated intervals hold {cal['inside']} of {cal['n']} rows "
-                     f"against the old {old['inside']}, at {cal['mean_width'] / old['mean_width']:.1f}x the old width"
-                     + (" (the shared shift's scale rests on one backtest, a t with 1 dof: honest, and wide)" if k == 1 else "")
-                     + (f"; gaps {cal['gap_inside']} of {cal['gap_n']} at {cal['gap_mean_width'] / old['gap_mean_width']:.2f}x "
-                        f"the old gap width, where the shared shift cancels" if cal.get("gap_mean_width") and old.get("gap_mean_width") else "")
+    if choice.get("n"):
+        notes.append(f"The predictor `scaling predict` uses: **{choice['winner']}**, {choice['rule']} "
+                     f"({choice['n']} backtest{'s' if choice['n'] != 1 else ''}: {', '.join(choice['backtests'])}): "
+                     f"mean CRPS {choice['crps'][choice['winner']]:.4f} against {choice['runner_up']}'s "
+                     f"{choice['crps'][choice['runner_up']]:.4f} ({choice['relative']:.0%} lower), and "
+                     + ", ".join(f"{n} {c:.4f}" for n, c in choice["crps"].items() if n not in (choice["winner"], choice["runner_up"]))
                      + ".")
-    registered = (f.get("prediction") or {}).get("budget")
-    if registered and any(math.isclose(p["target_budget"], registered, rel_tol=1e-9) for p in scored):
-        notes.append(f"C = {fmt(registered)} is the budget predicted before it was trained: the registered prediction "
-                     "above stays as it was made, and this row scores the calibrated method on it post hoc (its runs "
-                     "existed when it was computed).")
-    notes.append("A fourth budget would give the top pair two backtests inside and narrow its level intervals; only "
-                 "new runs can show whether the calibrated coverage holds there.")
+    elif choice:
+        notes.append(f"The predictor `scaling predict` uses: {choice['winner']} ({choice['rule']}).")
+    nested = [d for d in done if d.get("chosen")]
+    if nested:
+        notes.append("The whole procedure, choice included, on data it never saw (each backtest's predictor chosen "
+                     "on the backtests inside its fitted data alone): "
+                     + "; ".join(f"{d['label']}: {d['chosen']['predictor']}, 95% coverage "
+                                 f"{d['chosen']['scores']['coverage'].get('0.95', float('nan')):.0%}, CRPS "
+                                 f"{d['chosen']['scores']['crps']:.4f}" for d in nested) + ".")
+    if b.get("skipped"):
+        notes.append("Not backtested: " + "; ".join(f"{s['label']} ({s['reason']})" for s in b["skipped"]) + ".")
     return "\n\n".join(["\n".join(lines)] + notes)
 
 
