@@ -7,7 +7,7 @@ better than kumar_eff can; a recipe it was not fitted on is refused in one line;
 Each study is a ladder of runs (N, final D/N, recipe, seed), each evaluated at three points of its WSD
 schedule. A run's luck is mostly shared by the recipes at one (N, D/N, seed), as a seed fixes the init and
 the data order (matched.py measured a median correlation of 0.45 across recipes), plus a small part of its
-own and noise per evaluation. Small start grids keep each fit to a second or two."""
+own and noise per evaluation. Small start grids keep each fit to a few seconds."""
 
 from __future__ import annotations
 
@@ -77,6 +77,33 @@ def test_recipe_gap_hand_computed_and_registered():
     # kumar_eff's multipliers stay positive and 1 at the reference (the generalised per-recipe mechanism)
     eff = laws.get("kumar_eff").for_recipes(["bf16", "a"])
     assert eff.fixed == {"eN[bf16]": 1.0, "eD[bf16]": 1.0} and {"eN[a]", "eD[a]"} <= eff.positive
+
+
+def test_recipe_gap_in_jax_agrees_and_its_gradient_is_finite():
+    """numpy and JAX agree; the gradient is finite at the reference's rows (k = 0) and at a wild start."""
+    import jax
+    import jax.numpy as jnp
+
+    law = laws.get("recipe_gap").for_recipes(["bf16", "a", "b"])
+    p = dict(CHINCHILLA, gamma_D=0.5, gamma_N=0.4, **{"k[a]": 0.02, "k[b]": -0.01, "k[bf16]": 0.0})
+    x = {"N": np.array([1e7, 1e8, 3e8]), "D": np.array([1e9, 2e9, 1e11]), "recipe": np.array([0.0, 1.0, 2.0])}
+    np.testing.assert_allclose(np.asarray(law.log_predict(p, {k: jnp.asarray(v) for k, v in x.items()}, jnp)),
+                               law.log_predict(p, x), rtol=1e-6)
+    for q in (p, dict(p, gamma_D=40.0, gamma_N=-40.0, **{"k[b]": -5.0})):
+        grad = jax.jit(jax.grad(lambda q: jnp.sum(law.log_predict(q, x, jnp))))({k: jnp.float32(v) for k, v in q.items()})
+        assert all(np.isfinite(float(g)) for g in grad.values()), grad
+
+
+def test_a_per_recipe_reference_value_is_checked_in_one_line():
+    def form(p, x, xp):
+        return [xp.log(p["E"]) + 0.0 * x["N"]]
+
+    common = dict(params=("E", "k"), columns=("N", "recipe"), init_grid={"E": [1.0], "k": [1.0]}, per_recipe=("k",))
+    with pytest.raises(ConfigError, match=r"^laws\.bad_ref\.per_recipe_reference: got \['E'\]; allowed: per-recipe params: \['k'\]$"):
+        laws.register(**common, positive=("E",), per_recipe_reference={"E": 0.0}, name="bad_ref")(form)
+    with pytest.raises(ConfigError, match=r"^laws\.bad_pos\.per_recipe_reference\.k: got 0\.0; allowed: > 0 \(param is positive\)$"):
+        laws.register(**common, positive=("E", "k"), per_recipe_reference={"k": 0.0}, name="bad_pos")(form)
+    assert "bad_ref" not in laws.names() and "bad_pos" not in laws.names()
 
 
 @pytest.mark.slow
