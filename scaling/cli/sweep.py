@@ -127,10 +127,8 @@ def main(args: argparse.Namespace) -> int:
     return 130
 
 
-def _main(args: argparse.Namespace) -> int:
-    from scaling.study.sweeps import design_checks, devices, sweep, takeoff
-    from scaling.study.sweeps.summary import Summary
-
+def _check_options(args: argparse.Namespace) -> None:
+    """Refuse option values no sweep runs with, and (unless a dry run) an --out this process cannot write."""
     if args.workers is not None and args.workers < 0:
         raise ConfigError("--workers", args.workers, "an integer >= 0")
     if args.hang_timeout <= 0:
@@ -143,24 +141,27 @@ def _main(args: argparse.Namespace) -> int:
     if not args.dry_run:  # refused before any take-off or run (a dry run writes nothing)
         from scaling._io import check_writable_dir
         check_writable_dir("--out", args.out)
-    pins = _gpu_pins(args)
-    if args.gpus_per_run > 1 and not _sets_parallel_data(args):
-        args.set = [*args.set, f"parallel.data={round(args.gpus_per_run)}"]  # a layout: the run ids stay
-    out_root = Path(args.out)
-    name = sweep.experiment_points(args.experiment, args.set)[0]
-    pinned = sweep.pinned_corpus(args.experiment, args.set)
-    committed = Summary(Path(args.summary), {name: pinned}) if args.summary else Summary.of(out_root, name, {name: pinned})
-    specs = sweep.expand(args.experiment, args.set, landed=out_root, summary=committed)
-    todo = _todo(specs, out_root, committed)
-    if committed.path.is_file():
-        reused = committed.landed_ids() & {s.run_id for s in specs}
-        print(f"{committed.path}: {len(reused)} of these runs landed there (reused, not trained again)")
-        elsewhere = committed.elsewhere()
-        elsewhere = elsewhere[elsewhere["run_id"].isin({s.run_id for s in specs})].drop_duplicates("run_id")
-        if len(elsewhere):
-            corpora = ", ".join(sorted(map(str, elsewhere["corpus"].fillna("no recorded corpus").unique())))
-            print(f"{committed.path}: {len(elsewhere)} of these runs trained on another corpus ({corpora}), "
-                  f"not the pinned {pinned}: trained again, their rows replaced as they land")
+
+
+def _print_reused(committed: Summary, specs: list, pinned: str) -> None:
+    """How many of these runs the committed summary holds, and how many of those trained on another corpus
+    than the pinned one (trained again)."""
+    if not committed.path.is_file():
+        return
+    reused = committed.landed_ids() & {s.run_id for s in specs}
+    print(f"{committed.path}: {len(reused)} of these runs landed there (reused, not trained again)")
+    elsewhere = committed.elsewhere()
+    elsewhere = elsewhere[elsewhere["run_id"].isin({s.run_id for s in specs})].drop_duplicates("run_id")
+    if len(elsewhere):
+        corpora = ", ".join(sorted(map(str, elsewhere["corpus"].fillna("no recorded corpus").unique())))
+        print(f"{committed.path}: {len(elsewhere)} of these runs trained on another corpus ({corpora}), "
+              f"not the pinned {pinned}: trained again, their rows replaced as they land")
+
+
+def _print_eta(args: argparse.Namespace, specs: list, todo: list, out_root: Path, pins: list | None) -> None:
+    """The plan in one line: runs landed and to run, and the estimated time (take-off's probes where flown)."""
+    from scaling.study.sweeps import takeoff
+
     lanes = (len(pins) if pins else args.workers or 1) if args.executor == "local" else 1
     eta, timed, shapes = takeoff.eta_seconds(todo, out_root, lanes)
     source = (f", {timed} of {shapes} shapes timed by take-off probes" if timed else
@@ -168,21 +169,34 @@ def _main(args: argparse.Namespace) -> int:
     print(f"{len(specs)} runs in {specs[0].sweep if specs else '-'}: {len(specs) - len(todo)} landed, "
           f"{len(todo)} to run, estimated {eta / 60:.1f} min{source}; take-off and each run's start counted, "
           f"building a corpus or tokenizer that is not cached not counted")
-    if args.dry_run:
-        for spec in specs:
-            print(f"  {spec.run_id}  {'done' if spec not in todo else 'todo'}  {sweep.describe(spec.config)}")
-        if args.pack > 1:
-            print(f"  {sweep.pack_plan(todo, args.pack)}")
-        notes, warnings = design_checks.check(args.experiment, args.set, out_root, committed)
-        for line in notes:
-            print(f"  {line}")
-        for line in warnings:
-            print(f"warning: {line}")
-        try:
-            sweep.check_corpus(todo, out_root)
-        except ConfigError as e:  # a dry run only looks: say what training here would meet
-            print(f"warning: training here would stop: {e}")
-        return 0
+
+
+def _dry_run(args: argparse.Namespace, specs: list, todo: list, out_root: Path, committed: Summary) -> int:
+    """--dry-run: each run and whether it is done, the pack plan, the design's notes and warnings, and
+    whether training here would stop on the corpus; writes nothing."""
+    from scaling.study.sweeps import design_checks, sweep
+
+    for spec in specs:
+        print(f"  {spec.run_id}  {'done' if spec not in todo else 'todo'}  {sweep.describe(spec.config)}")
+    if args.pack > 1:
+        print(f"  {sweep.pack_plan(todo, args.pack)}")
+    notes, warnings = design_checks.check(args.experiment, args.set, out_root, committed)
+    for line in notes:
+        print(f"  {line}")
+    for line in warnings:
+        print(f"warning: {line}")
+    try:
+        sweep.check_corpus(todo, out_root)
+    except ConfigError as e:  # a dry run only looks: say what training here would meet
+        print(f"warning: training here would stop: {e}")
+    return 0
+
+
+def _preflight(args: argparse.Namespace, todo: list, out_root: Path, pins: list | None) -> list | None:
+    """The checks before anything compiles: the corpus, runs wider than a slot, and every GPU a run will see
+    (the local slots, or the Ray cluster's); returns the slots that passed."""
+    from scaling.study.sweeps import devices, sweep
+
     sweep.check_corpus(todo, out_root)
     if args.executor == "local":  # fresh runs wider than a slot: refused once, before take-off
         slot = len(pins[0]["CUDA_VISIBLE_DEVICES"].split(",")) if pins else None
@@ -191,6 +205,15 @@ def _main(args: argparse.Namespace) -> int:
         pins = devices.check_gpu_slots(pins, sweep.worker_env, devices.check_gpu_pins)  # every GPU of a slot
     if args.executor == "ray" and args.gpus_per_run > 0:  # the same on every GPU of the Ray cluster
         devices.check_ray_gpus(int(sweep.start_ray(args.ray_address, args.gpus_per_run)), sweep.worker_env)
+    return pins
+
+
+def _run_rounds(args: argparse.Namespace, specs: list, todo: list, out_root: Path, committed: Summary, name: str,
+                pins: list | None) -> tuple[dict[str, int], list[dict]]:
+    """Take off and run `todo`, then each round of replicates the landed minima call for: (counts by
+    outcome over every round, the slow runs)."""
+    from scaling.study.sweeps import sweep, takeoff
+
     counts: dict[str, int] = {}
     slow: list[dict] = []
     while todo:  # a design with replicates: the runs its landed minima call for come in the next round
@@ -215,6 +238,29 @@ def _main(args: argparse.Namespace) -> int:
         todo = [s for s in _todo(specs, out_root, committed) if s.run_id not in tried]
         if todo:
             print(f"replicates: {len(todo)} runs at the landed IsoFLOP minima and their neighbours")
+    return counts, slow
+
+
+def _main(args: argparse.Namespace) -> int:
+    from scaling.study.sweeps import sweep
+    from scaling.study.sweeps.summary import Summary
+
+    _check_options(args)
+    pins = _gpu_pins(args)
+    if args.gpus_per_run > 1 and not _sets_parallel_data(args):
+        args.set = [*args.set, f"parallel.data={round(args.gpus_per_run)}"]  # a layout: the run ids stay
+    out_root = Path(args.out)
+    name = sweep.experiment_points(args.experiment, args.set)[0]
+    pinned = sweep.pinned_corpus(args.experiment, args.set)
+    committed = Summary(Path(args.summary), {name: pinned}) if args.summary else Summary.of(out_root, name, {name: pinned})
+    specs = sweep.expand(args.experiment, args.set, landed=out_root, summary=committed)
+    todo = _todo(specs, out_root, committed)
+    _print_reused(committed, specs, pinned)
+    _print_eta(args, specs, todo, out_root, pins)
+    if args.dry_run:
+        return _dry_run(args, specs, todo, out_root, committed)
+    pins = _preflight(args, todo, out_root, pins)
+    counts, slow = _run_rounds(args, specs, todo, out_root, committed, name, pins)
     print("landed: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
     for run in slow:
         print(f"slow run {run['run_id']}: {run['tokens_per_s']:.0f} tokens/s vs peer median "

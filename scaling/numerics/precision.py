@@ -20,8 +20,9 @@ max) travel as a float32 vector (`format_vector`), so one compiled train step se
 the same granularity. `RecipeStructure` is the static, format-free part a model stores; its
 `RoleStructure.exact_in_bf16` says whether a role's grid is exact in bfloat16 (the fast path).
 
-One module: the Recipe, its static RecipeStructure and the preset registry are
-one value and the names it is built from.
+One module: the Recipe, the static RecipeStructure a model stores of it, the presets and the parser
+(`get`) change together: a new role or switch is a field of the first, a part of the second and a key
+the other two build and check.
 """
 
 from __future__ import annotations

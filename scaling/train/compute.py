@@ -47,6 +47,10 @@ A cost model turns parts into 16-bit FLOP units (one BF16 FLOP = 1):
 In `bits` and the GPU models an operand the recipe leaves unquantised (attention, head, a
 forward-only backward) costs `high_bits` (default 16: real low-precision training keeps these in
 BF16), except in a run that quantises nothing: the FP32 reference costs 32 bits throughout.
+
+One module: the parts and their operands' bits are the columns a results row carries (`columns`) and
+every cost model prices exactly those columns back (`CostModel`), so a new part, role or scale layout
+changes both sides together.
 """
 
 from __future__ import annotations

@@ -180,6 +180,82 @@ def replicate_noise(df: pd.DataFrame) -> tuple[float, int]:
     return float(np.sum(dev ** 2)), int(len(rep) - rep.groupby(keys).ngroups)
 
 
+def _empty_isoflop(pts: pd.DataFrame, budget: float, cost: compute_lib.CostModel, level: float,
+                   noise: tuple[float, int]) -> dict[str, Any]:
+    """isoflop's result before any fit: every field empty, one entry per recipe with its runs at the budget."""
+    out: dict[str, Any] = {"budget": float(budget), "cost_model": cost.name, "level": level, "recipes": [],
+                           "sigma": None, "dof": 0, "noise_source": None, "best": None, "runner_up": None,
+                           "diff": None, "seed_sigma": math.sqrt(noise[0] / noise[1]) if noise[1] else None,
+                           "seed_dof": int(noise[1]), "sigma_parabolas": None, "shape_share": None,
+                           "shape_effects": [], "diff_ci": None, "winner": None, "reason": "", "pairs": []}
+    for recipe, g in pts.groupby("recipe", sort=True):
+        out["recipes"].append({"recipe": recipe, "bits_eff": float(g["bits_eff"].iloc[0]), "P": float(g["P"].iloc[0]),
+                               "runs": int(len(g)), "sizes": int(g["N"].nunique()),
+                               "interpolated": int(g["interpolated"].sum()), "N_opt": None, "D_opt": None, "loss": None,
+                               "ci": None, "inside": None, "p_best": None, "parabola": None, "gap": None,
+                               "gap_ci": None})
+    return out
+
+
+def _shape_effects(out: dict[str, Any], design: shapes.JointDesign, res: dict[str, np.ndarray], rss_parabolas: np.ndarray,
+                   pts: pd.DataFrame) -> None:
+    """Fill out's shape_share and shape_effects from the joint fit (nothing without shared shapes)."""
+    if design.shapes:
+        rss = float(res["rss"][0])
+        out["shape_share"] = float(1 - rss / rss_parabolas[0]) if rss_parabolas[0] > 0 else None
+        for shape, sx, u in zip(design.shapes, design.shape_x, res["shape_effects"][0]):
+            on = sorted(set(pts.loc[pts["shape"] == shape, "recipe"]))
+            out["shape_effects"].append({"shape": str(shape), "N": float(math.exp(sx)), "effect": float(u), "recipes": on})
+
+
+def _minima(fitted: list[dict[str, Any]], pts: pd.DataFrame, res: dict[str, np.ndarray]) -> None:
+    """Fill each fitted recipe's minimum: N_opt, D_opt, loss, inside, parabola, ci, p_best."""
+    for j, e in enumerate(fitted):
+        mine = pts[pts["recipe"] == e["recipe"]].sort_values("N")
+        # the tokens at the optimum: log D interpolated in log N between the recipe's runs (D ~ C / N)
+        e["D_opt"] = float(np.exp(np.interp(res["x_opt"][0, j], np.log(mine["N"].to_numpy(float)),
+                                            np.log(mine["D"].to_numpy(float)))))
+        e.update(N_opt=float(math.exp(res["x_opt"][0, j])), loss=float(res["loss"][0, j]), inside=bool(res["inside"][0, j]),
+                 parabola=[float(c) for c in res["coef"][0, 3 * j:3 * j + 3]], ci=[float(c) for c in res["ci"][0, j]],
+                 p_best=float(res["p_best"][0, j]))
+
+
+def _gaps_and_pairs(out: dict[str, Any], fitted: list[dict[str, Any]], names: list[str], pts: pd.DataFrame,
+                    res: dict[str, np.ndarray], pairs: Sequence[tuple[str, str]], level: float) -> None:
+    """Fill each fitted recipe's gap to the reference and out's `pairs`, paired over the same resamples."""
+    reference = high_precision_recipe(pts[["recipe", "P"]])
+    for e in fitted:
+        if e["recipe"] != reference:
+            e["gap"], e["gap_ci"] = _paired(res, names, e["recipe"], reference, level)
+    for a, b_ in pairs:
+        if a in names and b_ in names:
+            diff, pci = _paired(res, names, a, b_, level)
+            both_inside = bool(res["inside"][0, names.index(a)] and res["inside"][0, names.index(b_)])
+            out["pairs"].append({"a": a, "b": b_, "diff": diff, "ci": pci, "inside": both_inside,
+                                 "verdict": pair_verdict(a, b_, diff, pci, both_inside, level)})
+
+
+def _winner(out: dict[str, Any], fitted: list[dict[str, Any]], names: list[str], res: dict[str, np.ndarray],
+            shaped: bool, level: float) -> None:
+    """Fill out's best, runner_up, diff, diff_ci, winner and reason: a winner only where the difference's CI
+    excludes zero and every fitted minimum lies inside its sizes."""
+    b, r = int(res["best"][0]), int(res["runner_up"][0])
+    ci = [float(c) for c in res["diff_ci"][0]]
+    out.update(best=names[b], runner_up=names[r], diff=float(res["diff"][0]), diff_ci=ci)
+    edge = [e["recipe"] for e in fitted if not e["inside"]]
+    adjusted = " (shape-adjusted)" if shaped else ""
+    if ci[0] <= 0:
+        out["reason"] = (f"cannot tell: {names[b]} vs {names[r]} differ by {out['diff']:.3f} nats{adjusted}, "
+                         f"{level:.0%} CI [{ci[0]:.3f}, {ci[1]:.3f}] includes zero")
+    elif edge:
+        out["reason"] = (f"cannot tell: the minimum of {', '.join(edge)} lies at the edge of its sizes "
+                         "(it may be lower beyond them)")
+    else:
+        out["winner"] = names[b]
+        out["reason"] = (f"{names[b]} beats {names[r]} by {out['diff']:.3f} nats{adjusted} "
+                         f"({level:.0%} CI [{ci[0]:.3f}, {ci[1]:.3f}])")
+
+
 def isoflop(df: pd.DataFrame, budget: float, cost: compute_lib.CostModel | str = "bits", *,
             n_boot: int = 2000, seed: int = 0, level: float = LEVEL,
             noise: tuple[float, int] = (0.0, 0), shape_term: bool = True,
@@ -200,17 +276,7 @@ def isoflop(df: pd.DataFrame, budget: float, cost: compute_lib.CostModel | str =
     noise: (sum of squares, dof) of seed replicates (replicate_noise). shape_term=False fits the parabolas alone."""
     cost = compute_lib.get(cost)
     pts = points_at(df, budget, cost)
-    out: dict[str, Any] = {"budget": float(budget), "cost_model": cost.name, "level": level, "recipes": [],
-                           "sigma": None, "dof": 0, "noise_source": None, "best": None, "runner_up": None,
-                           "diff": None, "seed_sigma": math.sqrt(noise[0] / noise[1]) if noise[1] else None,
-                           "seed_dof": int(noise[1]), "sigma_parabolas": None, "shape_share": None,
-                           "shape_effects": [], "diff_ci": None, "winner": None, "reason": "", "pairs": []}
-    for recipe, g in pts.groupby("recipe", sort=True):
-        out["recipes"].append({"recipe": recipe, "bits_eff": float(g["bits_eff"].iloc[0]), "P": float(g["P"].iloc[0]),
-                               "runs": int(len(g)), "sizes": int(g["N"].nunique()),
-                               "interpolated": int(g["interpolated"].sum()), "N_opt": None, "D_opt": None, "loss": None,
-                               "ci": None, "inside": None, "p_best": None, "parabola": None, "gap": None,
-                               "gap_ci": None})
+    out = _empty_isoflop(pts, budget, cost, level, noise)
     fitted = [e for e in out["recipes"] if e["sizes"] >= MIN_SIZES]
     if len(fitted) < 2:
         out["reason"] = f"fewer than two recipes with {MIN_SIZES}+ sizes reaching this budget"
@@ -233,45 +299,10 @@ def isoflop(df: pd.DataFrame, budget: float, cost: compute_lib.CostModel | str =
         return out
     res = shapes.compare(design, y, n_boot=n_boot, level=level, rng=np.random.default_rng(seed), sigma=sigma, dof=dof)
     out.update(sigma=float(res["sigma"][0]), dof=int(dof))
-    if design.shapes:
-        rss = float(res["rss"][0])
-        out["shape_share"] = float(1 - rss / rss_parabolas[0]) if rss_parabolas[0] > 0 else None
-        for shape, sx, u in zip(design.shapes, design.shape_x, res["shape_effects"][0]):
-            on = sorted(set(pts.loc[pts["shape"] == shape, "recipe"]))
-            out["shape_effects"].append({"shape": str(shape), "N": float(math.exp(sx)), "effect": float(u), "recipes": on})
-    for j, e in enumerate(fitted):
-        mine = pts[pts["recipe"] == e["recipe"]].sort_values("N")
-        # the tokens at the optimum: log D interpolated in log N between the recipe's runs (D ~ C / N)
-        e["D_opt"] = float(np.exp(np.interp(res["x_opt"][0, j], np.log(mine["N"].to_numpy(float)),
-                                            np.log(mine["D"].to_numpy(float)))))
-        e.update(N_opt=float(math.exp(res["x_opt"][0, j])), loss=float(res["loss"][0, j]), inside=bool(res["inside"][0, j]),
-                 parabola=[float(c) for c in res["coef"][0, 3 * j:3 * j + 3]], ci=[float(c) for c in res["ci"][0, j]],
-                 p_best=float(res["p_best"][0, j]))
-    reference = high_precision_recipe(pts[["recipe", "P"]])
-    for e in fitted:
-        if e["recipe"] != reference:
-            e["gap"], e["gap_ci"] = _paired(res, names, e["recipe"], reference, level)
-    for a, b_ in pairs:
-        if a in names and b_ in names:
-            diff, pci = _paired(res, names, a, b_, level)
-            both_inside = bool(res["inside"][0, names.index(a)] and res["inside"][0, names.index(b_)])
-            out["pairs"].append({"a": a, "b": b_, "diff": diff, "ci": pci, "inside": both_inside,
-                                 "verdict": pair_verdict(a, b_, diff, pci, both_inside, level)})
-    b, r = int(res["best"][0]), int(res["runner_up"][0])
-    ci = [float(c) for c in res["diff_ci"][0]]
-    out.update(best=names[b], runner_up=names[r], diff=float(res["diff"][0]), diff_ci=ci)
-    edge = [e["recipe"] for e in fitted if not e["inside"]]
-    adjusted = " (shape-adjusted)" if design.shapes else ""
-    if ci[0] <= 0:
-        out["reason"] = (f"cannot tell: {names[b]} vs {names[r]} differ by {out['diff']:.3f} nats{adjusted}, "
-                         f"{level:.0%} CI [{ci[0]:.3f}, {ci[1]:.3f}] includes zero")
-    elif edge:
-        out["reason"] = (f"cannot tell: the minimum of {', '.join(edge)} lies at the edge of its sizes "
-                         "(it may be lower beyond them)")
-    else:
-        out["winner"] = names[b]
-        out["reason"] = (f"{names[b]} beats {names[r]} by {out['diff']:.3f} nats{adjusted} "
-                         f"({level:.0%} CI [{ci[0]:.3f}, {ci[1]:.3f}])")
+    _shape_effects(out, design, res, rss_parabolas, pts)
+    _minima(fitted, pts, res)
+    _gaps_and_pairs(out, fitted, names, pts, res, pairs, level)
+    _winner(out, fitted, names, res, bool(design.shapes), level)
     return out
 
 

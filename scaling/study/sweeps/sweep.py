@@ -42,8 +42,8 @@ step on the device bit for bit its single steps (scaling.study.sweeps.takeoff.pa
 Ctrl-C (local executor, `_Stop`): no run starts after it, the runs in flight checkpoint and stop
 without landing (a rerun resumes them), and run_sweep raises Interrupted; a second one kills them.
 
-One module: the grid's expansion, the two executors and the crash-safe bookkeeping
-share the RunSpec and the directory layout above.
+One module: the grid's expansion, the two executors (with the child entry points and the Ray task they
+start) and the crash-safe bookkeeping share the RunSpec and the directory layout above.
 """
 
 from __future__ import annotations
