@@ -546,6 +546,15 @@ def prediction_section(p: dict, unit: str, posthoc: bool = False) -> str:
                   f"their fits' uncertainty only, not the measured vertex's); mean error {score['mean_error']:+.4f}, "
                   f"mean absolute error {score['mean_abs_error']:.4f}. Predicted: {p['reason']}. "
                   f"Measured: {score['measured_reason'] or 'no verdict'}."]
+    lines += _provenance_notes(p)
+    lines += _gap_scores_text(score)
+    return "\n".join(lines)
+
+
+def _provenance_notes(p: dict) -> list[str]:
+    """Where the prediction's fit and the measured budget trained on different corpora or kinds of host:
+    the errors hold that difference as well as the law's."""
+    lines: list[str] = []
     corpora = p.get("corpora") or {}
     if corpora.get("measured") and corpora.get("fitted") is None:
         lines += ["", f"This budget's runs trained on {', '.join(corpora['measured'])}. The prediction file does not "
@@ -566,6 +575,12 @@ def prediction_section(p: dict, unit: str, posthoc: bool = False) -> str:
                       f"at the lower budgets on other kinds too ({lower} runs). One config trained on two kinds of "
                       "host gives two runs whose losses differ (the GEMM paths round differently and training carries it on), so each error "
                       f"above holds that difference as well as the law's; {_host_shift_text(p)}."]
+    return lines
+
+
+def _gap_scores_text(score: dict) -> list[str]:
+    """Each recipe's predicted gap to the reference against the measured one, with the share inside."""
+    lines: list[str] = []
     gaps = score.get("gaps") or []
     if gaps:
         ref = score["reference"]
@@ -582,7 +597,7 @@ def prediction_section(p: dict, unit: str, posthoc: bool = False) -> str:
                       f"(the measurement's uncertainty only: the prediction file holds no interval for gaps); mean "
                       f"absolute gap error {score['gap_mean_abs_error']:.4f}, against {score['mean_abs_error']:.4f} "
                       f"for the minima themselves."]
-    return "\n".join(lines)
+    return lines
 
 
 def prediction_sections(facts: dict) -> list[str]:
