@@ -21,7 +21,6 @@ committed findings.json, without making figures.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -30,6 +29,7 @@ sys.path.insert(0, str(ROOT))  # run from a fresh clone without installing the p
 
 import readme  # noqa: E402  (paper_figures/readme.py: this study's README block)
 from scaling.cli import figures  # noqa: E402
+from scaling.study.report import schema  # noqa: E402
 from scaling._io import atomic_write_text  # noqa: E402
 from scaling.errors import ConfigError  # noqa: E402
 
@@ -75,8 +75,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def write_readme_findings(findings_path: Path) -> None:
-    """README.md's findings block from `findings_path`; the file is rewritten only if the block changed."""
-    findings = json.loads(findings_path.read_text(encoding="utf-8"))
+    """README.md's findings block from `findings_path` (checked against its schema: another version is a
+    ConfigError); the file is rewritten only if the block changed."""
+    findings = schema.load(findings_path).to_json()
     text = README.read_text(encoding="utf-8")
     new = readme.with_findings(text, readme.findings_markdown(findings))
     if new != text:

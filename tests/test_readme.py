@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import re
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import pytest
 from scaling.errors import ConfigError
 from scaling.numerics import precision
 import readme
-from scaling.study.report import prose
+from scaling.study.report import prose, schema
 from scaling.study.analysis import laws
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,7 +37,7 @@ def test_readme_is_a_front_door_of_at_most_200_lines():
 
 
 def test_readme_findings_block_is_generated_from_the_committed_findings():
-    findings = json.loads((ROOT / "paper_figures" / "findings.json").read_text(encoding="utf-8"))
+    findings = schema.load(ROOT / "paper_figures" / "findings.json").to_json()  # its schema checked
     text = _readme()
     assert readme.with_findings(text, readme.findings_markdown(findings)) == text
     block = text[text.index(readme.BEGIN):text.index(readme.END)]
@@ -47,7 +46,7 @@ def test_readme_findings_block_is_generated_from_the_committed_findings():
 
 
 def test_findings_block_opens_with_reports_answer_and_states_pstar_as_its_law_allows():
-    findings = json.loads((ROOT / "paper_figures" / "findings.json").read_text(encoding="utf-8"))
+    findings = schema.load(ROOT / "paper_figures" / "findings.json").to_json()  # its schema checked
     text = readme.findings_markdown(findings)
     # REPORT's answer word for word: a cell per chip and budget, the winner where the data tell, else "cannot tell"
     assert prose.answer_section(findings) in text

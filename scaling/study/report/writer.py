@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from scaling.study.analysis import isoflop as analysis, chips, costs, fit, laws, matched
-from scaling.study.report import plots
+from scaling.study.report import plots, schema
 from scaling.study.analysis import findings as findings_lib
 from scaling.study.analysis.fit import FitResult
 from scaling.study.analysis.prediction import predict as predict_lib
@@ -27,7 +27,7 @@ from scaling.study.analysis.pstar import profile as profile_lib
 from scaling.study.report.law_prose import fitted_law, heldout_error, prediction_sections, pstar_section
 from scaling.study.report.prose import (answer_section, chips_section, corpus_of, findings_section, fmt,
     granularity_section, law_errors, limitations, matched_section, outliers_section, what_was_run)
-from scaling._io import atomic_write_json, atomic_write_text
+from scaling._io import atomic_write_text
 from scaling.errors import ConfigError, user_code
 
 def _allocation_note(fit_result) -> str:
@@ -128,7 +128,7 @@ def write_report(results_df: pd.DataFrame, fit_result: Any, out_dir: str | Path,
     for f in figures:
         if isinstance(f, plots.Skipped) and echo is not None:
             echo(f"Figure {f.number} ({f.title}) skipped: {f.reason}")
-    atomic_write_json(out_dir / "findings.json", facts)
+    schema.write(out_dir / "findings.json", facts)  # with schema_version, checked as readers check it
     built_in = {"answer": ["## The answer: which precision to train in", "", answer_section(facts), ""],
                 "matched": (["## At matched tokens: what the formats do", "", matched_section(facts), ""]
                             if facts.get("matched") else []),
