@@ -38,8 +38,8 @@ def findings_markdown(f: dict) -> str:
     (prose.answer_section), then one short bullet per other finding; REPORT has the detail."""
     unit = f["loss_unit"]
     lines = [GENERATED_NOTE,
-             f"{f['runs']} IsoFLOP runs ({_span(f['seeds_per_cell'])} seeds per size, recipe and token count); loss in "
-             f"{unit}. REPORT.md opens with the same answer:", "", prose.answer_section(f), ""]
+             f"{f['runs']} IsoFLOP runs, {_span(f['seeds_per_cell'])} seeds per cell; loss in {unit}; REPORT.md opens "
+             "with the same answer.", "", prose.answer_section(f), ""]
     lines += _corpora(f)
     lines += _prediction(f, unit)
     lines += _law(f.get("law") or {})
@@ -49,8 +49,6 @@ def findings_markdown(f: dict) -> str:
     if f.get("outliers"):
         lines += _outliers(f["outliers"], unit)
     lines += _gpu_pilot(f.get("gpu_pilot"), unit)
-    lines += ["", "[REPORT.md](paper_figures/REPORT.md) has the rest: the IsoFLOP profiles of the `bits` design, every "
-                  "recipe on every chip, P\\* at every budget, the integer and FP4 arms, the backtests and the figures."]
     return "\n".join(lines) + "\n"
 
 
@@ -127,43 +125,42 @@ def _gpu_pilot(g: dict | None, unit: str) -> list[str]:
     """The GPU pilot beside the CPU study: its verdict and each recipe's gap to its reference, per budget."""
     if not g:
         return []
-    corpus = f", on that machine's corpus ({g['corpus']})" if g.get("corpus") else ""
-    head = (f"- **The GPU pilot** ({g['runs']} runs of `experiments/gpu_pilot.toml` on a GPU{corpus}, compared only "
-            f"with each other; [docs/gpu.md](docs/gpu.md)):")
+    head = (f"- **The GPU pilot** ({g['runs']} runs on a GPU, its own corpus, compared only with each other; "
+            "[docs/gpu.md](docs/gpu.md)):")
     if not g.get("budgets"):
         return [head + " no budget has IsoFLOP profiles yet: cannot tell."]
     lines = [head]
     for b in g["budgets"]:
-        text = f"  - C = {_num(b['budget'])}: {_first_sentence(_verdict(b, unit))}"
+        text = f"  - C = {_num(b['budget'])}: {_first_sentence(_verdict(b, unit)).split(' (P(best)')[0].rstrip('.')}."
         reference = next((e["recipe"] for e in b["recipes"] if e.get("gap") is None and e.get("loss") is not None), None)
         gaps = sorted((e for e in b["recipes"] if e.get("gap") is not None and e.get("gap_ci")), key=lambda e: e["gap"])
         if reference and gaps:
-            text += (f" Against {reference} (IsoFLOP minimum minus the reference's, 95% CI): "
+            text += (f" Minimum minus {reference}'s (95% CI): "
                      + "; ".join(_gap(e["recipe"], e["gap"], e["gap_ci"], e.get("inside", True)) for e in gaps) + ".")
         lines.append(text)
     return lines
 
 
 def _law(law: dict) -> list[str]:
+    """The chosen law in one sentence: how it was chosen, how stable the choice is, its exponents; REPORT
+    has the candidates, the splits and the tests."""
     selection = law.get("selection")
     if not law.get("name"):
         return []
     params = law.get("params") or {}
     text = f"- **Which law.** `{law['name']}`"
     if selection:
-        scores = {c["name"]: c for c in selection["candidates"] if c.get("score") is not None}
-        chosen = scores.get(selection["chosen"])
-        others = sorted((c for n, c in scores.items() if n != selection["chosen"]), key=lambda c: c["score"])
-        if chosen is not None:
-            pt = selection.get("precision_test") or {}
-            splits = " and ".join(selection.get("splits") or []) or "one"
-            text += (f", chosen by held-out precision gaps (mean absolute error {chosen['score']:.3f} nats over the "
-                     f"{splits} splits" + (f"; it beats `chinchilla`, which has no precision term: p = {pt['p_value']:.2g}, "
-                                              f"{pt['n_clusters']} (N, seed) clusters, {pt['n']} held-out gaps"
-                                           if pt.get("beats") and pt.get("p_value") is not None else "") + ")")
-        close = [c for c in others if c.get("within_noise")]
-        if close:
-            text += f"; {len(close)} other law{'s' if len(close) > 1 else ''} within noise of it (REPORT names them)"
+        scores = {c["name"]: c for c in selection["candidates"] if c.get("score") is not None and not c.get("degenerate")}
+        best = min(scores.values(), key=lambda c: c["score"]) if scores else None
+        pt = selection.get("precision_test") or {}
+        text += (", chosen on strict held-out splits of the precision gaps"
+                 + (f" as the law with the fewest params within noise of the best (`{best['name']}`)"
+                    if best and best["name"] != law["name"] and (scores.get(law["name"]) or {}).get("within_noise") else "")
+                 + (f"; it beats `chinchilla`, which has no precision term (p = {pt['p_value']:.2g})"
+                    if pt.get("beats") and pt.get("p_value") is not None else ""))
+        share = (selection.get("stability") or {}).get(law["name"])
+        if share is not None:
+            text += f"; chosen in {share:.0%} of {selection.get('stability_resamples')} cell resamples"
     if {"alpha", "beta"} <= set(params):
         a, b = params["alpha"], params["beta"]
         split = b / (a + b)
@@ -173,69 +170,44 @@ def _law(law: dict) -> list[str]:
             text += f" (outside the published {lo:g}–{hi:g}, so not extrapolated to cluster scale)"
     heldout = law.get("heldout")
     if heldout and heldout.get("mare") is not None:
-        text += (f"; error on the largest {heldout['by']} held out {heldout['mare']:.1%} "
-                 f"({heldout['n_test']} points)")
+        text += f"; error on the largest {heldout['by']} held out {heldout['mare']:.1%}"
     return [text + "."]
 
 
 def _pstar(f: dict) -> list[str]:
+    """P* at the largest budget in one bullet: the measured recipes first (what the IsoFLOP measurement
+    cannot rule out), then the chosen law's continuous P* and its best format (REPORT has every budget, the
+    formats within the law's error and which are untrained)."""
     if not f.get("P_star"):
         return ["- **P\\***: no precision-aware law was fitted, so there is no P\\*."]
-    profiled = any((e.get("profile") or {}).get("rows") for e in f["P_star"])
-    lines = ["- **P\\*, as a profile over the formats chips run** (the law's loss at each format's compute-optimal N, "
-             "formats within the law's error not told apart; REPORT has every budget):"
-             if profiled else
-             "- **P\\*, the compute-optimal precision** (the law's choice and what the measurement cannot rule out; "
-             "REPORT has every budget):"]
-    for e in f["P_star"][-1:]:  # the largest budget; REPORT has each
-        head = f"  - C = {_num(e['compute'])}: "
-        if "error" in e:
-            lines.append(head + f"no P\\* ({e['error']}).")
-            continue
-        if e.get("no_bits_axis"):
-            # a law on quantisation errors ranks the measured recipes: a choice among them, not an interval
-            ranked = e.get("recipes") or []
-            choice = [ranked[0]] if ranked else []
-            choice += [m for m in e.get("measured") or [] if m["recipe"] not in {c["recipe"] for c in choice}]
-            names = ", ".join(f"{c['recipe']} ({c['bits']:.3g} bits)" for c in choice) or "none"
-            law_choice = f"; the law prefers {ranked[0]['recipe']}" if ranked else ""
-            text = (f"**{names}**: a choice among measured recipes, not an interval of P\\* "
-                    f"(`{e['no_bits_axis']}` has no bits axis{law_choice}")
-        elif (e.get("profile") or {}).get("rows"):
-            text = _profile(e["profile"], e)
-        else:
-            ci = f", bootstrap 95% CI {e['P_ci'][0]:.3g}–{e['P_ci'][1]:.3g}" if e.get("P_ci") else ""
-            text = f"**{_bits(e.get('law_interval') or e['interval'])}** (the law's P\\* {e['P']:.3g} bits{ci}"
-        measured = e.get("measured") or []
-        if measured:
-            text += "; the measurement cannot rule out " + ", ".join(f"{m['recipe']} ({m['bits']:.3g} bits)" for m in measured)
-        if e.get("no_bits_axis") and (e.get("profile") or {}).get("rows"):  # drawn from a within-noise law
-            text += f"); over the formats chips run, the `{e['profile']['law']}` law (within noise of it) puts " + _profile(e["profile"], e)
-        if e.get("no_bits_axis"):  # README keeps the claim; REPORT has the profile of a law within noise beside it
-            lines.append(head + text.split("; ")[0] + ").")
-            continue
-        lines.append(head + text + ("." if (e.get("profile") or {}).get("rows") else ")."))
-    return lines
-
-
-def _profile(p: dict, e: dict) -> str:
-    """One budget's P* profile: the best format, those within the law's held-out error of it, and
-    whether the law has a continuous P*."""
-    rows = sorted(p["rows"], key=lambda r: r["loss"])
-    best = rows[0]
-    error = (p.get("law_error") or 0.0) * best["loss"]
-    close = [r["name"] + (" (untrained)" if r.get("untrained") else "") for r in rows[1:] if r["loss"] - best["loss"] < error]
-    text = (f"under `{p['cost_model'].split(',')[0]}`, **{best['name']}** ({best['bits_per_element']:.3g} bits per element"
-            + (f", P(best) {best['p_best']:.2f}" if best.get("p_best") is not None else "") + ")")
-    text += (f"; within the law's error ({p['law_error']:.1%}) of it: {', '.join(close)}" if close else
-             "; no other format within the law's error of it")
-    star = p.get("pstar") or {}
+    e = f["P_star"][-1]
+    head = f"- **P\\*** at C = {_num(e['compute'])}: "
+    if "error" in e:
+        return [head + f"no P\\* ({e['error']})."]
+    measured = e.get("measured") or []
+    ruled = ("the measurement cannot rule out " + ", ".join(f"{m['recipe']} ({m['bits']:.3g} bits)" for m in measured)
+             if measured else "")
+    if e.get("no_bits_axis"):
+        # a law on quantisation errors ranks the measured recipes: a choice among them, not an interval
+        ranked = e.get("recipes") or []
+        choice = ([ranked[0]] if ranked else []) + [m for m in measured if m["recipe"] not in {r["recipe"] for r in ranked[:1]}]
+        names = ", ".join(f"{c['recipe']} ({c['bits']:.3g} bits)" for c in choice) or "none"
+        return [head + f"**{names}**: a choice among measured recipes, not an interval of P\\* "
+                f"(`{e['no_bits_axis']}` has no bits axis)."]
+    profile = e.get("profile") or {}
+    star = profile.get("pstar") or {}
     if star.get("P") is not None:
-        text += f"; continuous P\\* {star['P']:.3g} bits" + (f" (95% CI {star['ci'][0]:.3g}–{star['ci'][1]:.3g})" if star.get("ci") else "")
+        law = (f"the law's continuous P\\* **{star['P']:.3g} bits**"
+               + (f" (95% CI {star['ci'][0]:.3g}–{star['ci'][1]:.3g})" if star.get("ci") else ""))
     else:
-        text += f"; no continuous P\\* (`{p['law']}`" + (" reads integer exponent and mantissa bits" if e.get("P_grid") or "integer exponent" in str(star.get("reason")) else
-                                                         ": none inside the trained bits") + ")"
-    return text
+        ci = f", bootstrap 95% CI {e['P_ci'][0]:.3g}–{e['P_ci'][1]:.3g}" if e.get("P_ci") else ""
+        law = f"**{_bits(e.get('law_interval') or e['interval'])}** (the law's P\\* {e['P']:.3g} bits{ci})"
+    if profile.get("rows"):
+        rows = sorted(profile["rows"], key=lambda r: r["loss"])
+        close = sum(r["loss"] - rows[0]["loss"] < (profile.get("law_error") or 0.0) * rows[0]["loss"] for r in rows[1:])
+        law += (f"; of the formats chips run it ranks **{rows[0]['name']}** ({rows[0]['bits_per_element']:.3g} bits per "
+                f"element) first, {close} other{'s' if close != 1 else ''} within its error ({profile['law_error']:.1%})")
+    return [head + "; ".join(x for x in (ruled, law) if x) + "."]
 
 
 def _gap(recipe: str, gap: float, ci: Sequence[float], inside: bool) -> str:
@@ -245,7 +217,7 @@ def _gap(recipe: str, gap: float, ci: Sequence[float], inside: bool) -> str:
 
 def _granularity(g: dict, unit: str) -> list[str]:
     """One sentence: per format, the schemes that lower (or raise) the loss against per-tensor scaling."""
-    head = f"- **Scaling granularity** ({g['runs']} runs, each scheme against per-tensor current scaling, paired by seed"
+    head = f"- **Scaling granularity** ({g['runs']} runs; each scheme minus per-tensor scaling, paired by seed"
     if g.get("sigma") is None:
         return [head + "): no scheme has two seeds, so every comparison is *cannot tell*."]
     said = []

@@ -146,3 +146,11 @@ def test_answer_table_has_a_cell_per_chip_and_budget(result):
     lines = table.splitlines()
     assert len(lines) == 4 and lines[2].startswith("| fast4 | **narrow4**, ") and "below wide8 [+" in lines[2]
     assert lines[3].startswith("| slow4 | **wide8**, ") and "below narrow4" in lines[3]
+
+
+def test_chips_with_the_same_answer_share_a_row():
+    """A chip whose relative rates equal another's (as an H200's equal an H100's) gives the same answer: one row."""
+    twin = Chip("fast4b", dict(FAST4.charge))
+    got = chips.chip_verdicts(study(), BUDGETS, [FAST4, SLOW4, twin], reference="ref16", draws=20)
+    rows = chips.answer_table(got).splitlines()[2:]
+    assert len(rows) == 2 and rows[0].startswith("| fast4, fast4b | **narrow4**") and rows[1].startswith("| slow4 | ")

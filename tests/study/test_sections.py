@@ -98,8 +98,8 @@ def test_every_recipe_is_compared_on_every_chip(tmp_path, no_figures):
         assert [b["budget_reference"] for b in entry["budgets"]] == [b["budget"] for b in facts["budgets"]]
         for b in entry["budgets"]:
             assert {e["recipe"] for e in b["recipes"]} == {"fp32", "fp8", "mxfp4"} and b["compared"] == 3
-    for chip in chips:
-        assert f"| {chip} | " in text
+    for chip in chips:  # a row per chip, or shared by chips whose answer is the same in every cell
+        assert any(line.startswith("| ") and chip in line.split(" | ")[0].lstrip("| ").split(", ") for line in text.splitlines())
     charge = {r["recipe"]: r for r in facts["cost_models"]["charges"]["rows"]}
     assert charge["fp8"]["h100"] == pytest.approx(charge["mxfp4"]["h100"])  # FP4 runs at the FP8 rate on an H100
     assert charge["mxfp4"]["b200"] < charge["fp8"]["b200"] and charge["mxfp4"]["bits"] < charge["fp8"]["bits"]

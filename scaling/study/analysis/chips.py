@@ -366,7 +366,8 @@ CHIP_ORDER = ("h100", "h200", "b200", "b300", "mi300x", "mi355x")  # rows of the
 
 
 def answer_table(result: Mapping[str, Any]) -> str:
-    """Markdown: one row per chip, one column per budget. Each cell: the winner and its lead over the
+    """Markdown: one row per chip (chips with the same answer in every cell share a row), one column per
+    budget. Each cell: the winner and its lead over the
     runner-up with the family-wise interval, or the recipes tied with the best ("a or b", "+k" more) with the
     difference of the closest tied one and its interval; * where the best recipe's reading goes beyond what
     was measured."""
@@ -375,6 +376,7 @@ def answer_table(result: Mapping[str, Any]) -> str:
     budgets = [b["budget_reference"] for b in result["chips"][chips[0]]["budgets"]]
     lines = ["| chip | " + " | ".join(f"C = {b:.0e}" for b in budgets) + " |",
              "| --- | " + " | ".join("---" for _ in budgets) + " |"]
+    rows: dict[str, list[str]] = {}  # cells -> chips: chips whose relative rates agree give one answer, one row
     for chip in chips:
         cells = []
         for v in result["chips"][chip]["budgets"]:
@@ -388,7 +390,8 @@ def answer_table(result: Mapping[str, Any]) -> str:
             ci = "" if second["diff_ci"] is None else f" [{second['diff_ci'][0]:+.3f}, {second['diff_ci'][1]:+.3f}]"
             cells.append(f"{v['tied'][0]}{star} or {v['tied'][1]}" + (f" +{more}" if more > 0 else "")
                          + f" ({second['diff']:+.3f}{ci})")
-        lines.append(f"| {chip} | " + " | ".join(cells) + " |")
+        rows.setdefault(" | ".join(cells), []).append(chip)
+    lines += [f"| {', '.join(names)} | {cells} |" for cells, names in rows.items()]
     return "\n".join(lines)
 
 

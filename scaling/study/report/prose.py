@@ -234,30 +234,33 @@ def answer_section(f: dict) -> str:
     fw, compared = c["familywise"], {b["compared"] for e in c["chips"].values() for b in e["budgets"]}
     lines = [f"The lowest loss at a fixed compute budget C on each chip: the best recipe and its lead, or the recipes "
              "these runs cannot tell apart and the closest one's difference "
-             f"({'/'.join(map(str, sorted(compared)))} recipes in every cell, {c['level']:.0%} intervals family-wise "
-             f"over each chip's {fw['m']} comparisons, \\* read beyond what was measured). Each recipe's loss is the "
-             "reference's measured loss curve at the tokens its cost buys on that chip plus its gap at matched tokens; "
-             "`bits` is the idealised half-the-bits-twice-the-throughput model.", "", chips_lib.answer_table(c)]
+             f"({'/'.join(map(str, sorted(compared)))} recipes in every cell; {c['level']:.0%} intervals, family-wise "
+             f"over each chip's {fw['m']} comparisons; \\* read beyond what was measured). A recipe's loss: the "
+             "reference's measured loss curve at the tokens its cost buys on that chip, plus its gap at matched tokens; "
+             "`bits`: half the bits, twice the throughput.", "", chips_lib.answer_table(c)]
     matched = matched_line(f)
     return "\n".join(lines + (["", matched] if matched else []))
 
 
 def matched_line(f: dict) -> str | None:
-    """One sentence: each recipe's gap to the reference at matched tokens, grouped by its family-wise verdict."""
+    """One sentence: each recipe's mean gap to the reference at matched tokens, grouped by its family-wise
+    verdict, each group with the span of its intervals (REPORT's matched section has each interval)."""
     m = f.get("matched")
     if not m:
         return None
     measured = sorted((r for r in m["recipes"] if r["mean"] is not None), key=lambda r: r["mean"])
-
-    def gap(r: dict) -> str:
-        lo, hi = r["mean_familywise_ci"]
-        return f"{r['recipe']} {r['mean']:+.3f} [{lo:+.3f}, {hi:+.3f}]"
-    groups = [(v, [gap(r) for r in measured if r["verdict"] == v])
-              for v in ("lower than the reference", "cannot tell", "higher than the reference")]
-    said = "; ".join(f"{v.replace('the reference', m['reference'])}: {', '.join(g)}" for v, g in groups if g)
-    return (f"At matched tokens (the numerics alone: the same size, tokens and seed as {m['reference']}, "
-            f"{sum(r['n'] for r in measured)} paired points, errors clustered by (N, seed), mean gap in {f['loss_unit']} "
-            f"with {m['familywise']['level']:.0%} intervals family-wise over {m['familywise']['m']} coefficients): {said}.")
+    said = []
+    for verdict in ("lower than the reference", "cannot tell", "higher than the reference"):
+        group = [r for r in measured if r["verdict"] == verdict]
+        if group:
+            lo = min(r["mean_familywise_ci"][0] for r in group)
+            hi = max(r["mean_familywise_ci"][1] for r in group)
+            said.append(f"{verdict.replace('the reference', m['reference'])} ({lo:+.3f} to {hi:+.3f}): "
+                        + ", ".join(f"{r['recipe']} {r['mean']:+.3f}" for r in group))
+    return (f"At matched tokens (the numerics alone: same size, tokens and seed as {m['reference']}; "
+            f"{sum(r['n'] for r in measured)} paired points clustered by (N, seed); mean gap in {f['loss_unit']}, the "
+            f"span of the {m['familywise']['level']:.0%} intervals, family-wise over {m['familywise']['m']} coefficients, "
+            "in parentheses): " + "; ".join(said) + ".")
 
 
 def bits_answer(f: dict) -> str:
