@@ -245,3 +245,15 @@ def test_scaling_optimal_outside_the_trained_sizes_flags_and_prints_the_profile(
     text = capsys.readouterr().out
     assert "extrapolated: N*" in text and "profile: the law's loss at each format" in text
     assert "mxfp6 e2m3 - nvfp4:" in text and "continuous P* = 7 bits" in text
+
+
+def test_which_chips_run_a_format_comes_from_the_planners_table():
+    from scaling.plan import hardware
+    from scaling.study.analysis.pstar import profile as profile_lib
+
+    by = {f.name: profile_lib.chips_running(f).split(", ") for f in profile_lib.CHIP_FORMATS}
+    assert {"B200", "B300", "MI355X"} <= set(by["mxfp6 e2m3"]) and "H100" not in by["mxfp6 e2m3"]
+    assert by["nvfp4"] == [k.upper() for k, g in hardware.GPUS.items() if "nvfp4" in g.block_scaled]
+    assert "MI300X" in by["fp8 e4m3"] and "A100" not in by["fp8 e4m3"]
+    mine = profile_lib.ChipFormat("mxfp6 e2m3", "fp6_e2m3", "mx", "my ASIC")
+    assert profile_lib.chips_running(mine) == "my ASIC"

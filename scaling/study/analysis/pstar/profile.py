@@ -57,16 +57,34 @@ class ChipFormat:
 
 
 CHIP_FORMATS = (
-    ChipFormat("nvfp4", "fp4_e2m1", "nvfp4", "B200"),
-    ChipFormat("mxfp4", "fp4_e2m1", "mx", "B200, MI355X"),
-    ChipFormat("mxfp6 e2m3", "fp6_e2m3", "mx", "B200, MI355X"),
-    ChipFormat("mxfp6 e3m2", "fp6_e3m2", "mx", "B200, MI355X"),
-    ChipFormat("fp8 e4m3", "fp8_e4m3", "tensor", "H100, B200, MI300X"),
-    ChipFormat("fp8 e5m2", "fp8_e5m2", "tensor", "H100, B200, MI300X"),
-    ChipFormat("mxfp8 e4m3", "fp8_e4m3", "mx", "B200, MI355X"),
-    ChipFormat("bf16", "bf16", "none", "every GPU"),
-    ChipFormat("fp32", "fp32", "none", "every GPU"),
+    ChipFormat("nvfp4", "fp4_e2m1", "nvfp4"),
+    ChipFormat("mxfp4", "fp4_e2m1", "mx"),
+    ChipFormat("mxfp6 e2m3", "fp6_e2m3", "mx"),
+    ChipFormat("mxfp6 e3m2", "fp6_e3m2", "mx"),
+    ChipFormat("fp8 e4m3", "fp8_e4m3", "tensor"),
+    ChipFormat("fp8 e5m2", "fp8_e5m2", "tensor"),
+    ChipFormat("mxfp8 e4m3", "fp8_e4m3", "mx"),
+    ChipFormat("bf16", "bf16", "none"),
+    ChipFormat("fp32", "fp32", "none"),
 )
+
+
+def chips_running(f: ChipFormat) -> str:
+    """The chips of the planner's table (scaling.plan.hardware.GPUS, the one source of chip rates) whose tensor
+    cores run a format natively: a block-scaled one where the chip lists it, a per-tensor FP8 where it has
+    an FP8 rate; BF16 and FP32 on every GPU. A ChipFormat's own `chips` (a user's) wins."""
+    from scaling.plan import hardware
+
+    if f.chips:
+        return f.chips
+    if f.granularity == "none":
+        return "every GPU"
+    family = f.name.split()[0]
+    run = [key for key, gpu in hardware.GPUS.items()
+           if (family in gpu.block_scaled if f.granularity in ("mx", "nvfp4") else "fp8" in gpu.peak_tflops)]
+    return ", ".join(key.upper() for key in run) or "none in the table"
+
+
 _BLOCK_SCALED = ("block", "mx", "nvfp4")
 _GRANULARITIES = ("none", "tensor", *_BLOCK_SCALED)
 
@@ -116,7 +134,7 @@ def format_row(f: ChipFormat, fit: FitResult) -> dict[str, Any]:
         block = float(span["max"]) if "max" in span else None
         overhead = 0.0
         block_from = "largest trained block (one scale per tensor)"
-    return {"name": f.name, "format": fmt.name, "granularity": f.granularity, "chips": f.chips,
+    return {"name": f.name, "format": fmt.name, "granularity": f.granularity, "chips": chips_running(f),
             "bits": float(fmt.bits), "ebits": float(fmt.ebits), "mbits": float(fmt.mbits),
             "block": block, "block_from": block_from, "overhead": float(overhead),
             "bits_per_element": float(fmt.bits + overhead)}
