@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Sequence
 
+import matplotlib
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
@@ -263,8 +265,12 @@ def test_every_figure_is_written_as_png_and_pdf(tmp_path):
     results.loc[results["run_id"].str.startswith("fp4-2e+05"), ["granularity"]] = "mx"
     results["sweep"] = "granularity"  # figure 5's sweep; the main study is the IsoFLOP design
     results = pd.concat([fake_isoflop_results(), results], ignore_index=True)
-    made = plots.make_figures(results, law, tmp_path / "out", curves=curve_df)
-    assert [f.number for f in made] == list(range(1, 10))
+    from scaling.study.analysis import findings as findings_lib
+
+    facts = {**findings_lib.findings(plots.study_part(plots.validate_results(results), "main"), law),
+             "cost_models": chip_facts()}
+    made = plots.make_figures(results, law, tmp_path / "out", curves=curve_df, facts=facts)
+    assert [f.number for f in made] == [1, 2, 3, 4, 5, 6, 7, 9, 10]  # no figure 8: REPORT's cluster table
     assert all(isinstance(f, plots.Figure) for f in made), [f for f in made if isinstance(f, plots.Skipped)]
     for f in made:
         valid_image(f.png)
@@ -274,7 +280,7 @@ def test_every_figure_is_written_as_png_and_pdf(tmp_path):
     best = optimal.optimal_precision(law, compute=1e12, cost=optimal.Cost(share=optimal.share_of(law)))
     assert f"P* = {best['P']:.3g} bits" in made[1].caption
     # residuals: the law is the truth up to noise 0.005, so no recipe's mean residual is far off
-    assert made[8].caption.startswith("mean residual (observed - fitted, nats/byte): fp32 ")
+    assert made[7].caption.startswith("mean residual (observed - fitted, nats/byte): fp32 ")
     # amax figure: every 4th logged step of every run has an all-zero block (min = 0 of 3 block stats)
     assert made[5].caption.startswith(
         "weight: per-tensor amax 2, per-block amax 0–360 (25% of logged smallest-block amax exactly 0); "
@@ -303,11 +309,11 @@ def test_heldout_points_are_predicted_by_the_heldout_fit():
 def test_absent_inputs_are_skipped_not_errors(tmp_path):
     made = plots.make_figures(fake_results(), None, tmp_path, curves=None)
     skipped = {f.number: f.reason for f in made if isinstance(f, plots.Skipped)}
-    assert set(skipped) == {1, 2, 3, 4, 5, 6, 7, 9}
+    assert set(skipped) == {1, 2, 3, 4, 5, 6, 7, 9, 10} and len(made) == 9  # no figure 8
     assert "no budget with IsoFLOP profiles" in skipped[1] and "no fitted law" in skipped[2]
     assert "no per-step curves" in skipped[4]
     assert "no granularity sweep" in skipped[5]  # fake_results is a named sweep of its own
-    valid_image(made[7].png)  # the cluster table needs no data
+    assert "no per-chip verdicts" in skipped[10]
     # a study of named sweeps without a granularity sweep: recipes that differ in format, size and tokens at
     # once are not a scale-scheme comparison, even where one size ran two schemes
     mixed = fake_results()
@@ -436,3 +442,157 @@ def test_the_amax_figure_says_why_a_gradient_block_is_zero(tmp_path):
     made = plots.amax_distributions(pd.DataFrame(rows), tmp_path / "fig6")
     assert ("100% of logged smallest-block amax exactly 0: the qkv projection's output gradient, whose query part is "
             "zero at each sequence's first position") in made.caption
+
+
+# --------------------------------------------------------------------------------------------
+# One style per recipe, labels that say what is quantised, the per-chip figure, no figure 8
+# --------------------------------------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def committed_results() -> pd.DataFrame:
+    return pd.read_csv(ROOT / "results" / "isoflop.csv")
+
+
+def test_every_recipe_of_the_committed_study_has_its_own_style_in_its_familys_hue():
+    """Figure 1 drew 13 recipes in a palette of 10 (fp8 and quartet both orange, bf16 and nvfp4-nvidia both
+    dark blue): every recipe now has one (colour, marker), from its name and the study's recipe list alone."""
+    df = committed_results()
+    for recipes in (sorted(df.loc[df["sweep"] == "isoflop", "recipe"].unique()), sorted(df["recipe"].unique())):
+        styles = figure_base.recipe_styles(recipes)
+        assert len({(c, m) for c, m, _ in styles.values()}) == len(recipes) == len(styles)
+        # deterministic: the order the list comes in changes nothing
+        assert {r: figure_base.recipe_style(r, recipes[::-1]) for r in recipes} == styles
+    family = figure_base.recipe_family
+    assert [family(r) for r in ("bf16", "fp32", "fp8", "fp8-delayed", "mxfp6", "fp6-block", "mxfp4-activations",
+                                "nvfp4-nvidia", "quartet", "quartet-full", "int4-fwd", "int8-fwd", "custom")] == \
+        ["FP32/BF16", "FP32/BF16", "FP8", "FP8", "FP6", "FP6", "FP4", "FP4", "FP4", "FP4", "INT", "INT", "other"]
+    iso = sorted(df.loc[df["sweep"] == "isoflop", "recipe"].unique())
+    colour = {r: figure_base.recipe_style(r, iso)[0] for r in iso}
+    assert colour["bf16"] in figure_base.FAMILY_COLOURS["FP32/BF16"] and colour["fp8"] in figure_base.FAMILY_COLOURS["FP8"]
+    assert colour["quartet"] in figure_base.FAMILY_COLOURS["FP4"] and colour["int4-fwd"] in figure_base.FAMILY_COLOURS["INT"]
+    # no colour is shared across families: a hue names a family
+    families = list(figure_base.FAMILY_COLOURS.values())
+    assert len({c for f in families for c in f}) == sum(len(f) for f in families)
+
+
+def test_a_recipes_label_says_what_it_quantises_not_its_widest_role():
+    """P is the widest of a recipe's roles: mxfp4-activations has P = 16, and Figure 1 called it '16 bits'."""
+    bits = figure_base.role_bits(committed_results())
+    label = figure_base.recipe_label
+    assert label("mxfp4-activations", bits["mxfp4-activations"]) == "mxfp4-activations (4-bit activations)"
+    assert label("mxfp4-weights", bits["mxfp4-weights"]) == "mxfp4-weights (4-bit weights)"
+    assert label("int4-fwd", bits["int4-fwd"]) == "int4-fwd (4-bit weights, activations)"  # gradients in FP32
+    assert label("fp8", bits["fp8"]) == "fp8 (8-bit)" and label("bf16", bits["bf16"]) == "bf16 (16-bit)"
+    assert label("fp8", 8.0) == "fp8 (8-bit)" and label("fp8") == "fp8"
+    assert figure_base.role_bits(fake_results()) == {}  # no role columns: no role bits
+
+
+def isoflop_entry(recipes: Sequence[str], budget: float = 1e12) -> tuple[dict, pd.DataFrame]:
+    """A figure-1 budget (as analysis.isoflop writes it) with each recipe's parabola through three sizes."""
+    entries, rows = [], []
+    for i, recipe in enumerate(recipes):
+        c2, n_opt = 0.05, 1e5 * (1 + 0.1 * i)
+        c1 = -2 * c2 * math.log(n_opt)
+        c0 = 2.0 + 0.01 * i + c2 * math.log(n_opt) ** 2
+        for n in (5e4, 1e5, 2e5):
+            rows.append({"run_id": f"{recipe}-{n:g}", "recipe": recipe, "N": n, "loss": c0 + c1 * math.log(n) + c2 * math.log(n) ** 2})
+        loss = 2.0 + 0.01 * i
+        entries.append({"recipe": recipe, "P": 16.0 if recipe == "mxfp4-activations" else 4.0, "runs": 3,
+                        "parabola": [c0, c1, c2], "ci": [loss - 0.01, loss + 0.01], "loss": loss, "N_opt": n_opt})
+    entry = {"budget": budget, "cost_model": "bits", "winner": None, "reason": "cannot tell", "recipes": entries}
+    return entry, pd.DataFrame(rows)
+
+
+def captured(monkeypatch) -> dict:
+    drawn = {}
+
+    def keep(fig, stem):
+        drawn["fig"] = fig
+        return Path(stem).with_suffix(".png"), Path(stem).with_suffix(".pdf")
+
+    monkeypatch.setattr(figure_base, "_save", keep)
+    return drawn
+
+
+def test_figure_1_draws_the_committed_recipes_each_in_its_own_style_and_labelled_by_what_it_quantises(tmp_path, monkeypatch):
+    df = committed_results()
+    recipes = sorted(df.loc[df["sweep"] == "isoflop", "recipe"].unique())
+    drawn = captured(monkeypatch)
+    plots.isoflop_profiles([isoflop_entry(recipes)], tmp_path / "fig1", recipes=recipes, bits=figure_base.role_bits(df))
+    handles = drawn["fig"].legends[0].legend_handles
+    assert len(handles) == len(recipes)
+    styles = {(matplotlib.colors.to_hex(h.get_color()), h.get_marker()) for h in handles}
+    assert len(styles) == len(recipes)
+    labels = [h.get_label() for h in handles]
+    assert "mxfp4-activations (4-bit activations)" in labels and not any("16" in lab for lab in labels if "mxfp4" in lab)
+    # the points carry the same markers as the legend: a recipe's style is one thing
+    points = [c for c in drawn["fig"].axes[0].collections if c.get_label().startswith("quartet-full")]
+    assert points and matplotlib.colors.to_hex(points[0].get_facecolor()[0]) == figure_base.recipe_style("quartet-full", recipes)[0]
+    plt.close("all")
+
+
+def chip_facts() -> dict:
+    """findings' cost_models as scaling.study.analysis.chips.chip_verdicts writes it: two chips, two budgets."""
+    def budget(ref, rows, tied, winner):
+        return {"budget_reference": ref, "budget": ref, "tied": tied, "winner": winner, "compared": len(rows),
+                "recipes": [{"recipe": r, "loss": l, "loss_se": se, "diff": d, "diff_ci": ci, "notes": []}
+                            for r, l, se, d, ci in rows]}
+    rows = [("fp8", 1.50, 0.01, 0.0, None), ("bf16", 1.55, 0.01, 0.05, [0.02, 0.08]),
+            ("nvfp4", 1.52, 0.5, 0.02, [-1.5, 1.5]), ("mxfp4", 1.60, 0.01, 0.10, [0.07, 0.13])]
+    late = [(r, l - 0.2, se if r != "nvfp4" else 0.012, d, ci) for r, l, se, d, ci in rows]
+    return {"level": 0.95, "familywise": {"z": 2.5, "m": 6},
+            "chips": {"h100": {"budgets": [budget(1e12, rows, ["fp8", "nvfp4"], None), budget(1e13, late, ["fp8"], "fp8")]},
+                      "bits": {"budgets": [budget(1e12, rows, ["fp8", "nvfp4"], None), budget(1e13, late, ["fp8"], "fp8")]}}}
+
+
+def test_the_per_chip_answer_is_a_figure_with_each_recipes_interval(tmp_path, monkeypatch):
+    drawn = captured(monkeypatch)
+    made = plots.chip_verdicts(chip_facts(), tmp_path / "fig10", "nats/byte", recipes=["bf16", "fp8", "mxfp4", "nvfp4", "fp32"])
+    fig = drawn["fig"]
+    assert made.number == 10 and made.title == plots.TITLES[10]
+    assert len([ax for ax in fig.axes if ax.get_title().startswith("C = ")]) == 2  # one panel per budget
+    top = fig.axes[0]
+    # the bits model first, then the chips; each tick names the verdict
+    assert [t.get_text() for t in top.get_xticklabels()] == ["bits (idealised)\n2 tied", "H100\n2 tied"]
+    assert [t.get_text() for t in fig.axes[1].get_xticklabels()] == ["bits (idealised)\nfp8", "H100\nfp8"]
+    # bf16's interval is loss ± z·se with the family-wise z
+    bars = [line for line in top.lines if len(line.get_xdata()) == 2 and line.get_ydata()[0] != line.get_ydata()[1]]
+    assert any(np.allclose(line.get_ydata(), [1.55 - 2.5 * 0.01, 1.55 + 2.5 * 0.01]) for line in bars)
+    assert "loss ± 2.50·se, the family-wise z the verdicts use" in made.caption
+    # nvfp4's interval (± 1.25) would flatten the panel: it is cut at the edge and the caption says so
+    assert top.get_ylim()[1] < 1.7 and "nvfp4 at C = 1e12 (± 1.2, on every chip)" in made.caption
+    assert "at C = 1e13: fp8 on bits (idealised), fp8 on H100" in made.caption
+    # the recipes keep figure 1's styles
+    handles = {h.get_label(): h for h in fig.legends[0].legend_handles}
+    study = ["bf16", "fp8", "mxfp4", "nvfp4", "fp32"]
+    assert {lab: (h.get_color(), h.get_marker()) for lab, h in handles.items()} == \
+        {r: figure_base.recipe_style(r, study)[:2] for r in ("bf16", "fp8", "mxfp4", "nvfp4")}
+    plt.close("all")
+
+
+def test_figure_8_is_gone_and_figure_10_needs_per_chip_verdicts(tmp_path, monkeypatch):
+    """Figure 8 was a table drawn as an image (REPORT has it as a table); no other figure is renumbered."""
+    monkeypatch.setattr(figure_base, "_save", lambda fig, stem: (Path(stem).with_suffix(".png"), Path(stem).with_suffix(".pdf")))
+    assert 8 not in plots.TITLES and 8 not in plots.STEMS and plots.STEMS[9] == "fig9_residuals"
+    assert not hasattr(plots, "cluster_table")
+    made = plots.make_figures(fake_results(), None, tmp_path, curves=None)
+    assert [f.number for f in made] == [1, 2, 3, 4, 5, 6, 7, 9, 10]
+    assert "no per-chip verdicts" in made[-1].reason
+    facts = {"budgets": [], "cost_models": chip_facts()}
+    made = plots.make_figures(fake_results(), None, tmp_path, curves=None, facts=facts)
+    assert isinstance(made[-1], plots.Figure) and made[-1].number == 10
+    plt.close("all")
+
+
+def test_the_cluster_table_drops_the_columns_no_row_fills():
+    """Without a law optimum planned, P, N and D are empty in every row: REPORT's table had three '–' columns."""
+    table = plots.cluster_time_table(None)
+    text = plots.table_markdown(table)
+    header = text.splitlines()[0]
+    assert "P (bits)" not in header and "| N |" not in header and "| D |" not in header
+    assert header.startswith("| run | hardware | FLOPs | days @ 1,024 GPUs")
+    assert all(row.count("|") == header.count("|") for row in text.splitlines())
+    filled = table.assign(N=[1e9] + [None] * (len(table) - 1))
+    assert "| N |" in plots.table_markdown(filled).splitlines()[0]  # a column one row fills is kept

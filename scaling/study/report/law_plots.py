@@ -3,13 +3,13 @@
   2 iso_loss            the law's L(N, D(C, N, P), P) over (N, P) at fixed C under the findings'
                         cost model, with the frontier N*(P)
   3 fitted_vs_observed  predicted vs measured loss, y = x, held-out points marked
-  8 cluster_table       training days on GPU clusters from `scaling.plan.cluster`, the reference runs'
-                        and the law's per-precision optima (cluster_time_table)
   9 residuals           observed - fitted loss per recipe against N, with each recipe's mean and CI
                         (scaling.study.analysis.findings.residuals_by_recipe): where the law is biased
 
 with the fit adapters they read the law through (its bootstrap samples, precision grid, optimum,
-fitted sizes, held-out split). Each figure writes <stem>.png and <stem>.pdf through
+fitted sizes, held-out split), and the cluster-time table (training days on GPU clusters from
+`scaling.plan.cluster`: cluster_time_table) that REPORT's cluster section writes as markdown
+(table_markdown); it was figure 8, a table drawn as an image, and is no figure now. Each figure writes <stem>.png and <stem>.pdf through
 scaling.study.report.figure_base and returns a `Figure`, as the measured-data figures of scaling.study.report.plots do.
 """
 
@@ -27,14 +27,13 @@ matplotlib.use("Agg")  # figures are files; never open a window (CI, ssh, Ray wo
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
-import seaborn as sns  # noqa: E402
 
 from scaling import plan  # noqa: E402
 from scaling.errors import ConfigError  # noqa: E402
 from scaling.study.analysis import laws  # noqa: E402
 from scaling.study.analysis.pstar import optimal, optimum_check  # noqa: E402
-from scaling.study.report.figure_base import (TITLES, Figure, _figure, _fmt, _log_n_axis, loss_label, palette_for,  # noqa: E402
-    with_precision)
+from scaling.study.report.figure_base import (TITLES, Figure, _figure, _fmt, _log_n_axis, loss_label,  # noqa: E402
+    palette_for, recipe_handles, recipe_order, recipe_style, with_precision)
 from scaling.study.analysis.fit import FitResult, literature_exponents  # noqa: E402
 
 # The continuous precision grid of the law's curves (bits, log-spaced).
@@ -185,28 +184,49 @@ def heldout_predictions(fit: FitResult, results: pd.DataFrame, mask: np.ndarray 
 
 
 def fitted_vs_observed(fit: FitResult, results: pd.DataFrame, stem: str | Path, heldout: np.ndarray | None = None,
-                       unit: str = "nats/token") -> Figure:
-    """Figure 3: the law's prediction against every measured loss; held-out points hollow."""
+                       unit: str = "nats/token", recipes: Sequence[str] | None = None, bits: dict | None = None) -> Figure:
+    """Figure 3: the law's prediction against every measured loss; held-out points hollow. Points are styled
+    by recipe (figure_base.recipe_style among `recipes`, the study's list; labelled with `bits`, role_bits)
+    where the table names recipes, else by precision."""
     df = with_precision(results)
     df["heldout"] = np.zeros(len(df), bool) if heldout is None else np.asarray(heldout, bool)
     df["predicted"] = heldout_predictions(fit, df, heldout)
     # without the held-out fit's params the held-out rows can only be shown with the full fit's prediction
     extrapolated = bool((getattr(fit, "heldout", None) or {}).get("params"))
     held_label = " (held out)" if extrapolated else " (held-out set, full-fit prediction)"
-    palette = palette_for(df["precision"])
-    fig, ax = plt.subplots(figsize=(5.4, 5.0))
-    for label in palette:
-        for held, marker in ((False, "o"), (True, "s")):
-            part = df[(df["precision"] == label) & (df["heldout"] == held)]
-            if part.empty:
-                continue
-            ax.scatter(part["val_loss"], part["predicted"], s=30, marker=marker,
-                       facecolor="none" if held else palette[label], edgecolor=palette[label], linewidth=1.3,
-                       label=f"{label}{held_label if held else ''}")
+    by_recipe = "recipe" in df.columns and df["recipe"].notna().all()
+    drawn = recipe_order(df["recipe"].astype(str)) if by_recipe else []
+    # many recipes: their legend goes beside the axes, which keep their own width
+    fig, ax = plt.subplots(figsize=(8.4 if len(drawn) > 6 else 5.4, 5.0))
+    if by_recipe:
+        study = list(recipes) if recipes is not None else drawn
+        for recipe in drawn:
+            colour, marker, _ = recipe_style(recipe, study)
+            for held in (False, True):
+                part = df[(df["recipe"].astype(str) == recipe) & (df["heldout"] == held)]
+                if len(part):
+                    ax.scatter(part["val_loss"], part["predicted"], s=26, marker=marker, linewidth=1.1,
+                               facecolor="none" if held else colour, edgecolor=colour if held else "k")
+        handles = recipe_handles(drawn, study, bits, lw=0)
+        if df["heldout"].any():
+            handles.append(matplotlib.lines.Line2D([], [], marker="o", ls="", mfc="none", mec="0.3",
+                                                   label=f"hollow: held out{held_label.replace(' (held out)', '')}"))
+    else:
+        palette = palette_for(df["precision"])
+        for label in palette:
+            for held, marker in ((False, "o"), (True, "s")):
+                part = df[(df["precision"] == label) & (df["heldout"] == held)]
+                if part.empty:
+                    continue
+                ax.scatter(part["val_loss"], part["predicted"], s=30, marker=marker,
+                           facecolor="none" if held else palette[label], edgecolor=palette[label], linewidth=1.3,
+                           label=f"{label}{held_label if held else ''}")
     lo = float(min(df["val_loss"].min(), df["predicted"].min()))
     hi = float(max(df["val_loss"].max(), df["predicted"].max()))
     pad = 0.03 * (hi - lo or 1.0)
     ax.plot([lo - pad, hi + pad], [lo - pad, hi + pad], color="0.3", ls="--", lw=1, label="y = x")
+    if by_recipe:
+        handles.append(matplotlib.lines.Line2D([], [], color="0.3", ls="--", lw=1, label="y = x"))
     rel = np.abs(df["predicted"] / df["val_loss"] - 1)
     # one in-sample number (the full fit on every point, as REPORT's fitted-law section states it) and
     # one out-of-sample number (the held-out fit on the points it did not see)
@@ -219,32 +239,40 @@ def fitted_vs_observed(fit: FitResult, results: pd.DataFrame, stem: str | Path, 
                      f"{rel[df['heldout']].mean():.2%}")
         elif recorded is not None:
             text += f"; the fit's held-out test: {recorded:.2%}"
-    ax.text(0.03, 0.97, text, transform=ax.transAxes, va="top", fontsize=8)
+    ax.text(0.03, 0.97, text.replace("; ", ";\n"), transform=ax.transAxes, va="top", fontsize=8)
     ax.set_xlabel(f"observed {loss_label(unit)}")
     ax.set_ylabel(f"fitted {loss_label(unit)}")
     ax.set_title(f"{TITLES[3]} ({fit.law} law, {len(df)} points)", fontsize=10)
-    ax.legend(fontsize=7, loc="lower right")
+    if len(drawn) > 6:  # many recipes: one legend beside the axes, never over the points
+        ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False)
+    else:
+        ax.legend(handles=handles if by_recipe else None, fontsize=7, loc="lower right")
     fig.tight_layout()
     caption = text + (" (no held-out split recorded in the fit)" if heldout is None else "") + "."
     return _figure(3, Path(stem), fig, caption)
 
 
-def residuals(rows: pd.DataFrame, by_recipe: pd.DataFrame, fit: FitResult, stem: str | Path, unit: str = "nats/token") -> Figure:
-    """Figure 9: each evaluation's residual (observed - fitted) against N, coloured by recipe, and
-    each recipe's mean residual over runs with its CI (findings.residuals_by_recipe)."""
+def residuals(rows: pd.DataFrame, by_recipe: pd.DataFrame, fit: FitResult, stem: str | Path, unit: str = "nats/token",
+              recipes: Sequence[str] | None = None) -> Figure:
+    """Figure 9: each evaluation's residual (observed - fitted) against N, styled by recipe
+    (figure_base.recipe_style among `recipes`, the study's list), and each recipe's mean residual over runs
+    with its CI (findings.residuals_by_recipe)."""
+    study = list(recipes) if recipes is not None else list(by_recipe["recipe"].astype(str))
     recipes = list(by_recipe["recipe"])
-    colours = dict(zip(recipes, sns.color_palette("colorblind", len(recipes))))
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.2), gridspec_kw={"width_ratios": [2, 1]})
-    for recipe in recipes:
+    for recipe in recipe_order(recipes):
         part = rows[rows["recipe"] == recipe]
-        left.scatter(part["N"], part["residual"], s=16, alpha=0.7, color=colours[recipe], label=recipe)
+        colour, marker, _ = recipe_style(recipe, study)
+        left.scatter(part["N"], part["residual"], s=16, alpha=0.75, color=colour, marker=marker, label=recipe)
     left.axhline(0, color="0.3", lw=1)
     _log_n_axis(left)
     left.set_ylabel(f"observed - fitted loss ({unit})")
-    left.legend(fontsize=7)
+    left.legend(fontsize=7, ncol=2 if len(recipes) > 7 else 1)
     y = np.arange(len(recipes))
-    right.errorbar(by_recipe["mean"], y, xerr=[by_recipe["mean"] - by_recipe["lo"], by_recipe["hi"] - by_recipe["mean"]],
-                   fmt="o", color="k", capsize=3)
+    for i, r in enumerate(by_recipe.itertuples()):  # each mean in its recipe's style, its CI in black
+        colour, marker, _ = recipe_style(r.recipe, study)
+        right.errorbar([r.mean], [i], xerr=[[r.mean - r.lo], [r.hi - r.mean]], fmt=marker, mfc=colour, mec="k",
+                       ecolor="k", capsize=3)
     right.axvline(0, color="0.3", lw=1)
     right.set_yticks(y, [f"{r} (n={n})" for r, n in zip(recipes, by_recipe["runs"])], fontsize=8)
     right.set_xlabel(f"mean residual over runs ({unit}), 95% CI")
@@ -259,7 +287,7 @@ def residuals(rows: pd.DataFrame, by_recipe: pd.DataFrame, fit: FitResult, stem:
 
 
 # ---------------------------------------------------------------------------------------------
-# 8: cluster time
+# The cluster-time table (REPORT's cluster section; it was figure 8)
 # ---------------------------------------------------------------------------------------------
 
 # The talk's reference runs (issue #6: name -> step-model preset, training FLOPs): inputs, not results.
@@ -315,22 +343,9 @@ def table_cells(table: pd.DataFrame) -> list[list[str]]:
 
 
 def table_markdown(table: pd.DataFrame) -> str:
-    """A GitHub markdown table of `table_cells`."""
+    """A GitHub markdown table of `table_cells`, without the columns that hold no value in any row (the
+    cluster table's P, N and D where no law optimum is planned)."""
+    table = table[[c for c in table.columns if any(_cell(v) != "–" for v in table[c])]]
     header = "| " + " | ".join(map(str, table.columns)) + " |"
     rule = "| " + " | ".join("---" for _ in table.columns) + " |"
     return "\n".join([header, rule, *("| " + " | ".join(row) + " |" for row in table_cells(table))])
-
-
-def cluster_table(table: pd.DataFrame, stem: str | Path) -> Figure:
-    """Figure 8: the cluster-time table drawn as a table."""
-    fig, ax = plt.subplots(figsize=(1.35 * len(table.columns) + 1, 0.36 * len(table) + 1.2))
-    ax.axis("off")
-    drawn = ax.table(cellText=table_cells(table), colLabels=list(table.columns), loc="center", cellLoc="center")
-    drawn.auto_set_font_size(False)
-    drawn.set_fontsize(8)
-    drawn.scale(1.0, 1.3)
-    gpu = table.attrs.get("gpu", "GPU")
-    ax.set_title(f"{TITLES[8]}: days on {gpu} clusters (scaling.plan.cluster step model)", fontsize=10)
-    fig.tight_layout()
-    return _figure(8, Path(stem), fig, f"days of training on {gpu} clusters from the op-by-op step model of each run "
-                   "under a written-down layout (scaling.plan.cluster.cluster_step); FLOPs = 6·N·D.")

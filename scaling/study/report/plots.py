@@ -15,11 +15,17 @@ does not parse) raises `ConfigError`.
   5 granularity_format  final validation loss per scaling granularity × format × scale timing
   6 amax_distributions  per-tensor amax vs per-block amax quantiles over training, per role
   7 outliers            largest activation magnitude and loss with and without Smooth-SwiGLU
-  8 cluster_table       (law_plots) training days on GPU clusters from `scaling.plan.cluster`
   9 residuals           (law_plots) observed - fitted loss per recipe against N: where the law is biased
+ 10 chip_verdicts       each recipe's best loss on each chip at each budget, with its family-wise
+                        interval (findings' cost_models: scaling.study.analysis.chips)
 
-This module holds the figures of measured data (1, 4-7), the input checks and `make_figures`, the
-list of all nine; the figures drawn from a fitted law (2, 3, 8, 9) and their fit adapters are in
+There is no figure 8: training time on GPU clusters is a table, REPORT's cluster section
+(law_plots.cluster_time_table, written by law_plots.table_markdown); the other numbers are kept.
+Every figure that draws recipes styles one alike (figure_base.recipe_style, from the study's recipe
+list) and labels it by what it quantises (figure_base.recipe_label).
+
+This module holds the figures of measured data (1, 4-7, 10), the input checks and `make_figures`, the
+list of them all; the figures drawn from a fitted law (2, 3, 9) and their fit adapters are in
 scaling.study.report.law_plots, and what both share (the Figure/Skipped records, titles, labels, palette,
 axis helpers and saving) in scaling.study.report.figure_base. The names callers read from this module
 before that split are re-exported here (`__all__`). Analysis lives in scaling.study.analysis; these
@@ -51,20 +57,21 @@ from scaling.errors import ConfigError  # noqa: E402
 from scaling.study.analysis.isoflop import study_part  # noqa: E402
 from scaling.study.analysis.findings import final_rows  # noqa: E402  (each figure reads its own study part)
 from scaling.study.report.figure_base import (STEMS, TITLES, Figure, Skipped, _figure, _fmt, _log_n_axis, loss_label,  # noqa: E402
-    palette_for, precision_label, precision_order, recipe_palette, with_precision)
+    palette_for, precision_label, precision_order, recipe_handles, recipe_label, recipe_order, recipe_palette,
+    recipe_style, role_bits, with_precision)
 from scaling.study.analysis.fit import FitResult  # noqa: E402
-from scaling.study.report.law_plots import (CLUSTER_COMPUTE, cluster_table, cluster_time_table, fitted_sizes,  # noqa: E402
+from scaling.study.report.law_plots import (CLUSTER_COMPUTE, cluster_time_table, fitted_sizes,  # noqa: E402
     fitted_vs_observed, heldout_mask, heldout_predictions, iso_loss, param_samples, residuals, table_markdown)
 
 __all__ = [
     # the measured-data figures, their inputs and the list of all nine
     "isoflop_profiles", "training_curves", "granularity_format", "amax_distributions", "outliers",
-    "outlier_column", "final_loss_by", "validate_results", "with_base_lr", "make_figures",
+    "outlier_column", "final_loss_by", "chip_verdicts", "validate_results", "with_base_lr", "make_figures",
     "GRANULARITY_ORDER", "OUTLIER_COLUMNS", "RESULTS_REQUIRED", "SHARED_LEGEND_FROM",
     # re-exported from figure_base and law_plots for the callers that read them here
     "Figure", "Skipped", "TITLES", "STEMS", "loss_label", "precision_label", "precision_order", "with_precision",
-    "palette_for", "recipe_palette", "iso_loss", "fitted_vs_observed", "heldout_mask", "heldout_predictions",
-    "fitted_sizes", "param_samples", "residuals", "cluster_table", "cluster_time_table", "table_markdown",
+    "palette_for", "recipe_palette", "recipe_style", "recipe_label", "role_bits", "iso_loss", "fitted_vs_observed", "heldout_mask", "heldout_predictions",
+    "fitted_sizes", "param_samples", "residuals", "cluster_time_table", "table_markdown",
     "CLUSTER_COMPUTE",
 ]
 
@@ -97,29 +104,35 @@ def validate_results(df: pd.DataFrame, source: str = "results") -> pd.DataFrame:
 SHARED_LEGEND_FROM = 5  # recipes; more share one legend under the panels
 
 
-def isoflop_profiles(points: Sequence[tuple[dict, pd.DataFrame]], stem: str | Path, unit: str = "nats/token") -> Figure:
+def isoflop_profiles(points: Sequence[tuple[dict, pd.DataFrame]], stem: str | Path, unit: str = "nats/token",
+                     recipes: Sequence[str] | None = None, bits: dict | None = None) -> Figure:
     """Figure 1: per budget (a analysis.isoflop entry and its analysis.points_at rows), each recipe's loss
     against N (less its shape's shared effect), its shape-adjusted parabola in log N and its minimum with
-    the bootstrap CI; where shapes are shared, a last panel with the shape effects."""
+    the bootstrap CI; where shapes are shared, a last panel with the shape effects. recipes: the study's
+    recipe list, which fixes each recipe's style (figure_base.recipe_style; default: the recipes drawn);
+    bits: figure_base.role_bits of the results, which label each recipe by what it quantises."""
     shaped = any(entry.get("shape_effects") for entry, _ in points)
     fig, axes = plt.subplots(1, len(points) + shaped, figsize=(5.2 * (len(points) + shaped), 4.4), squeeze=False)
-    recipes = sorted({e["recipe"] for entry, _ in points for e in entry["recipes"]})
-    colours = dict(zip(recipes, sns.color_palette("colorblind", len(recipes))))
+    drawn = recipe_order({e["recipe"] for entry, _ in points for e in entry["recipes"]})
+    study = list(recipes) if recipes is not None else drawn
+    # a recipe's P is the widest of its roles' bits (mxfp4-activations: 16): labelled by what it quantises
+    bits = {**{e["recipe"]: e.get("P") for entry, _ in points for e in entry["recipes"] if e.get("P") is not None},
+            **(bits or {})}
     captions = []
     for ax, (entry, pts) in zip(axes[0], points):
         for e in entry["recipes"]:
             g = pts[pts["recipe"] == e["recipe"]]
-            colour = colours[e["recipe"]]
+            colour, marker, ls = recipe_style(e["recipe"], study)
             # points with their shape's shared effect removed, on the same footing as the adjusted parabola
             effect = {s["shape"]: s["effect"] for s in entry.get("shape_effects") or []}
             shift = g["shape"].map(effect).fillna(0.0) if "shape" in g.columns else 0.0
-            ax.scatter(g["N"], g["loss"] - shift, s=28, color=colour, edgecolor="k", lw=0.5, zorder=3,
-                       label=f"{e['recipe']} ({e.get('P', float('nan')):g} bits, {e['runs']} runs)")
+            ax.scatter(g["N"], g["loss"] - shift, s=30, color=colour, marker=marker, edgecolor="k", lw=0.5, zorder=3,
+                       label=f"{recipe_label(e['recipe'], bits.get(e['recipe']))}, {e['runs']} runs")
             if e["parabola"] is None:
                 continue
             x = np.linspace(np.log(g["N"].min()), np.log(g["N"].max()), 60)
             c0, c1, c2 = e["parabola"]
-            ax.plot(np.exp(x), c0 + c1 * x + c2 * x * x, color=colour, lw=1.4)
+            ax.plot(np.exp(x), c0 + c1 * x + c2 * x * x, color=colour, ls=ls, lw=1.4)
             lo, hi = e["ci"] if e["ci"] else (e["loss"], e["loss"])
             # the CI as a thick bar drawn over the star, so an interval narrower than the marker still shows
             ax.scatter([e["N_opt"]], [e["loss"]], marker="*", s=160, color=colour, edgecolor="k", zorder=4)
@@ -129,7 +142,7 @@ def isoflop_profiles(points: Sequence[tuple[dict, pd.DataFrame]], stem: str | Pa
         ax.set_ylabel(f"validation loss ({unit})")
         verdict = f"winner: {entry['winner']}" if entry["winner"] else "no winner"
         ax.set_title(f"C = {_fmt(entry['budget'])} ({entry['cost_model']} cost model)\n{verdict}", fontsize=9)
-        if len(recipes) <= SHARED_LEGEND_FROM:
+        if len(drawn) <= SHARED_LEGEND_FROM:
             ax.legend(fontsize=7, loc="upper left")
         captions.append(f"at C = {_fmt(entry['budget'])}: {entry['reason'] or 'no analysis'}")
     if shaped:
@@ -137,15 +150,18 @@ def isoflop_profiles(points: Sequence[tuple[dict, pd.DataFrame]], stem: str | Pa
     level = next((entry.get("level") for entry, _ in points if entry.get("level")), 0.95)
     fig.suptitle(f"{TITLES[1]}\nstars: each recipe's shape-adjusted minimum, black bars its {level:.0%} bootstrap CI",
                  fontsize=10)
-    if len(recipes) > SHARED_LEGEND_FROM:  # one legend under the panels: inside, it would cover the points
-        bits = {e["recipe"]: e.get("P", float("nan")) for entry, _ in points for e in entry["recipes"]}  # P, as the law sees it
-        handles = [matplotlib.lines.Line2D([], [], color=colours[r], marker="o", mec="k", mew=0.5, lw=1.4,
-                                           label=f"{r} ({bits[r]:g} bits)") for r in recipes]
-        fig.legend(handles=handles, loc="lower center", ncol=min(5, len(recipes)), fontsize=8, frameon=False)
-        fig.tight_layout(rect=(0, 0.06 * math.ceil(len(recipes) / 5), 1, 1))
+    if len(drawn) > SHARED_LEGEND_FROM:  # one legend under the panels: inside, it would cover the points
+        handles = recipe_handles(drawn, study, bits, lw=1.4)
+        fig.legend(handles=handles, loc="lower center", ncol=min(4, len(drawn)), fontsize=8, frameon=False)
+        fig.tight_layout(rect=(0, _legend_inches(len(drawn)) / fig.get_figheight(), 1, 1))
     else:
         fig.tight_layout()
     return _figure(1, Path(stem), fig, "; ".join(captions) + ".")
+
+
+def _legend_inches(entries: int, ncol: int = 4) -> float:
+    """The height a legend of `entries` recipes in `ncol` columns at fontsize 8 takes under the panels."""
+    return 0.2 * math.ceil(entries / ncol) + 0.15
 
 
 def _shape_effects_panel(ax: Any, entries: Sequence[dict], unit: str) -> None:
@@ -180,19 +196,21 @@ def _size_label(n: float) -> str:
     return f"N = {n / 1e6:.3g}M" if n >= 1e5 else f"N = {n / 1e3:.3g}k"
 
 
-def training_curves(curves: pd.DataFrame, stem: str | Path, unit: str = "nats/token") -> Figure:
+def training_curves(curves: pd.DataFrame, stem: str | Path, unit: str = "nats/token",
+                    recipes: Sequence[str] | None = None) -> Figure:
     """Figure 4: training loss vs tokens, one colour per recipe, one panel per size (mean ± sd over seeds).
 
     Each run's logged loss is smoothed by a centred moving average over 1/20 of its points (the
     per-batch noise at these batch sizes is larger than the gaps between precisions); the y-axis
     starts after the first tenth of training, where the recipes separate. Circles are the
-    validation losses the curves hold (each run's evaluations of its trunk, after its cooldown)."""
+    validation losses the curves hold (each run's evaluations of its trunk, after its cooldown).
+    recipes: the study's recipe list, which fixes each recipe's colour (figure_base.recipe_style)."""
     df = curves.dropna(subset=["loss", "tokens", "N", "recipe"]).sort_values(["run_id", "tokens"]).copy()
     df["smoothed"] = df.groupby("run_id")["loss"].transform(
         lambda s: s.rolling(max(1, len(s) // 20), center=True, min_periods=1).mean())
     df["panel"] = [_size_label(n) for n in df["N"]]
     panels = [_size_label(n) for n in sorted(df["N"].unique())]
-    order, colours = recipe_palette(df)
+    order, colours = recipe_palette(df, recipes)
     grid = _band_relplot(df, "tokens", "smoothed", "recipe", order, colours, "panel", panels, "sd",
                          col_wrap=min(3, len(panels)), height=3.2, aspect=1.2, facet_kws={"sharey": False, "sharex": False})
     evals = df.dropna(subset=["val_loss"]) if "val_loss" in df.columns else df.iloc[:0]
@@ -377,6 +395,108 @@ def final_loss_by(curves: pd.DataFrame, column: str) -> pd.Series:
 
 
 # ---------------------------------------------------------------------------------------------
+# 10: the answer per chip
+# ---------------------------------------------------------------------------------------------
+
+
+CHIP_NAMES = {"bits": "bits (idealised)"}
+
+
+def _chip_name(chip: str) -> str:
+    return CHIP_NAMES.get(chip, chip.upper())
+
+
+def chip_verdicts(cost_models: dict, stem: str | Path, unit: str = "nats/token", recipes: Sequence[str] | None = None,
+                  bits: dict | None = None) -> Figure:
+    """Figure 10: findings' `cost_models` (scaling.study.analysis.chips.chip_verdicts) drawn: one panel per
+    budget, one group per chip, in it each recipe's best loss on that chip with loss ± z·se, z the family-wise
+    z the verdicts use. Filled markers: the recipes the verdict cannot tell from the best (its `tied`, or the
+    winner alone); hollow: those it puts behind. An interval wider than the panel's is cut at its edge with
+    an arrow (the caption names it). recipes/bits: as isoflop_profiles'."""
+    chips = [c for c in cost_models.get("chips", {}) if c == "bits"] + \
+        [c for c in cost_models.get("chips", {}) if c != "bits"]
+    budgets = sorted({b["budget_reference"] for c in chips for b in cost_models["chips"][c]["budgets"]})
+    if not chips or not budgets:
+        raise ConfigError("findings cost_models", "no chip with a budget", "chips with per-budget verdicts")
+    z = float((cost_models.get("familywise") or {}).get("z") or 1.959964)
+    drawn = recipe_order({r["recipe"] for c in chips for b in cost_models["chips"][c]["budgets"] for r in b["recipes"]})
+    study = list(recipes) if recipes is not None else drawn
+    fig, axes = plt.subplots(len(budgets), 1, figsize=(max(8.0, 1.5 * len(chips) + 2), 3.3 * len(budgets) + 0.8),
+                             squeeze=False)
+    width = 0.8 / max(1, len(drawn))
+    captions, cut = [], {}
+    for ax, budget in zip(axes[:, 0], budgets):
+        cells = {c: next((b for b in cost_models["chips"][c]["budgets"] if b["budget_reference"] == budget), None)
+                 for c in chips}
+        # the panel's range: every estimate, and the intervals no wider than 3x the panel's median interval
+        halves = [z * r["loss_se"] for b in cells.values() if b for r in b["recipes"] if r.get("loss_se") is not None]
+        limit = 3 * float(np.median(halves)) if halves else 0.0
+        ends = [v for b in cells.values() if b for r in b["recipes"]
+                for v in ([r["loss"]] + ([r["loss"] - z * r["loss_se"], r["loss"] + z * r["loss_se"]]
+                                        if r.get("loss_se") is not None and z * r["loss_se"] <= limit else []))]
+        lo, hi = min(ends), max(ends)
+        pad = 0.05 * (hi - lo or 0.1)
+        lo, hi = lo - pad, hi + pad
+        ticks = []
+        for x, chip in enumerate(chips):
+            cell = cells[chip]
+            if cell is None:
+                ticks.append(f"{_chip_name(chip)}\nnot priced")
+                continue
+            tied = set(cell.get("tied") or ([cell["winner"]] if cell.get("winner") else []))
+            for r in cell["recipes"]:
+                j = drawn.index(r["recipe"])
+                at = x - 0.4 + width * (j + 0.5)
+                colour, marker, _ = recipe_style(r["recipe"], study)
+                se = r.get("loss_se")
+                if se is not None and np.isfinite(se):
+                    a, b = r["loss"] - z * se, r["loss"] + z * se
+                    clipped = a < lo or b > hi
+                    ax.plot([at, at], [max(a, lo), min(b, hi)], color=colour, lw=0.8 if clipped else 1.2,
+                            ls=":" if clipped else "-", zorder=2)
+                    for end, edge, arrow in ((a, lo, "v"), (b, hi, "^")):
+                        if (end < edge) if arrow == "v" else (end > edge):
+                            ax.plot([at], [edge], marker=arrow, color=colour, ms=5, zorder=3, clip_on=False)
+                    if clipped:
+                        cut.setdefault((r["recipe"], budget), []).append((chip, z * se))
+                ax.scatter([at], [r["loss"]], marker=marker, s=34, zorder=4, linewidths=1.0,
+                           facecolor=colour if r["recipe"] in tied else "white", edgecolor=colour if r["recipe"] not in tied else "k")
+            verdict = cell["winner"] if cell.get("winner") else (f"{len(tied)} tied" if tied else "no verdict")
+            ticks.append(f"{_chip_name(chip)}\n{verdict}")
+        for x in range(1, len(chips)):
+            ax.axvline(x - 0.5, color="0.85", lw=0.8, zorder=0)
+        ax.set_xticks(range(len(chips)), ticks, fontsize=8)
+        ax.set_xlim(-0.5, len(chips) - 0.5)
+        ax.set_ylim(lo, hi)
+        ax.set_ylabel(f"best loss ({unit})", fontsize=9)
+        ax.set_title(f"C = {_fmt(budget)} (16-bit FLOP units on the reference recipe)", fontsize=9)
+        winners = {c: cells[c]["winner"] for c in chips if cells[c] and cells[c].get("winner")}
+        captions.append(f"at C = {_fmt(budget)}: " + (", ".join(f"{w} on {_chip_name(c)}" for c, w in winners.items())
+                                                      if winners else "no chip has a single winner"))
+    level = cost_models.get("level") or 0.95
+    fig.suptitle(f"{TITLES[10]}\nbars: loss ± {z:.2f}·se (family-wise {level:.0%}); filled: cannot be told from the "
+                 "best; hollow: behind it", fontsize=10)
+    fig.legend(handles=recipe_handles(drawn, study, bits, lw=0), loc="lower center", ncol=min(4, len(drawn)),
+               fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, _legend_inches(len(drawn)) / fig.get_figheight(), 1, 1))
+    caption = (f"each recipe's best loss on each chip (its loss surface at the tokens the chip's cost buys, plus its "
+               f"matched-token gap, minimised over N), with loss ± {z:.2f}·se, the family-wise z the verdicts use. "
+               "Filled markers are the recipes the verdict cannot tell from the best, read from the interval of "
+               "each recipe's difference to the best (REPORT, 'On each chip'), which can be narrower than these: "
+               "recipes share the reference surface. " + "; ".join(captions) + ".")
+    if cut:
+        parts = []
+        for (recipe, budget), where in cut.items():
+            halves = sorted(h for _, h in where)
+            span = f"{halves[0]:.2g}" if f"{halves[0]:.2g}" == f"{halves[-1]:.2g}" else f"{halves[0]:.2g}-{halves[-1]:.2g}"
+            on = "every chip" if len(where) == len(chips) else ", ".join(_chip_name(c) for c, _ in where)
+            parts.append(f"{recipe} at C = {_fmt(budget)} (± {span}, on {on})")
+        caption += " Intervals wider than three times a panel's median are cut at its edge (arrows, dotted): " \
+            + "; ".join(parts) + "."
+    return _figure(10, Path(stem), fig, caption)
+
+
+# ---------------------------------------------------------------------------------------------
 # All figures
 # ---------------------------------------------------------------------------------------------
 
@@ -391,9 +511,11 @@ def with_base_lr(curves: pd.DataFrame, results: pd.DataFrame | None) -> pd.DataF
 
 def make_figures(results: pd.DataFrame | None, fit: FitResult | None, out_dir: str | Path, *, curves: pd.DataFrame | None = None,
                  facts: dict | None = None, plan_table: pd.DataFrame | None = None) -> list[Figure | Skipped]:
-    """Every figure whose inputs are present, in number order; a `Skipped` (with its reason) for the rest.
-    facts: scaling.study.analysis.findings.findings of the results (computed here when absent): figure 1 draws its
-    IsoFLOP analyses, figure 2 its largest budget under its cost model."""
+    """Every figure whose inputs are present, in number order (1-7, 9, 10: there is no figure 8); a `Skipped`
+    (with its reason) for the rest. facts: scaling.study.analysis.findings.findings of the results (computed
+    here when absent): figure 1 draws its IsoFLOP analyses, figure 2 its largest budget under its cost model,
+    figure 10 its per-chip verdicts (`cost_models`). plan_table: accepted and not drawn (the cluster table is
+    REPORT's cluster section, written by the report writer)."""
     out_dir = Path(out_dir)
     results = validate_results(results) if results is not None else None
     curves = curves_lib.validate_curves(curves) if curves is not None else None
@@ -418,20 +540,29 @@ def make_figures(results: pd.DataFrame | None, fit: FitResult | None, out_dir: s
                   + [p["compute"] for p in (facts or {}).get("P_star", []) or []], default=None)
     if largest is None and main is not None and not main.empty and "flops_fprop" in main.columns:
         largest = float(analysis.with_cost(main, compute.get(cost_name))["C"].max())
+    # one recipe list for every figure, so a recipe has one style in all of them (figure_base.recipe_style)
+    study = recipe_order(main["recipe"].dropna().astype(str)) if main is not None and "recipe" in main.columns else None
+    bits = role_bits(main)
+    cost_models = (facts or {}).get("cost_models")
     jobs: list[tuple[int, str | None, Callable[[], Figure]]] = [
         (1, None if analysed else "no budget with IsoFLOP profiles (3+ sizes of 2+ recipes landing on it)",
          lambda: isoflop_profiles([(b, analysis.points_at(main, b["budget"], compute.get(cost_name))) for b in analysed],
-                                  stem[1], unit)),
+                                  stem[1], unit, recipes=study, bits=bits)),
         (2, law_missing or (None if largest else "no compute budget (results without FLOPs by part)"),
          lambda: iso_loss(iso_fit, largest, stem[2], optimal.Cost(model=compute.get(cost_name), share=optimal.share_of(fit)),
                           unit, chosen=fit.law)),
-        (3, _need(fit=fit, results=main), lambda: fitted_vs_observed(fit, main, stem[3], heldout_mask(fit, main), unit)),
-        (4, _need_curves(main_curves, ("tokens", "N", "recipe")), lambda: training_curves(main_curves, stem[4], unit)),
+        (3, _need(fit=fit, results=main), lambda: fitted_vs_observed(fit, main, stem[3], heldout_mask(fit, main), unit,
+                                                                     recipes=study, bits=bits)),
+        (4, _need_curves(main_curves, ("tokens", "N", "recipe")),
+         lambda: training_curves(main_curves, stem[4], unit, recipes=study)),
         (5, _no_granularity_sweep(results) or _need_granularity(grain), lambda: granularity_format(grain, stem[5], unit)),
         (6, _need_amax(amax_curves), lambda: amax_distributions(curves_lib.amax_long(amax_curves), stem[6])),
         (7, _need_outliers(outlier_curves), lambda: outliers(outlier_curves, stem[7], unit)),
-        (8, None, lambda: cluster_table(plan_table if plan_table is not None else cluster_time_table(fit), stem[8])),
-        (9, _need(fit=fit, results=main), lambda: residuals(*findings_lib.residuals_by_recipe(main, fit), fit, stem[9], unit)),
+        (9, _need(fit=fit, results=main), lambda: residuals(*findings_lib.residuals_by_recipe(main, fit), fit, stem[9], unit,
+                                                            recipes=study)),
+        (10, None if cost_models and cost_models.get("chips") else
+         "the findings have no per-chip verdicts (cost_models: a study with matched-token gaps to a reference recipe)",
+         lambda: chip_verdicts(cost_models, stem[10], unit, recipes=study, bits=bits)),
     ]
     made: list[Figure | Skipped] = []
     for number, missing, draw in jobs:
