@@ -7,19 +7,18 @@ cost_c(r, N) is what one training token of recipe r at size N costs under cost m
 planner's table, `bits`, or a user's throughput table: `scaling.train.compute.get`), so C / cost_c is the
 tokens D that r buys with C on c. Why computed rather than read off an IsoFLOP design: a design lands its
 runs on its budgets under the one cost model it was designed with; under another model a run's loss at C
-has to be interpolated between evaluations (biased one way: log-linear readings between cooldown points
-came out ~0.01 nats high on the committed study's own dense bf16 curves), and a recipe the chip makes
-cheaper than the design did simply stops before the budget and is absent. Here every recipe with a gap
+has to be interpolated between evaluations (biased one way: a loss curve is convex in log D, so a
+log-linear reading between two cooldown points lies above it), and a recipe the chip makes cheaper than
+the design did simply stops before the budget and is absent. Here every recipe with a gap
 model is present on every chip at every budget.
 
 The two measured pieces:
 
 - L_ref: the reference recipe's loss at each trained size as a curve in D, L_ref(N_i, D) = u_i + B·D^-beta
   (u_i one per size, B and beta shared). Per size, not a Chinchilla surface in N: the sizes are different
-  shapes (depth and width), and a smooth surface in N misses the committed study's sizes by up to 0.06
-  nats, larger than most gaps; per size it misses by the seed noise (0.024 RMSE). So N is minimised over
-  the trained sizes, and D is read along each size's curve: beyond the D that size was measured at, the
-  verdict says so.
+  shapes (depth and width), and a smooth surface in N can miss a size by more than most gaps are large,
+  while per size the curves miss by about the seed noise. So N is minimised over the trained sizes, and D
+  is read along each size's curve: beyond the D that size was measured at, the verdict says so.
 - g_r: recipe r's matched-token gap model, `scaling.study.analysis.matched` (a + b·ln N + c·ln(D/N),
   centred), fitted on r's points paired with the reference's at the same (N, D, seed, shape). Read at a
   (N, D/N) outside the hull of r's matched points, the verdict says so.

@@ -14,7 +14,7 @@ means), b the change per e-fold of N at fixed D/N, c per e-fold of D/N (tokens p
 
 Why clustered, and how: a seed fixes both the initialisation and the data order, so a run's deviation is
 shared by every evaluation of that run (every D of one (N, seed)), and it correlates across recipes (a
-review of the committed study found a median correlation of 0.45). Points are not independent; the independent units are the
+seed's luck shows in every recipe trained with it). Points are not independent; the independent units are the
 (N, seed) cells. Standard errors are the cluster-robust sandwich over those cells with the CR1
 small-sample factor G/(G−1)·(n−1)/(n−p), and intervals use Student t with G−1 degrees of freedom
 (Cameron & Miller 2015). Chosen over a cluster bootstrap because a study has 7–20 cells per recipe, and
