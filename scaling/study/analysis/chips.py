@@ -39,6 +39,7 @@ Pure numpy/pandas/scipy (no JAX).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 import warnings
 from typing import Any, Mapping, Sequence
@@ -316,7 +317,7 @@ def chip_verdicts(rows: pd.DataFrame, budgets: Sequence[float], cost_models: Seq
     next wider one's rate], budgets: [verdict_at's dict + budget_reference]}}}."""
     from scaling.study.analysis import costs  # costs imports isoflop; kept local so this module reads alone
 
-    rows = ok_rows(rows)
+    rows = compute_lib.backfill(ok_rows(rows))  # once: every cost model prices the same FLOPs-by-part columns
     if not len(budgets):
         raise ConfigError("budgets", budgets, "at least one compute budget")
     reference = reference or high_precision_recipe(rows)
@@ -325,8 +326,7 @@ def chip_verdicts(rows: pd.DataFrame, budgets: Sequence[float], cost_models: Seq
     with_gap = [r for r in names if len(data.gaps[r]["gap"])]
     excluded = {r: "no point matched with the reference (same N, D, seed, shape): no gap model" for r in names
                 if r not in with_gap}
-    data = Data(data.sizes, data.d_range, data.ref_size, data.ref_log_d, data.ref_loss, data.ref_cell,
-                {r: data.gaps[r] for r in with_gap}, data.n_cells)
+    data = dataclasses.replace(data, gaps={r: data.gaps[r] for r in with_gap})
     fitted = fit_all(data, _cell_weights(data.n_cells, draws, seed))
     recipes = [reference, *with_gap]
     priced = {}
@@ -343,8 +343,7 @@ def chip_verdicts(rows: pd.DataFrame, budgets: Sequence[float], cost_models: Seq
     for name, (cost, k, got, why) in priced.items():
         verdicts = [{**verdict_at(data, fitted, got, b * k, z), "budget_reference": float(b)} for b in budgets]
         # a chip without a path for a format charges it at the next wider one's rate: say so beside the verdict
-        charged_as = [str(f) for f in cost.fallbacks(compute_lib.backfill(rows[rows["recipe"].isin(recipes)]))
-                      ] if hasattr(cost, "fallbacks") else []
+        charged_as = [str(f) for f in cost.fallbacks(rows[rows["recipe"].isin(recipes)])] if hasattr(cost, "fallbacks") else []
         chips[name] = {"description": cost.describe(), "reference_factor": k, "not_priced": why,
                        "charged_as": charged_as, "budgets": verdicts}
     return {"reference": reference, "method": METHOD, "level": level, "draws": draws,
