@@ -102,7 +102,7 @@ def _print_selection(law_choice: Mapping[str, Any]) -> None:
     splits = law_choice.get("splits") or []
     print(f"law selection: held-out precision-gap MAE (nats) vs the reference ({', '.join(ref.get('recipes', [])) or ref}), "
           f"one column per held-out split (every row at or beyond its threshold left out), score = their mean; vs chosen: excess over the chosen law, "
-          f"SE clustered by {law_choice.get('clustered_by', 'recipe')}; within noise: excess <= {law_choice['noise_se']:g} SE")
+          f"SE clustered by {law_choice.get('clustered_by', 'recipe')}; within noise: score <= best + {law_choice['noise_se']:g} SE of the best")
     labels = {"budget": "gap|C", "compute": "gap|C", "N": "gap|N", "D/N": "gap|D/N"}
     cols = [by for by in ("budget", "compute", "N", "D/N")
             if any(by in (c.get("heldout_gap_mae") or {}) for c in law_choice["candidates"])]

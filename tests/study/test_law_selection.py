@@ -228,7 +228,7 @@ def _entry(name, k=5):
     return {"name": name, "fittable": True, "n_params": k, "aic": 0.0, "heldout_gap_mae": {"budget": None}}
 
 
-def test_within_noise_is_a_paired_recipe_clustered_comparison():
+def test_within_noise_is_one_standard_error_of_the_best_score():
     # 30 recipes x 2 held-out rows. "twin" differs from the best by noise around zero, "worse" by a
     # consistent 0.02 nats per row: only the twin is within noise, and all within noise are listed.
     rng = np.random.default_rng(0)
@@ -242,6 +242,29 @@ def test_within_noise_is_a_paired_recipe_clustered_comparison():
     assert chosen in ("best", "twin") and c["best"]["within_noise"] and c["twin"]["within_noise"]
     assert not c["worse"]["within_noise"]
     assert c["worse"]["gap_mae_diff"]["value"] > 2 * c["worse"]["gap_mae_diff"]["se"] > 0
+    # The band is the best score plus one of the best law's own clustered SEs.
+    top = min(c["best"]["score"], c["twin"]["score"]) + selection._score_se(
+        min((c["best"], c["twin"]), key=lambda e: e["score"]), {n: {"heldout": (pos, e)} for n, e in errs.items()},
+        ["heldout"], clusters)
+    assert c["twin"]["score"] <= top < c["worse"]["score"]
+
+
+def test_a_law_wild_on_one_recipe_is_not_within_noise_on_its_own_huge_standard_error():
+    """A law 20x worse on average only because it is wild on one of 8 recipes has a paired SE as large as
+    its excess; the band is the best law's SE, so that law is out of noise (a band set by the paired SE
+    called such a law "within noise")."""
+    rng = np.random.default_rng(4)
+    clusters = np.repeat(np.arange(8), 5)
+    pos = np.arange(40)
+    good = 0.02 * rng.standard_normal(40)
+    wild = good.copy()
+    wild[clusters == 3] += 5.0  # one recipe mispriced by 5 nats
+    entries = [_entry("good", 6), _entry("wild", 5)]
+    chosen, _ = selection._choose(entries, {"good": (pos, good), "wild": (pos, wild)}, clusters)
+    c = {e["name"]: e for e in entries}
+    diff = c["wild"]["gap_mae_diff"]
+    assert chosen == "good" and not c["wild"]["within_noise"]
+    assert diff["value"] < 2 * diff["se"]  # a paired 2-SE band would have let it in
 
 
 def test_clustered_standard_error_by_hand():
@@ -258,7 +281,7 @@ def test_clustered_standard_error_by_hand():
     zero = np.zeros(4)
     selection._choose(entries, {"best": (np.arange(4), zero), "other": (np.arange(4), np.array([1.0, -2.0, 3.0, 6.0]))}, clusters)
     assert entries[1]["gap_mae_diff"] == {"value": 3.0, "se": pytest.approx(1.6875 ** 0.5, rel=1e-15)}
-    assert not entries[1]["within_noise"]  # 3.0 > 2 · 1.299
+    assert not entries[1]["within_noise"]  # 3.0 > the best's score 0 + its SE 0
     # Each row its own cluster instead: 4/3 · (4 + 1 + 0 + 9) / 16 = 1.1667, a narrower interval.
     assert selection.clustered_mean_and_var(np.array([1.0, 2.0, 3.0, 6.0]), np.arange(4))[1] == pytest.approx(14 / 12, rel=1e-15)
 

@@ -9,9 +9,12 @@ likelihood test) is scaling.study.analysis.heldout; its names stay importable fr
 
 The choice (_choose), on the held-out errors computed once per candidate:
 (1) score: the mean over the splits of each law's held-out gap MAE. (2) Within noise, fewest params
-(TIE_RULE): among the sound laws with a precision term whose excess MAE over the best-scoring one is
-within NOISE_SE recipe-clustered standard errors, the one with the fewest free params (ties: the lower
-score); the data do not rank those, so the simplest is kept. (3) The precision test: is that law better
+(TIE_RULE, the one-standard-error rule of Breiman et al. 1984 and Hastie et al. 2009, sec. 7.10): among
+the sound laws with a precision term whose score is at most the best score plus NOISE_SE of the best
+law's own recipe-clustered standard errors, the one with the fewest free params (ties: the lower score);
+the data do not rank those, so the simplest is kept. The band is set by the best law's SE, not by each
+law's paired difference: a law whose errors are wild on one recipe has a huge paired SE, and a band
+that widened with it would call a far worse law "within noise". (3) The precision test: is that law better
 than `chinchilla` (no precision term) on the held-out gaps (a clustered held-out likelihood test)? It was
 picked on the same scores among K sound precision laws, so it must pass at ALPHA / K (Bonferroni: under
 the null that no precision term helps, the chance that whichever law is picked passes is at most ALPHA).
@@ -48,16 +51,17 @@ from scaling.study.analysis.heldout import (  # noqa: F401  (the names callers i
     likelihood_test, pooled_mean_and_var, reference_mask)
 from scaling.errors import ConfigError
 
-# within_noise: a law whose held-out gap error exceeds the chosen one's by at most this many standard errors.
-NOISE_SE = 2.0
+# within_noise: a law whose score is at most the best score plus this many of the best law's standard
+# errors (the one-standard-error rule).
+NOISE_SE = 1.0
 # The likelihood tests (precision term vs none, nested laws): their one-sided level (the fewest clusters
 # a test is made on is heldout.MIN_TEST_CLUSTERS).
 ALPHA = 0.05
 # How many cluster resamples the stability of the choice is measured on (each repeats _choose, no refit).
 STABILITY_RESAMPLES = 50
-TIE_RULE = (f"among the sound laws with a precision term within {NOISE_SE:g} recipe-clustered SEs of the best "
-            "held-out score, the one with the fewest free params (ties: the lower score); nested laws then by the "
-            "likelihood test")
+TIE_RULE = (f"among the sound laws with a precision term whose score is within {NOISE_SE:g} standard error of the "
+            "best score (the best law's SE, clustered by recipe: the one-standard-error rule), the one with the "
+            "fewest free params (ties: the lower score); nested laws then by the likelihood test")
 # Held-out gaps scored separately by the recipe's bits (the `P` column): name -> (lowest, highest) P.
 BITS_GROUPS = {"6-8": (6.0, 8.0), "<=4": (0.0, 4.0)}
 
@@ -357,15 +361,25 @@ def _excess(e: dict, base: dict, errors: Mapping[str, dict], used: Sequence[str]
     return delta, float(np.sqrt(var))
 
 
-def _within_noise(delta: float, se: float) -> bool:
-    return bool(not np.isfinite(se) or delta <= NOISE_SE * se)
+def _score_se(e: dict, errors: Mapping[str, dict], used: Sequence[str], clusters: np.ndarray) -> float:
+    """The SE of e's score (the split-averaged mean |error|), clustered by `clusters` across splits
+    (pooled_mean_and_var); NaN with a single cluster."""
+    parts = [(np.abs(errors[e["name"]][by][1]), clusters[errors[e["name"]][by][0]]) for by in used]
+    return float(np.sqrt(pooled_mean_and_var(parts)[1]))
+
+
+def _band(group: list[dict], errors: Mapping[str, dict], used: Sequence[str], clusters: np.ndarray) -> tuple[dict, float]:
+    """(the best-scoring law of `group`, the highest score within noise of it: its score + NOISE_SE of its
+    SE; infinite with a single cluster, where the data cannot rank any law)."""
+    best = min(group, key=lambda e: (e["score"], e["n_params"]))
+    se = _score_se(best, errors, used, clusters)
+    return best, (best["score"] + NOISE_SE * se if np.isfinite(se) else np.inf)
 
 
 def _simplest_within_noise(group: list[dict], errors: Mapping[str, dict], used: Sequence[str], clusters: np.ndarray) -> dict:
     """TIE_RULE: among `group`, the laws within noise of the best score, the one with the fewest free params."""
-    best = min(group, key=lambda e: (e["score"], e["n_params"]))
-    close = [e for e in group if e is best or _within_noise(*_excess(e, best, errors, used, clusters))]
-    return min(close, key=lambda e: (e["n_params"], e["score"]))
+    best, top = _band(group, errors, used, clusters)
+    return min((e for e in group if e is best or e["score"] <= top), key=lambda e: (e["n_params"], e["score"]))
 
 
 def _tester(errors: Mapping[str, dict], clusters: np.ndarray, used: Sequence[str]):
@@ -440,8 +454,9 @@ def _choose(entries: list[dict[str, Any]], errors: Mapping[str, Any], clusters: 
     `clusters`) the likelihood tests. Without a chinchilla candidate there is no precision test; where no
     law has a precision term the tie rule runs over every sound law. A degenerate full-data fit
     (fit.degenerate_reason) is scored but chosen only when every law is. Without held-out gaps: the sound
-    fit with the lowest AIC. within_noise: for each scored law, its excess over the chosen one (_excess)
-    <= NOISE_SE · SE (negative: better than the chosen, within noise; a single cluster: every law is).
+    fit with the lowest AIC. within_noise: the chosen law and every scored law whose score is within noise
+    of the best sound score (_band; a single cluster: every law is). gap_mae_diff: each scored law's
+    excess over the chosen one, paired by row, its SE clustered by recipe (_excess).
     """
     tests = {} if tests is None else tests
     tests.update({"precision_test": None, "nested_tests": [], "choice_rule": CHOICE_RULE, "splits": []})
@@ -467,10 +482,11 @@ def _choose(entries: list[dict[str, Any]], errors: Mapping[str, Any], clusters: 
         chosen, how = _nested_walk(chosen, how, sound, chin, test)
     pt = tests["precision_test"] or {}
     tests["nested_tests"] = [t for t in memo.values() if (t["big"], t["small"], t["alpha"]) != (pt.get("big"), pt.get("small"), pt.get("alpha"))]
+    _, top = _band(sound, errors, used, clusters)
     for e in ranked:
         delta, se = _excess(e, chosen, errors, used, clusters)
         e["gap_mae_diff"] = {"value": delta, "se": _finite(se)}
-        e["within_noise"] = e is chosen or _within_noise(delta, se)
+        e["within_noise"] = e is chosen or e["score"] <= top
     return chosen["name"], f"heldout_gap_mae (mean over the held-out splits {', '.join(used)}; chosen by {how})"
 
 
@@ -479,7 +495,7 @@ CHOICE_RULE = ("score = mean over the held-out splits (largest compute budget, l
                "test: that law vs chinchilla, a held-out likelihood ratio clustered by (N, seed), one-sided at "
                f"{ALPHA:g}/K over the K sound precision laws it was picked among (Bonferroni): if it does not beat "
                "chinchilla, chinchilla is chosen; nested laws (kumar within kumar_data) by the same test at "
-               f"{ALPHA:g}; within noise: excess MAE over the chosen law <= {NOISE_SE:g} recipe-clustered SEs; "
+               f"{ALPHA:g}; within noise: a score at most the best plus {NOISE_SE:g} SE of the best law's score; "
                "degenerate fits scored, never chosen while a sound one exists")
 
 
@@ -561,8 +577,8 @@ def select_law(df: pd.DataFrame, candidates: Sequence[str] | None = None, loss_c
     the law's predicted gap is law(x) - law(x_ref). On each strict split (heldout_splits) a law is fitted
     on the rows below the threshold and predicts the held-out gaps (rows without a matching reference are
     not scored; the count is n_heldout; gaps from fewer than two runs are not used). The choice is the
-    module doc's; `within_noise` lists every law whose excess over the chosen one is within NOISE_SE
-    standard errors clustered by recipe: the data do not decide among those. Also per law: AIC with n =
+    module doc's; `within_noise` lists the chosen law and every law whose score is within NOISE_SE of the
+    best law's standard errors (clustered by recipe) of the best score: the data do not rank those. Also per law: AIC with n =
     number of runs, in-sample MARE of the loss, params; and the chosen law's held-out gap errors per
     recipe (heldout_errors_by_recipe). Laws that cannot be fitted are listed with the reason.
 
