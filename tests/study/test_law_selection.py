@@ -194,6 +194,9 @@ def test_unfittable_laws_are_listed_with_the_reason():
 
 def test_candidates_and_variants():
     assert "kumar[kappa free]" in selection.default_candidates() and "kumar" in selection.default_candidates()
+    # the per-recipe laws compete by default: the selection, not the user, says whether recipes of equal
+    # bits need gaps of their own
+    assert {"recipe_gap", "kumar_eff"} <= set(selection.default_candidates())
     assert selection.parse_candidate("kumar[kappa free]") == selection.Candidate("kumar[kappa free]", "kumar", {})
     assert selection.parse_candidate("kumar").fixed == {"kappa": 3.0}
     assert selection.parse_candidate("kumar_data[kappa=2, gamma_D=0.5]").fixed == {"kappa": 2.0, "gamma_D": 0.5}

@@ -99,12 +99,12 @@ def parse_candidate(spec: str) -> Candidate:
 
 
 def default_candidates() -> list[str]:
-    """Every registered law but those with per-recipe params (kumar_eff: opt-in), plus each law that holds
-    params fixed by default with them freed (kumar -> also 'kumar[kappa free]')."""
+    """Every registered law, the per-recipe ones (kumar_eff, recipe_gap) included, plus each law that holds
+    params fixed by default with them freed (kumar -> also 'kumar[kappa free]'). Per-recipe laws are
+    slower to fit (a param or two per recipe) but they are the only ones that can give recipes of equal
+    bits different gaps, so whether the data need that is the selection's call, not the user's."""
     out = []
     for name in laws.names():
-        if laws.get(name).per_recipe:
-            continue  # opt-in (--candidate kumar_eff): two params per recipe, slow to fit on many recipes
         out.append(name)
         if laws.get(name).fixed:
             out.append(f"{name}[{', '.join(f'{k} free' for k in laws.get(name).fixed)}]")
