@@ -229,20 +229,30 @@ def select(df: pd.DataFrame, candidates: Sequence[str] | None, loss_column: str 
     parsed = [parse_candidate(c) for c in dict.fromkeys(candidates or default_candidates())]
     ref, ids = reference_mask(df, reference), _match_ids(df)
     splits, split_notes = heldout_splits(df, ids, ref)
-    primary = heldout_split(df, ids)
-    clusters, clustered_by = recipe_clusters(df)
     init = dict(fit_kwargs.get("init") or {})
-    entries, fits, errors = [], {}, {}
+    evaluated = []
     for cand in parsed:
         # An init grid applies to every law that has those params.
         kwargs = {**fit_kwargs, "init": {k: v for k, v in init.items() if k in laws.get(cand.law).params}}
-        entry, fitted, errs = _evaluate(df, cand, splits or "; ".join(f"{k}: {v}" for k, v in split_notes.items()),
-                                        loss_column, ref, ids, kwargs)
-        entries.append(entry)
-        if fitted is not None:
-            fits[cand.name] = fitted
-        if errs:
-            errors[cand.name] = errs
+        evaluated.append(_evaluate(df, cand, splits or "; ".join(f"{k}: {v}" for k, v in split_notes.items()),
+                                   loss_column, ref, ids, kwargs))
+    return decide(df, evaluated, loss_column, reference, resamples=resamples)
+
+
+def decide(df: pd.DataFrame, evaluated: Sequence[tuple[dict[str, Any], FitResult | None, dict[str, tuple]]],
+           loss_column: str = "val_loss", reference: str | None = None, *,
+           resamples: int = STABILITY_RESAMPLES) -> tuple[dict[str, Any], dict[str, FitResult]]:
+    """select's second half: the choice and its summary from each candidate's (entry, full-data fit, held-out
+    errors) as _evaluate returns them on the same `df` (the expensive part, kept apart so a study's
+    candidates can be evaluated one at a time, resumably, and decided once)."""
+    df = df.reset_index(drop=True)
+    ref, ids = reference_mask(df, reference), _match_ids(df)
+    splits, split_notes = heldout_splits(df, ids, ref)
+    primary = heldout_split(df, ids)
+    clusters, clustered_by = recipe_clusters(df)
+    entries = [entry for entry, _, _ in evaluated]
+    fits = {entry["name"]: fitted for entry, fitted, _ in evaluated if fitted is not None}
+    errors = {entry["name"]: errs for entry, _, errs in evaluated if errs}
     tests: dict[str, Any] = {}
     chosen, criterion = _choose(entries, errors, clusters, _test_clusters(df), tests)
     shares = stability(entries, errors, clusters, _test_clusters(df), resamples) if tests["splits"] else None
