@@ -34,7 +34,7 @@ from scaling.study.analysis import findings as findings_lib
 from scaling.study.report import law_prose, plots, prose, writer as report
 from scaling.study.sweeps import results as results_lib
 from scaling.study.analysis.isoflop import LEVEL, analyse, high_precision_recipe, pair_verdict, replicate_noise
-from scaling.study.analysis.findings import PUBLISHED, measured_choice, verdict
+from scaling.study.analysis.findings import PUBLISHED, against_range, measured_choice
 from scaling.train import compute as compute_lib
 
 # The published FP4 training recipes (scaling.numerics.precision presets) and the plain format each
@@ -203,7 +203,7 @@ def integer_arm_findings(main: pd.DataFrame, noise_rows: pd.DataFrame, facts: di
         b["measured"] = measured_choice(b, level)
         forward = [m["P"] for m in b["measured"]]
         b["P_interval"] = [min(forward), max(forward)] if forward else None
-        b["published"] = {name: verdict(b["P_interval"], lo, hi) for name, (lo, hi) in PUBLISHED.items()}
+        b["published"] = {name: against_range(b["P_interval"], lo, hi) for name, (lo, hi) in PUBLISHED.items()}
     return out
 
 

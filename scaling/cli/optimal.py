@@ -1,6 +1,6 @@
 """`scaling optimal FIT --compute C`: the compute-optimal (N, D, P) of a fitted law
-(scaling.study.analysis.pstar.optimal), with its bootstrap CI and its range across cost models, under the verdict
-`scaling plan --fit` prints too (scaling.study.analysis.pstar.optimum_check): "no optimum: <reasons>" instead of an
+(scaling.study.analysis.pstar.optimal), with its bootstrap CI and its range across cost models, under the optimum
+check `scaling plan --fit` prints too (scaling.study.analysis.pstar.optimum_check): "no optimum: <reasons>" instead of an
 optimum (exit 0) where none exists, and "extrapolated: ..." where it lies outside the trained runs.
 
 Then the profile (scaling.study.analysis.pstar.profile): the law's loss at each format real chips run (or --formats),
@@ -54,14 +54,14 @@ def main(args: argparse.Namespace) -> int:
     from scaling.study.analysis.fit import FitResult
     from scaling.study.analysis.pstar.optimal import (Cost, cost_models, optimal_precision, optimal_precision_ci,
         share_of, specification_range)
-    from scaling.study.analysis.pstar.optimum_check import describe, verdict
+    from scaling.study.analysis.pstar.optimum_check import check as check_optimum, describe
     from scaling.study.analysis import laws
     from scaling.study.analysis.pstar.profile import precision_profile
 
     fit = FitResult.from_json(args.fit)
     cost = Cost(model=args.cost_model, share=share_of(fit), overhead=args.overhead)
     header = f"law {fit.law}, compute {args.compute:.3g} in 16-bit FLOP units under cost model: {cost.name}"
-    check = verdict(fit, cost=cost)
+    check = check_optimum(fit, cost=cost)
     if not check["exists"]:  # the same refusal as REPORT's P* and `scaling plan --fit`: no numbers at all
         if args.json:
             print(json.dumps({**check, "P": None, "P_ci": None, "P_range": None, "N": None, "D": None, "loss": None,
@@ -73,7 +73,7 @@ def main(args: argparse.Namespace) -> int:
         return _recipe_ranking(fit, args, cost, check, header)
     p_range = (2.0, 32.0)
     best = optimal_precision(fit, args.compute, args.precisions, cost=cost, p_range=p_range)
-    check = verdict(fit, best, cost)
+    check = check_optimum(fit, best, cost)
     ci = None
     if fit.bootstrap and args.ci_samples > 0:  # the slow part (minutes at the default): say so on stderr
         print(f"the optimum's CI over up to {args.ci_samples} bootstrap resamples, then P* under each cost model "

@@ -156,10 +156,10 @@ def plan_fit(
     target_loss: float | None = None,
     **plan_options: ClusterRecipe | float | None,
 ) -> tuple[float, PrecisionPlan, list[PrecisionPlan], dict]:
-    """(compute, the optimum's plan, one plan per precision, the optimum's verdict) for a fitted law at
+    """(compute, the optimum's plan, one plan per precision, the optimum check) for a fitted law at
     `compute` or `target_loss`: the law's compute optimum (scaling.study.analysis.pstar.optimal, under the cost model
     `scaling optimal` uses by default: `bits` with the fit's runs' unquantised share) priced by
-    scaling.plan.cluster.plan_optimum. The verdict is scaling.study.analysis.pstar.optimum_check's, the one `scaling
+    scaling.plan.cluster.plan_optimum. The check is scaling.study.analysis.pstar.optimum_check's, the one `scaling
     optimal` prints: where no optimum exists, a one-line ConfigError naming every reason."""
     # lazy: keeps `scaling plan --flops` free of the fitting stack
     from scaling.study.analysis import fit, laws
@@ -176,17 +176,17 @@ def plan_fit(
         raise ConfigError(f"--fit {fit_path}", f"{fit_result.law} fit", f"a law with a bits axis ({fit_result.law} reads precision "
                           f"as {axis or 'no term at all'}, so there is no compute-optimal P to plan; `scaling optimal FIT "
                           "--results RESULTS` ranks its measured recipes)")
-    check = optimum_check.verdict(fit_result, cost=cost)
+    check = optimum_check.check(fit_result, cost=cost)
     if not check["exists"]:
         raise ConfigError(f"--fit {fit_path}", f"{fit_result.law} fit, " + "; ".join(check["reasons"]),
-                          "a fit from which a compute optimum exists (`scaling optimal` gives the same verdict)")
+                          "a fit from which a compute optimum exists (`scaling optimal` gives the same check)")
     if compute is None:
         compute = compute_for_target_loss(lambda c: optimal.optimal_precision(fit_result, compute=c, cost=cost)["loss"],
                                           target_loss)
     best = optimal.optimal_precision(fit_result, compute=compute, cost=cost)
     per_precision = [plan_optimum(row, gpus, gpu, **plan_options) for row in best["per_precision"].to_dict("records")]
     return (compute, plan_optimum(best, gpus, gpu, **plan_options), per_precision,
-            optimum_check.verdict(fit_result, best, cost))
+            optimum_check.check(fit_result, best, cost))
 
 
 def main(args: argparse.Namespace) -> int:

@@ -252,7 +252,7 @@ def test_the_forward_only_integer_arm_is_analysed_on_its_own():
     # Kumar et al.'s P is the forward precision: the recipes not ruled out, on their forward bits
     assert {m["recipe"] for m in at["measured"]} <= {"bf16", "int8-fwd"} and "int8-fwd" in {m["recipe"] for m in at["measured"]}
     assert at["P_interval"] == [min(m["P"] for m in at["measured"]), max(m["P"] for m in at["measured"])]
-    assert at["P_interval"][0] == 8 and at["published"]["Kumar et al. 2024"] == findings_lib.verdict(at["P_interval"], 7, 8)
+    assert at["P_interval"][0] == 8 and at["published"]["Kumar et al. 2024"] == findings_lib.against_range(at["P_interval"], 7, 8)
     text = reference_study.integer_arm_section(facts)
     assert "Kumar et al. 2024" in text and "No winner" in text and "int4-fwd" in text and "8 forward bits" in text
     # one integer recipe is no arm
@@ -268,9 +268,9 @@ def test_the_forward_only_integer_arm_is_analysed_on_its_own():
 
 
 def test_published_range_verdicts_use_the_whole_interval():
-    assert findings_lib.verdict([7.2, 7.9], 7, 8) == "inside"
-    assert findings_lib.verdict([3.7, 5.4], 7, 8) == "outside"
-    assert findings_lib.verdict([3.8, 8.0], 7, 8) == "cannot tell" and findings_lib.verdict([3.8, 8.0], 4, 8) == "cannot tell"
+    assert findings_lib.against_range([7.2, 7.9], 7, 8) == "inside"
+    assert findings_lib.against_range([3.7, 5.4], 7, 8) == "outside"
+    assert findings_lib.against_range([3.8, 8.0], 7, 8) == "cannot tell" and findings_lib.against_range([3.8, 8.0], 4, 8) == "cannot tell"
 
 
 # ----------------------------------------------------------------------------- the IsoFLOP design

@@ -1,4 +1,4 @@
-"""One verdict on whether a fitted law's optimum exists (scaling.study.analysis.pstar.optimum_check): shared by
+"""One check of whether a fitted law's optimum exists (scaling.study.analysis.pstar.optimum_check): shared by
 `scaling optimal`, `scaling plan --fit` and REPORT's P* rule; extrapolation flagged; a collapsed CI degenerate."""
 
 import json
@@ -79,14 +79,14 @@ def test_an_optimum_inside_the_trained_runs_is_not_flagged():
     fit = kumar_fit(1e6, 1e12)
     best = optimal.optimal_precision(fit, 1e20)
     fit.data["columns"]["D"] = _span(1e6, 1e12)
-    v = optimum_check.verdict(fit, best, optimal.Cost())
+    v = optimum_check.check(fit, best, optimal.Cost())
     assert v == {"exists": True, "reasons": [], "extrapolated": False, "extrapolation": [], "unchecked": [],
                  "cost_model": "bits, every FLOP quantised"}
 
 
 def test_an_older_fit_says_what_it_could_not_check():
     old = FitResult(law="kumar", params=dict(KUMAR), fixed={"kappa": 3.0}, objective=0.0, residuals=np.zeros(0))
-    v = optimum_check.verdict(old, optimal.optimal_precision(old, 1e20), "bits")
+    v = optimum_check.check(old, optimal.optimal_precision(old, 1e20), "bits")
     assert v["exists"] is True and not v["extrapolated"]
     assert any("no run count" in u for u in v["unchecked"]) and any("range of N" in u for u in v["unchecked"])
     assert optimum_check.describe(v)[0].startswith("not checked: the fit records no run count")
@@ -118,7 +118,7 @@ def test_a_collapsed_ci_marks_the_fit_degenerate_and_no_optimum_exists(law, para
     assert hi - lo > fit_lib.COLLAPSED_CI * params[name]  # wider than the old fixed rule caught
     reason = fit_lib.degenerate_reason(fit)
     assert reason.startswith(f"the CI of {name} (") and "has collapsed" in reason
-    v = optimum_check.verdict(fit, cost="bits")  # stored degenerate None: judged under today's rule
+    v = optimum_check.check(fit, cost="bits")  # stored degenerate None: judged under today's rule
     assert v["exists"] is False and v["reasons"] == [f"degenerate: {reason}"]
     # resamples that spread as widely as the data allow: sound (a floor of 0.0024 in a loss near 2 is
     # barely constrained: even 0.0012 to 0.0048 is within a hundredth of the narrowest CI it could have)

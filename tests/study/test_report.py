@@ -50,7 +50,7 @@ def test_report_states_the_computed_optimum_and_notes_skipped_figures(tmp_path):
     a, b = entry["interval"]
     assert a <= lo and hi <= b and entry["P_range"][0] <= best["P"] <= entry["P_range"][1]
     for name, (x, y) in findings_lib.PUBLISHED.items():  # the verdict follows CI and specification range together
-        assert entry["published"][name] == findings_lib.verdict([a, b], x, y)
+        assert entry["published"][name] == findings_lib.against_range([a, b], x, y)
     # the fake results record no FLOPs by part: no run is placed at a budget, and the report says why
     assert facts["budgets"] == [] and "cannot tell which precision is best" in text
     assert ("Held-out extrapolation: fitted on the 45 points with N below 2e06, the law predicts the other 15 "

@@ -83,7 +83,7 @@ def loss_unit(df: pd.DataFrame) -> str:
     return "nats/byte"
 
 
-def verdict(interval: Sequence[float] | None, lo: float, hi: float) -> str:
+def against_range(interval: Sequence[float] | None, lo: float, hi: float) -> str:
     """A published range against our P* interval (CI and specification range together): 'inside' if
     the whole interval lies in [lo, hi], 'outside' if none of it does, else 'cannot tell'."""
     if interval is None:
@@ -96,9 +96,9 @@ def verdict(interval: Sequence[float] | None, lo: float, hi: float) -> str:
     return "cannot tell"
 
 
-def published_verdicts(interval: Sequence[float] | None) -> dict[str, str]:
-    """verdict of `interval` against each PUBLISHED range, by name."""
-    return {name: verdict(interval, a, b) for name, (a, b) in PUBLISHED.items()}
+def against_published(interval: Sequence[float] | None) -> dict[str, str]:
+    """`interval` against each PUBLISHED range (against_range: inside, outside or cannot tell), by name."""
+    return {name: against_range(interval, a, b) for name, (a, b) in PUBLISHED.items()}
 
 
 def specification_fits(df: pd.DataFrame, fit: FitResult, loss_column: str = "val_loss") -> list[tuple[str, Any]]:
@@ -148,7 +148,7 @@ def findings(df: pd.DataFrame, fit: FitResult | None, *, cost: str = "bits", bud
     """Everything REPORT.md may claim, as numbers: per budget the IsoFLOP analysis (each recipe's
     effective bits, minimum loss, CI, runs, probability of being best; winner or None), and P* at
     each budget with its bootstrap CI (chosen law, chosen cost model), its specification range
-    (across specification_fits x optimal.cost_models) and the verdict against each published range.
+    (across specification_fits x optimal.cost_models) and whether each published range holds it.
     noise_rows: the table whose seed replicates measure run-to-run noise (default df); level: the
     confidence level of every IsoFLOP verdict and interval; pairs: (a, b) recipe contrasts a study
     wants at every budget besides each recipe's gap to the reference (analysis.isoflop's `pairs`).
@@ -157,8 +157,8 @@ def findings(df: pd.DataFrame, fit: FitResult | None, *, cost: str = "bits", bud
     loss at each format real chips run, with bootstrap CIs, family-wise neighbour differences, untrained
     formats flagged and a continuous P* only where the law and data support one; {"error": ...} where
     it cannot be made), `law_interval` (the law's P* span: P, P_ci, the specification range, or for a law
-    without a bits axis its best recipes' bits and the within-noise laws' P*) with `published_law` (its
-    verdict against each published range, apart from the measured recipes') and `measured_bits` (the
+    without a bits axis its best recipes' bits and the within-noise laws' P*) with `published_law` (inside,
+    outside or cannot tell against each published range, apart from the measured recipes') and `measured_bits` (the
     effective bits, bits_eff, of the recipes the IsoFLOP measurement cannot rule out: measured recipes, not
     the law). `interval` spans both, a law's bits and measured recipes' bits_eff together, as before;
     `P_grid` says when P and P_ci are whole-bit grid points (a law on integer E, M bits)."""
@@ -237,8 +237,8 @@ def _pstar_over_bits(fit: FitResult, compute: float, specs: list[tuple[str, Any]
     """P* at `compute` for a law whose precision axis is bits: the optimum with its bootstrap CI, the
     specification range across laws and cost models, `law_interval` spanning them, and `interval`
     spanning those and the measured choice (the measured recipes' effective bits: two kinds of number in
-    one span), with its verdict against each published range (or `error` if the optimum cannot be
-    found). P_grid: why P and P_ci are whole bits, for a law on integer E, M bits (None otherwise)."""
+    one span), with inside, outside or cannot tell against each published range (or `error` if the
+    optimum cannot be found). P_grid: why P and P_ci are whole bits, for a law on integer E, M bits (None otherwise)."""
     entry: dict[str, Any] = {"compute": float(compute), "measured": measured}
     entry["P_grid"] = (f"the {fit.law} law reads integer exponent and mantissa bits: P* is searched over whole "
                        "bits (each split 1 + E + M at the fitted data's median block), so it has no bootstrap CI "
@@ -261,11 +261,11 @@ def _pstar_over_bits(fit: FitResult, compute: float, specs: list[tuple[str, Any]
     entry.update(P_range=spec["P_range"], specifications=spec["table"])
     law_span = [entry["P"], *(entry["P_ci"] or []), *(spec["P_range"] or [])]
     entry["law_interval"] = [min(law_span), max(law_span)]
-    entry["published_law"] = published_verdicts(entry["law_interval"])
+    entry["published_law"] = against_published(entry["law_interval"])
     span = [*law_span, *(m["bits"] for m in entry["measured"])]
     lo, hi = min(span), max(span)
     entry["interval"] = [lo, hi]
-    entry["published"] = published_verdicts([lo, hi])
+    entry["published"] = against_published([lo, hi])
     return entry
 
 
@@ -295,14 +295,14 @@ def _pstar_over_recipes(main: pd.DataFrame, fit: FitResult, compute: float, spec
     bits = [e["bits"] for e in entry["recipes"] if e["best"]] + [b for e in entry["recipes"] for b in e["bits_ci"]]
     entry["law_interval"] = [min([*bits, *ps]), max([*bits, *ps])] if bits or ps else None
     if entry["law_interval"]:
-        entry["published_law"] = published_verdicts(entry["law_interval"])
+        entry["published_law"] = against_published(entry["law_interval"])
     span = [*bits, *ps, *(m["bits"] for m in entry["measured"])]
     if not span:
         entry["error"] = (f"{laws.get(fit.law).no_bits_reason}, and no law with a bits axis is within noise of the "
                           "chosen one: these data give no P*")
     else:
         entry["interval"] = [min(span), max(span)]
-        entry["published"] = published_verdicts(entry["interval"])
+        entry["published"] = against_published(entry["interval"])
     return entry
 
 

@@ -91,13 +91,13 @@ def iso_loss(fit: FitResult, compute: float, stem: str | Path, cost: Any = None,
              chosen: str | None = None) -> Figure:
     """Figure 2: the law's loss over (N, P) at fixed C, each (N, P) given the tokens C affords it under
     `cost` (a scaling.study.analysis.pstar.optimal.Cost; default: the fit's runs' unquantised share under the `bits` cost model);
-    the frontier N*(P) and the optimum, under the verdict `scaling optimal` prints (optimum_check.verdict):
+    the frontier N*(P) and the optimum, under the optimum check `scaling optimal` prints (optimum_check.check):
     a filled star only for an optimum that exists inside the trained runs, a hollow one labelled
     extrapolated for one outside them, none where no optimum exists (the caption says why). chosen: the
     law selection chose, where `fit` is another (profile.profile_source: the chosen law has no bits axis)."""
     cost = cost or optimal.Cost(share=optimal.share_of(fit))
     best = optimum(fit, compute, cost=cost)
-    check = optimum_check.verdict(fit, best, cost)
+    check = optimum_check.check(fit, best, cost)
     frontier = loss_vs_precision(fit, compute, cost=cost)
     sizes = fitted_sizes(fit)
     n_lo = min(frontier["N"].min(), best["N"], *(sizes or ())) / 10

@@ -170,7 +170,7 @@ class PStar(_Typed):
     recipes: list[dict[str, Any]] = ABSENT  # findings.recipe_optima
     specifications: list[dict[str, Any]] = ABSENT  # findings.specification_fits x optimal.cost_models
     law_interval: list[float] | None = ABSENT
-    published_law: dict[str, str] = ABSENT  # published range -> verdict (findings.published_verdicts)
+    published_law: dict[str, str] = ABSENT  # published range -> inside/outside/cannot tell (findings.against_published)
     interval: list[float] | None = ABSENT
     published: dict[str, str] = ABSENT
 

@@ -1,9 +1,9 @@
 """Whether a fitted law's compute optimum exists, and how far it reaches past the runs: the one place
-that decides it. The verdict `scaling optimal` and `scaling plan --fit` print; the run-count rule
+that decides it. The check `scaling optimal` and `scaling plan --fit` print; the run-count rule
 (`min_runs`, `too_few_runs_reason`, `too_few_runs`) REPORT's P* and the dry run follow; the refusal every
 optimiser applies to a degenerate fit (`refuse_degenerate`).
 
-`verdict(fit, optimum=None, cost=None)` -> {"exists", "reasons", "extrapolated", "extrapolation",
+`check(fit, optimum=None, cost=None)` -> {"exists", "reasons", "extrapolated", "extrapolation",
 "unchecked", "cost_model"}:
 
 - reasons: why no optimum exists; any at all and `exists` is False and no (N, D, P) is reported. A
@@ -109,7 +109,7 @@ def _extrapolation(fit: FitResult, optimum: Mapping[str, Any], unchecked: list[s
     return out
 
 
-def verdict(fit: FitResult | Mapping[str, Any], optimum: Mapping[str, Any] | None = None,
+def check(fit: FitResult | Mapping[str, Any], optimum: Mapping[str, Any] | None = None,
             cost: Any = None) -> dict[str, Any]:
     """Does an optimum exist for `fit`, and is `optimum` (a dict with N, D, P, as optimal.optimal_precision
     returns; None: judge the fit alone) an extrapolation? `cost`: the optimal.Cost (or its name) the
@@ -135,7 +135,7 @@ def verdict(fit: FitResult | Mapping[str, Any], optimum: Mapping[str, Any] | Non
 
 
 def describe(v: Mapping[str, Any]) -> list[str]:
-    """The verdict's lines for a verb's text output: 'no optimum: ...', 'extrapolated: ...', 'not checked: ...'."""
+    """The check's lines for a verb's text output: 'no optimum: ...', 'extrapolated: ...', 'not checked: ...'."""
     lines = []
     if not v["exists"]:
         lines.append("no optimum: " + "; ".join(v["reasons"]))
