@@ -4,8 +4,9 @@ check `scaling plan --fit` prints too (scaling.study.analysis.pstar.optimum_chec
 optimum (exit 0) where none exists, and "extrapolated: ..." where it lies outside the trained runs.
 
 Then the profile (scaling.study.analysis.pstar.profile): the law's loss at each format real chips run (or --formats),
-with bootstrap CIs, family-wise CIs of each neighbour difference and their verdicts, formats the fit never
-saw trained flagged, and a continuous P* only where the law and data support one. Where no optimum exists
+with bootstrap CIs, whether the law's error can tell each from the lowest (no P(best): the bootstrap holds
+the law's parameter noise only), family-wise CIs of each neighbour difference and their directions, formats
+the fit never saw trained flagged, and a continuous P* only where the law and data support one. Where no optimum exists
 there is no profile either (its CIs would rest on the same too-few runs)."""
 
 from __future__ import annotations
@@ -160,20 +161,25 @@ def _recipe_ranking(fit, args: argparse.Namespace, cost, check: dict, header: st
 
 
 def profile_lines(prof: dict) -> list[str]:
-    """The profile as text: one row per format (loss, CI, P(best), untrained flag), then each neighbour
-    difference with its family-wise CI and verdict, then the continuous P* or why there is none."""
+    """The profile as text: one row per format (loss, CI, whether the law's error can tell it from the lowest,
+    untrained flag), then each neighbour difference with its family-wise CI and direction, then the continuous
+    P* or why there is none. No P(best): the bootstrap resamples hold the law's parameter noise, not its error."""
+    from scaling.study.analysis.pstar.profile import direction
+
     if prof.get("no_bits_axis"):
         return [f"profile: none: {prof['no_bits_axis']}"]
     lines = [f"profile drawn from another law: {prof['drawn_from']}"] if prof.get("drawn_from") else []
     lines += [f"profile: the law's loss at each format's compute-optimal N ({prof['cost_model']}, each format's scale "
              f"bits counted; {prof['resamples']} bootstrap resamples, {prof['level']:.0%} CIs)"]
-    head = ("format", "bits/el", "E", "M", "block", "N", "loss", "CI", "P(best)", "trained")
+    error = prof.get("law_error")
+    head = ("format", "bits/el", "E", "M", "block", "N", "loss", "CI",
+            f"within {error:.1%} of lowest" if error is not None else "within error of lowest", "trained")
     cells = []
     for r in prof["rows"]:
         ci = f"[{r['loss_ci'][0]:.4f}, {r['loss_ci'][1]:.4f}]" if r["loss_ci"] else "-"
         cells.append((r["name"], f"{r['bits_per_element']:.3g}", f"{r['ebits']:g}", f"{r['mbits']:g}",
                       "-" if r["block"] is None else f"{r['block']:.4g}", f"{r['N']:.3g}", f"{r['loss']:.4f}", ci,
-                      "-" if r["p_best"] is None else f"{r['p_best']:.2f}",
+                      {None: "-", True: "yes", False: "no"}[r.get("within_law_error_of_best")],
                       "UNTRAINED: " + "; ".join(r["untrained_reasons"]) if r["untrained"] else "yes"))
     widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(head)]
     lines.append("  ".join(h.ljust(w) for h, w in zip(head, widths)).rstrip())
@@ -186,7 +192,7 @@ def profile_lines(prof: dict) -> list[str]:
         for p in prof["pairs"]:
             ci = f" [{p['ci'][0]:+.4f}, {p['ci'][1]:+.4f}]" if p["ci"] else ""
             noise = " (within the law's held-out error)" if p["within_law_error"] else ""
-            lines.append(f"  {p['to']} - {p['from']}: {p['diff']:+.4f}{ci} {p['verdict']}{noise}")
+            lines.append(f"  {p['to']} - {p['from']}: {p['diff']:+.4f}{ci} {direction(p)}{noise}")
     ps = prof["pstar"]
     if ps.get("P") is not None:
         ci = f", CI [{ps['ci'][0]:.3g}, {ps['ci'][1]:.3g}] ({ps['interior_share']:.0%} of resamples inside the trained bits)" \

@@ -100,12 +100,45 @@ def test_neighbour_cis_are_paired_and_family_wise():
         assert p["ci"] == pytest.approx([np.percentile(d, tail), np.percentile(d, 100 - tail)], rel=1e-6, abs=1e-9)
         marginal = np.percentile(d, [5, 95])
         assert p["ci"][0] <= marginal[0] and marginal[1] <= p["ci"][1]
-        assert p["verdict"] == ("lower" if p["ci"][1] < 0 else "higher" if p["ci"][0] > 0 else "cannot tell")
+        assert p["direction"] == ("lower" if p["ci"][1] < 0 else "higher" if p["ci"][0] > 0 else "cannot tell")
         assert p["within_law_error"] == (abs(p["diff"]) < 0.01 * rows[k]["loss"])
     # FP4 far below the 7-bit sweet spot costs loss that every resample agrees on
     by = {(p["from"], p["to"]): p for p in pairs}
-    assert by[("nvfp4", "mxfp6 e2m3")]["verdict"] == "lower"
-    assert by[("bf16", "fp32")]["verdict"] == "higher"
+    assert by[("nvfp4", "mxfp6 e2m3")]["direction"] == "lower"
+    assert by[("bf16", "fp32")]["direction"] == "higher"
+
+
+def test_the_profile_says_what_the_laws_error_can_tell_not_a_p_best_from_parameter_noise():
+    """Issue 71: every neighbour difference within the law's error, yet the table gave one format P(best)
+    0.94 from the bootstrap (the law's parameter noise only). The profile keeps no P(best); each format says
+    whether its loss is within the law's error of the lowest, and REPORT's table and `scaling optimal` say that."""
+    from scaling.cli.optimal import profile_lines
+    from scaling.study.report import law_prose
+
+    fit = kumar_fit(7.0)
+    prof = profile.precision_profile(fit, 1e20, cost=optimal.Cost(), max_samples=20)
+    assert all("p_best" not in r for r in prof["rows"])
+    assert prof["law_error"] == 0.01  # the fit's held-out error
+    assert all(r["within_law_error_of_best"] is None for r in profile.judge_within_error(prof, None)["rows"])
+    profile.judge_within_error(prof, 0.01)
+    lowest = min(r["loss"] for r in prof["rows"])
+    close = {r["name"] for r in prof["rows"] if r["loss"] - lowest < 0.01 * lowest}
+    assert {r["name"] for r in prof["rows"] if r["within_law_error_of_best"]} == close
+    assert {r["name"] for r in profile.within_error_of_best(prof)} == close and prof["best"] in close
+    assert 1 < len(close) < len(prof["rows"])  # some formats within the law's error of the lowest, some not
+    text = law_prose.profile_text({**prof, "cost_model": "bits"})
+    assert "P(best)" not in text and "| within the law's error of the lowest |" in text and "| verdict |" not in text
+    rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ") for line in text.splitlines() if line.startswith("| ")}
+    for r in prof["rows"]:
+        assert rows[r["name"]][6] == ("yes" if r["name"] in close else "no")
+    lines = profile_lines(prof)
+    assert not any("P(best)" in line for line in lines) and "within 1.0% of lowest" in lines[1]
+    assert any(line.startswith(prof["best"]) and " yes " in line for line in lines)
+    # a profile written before (findings.json with `verdict` and P(best)) still reads
+    old = {**prof, "pairs": [{**{k: v for k, v in q.items() if k != "direction"}, "verdict": q["direction"]} for q in prof["pairs"]],
+           "rows": [{**r, "p_best": 1.0} for r in prof["rows"]]}
+    assert [profile.direction(q) for q in old["pairs"]] == [q["direction"] for q in prof["pairs"]]
+    assert "P(best)" not in law_prose.profile_text(profile.judge_within_error(old, 0.01))
 
 
 def test_untrained_formats_are_flagged_by_range_and_by_the_fitted_runs():
@@ -113,7 +146,7 @@ def test_untrained_formats_are_flagged_by_range_and_by_the_fitted_runs():
     flags = {r["name"]: r["untrained_reasons"] for r in prof["rows"]}
     assert flags["fp32"] == ["bits 32 outside the trained 4-16"] and flags["bf16"] == [] and flags["nvfp4"] == []
     assert prof["trained_formats_known"] is False and prof["resamples"] == 0
-    assert all(p["ci"] is None and p["verdict"] == "cannot tell" for p in prof["pairs"])
+    assert all(p["ci"] is None and p["direction"] == "cannot tell" for p in prof["pairs"])
     trained = pd.DataFrame({"ebits": [2, 8, 4], "mbits": [1, 7, 3], "granularity": ["nvfp4", "none", "tensor"]})
     prof = profile.precision_profile(sun_fit(), 1e13, trained=trained)
     flags = {r["name"]: r["untrained_reasons"] for r in prof["rows"]}

@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from scaling.study.analysis import laws
+from scaling.study.analysis.pstar import profile as profile_lib
 from scaling.study.report import plots
 from scaling.study.analysis import findings as findings_lib
 from scaling.study.analysis.fit import FitResult
@@ -340,9 +341,10 @@ def _published_text(e: dict) -> str:
 
 def profile_text(p: dict) -> str:
     """The P* profile (scaling.study.analysis.pstar.profile.precision_profile) as a table: each format's loss at its
-    compute-optimal N with its CI, and each difference to the next format with its family-wise CI; a
-    difference below the law's error (profile.judge_within_error: the largest it measured) is said to be
-    within it, whatever its bootstrap CI."""
+    compute-optimal N with its CI, whether the law's error can tell it from the lowest, and each difference
+    to the next format with its family-wise CI; a difference below the law's error
+    (profile.judge_within_error: the largest it measured) is said to be within it, whatever its bootstrap
+    CI. No P(best): the bootstrap holds the law's parameter noise only, not its error off the data."""
     error = p.get("law_error")
     pairs = {q["from"]: q for q in p.get("pairs", [])}
     lines = [f"**C = {fmt(p['compute'])}**, the `{p['law']}` law under the {p['cost_model']} cost model: its loss at each "
@@ -354,20 +356,22 @@ def profile_text(p: dict) -> str:
                 + ": see Limitations) is within its error, whatever the bootstrap says" if error else "")
              + ". Untrained: no fitted run had that format."
              + (f" Not the chosen law's profile: {p['drawn_from']}." if p.get("drawn_from") else ""), "",
-             "| format | chips | bits per element | N | loss | 95% CI | P(best) | trained | next minus this | family-wise CI | verdict |",
+             "| format | chips | bits per element | N | loss | 95% CI | within the law's error of the lowest | trained | "
+             "next minus this | family-wise CI | next format's loss |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in p["rows"]:
         q = pairs.get(r["name"])
-        diff = ci = verdict = "–"
+        diff = ci = direction = "–"
         if q:
             diff = f"{q['diff']:+.4f}"
             ci = f"{q['ci'][0]:+.4f} to {q['ci'][1]:+.4f}" if q.get("ci") else "– (no resamples)"
-            verdict = "within the law's error" if q.get("within_law_error") else q["verdict"]
+            direction = "within the law's error" if q.get("within_law_error") else profile_lib.direction(q)
         lo, hi = r["loss_ci"] if r.get("loss_ci") else (None, None)
+        close = r.get("within_law_error_of_best")
         lines.append(f"| {r['name']} | {r.get('chips') or '–'} | {r['bits_per_element']:.3g} | {fmt(r['N'])} | "
                      f"{r['loss']:.4f} | {'–' if lo is None else f'{lo:.4f} to {hi:.4f}'} | "
-                     f"{'–' if r.get('p_best') is None else format(r['p_best'], '.2f')} | "
-                     f"{'no' if r.get('untrained') else 'yes'} | {diff} | {ci} | {verdict} |")
+                     f"{'–' if close is None else 'yes' if close else 'no'} | "
+                     f"{'no' if r.get('untrained') else 'yes'} | {diff} | {ci} | {direction} |")
     star = p.get("pstar") or {}
     if star.get("P") is not None:
         lines += ["", f"Continuous P* = {star['P']:.3g} bits" + (f" ({p['level']:.0%} CI {star['ci'][0]:.3g}–{star['ci'][1]:.3g})"

@@ -8,7 +8,10 @@ user's list, `parse_formats`): for each the law's loss at its compute-optimal N 
 (the format's element bits, plus its scale bits per element as the cost's overhead), with a bootstrap
 CI of that loss (fit.samples), and for each pair of neighbours (ordered by bits per element, scales
 included) a paired CI of their difference (same resample), family-wise over the pairs (Bonferroni),
-and a verdict: "lower" / "higher" (the next format's loss below / above this one's) or "cannot tell".
+and its direction: "lower" / "higher" (the next format's loss below / above this one's) or "cannot tell".
+The bootstrap draws hold the law's parameter noise only, not its error off the data, so no format is
+called "best" with a probability from them: `judge_within_error` reads each difference, and each
+format's distance from the lowest loss, against the law's measured error instead.
 
 Each format is flagged `untrained` where the fit never saw it trained: its bits (or E, M, block for a
 law that reads them) outside the ranges fit.data["columns"] records, or, given the fitted runs
@@ -222,8 +225,8 @@ def precision_profile(fit: FitResult | Mapping[str, Any], compute: float,
 
     Returns {compute, law, cost_model, level, family_level, resamples, law_error, trained_formats_known,
     rows: [{name, format, granularity, chips, bits, ebits, mbits, block, block_from, overhead,
-    bits_per_element, N, D, loss, loss_ci, p_best, untrained, untrained_reasons}] in bits-per-element
-    order, pairs: [{from, to, diff (to - from), ci (family-wise), verdict, within_law_error}],
+    bits_per_element, N, D, loss, loss_ci, untrained, untrained_reasons, within_law_error_of_best}] in
+    bits-per-element order, pairs: [{from, to, diff (to - from), ci (family-wise), direction, within_law_error}],
     best (the lowest-loss row's name), pstar: {P, N, D, loss, ci, interior_share, reason},
     no_bits_axis: None or why the law has no profile, drawn_from: None or why the profile is another law's
     (profile_source)}."""
@@ -261,13 +264,11 @@ def precision_profile(fit: FitResult | Mapping[str, Any], compute: float,
     family = 1 - (1 - level) / m if m else level
     ftail = 100 * (1 - family) / 2
     out.update(resamples=0 if boot is None else len(boot), family_level=family if m else None)
-    best_idx = np.argmin(boot, axis=1) if boot is not None else None
     for i, (r, p) in enumerate(zip(rows, point)):
         reasons = untrained_reasons(fit, r, trained)
         r.update(N=p["N"], D=p["D"], loss=p["loss"],
                  loss_ci=None if boot is None else [float(np.percentile(boot[:, i], tail)),
                                                     float(np.percentile(boot[:, i], 100 - tail))],
-                 p_best=None if boot is None else float(np.mean(best_idx == i)),
                  untrained=bool(reasons), untrained_reasons=reasons)
     for k in range(m):
         a, b = rows[k], rows[k + 1]
@@ -276,11 +277,11 @@ def precision_profile(fit: FitResult | Mapping[str, Any], compute: float,
         if boot is not None:
             d = boot[:, k + 1] - boot[:, k]
             ci = [float(np.percentile(d, ftail)), float(np.percentile(d, 100 - ftail))]
-        verdict = "cannot tell" if ci is None or ci[0] <= 0 <= ci[1] else ("lower" if ci[1] < 0 else "higher")
-        out["pairs"].append({"from": a["name"], "to": b["name"], "diff": float(diff), "ci": ci, "verdict": verdict})
+        sign = "cannot tell" if ci is None or ci[0] <= 0 <= ci[1] else ("lower" if ci[1] < 0 else "higher")
+        out["pairs"].append({"from": a["name"], "to": b["name"], "diff": float(diff), "ci": ci, "direction": sign})
     out["rows"] = rows
-    judge_within_error(out, mare)
     out["best"] = min(rows, key=lambda r: r["loss"])["name"]
+    judge_within_error(out, mare)
     out["pstar"] = continuous_pstar(fit, compute, cost, samples, level, n_range, p_range, context)
     return out
 
@@ -289,12 +290,36 @@ def judge_within_error(profile: dict[str, Any], law_error: float | None) -> dict
     """Set the profile's `law_error` (the law's error as a fraction of the loss: its held-out error by
     default, or the larger error a study measured, e.g. a budget predicted before it was trained) and
     each neighbour pair's `within_law_error`: |difference| below that error times the lower-bits
-    format's loss, whatever the bootstrap CI says (None without an error). Returns the profile."""
+    format's loss, whatever the bootstrap CI says; and each row's `within_law_error_of_best`: its loss
+    above the lowest by less than that error times the lowest loss (the lowest itself: True). None
+    without an error. Returns the profile."""
     profile["law_error"] = None if law_error is None else float(law_error)
-    loss = {r["name"]: r["loss"] for r in profile.get("rows", [])}
+    rows = profile.get("rows", [])
+    loss = {r["name"]: r["loss"] for r in rows}
     for q in profile.get("pairs", []):
         q["within_law_error"] = None if law_error is None else bool(abs(q["diff"]) < law_error * loss[q["from"]])
+    close = {r["name"] for r in within_error_of_best(profile)}
+    for r in rows:
+        r.pop("p_best", None)  # a profile written before: P(best) from parameter noise is not kept
+        r["within_law_error_of_best"] = None if law_error is None else r["name"] in close
     return profile
+
+
+def direction(pair: Mapping[str, Any]) -> str:
+    """A neighbour pair's direction ("lower", "higher", "cannot tell"); a profile written before the key
+    was named so (findings.json, fits) calls it `verdict`."""
+    return pair.get("direction", pair.get("verdict"))
+
+
+def within_error_of_best(profile: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The rows the law's error (`law_error`, a fraction of the loss) cannot tell from the lowest-loss one:
+    loss above the lowest by less than that error times the lowest loss; lowest first, the lowest
+    included; [] without a law error."""
+    rows, error = profile.get("rows") or [], profile.get("law_error")
+    if error is None or not rows:
+        return []
+    lowest = min(r["loss"] for r in rows)
+    return sorted((r for r in rows if r["loss"] - lowest < error * lowest), key=lambda r: r["loss"])
 
 
 def continuous_pstar(fit: FitResult, compute: float, cost: optimal.Cost, samples: pd.DataFrame, level: float,
