@@ -41,8 +41,53 @@ def test_readme_findings_block_is_generated_from_the_committed_findings():
     text = _readme()
     assert readme.with_findings(text, readme.findings_markdown(findings)) == text
     block = text[text.index(readme.BEGIN):text.index(readme.END)]
-    assert f"{findings['runs']} IsoFLOP runs" in block
+    assert f"{findings['runs']} runs; seeds per (size, recipe, tokens) cell" in block
     assert f"`{findings['law']['name']}`" in block
+
+
+def _report_from(findings: dict) -> str:
+    """REPORT's text from a findings dict alone, by the functions write_report uses: its findings sections,
+    the Fitted law section's first paragraph and the study's GPU pilot section."""
+    import reference_study
+
+    from scaling.study.report import writer
+
+    parts = [line for lines in writer.findings_sections(findings).values() for line in lines]
+    parts += writer.law_sections_head(findings)
+    if findings.get("gpu_pilot"):
+        parts.append(reference_study.gpu_pilot_section(findings["gpu_pilot"]))
+    return "\n".join(parts)
+
+
+def test_every_readme_bullet_is_a_sentence_reports_section_says_for_the_same_findings():
+    """README and REPORT word each finding once: every bullet after the answer is a bold label (README's)
+    and a sentence that REPORT's section for that finding says, from one findings object; and the
+    committed README's bullets are in the committed REPORT."""
+    findings = schema.load(ROOT / "paper_figures" / "findings.json").to_json()
+    report = _report_from(findings)
+    bullets = readme.bullets(findings)
+    labels = [label for _, label, _ in bullets]
+    for name in ("**A budget predicted before it was trained**", "**Which law.**", "**P\\*.**", "**Scaling granularity.**",
+                 "**Outliers.**", "**The GPU pilot**"):
+        assert any(label.startswith(name) for label in labels), name
+    for indent, label, sentence in bullets:
+        assert sentence in report, (label, sentence)
+    block = readme.findings_markdown(findings)
+    assert all(readme._line(b) in block.splitlines() for b in bullets)
+    # the sentence is the first of its kind in REPORT, not a paraphrase: the law's opens the Fitted law section,
+    # the granularity and outlier sentences open theirs, the P* one opens its budget's lines
+    from scaling.study.report import law_prose, prose, writer
+
+    sections = writer.findings_sections(findings)
+    assert sections["granularity"][2].startswith(prose.granularity_headline(findings["granularity"], findings["loss_unit"]))
+    assert sections["outliers"][2].startswith(prose.outliers_headline(findings["outliers"], findings["loss_unit"]))
+    assert writer.law_sections_head(findings)[0] == law_prose.law_headline(findings["law"])
+    assert law_prose.pstar_section(findings).startswith(law_prose.pstar_headline(findings["P_star"][0]))
+    # the committed files agree with each other too
+    committed = (ROOT / "paper_figures" / "REPORT.md").read_text(encoding="utf-8")
+    text = _readme()
+    for _, _, sentence in bullets:
+        assert sentence in committed and sentence in text
 
 
 def test_findings_block_opens_with_reports_answer_and_states_pstar_as_its_law_allows():
@@ -58,16 +103,20 @@ def test_findings_block_opens_with_reports_answer_and_states_pstar_as_its_law_al
         for b in entry["budgets"]:
             tied = f"{b['tied'][0]}" + (" \\*" if b["recipes"][0]["notes"] else "") + f" or {b['tied'][1]}" if not b["winner"] else ""
             assert (f"**{b['winner']}**" if b["winner"] else tied) in row
-    # a law with a bits axis and a profile over the formats chips run: the best format at the largest budget
+    # a law with a bits axis and a profile over the formats chips run: the lowest-loss format at the largest
+    # budget, and the others the law's error cannot tell from it (no P(best) from the law's parameter noise)
     profile = findings["P_star"][-1]["profile"]
     best = min(profile["rows"], key=lambda r: r["loss"])
+    close = [r["name"] for r in profile["rows"] if r is not best and r["loss"] - best["loss"] < profile["law_error"] * best["loss"]]
     text = readme.findings_markdown({**findings, "P_star": [{**findings["P_star"][-1], "no_bits_axis": None}]})
-    assert f"ranks **{best['name']}** ({best['bits_per_element']:.3g} bits per element) first" in text
+    assert (f"its lowest loss is {best['name']}'s ({best['bits_per_element']:.3g} bits per element), and {len(close)} "
+            f"other{'s are' if len(close) != 1 else ' is'} within its error ({profile['law_error']:.1%} of the loss)") in text
+    assert "P(best)" not in text.split("**P\\*.**")[1].split("\n")[0]
     # a law with a bits axis and no profile: P* with its bootstrap CI
     entry = {**findings["P_star"][-1], "no_bits_axis": None, "P": 5.5, "P_ci": [4.8, 6.6], "interval": [4.8, 6.6],
              "law_interval": [4.8, 6.6], "profile": None}
     text = readme.findings_markdown({**findings, "P_star": [entry]})
-    assert "**4.8–6.6 bits** (the law's P\\* 5.5 bits, bootstrap 95% CI 4.8–6.6" in text
+    assert "**4.8–6.6 bits** (the law's P* 5.5 bits, bootstrap 95% CI 4.8–6.6" in text
     # a law without one: the measured recipes it chooses among, never an interval of bits
     entry = {**findings["P_star"][-1], "no_bits_axis": "capacity", "interval": [6.25, 8.0],
              "recipes": [{"recipe": "mxfp6", "bits": 6.25}], "measured": [{"recipe": "fp8", "bits": 8.0}]}

@@ -687,7 +687,7 @@ def test_scaling_schemes_are_compared_with_per_tensor_scaling_paired_by_seed():
     text = prose.granularity_section(g2, "nats/byte")
     assert "Bonferroni" in text and "fp4-mx" in text and "1 diverged" in text
     assert "apart from fp4-tensor-delayed" in prose.granularity_section(g3, "nats/byte")
-    assert "every verdict is *cannot tell*" in prose.granularity_section(one, "nats/byte")
+    assert "every comparison is *cannot tell*" in prose.granularity_section(one, "nats/byte")
 
 
 def test_smooth_swiglu_is_compared_on_against_off_paired_by_recipe_rate_and_seed():

@@ -277,8 +277,8 @@ def test_too_few_runs_for_a_p_star_is_said_instead_of_one():
     facts = findings_lib.findings(quick[quick["sweep"] == "quick"], law, n_boot=200)
     assert [e["error"].split(":")[0] for e in facts["P_star"]] == ["too few runs for a P*"] * 2
     assert all(e["measured"] for e in facts["P_star"])  # what the measurement cannot rule out stays
-    assert "no optimum (too few runs for a P*: 12 runs" in law_prose.pstar_section(facts)
-    assert "no P\\* (too few runs for a P*: 12 runs" in readme.findings_markdown(facts)
+    assert "C = 1e11: no P* (too few runs for a P*: 12 runs" in law_prose.pstar_section(facts)
+    assert "**P\\*.** C = 2e11: no P* (too few runs for a P*: 12 runs" in readme.findings_markdown(facts)
 
 
 def test_the_gpu_pilot_is_reported_on_its_own_runs_by_the_main_studys_rules():
@@ -300,7 +300,7 @@ def test_the_gpu_pilot_is_reported_on_its_own_runs_by_the_main_studys_rules():
              "budgets": [{"budget": 3e14, "recipes": [entry("bf16", 16.0, 4, 4), entry("fp8", 8.0, 1, 1)], "winner": None,
                           "sigma": None, "reason": "fewer than two recipes with 3+ sizes reaching this budget"}]}
     budget = reference_study.gpu_pilot_section(first)
-    assert "**C = 3e14.** No winner. Fewer than two recipes with 3+ sizes reaching this budget." in budget
+    assert "**C = 3e14.** No winner: fewer than two recipes with 3+ sizes reaching this budget." in budget
     # bits P, then what the cost model charges per FLOP (16-bit FLOPs)
     assert "| bf16 | 16 | 1 | 4 (4) | not fitted (above) |" in budget and "| fp8 | 8 | 0.5 | 1 (1) | too few sizes |" in budget
 
@@ -312,18 +312,19 @@ def test_readme_puts_the_gpu_pilot_beside_the_study_with_its_verdict_and_each_ga
     from scaling.study.sweeps import results
 
     facts = reference_study.gpu_pilot_facts(results.load(ROOT / "results" / "gpu_pilot.csv"))  # the committed pilot
-    (head, *budgets) = readme._gpu_pilot(facts, "nats/byte")
+    (head, *budgets) = [readme._line(b) for b in readme._gpu_pilot(facts, "nats/byte")]
     assert f"({facts['runs']} runs on a GPU, its own corpus, compared only with each other" in head
     assert len(budgets) == len(facts["budgets"]) and budgets
+    section = reference_study.gpu_pilot_section(facts)  # REPORT's: each budget's line opens with README's sentence
     for line, b in zip(budgets, facts["budgets"]):
-        assert line.startswith(f"  - C = {b['budget']:.3g}: ".replace("e+", "e")
-                               + readme._first_sentence(readme._verdict(b, "nats/byte")).split(" (P(best)")[0])
+        assert line == f"  - C = {b['budget']:.3g}: ".replace("e+", "e") + prose.budget_headline(b, "nats/byte")
+        assert f"**C = {prose.fmt(b['budget'])}.** {prose.budget_headline(b, 'nats/byte')}" in section
         gapped = [e for e in b["recipes"] if e.get("gap") is not None and e.get("gap_ci")]
         for e in gapped:
             assert f"{e['recipe']} {e['gap']:+.3f} [{e['gap_ci'][0]:+.3f}, {e['gap_ci'][1]:+.3f}]" in line
         assert ("Minimum minus bf16's (95% CI)" in line) == bool(gapped)
     empty = {**facts, "budgets": []}
-    assert readme._gpu_pilot(empty, "nats/byte")[0].endswith("no budget has IsoFLOP profiles yet: cannot tell.")
+    assert readme._line(readme._gpu_pilot(empty, "nats/byte")[0]).endswith(prose.NO_BUDGETS)
     assert readme._gpu_pilot(None, "nats/byte") == [] and "GPU pilot" not in readme.findings_markdown(
         {k: v for k, v in json.loads((ROOT / "paper_figures" / "findings.json").read_text()).items() if k != "gpu_pilot"})
 
@@ -351,9 +352,15 @@ def test_runs_on_more_than_one_corpus_are_named_per_recipe_and_budget():
     assert prose._hosts_lines(findings_lib.hosts(hw, 3e12)) != [] and prose._hosts_lines({"gpu: H200": {"bf16": 3}}) == []
     import readme
 
-    (bullet,) = readme._corpora({"budgets": [{"corpora": low}, {"corpora": {"pysrc 000000000001": {"bf16": 1, "fp8": 1}}}]})
-    assert "most on pysrc 000000000001. Recipes with no run on pysrc 000000000001: fp8 (pysrc 000000000002)." in bullet
-    assert readme._corpora({"budgets": [{"corpora": {"pysrc 000000000001": {"bf16": 1, "fp8": 1}}}]}) == []
+    # README's bullet per budget on more than one corpus is the sentence REPORT's IsoFLOP section opens that note with
+    one = {"pysrc 000000000001": {"bf16": 1, "fp8": 1}}
+    corpora = lambda budgets: [b for b in readme.bullets({"loss_unit": "nats", "budgets": budgets})  # noqa: E731
+                               if b[1].startswith("**Corpora")]
+    (bullet,) = corpora([{"budget": 1e12, "corpora": low}, {"budget": 3e12, "corpora": one}])
+    assert bullet[1] == "**Corpora at C = 1e12.** " and bullet[2] == prose.corpora_sentence(low) in lines[1]
+    assert bullet[2] == ("Not one corpus: these runs trained on 2 (pysrc 000000000001: 2 runs, pysrc 000000000002: 1 runs); "
+                         "no run on pysrc 000000000001: fp8.")
+    assert corpora([{"budget": 1e12, "corpora": one}]) == []
     facts = {"budgets": [{"budget": 1e12, "corpora": low}, {"budget": 1e13, "corpora": {"pysrc 000000000003": {"bf16": 1}}}]}
     import json
 
@@ -465,3 +472,22 @@ def test_the_report_opens_with_which_precision_to_train_in_in_plain_words():
     assert "**train in fp8**: its IsoFLOP minimum is 0.040 nats/byte below mxfp4's (95% CI 0.010 to 0.070)" in text
     assert "not from a lower loss at the same tokens (mxfp4: higher there)." in text and "cannot pick" not in text
     assert prose.answer_section({**f, "budgets": []}).startswith("These runs cannot say which precision to train in")
+
+
+def test_verdict_means_one_thing_the_answer_at_a_budget_under_a_cost_model():
+    """Issue 69: "verdict" meant four things. It is kept for the answer at a fixed compute budget under a
+    named cost model (the chips' and the IsoFLOP budgets'); the matched gaps, the P* profile, granularity and
+    outliers give a direction, the optimum has a check, a published range holds P* or not."""
+    from scaling.study.analysis.pstar import optimum_check
+    from scaling.study.report import schema
+
+    facts = schema.load(ROOT / "paper_figures" / "findings.json").to_json()
+    sections = report.findings_sections(facts)
+    for name in ("matched", "pstar", "granularity", "outliers"):
+        text = "\n".join(sections[name])
+        assert text and "verdict" not in text.lower(), name
+    assert "| direction |" in "\n".join(sections["matched"]) and "| next format's loss |" in "\n".join(sections["pstar"])
+    assert "every verdict below holds for this cost model only" in "\n".join(sections["findings"])
+    assert all("direction" in q and "verdict" not in q for e in facts["P_star"] for q in e["profile"]["pairs"])
+    assert not hasattr(optimum_check, "verdict") and callable(optimum_check.check)
+    assert not hasattr(findings_lib, "verdict") and findings_lib.against_range([7.2, 7.9], 7, 8) == "inside"

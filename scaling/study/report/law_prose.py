@@ -1,7 +1,7 @@
 """REPORT.md's text about the fitted law: how it was chosen (each candidate's held-out error, the laws
 within noise), its parameters and held-out error, its P* (the profile, the comparison with the published
 sweet spots — Kumar et al. 2024: compute-optimal precision 7-8 bits; Sun et al. 2025: 4-8 bits — from
-P*'s interval, the verdicts), its predictions for a held-out budget and the calibrated predictor's backtests.
+P*'s interval, inside or outside each), its predictions for a held-out budget and the calibrated predictor's backtests.
 
 The measurements' text and the formatting every section shares (`fmt`, `_markdown`) are
 scaling.study.report.prose's; this module imports from it, never the other way round.
@@ -16,7 +16,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from scaling.study.analysis import laws
+from scaling.study.analysis import fit as fit_lib, laws
 from scaling.study.analysis.pstar import profile as profile_lib
 from scaling.study.report import plots
 from scaling.study.analysis import findings as findings_lib
@@ -80,6 +80,43 @@ def selection_text(selection: dict) -> str:
             + _degenerate_text(selection) + "\n\n" + _markdown(pd.DataFrame(rows)))
 
 
+def _conclusion(test: dict) -> str | None:
+    """A test's conclusion in words (selection's precision and nested tests store it as `verdict`)."""
+    return test.get("conclusion", test.get("verdict"))
+
+
+def law_headline(law: dict | None) -> str | None:
+    """The Fitted law section's first sentence (README's line), from findings' `law`: which law, how it was
+    chosen and how stable that choice is, its exponents and its held-out error; None without a law."""
+    if not (law or {}).get("name"):
+        return None
+    selection, params = law.get("selection"), law.get("params") or {}
+    text = f"`{law['name']}`"
+    if selection:
+        scores = {c["name"]: c for c in selection["candidates"] if c.get("score") is not None and not c.get("degenerate")}
+        best = min(scores.values(), key=lambda c: c["score"]) if scores else None
+        pt = selection.get("precision_test") or {}
+        text += (", chosen on held-out splits of the precision gaps"
+                 + (f" as the law with the fewest params within noise of the best (`{best['name']}`)"
+                    if best and best["name"] != law["name"] and (scores.get(law["name"]) or {}).get("within_noise") else "")
+                 + (f"; it beats `chinchilla`, which has no precision term (p = {pt['p_value']:.2g})"
+                    if pt.get("beats") and pt.get("p_value") is not None else ""))
+        share = (selection.get("stability") or {}).get(law["name"])
+        if share is not None:
+            text += f"; chosen in {share:.0%} of {selection.get('stability_resamples')} cell resamples"
+    if {"alpha", "beta"} <= set(params):
+        a, b = params["alpha"], params["beta"]
+        split = b / (a + b)
+        lo, hi = fit_lib.LITERATURE_SPLIT
+        text += f"; exponents alpha {a:.2f}, beta {b:.2f}: N* ∝ C^{split:.2f}"
+        if not lo <= split <= hi:
+            text += f" (outside the published {lo:g}–{hi:g}, so not extrapolated to cluster scale)"
+    heldout = law.get("heldout")
+    if heldout and heldout.get("mare") is not None:
+        text += f"; error on the largest {heldout['by']} held out {heldout['mare']:.1%}"
+    return text + "."
+
+
 _SPLIT_WORDS = {"compute": "the largest compute N·D", "budget": "the largest compute budget", "N": "the largest size",
                 "D/N": "the most tokens per parameter"}
 
@@ -116,7 +153,7 @@ def _splits_selection_text(selection: dict) -> str:
     tests = []
     if pt.get("big"):
         tests.append(f"Precision test (a held-out likelihood ratio clustered by (N, seed), one-sided at {pt['alpha']:g}): "
-                     f"{pt['verdict']} (" + (f"{pt['reason']}; " if pt.get("reason") else
+                     f"{_conclusion(pt)} (" + (f"{pt['reason']}; " if pt.get("reason") else
                                              f"t = {fmt(pt.get('statistic'))}, p = {fmt(pt.get('p_value'))}, ")
                      + f"{pt.get('n_clusters')} clusters, {pt.get('n')} gaps).")
     elif pt.get("reason"):
@@ -127,7 +164,7 @@ def _splits_selection_text(selection: dict) -> str:
                         f"(t = {fmt(t.get('statistic'))}, p = {fmt(t.get('p_value'))})."))
     close = [c["name"] for c in selection["candidates"] if c.get("within_noise") and c["name"] != chosen]
     clustered = f"{selection.get('noise_se', 2):g} standard errors clustered by {selection.get('clustered_by', 'run')}"
-    verdict = (f"Chosen: `{chosen}`. Within noise of it ({clustered}): " + ", ".join(f"`{n}`" for n in close)
+    choice = (f"Chosen: `{chosen}`. Within noise of it ({clustered}): " + ", ".join(f"`{n}`" for n in close)
                + (" on held-out MAE alone; the tests above, which pair each gap across laws, decide between nested laws."
                   if selection.get("nested_tests") else
                   "; on held-out MAE alone these data do not rank them (the only paired test is the precision test above)."
@@ -135,7 +172,7 @@ def _splits_selection_text(selection: dict) -> str:
                f"Chosen: `{chosen}`; no other law is within noise of it ({clustered}).")
     if selection.get("stability"):
         shares = sorted(selection["stability"].items(), key=lambda kv: -kv[1])
-        verdict += (f" Rule within noise: {selection['rule']}. How often each law is chosen when the "
+        choice += (f" Rule within noise: {selection['rule']}. How often each law is chosen when the "
                     f"{selection.get('stability_unit', '(N, seed) cell')}s are resampled "
                     f"({selection.get('stability_resamples')} resamples, the held-out errors not refitted): "
                     + ", ".join(f"`{name}` {share:.0%}" for name, share in shares if share > 0) + ".")
@@ -153,7 +190,7 @@ def _splits_selection_text(selection: dict) -> str:
                     "within noise": "yes" if c.get("within_noise") else ("not fitted" if not c.get("fittable", True) else "no")})
         rows.append(row)
     by_bits = _by_bits_text(selection, used)
-    return (" ".join([how, *tests, verdict]) + _degenerate_text(selection) + "\n\n" + _markdown(pd.DataFrame(rows))
+    return (" ".join([how, *tests, choice]) + _degenerate_text(selection) + "\n\n" + _markdown(pd.DataFrame(rows))
             + by_bits + _residuals_text(selection))
 
 
@@ -204,20 +241,20 @@ def _heldout_budget_selection_text(selection: dict) -> str:
     close = [c["name"] for c in selection["candidates"] if c.get("within_noise")]
     if len(close) > 1:
         bits = [n for n in close if laws.has_bits_axis(next(c["law"] for c in selection["candidates"] if c["name"] == n))]
-        verdict = (f" Within noise of the best ({selection.get('noise_se', 2):g} {clustered}): "
+        choice = (f" Within noise of the best ({selection.get('noise_se', 2):g} {clustered}): "
                    + ", ".join(f"`{n}`" for n in close) + ". These data do not pick one law among them; the fit reported "
                    f"here is `{chosen}`, the lowest held-out error of a fit that is not degenerate" + (
                        f", and a continuous P* comes only from those with a bits axis ({', '.join(f'`{n}`' for n in bits)})."
                        if bits else ", and none of them has a bits axis, so there is no continuous P*."))
     elif selection.get("criterion", "").startswith("heldout"):
-        verdict = (f" Only `{chosen}` is within noise ({selection.get('noise_se', 2):g} {clustered}) of the lowest "
+        choice = (f" Only `{chosen}` is within noise ({selection.get('noise_se', 2):g} {clustered}) of the lowest "
                    "held-out error: on these gaps the data prefer it.")
     else:
-        verdict = ""
+        choice = ""
     if any(c["law"] == "chinchilla" and c.get("within_noise") and c["name"] != chosen for c in selection["candidates"]):
-        verdict += (" Among them is `chinchilla`, which has no precision term: these data cannot show that a "
+        choice += (" Among them is `chinchilla`, which has no precision term: these data cannot show that a "
                     "precision-aware law predicts the held-out gaps better than none.")
-    return how + verdict + _degenerate_text(selection) + "\n\n" + _markdown(pd.DataFrame(rows)) + _residuals_text(selection)
+    return how + choice + _degenerate_text(selection) + "\n\n" + _markdown(pd.DataFrame(rows)) + _residuals_text(selection)
 
 
 def _degenerate_text(selection: dict) -> str:
@@ -262,17 +299,15 @@ def heldout_error(fit: FitResult, ok: pd.DataFrame) -> tuple[str, float | None]:
 
 
 def pstar_section(f: dict) -> str:
-    """P* per budget: the chosen law's value, its bootstrap CI, the specification range, the verdicts."""
+    """P* per budget: its headline (pstar_headline), the profile over the formats chips run, the chosen
+    law's value, its bootstrap CI, the specification range, and whether each published range holds it."""
     if not f["P_star"]:
         return "No precision-aware law was fitted, so there is no P*."
     law = f["law"]["name"]
     lines = []
     for e in f["P_star"]:
-        if "error" in e and e.get("no_bits_axis"):
-            lines.append(f"- C = {fmt(e['compute'])}: no P*: {e['error']}.")
-            continue
+        lines += [pstar_headline(e), ""]
         if "error" in e:
-            lines.append(f"- C = {fmt(e['compute'])}: no optimum ({e['error']}).")
             continue
         if e.get("no_bits_axis"):
             form = laws.get(law)
@@ -339,6 +374,48 @@ def _published_text(e: dict) -> str:
     return text
 
 
+def pstar_headline(e: dict) -> str:
+    """P* at one budget in one sentence (each budget's first line in REPORT's P* section; README's line is the
+    largest budget's): the recipes the IsoFLOP measurement cannot rule out, then the law's continuous P*
+    (or its interval) and the formats chips run that its error cannot tell from its lowest-loss one; for a
+    law without a bits axis, the measured recipes it chooses among."""
+    head = f"C = {fmt(e['compute'])}: "
+    if "error" in e:
+        return head + f"no P* ({e['error']})."
+    measured = e.get("measured") or []
+    ruled = ("the IsoFLOP measurement cannot rule out as best "
+             + ", ".join(f"{m['recipe']} ({m['bits']:.3g} bits)" for m in measured) if measured else "")
+    if e.get("no_bits_axis"):
+        # a law on quantisation errors ranks the measured recipes: a choice among them, not an interval
+        ranked = e.get("recipes") or []
+        choice = ranked[:1] + [m for m in measured if m["recipe"] not in {r["recipe"] for r in ranked[:1]}]
+        names = ", ".join(f"{c['recipe']} ({c['bits']:.3g} bits)" for c in choice) or "none"
+        return head + (f"**{names}**: a choice among measured recipes, not an interval of P* "
+                       f"(`{e['no_bits_axis']}` has no bits axis).")
+    profile = e.get("profile") or {}
+    star = profile.get("pstar") or {}
+    if star.get("P") is not None:
+        law = (f"the law's continuous P* **{star['P']:.3g} bits**"
+               + (f" (95% CI {star['ci'][0]:.3g}–{star['ci'][1]:.3g})" if star.get("ci") else ""))
+    else:
+        ci = f", bootstrap 95% CI {e['P_ci'][0]:.3g}–{e['P_ci'][1]:.3g}" if e.get("P_ci") else ""
+        law = f"**{_bits(e.get('law_interval') or e['interval'])}** (the law's P* {e['P']:.3g} bits{ci})"
+    if profile.get("rows"):
+        lowest = min(profile["rows"], key=lambda r: r["loss"])
+        law += (f"; of the formats chips run its lowest loss is {lowest['name']}'s ({lowest['bits_per_element']:.3g} bits "
+                "per element)")
+        close = [r for r in profile_lib.within_error_of_best(profile) if r is not lowest]
+        if profile.get("law_error") is not None:  # the table below names them
+            law += (f", and {len(close)} other{'s' if len(close) != 1 else ''} {'are' if len(close) != 1 else 'is'} within "
+                    f"its error ({profile['law_error']:.1%} of the loss)")
+    return head + "; ".join(x for x in (ruled, law) if x) + "."
+
+
+def _bits(interval: Sequence[float]) -> str:
+    lo, hi = interval
+    return f"{lo:.3g} bits" if f"{lo:.3g}" == f"{hi:.3g}" else f"{lo:.3g}–{hi:.3g} bits"
+
+
 def profile_text(p: dict) -> str:
     """The P* profile (scaling.study.analysis.pstar.profile.precision_profile) as a table: each format's loss at its
     compute-optimal N with its CI, whether the law's error can tell it from the lowest, and each difference
@@ -347,7 +424,7 @@ def profile_text(p: dict) -> str:
     CI. No P(best): the bootstrap holds the law's parameter noise only, not its error off the data."""
     error = p.get("law_error")
     pairs = {q["from"]: q for q in p.get("pairs", [])}
-    lines = [f"**C = {fmt(p['compute'])}**, the `{p['law']}` law under the {p['cost_model']} cost model: its loss at each "
+    lines = [f"The `{p['law']}` law under the {p['cost_model']} cost model: its loss at each "
              f"format chips run, at that format's compute-optimal N ({p['level']:.0%} bootstrap CIs over "
              f"{p['resamples']} resamples; each difference is the next format's loss minus this one's, paired over "
              f"the same resamples, family-wise over the {len(pairs)} neighbour pairs)"
@@ -505,6 +582,47 @@ def backtests_section(f: dict) -> str:
     return "\n\n".join(["\n".join(lines)] + notes)
 
 
+def prediction_headline(p: dict, unit: str) -> str:
+    """The held-out budget's score in one sentence (README's line; REPORT's prediction sections open their
+    summary with it): how many measured minima fell inside their prediction intervals, the mean error, and
+    how many predicted gaps to the reference fell inside the measured gap's CI; before the budget is
+    measured, what was predicted."""
+    s = p.get("score")
+    if not s:
+        return f"Predicted: {p['reason']}; not measured yet."
+    if not s["n"]:
+        return f"Predicted: {p['reason']}; none of its recipes was measured at this budget."
+    text = (f"{s['inside']} of {s['n']} measured minima inside their {p['level']:.0%} prediction intervals, mean error "
+            f"{s['mean_error']:+.3f} {unit} (mean absolute {s['mean_abs_error']:.3f})")
+    if s.get("gaps"):
+        text += (f"; {s['gaps_inside']} of {len(s['gaps'])} predicted gaps to {s['reference']} inside the measured "
+                 f"gap's 95% CI")
+    return text + "."
+
+
+def prediction_summary(p: dict, unit: str) -> str:
+    """The prediction section's summary: prediction_headline, then what the errors may hold besides the
+    law's (the fit and the budget on other corpora, or on other kinds of host with the shift runs trained
+    on both measure); the section's notes below give each in full."""
+    text = prediction_headline(p, unit)
+    s = p.get("score")
+    if not s or not s["n"]:
+        return text
+    corpora = p.get("corpora") or {}
+    if corpora.get("measured") and not corpora.get("fitted"):
+        text += " Which corpora the fit's runs trained on is not recorded, so the errors may hold a difference of data."
+    elif corpora.get("measured") and corpora["measured"] != corpora["fitted"]:
+        text += (f" The fit saw {', '.join(corpora['fitted'])}, this budget trained on {', '.join(corpora['measured'])}: "
+                 "the errors hold that difference of data too.")
+    elif findings_lib.other_hosts(p):
+        text += (" The fit's runs and this budget's trained on different kinds of host (named below): the errors hold "
+                 "that difference too")
+        shift = findings_lib.host_shift_between(p)
+        text += (f"; {shift['runs']} runs trained on both put it at {shift['mean']:+.3f} {unit} (95% CI "
+                 f"{shift['ci'][0]:+.3f} to {shift['ci'][1]:+.3f})." if shift else ".")
+    return text
+
+
 def prediction_section(p: dict, unit: str, posthoc: bool = False) -> str:
     """The held-out budget: predicted before it was trained, against what it measured (once landed).
     `posthoc`: a prediction made after that budget's runs existed, said so: a check of the method on
@@ -526,12 +644,14 @@ def prediction_section(p: dict, unit: str, posthoc: bool = False) -> str:
              f"(σ {p['sigma_measurement']:.3g}) and the laws' miss of the lower budgets' minima beyond it "
              f"(σ {p['sigma_lack_of_fit']:.3g}). Loss in {unit}.", ""]
     score = p.get("score")
+    if score:
+        lines += [prediction_summary(p, unit), ""]
     if not score:
         lines += ["| recipe | predicted minimum | 95% PI | at N (95% PI) | P(best) |", "| --- | --- | --- | --- | --- |"]
         for e in sorted(p["recipes"], key=lambda e: e["loss"]):
             lines.append(f"| {e['recipe']} | {e['loss']:.4g} | {e['loss_pi'][0]:.4g}–{e['loss_pi'][1]:.4g} | "
                          f"{fmt(e['N_opt'])} ({fmt(e['N_pi'][0])}–{fmt(e['N_pi'][1])}) | {e['p_best']:.2f} |")
-        lines += ["", f"Predicted: {p['reason']}. Not measured yet: the results hold none of this budget's runs "
+        lines += ["", prediction_summary(p, unit) + " The results hold none of this budget's runs "
                       "(they join them once all have landed)."]
         return "\n".join(lines)
     lines += ["| recipe | predicted minimum | 95% PI | measured | measured 95% CI | error | inside | N predicted (95% PI) | N measured |",

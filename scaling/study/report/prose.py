@@ -133,7 +133,7 @@ def _sweeps(all_rows: pd.DataFrame, ok: pd.DataFrame) -> str:
 
 def matched_section(f: dict) -> str:
     """Each recipe's gap to the reference at matched tokens (findings' `matched`): the numerics alone,
-    before any cost model; continuous differences with their intervals, then the verdicts."""
+    before any cost model; continuous differences with their intervals, then each one's direction."""
     m, unit = f["matched"], f["loss_unit"]
     fw = m["familywise"]
     lines = [f"Each recipe's loss minus {m['reference']}'s at the same model size, tokens and seed (same initialisation, "
@@ -141,9 +141,9 @@ def matched_section(f: dict) -> str:
              f"per recipe over every budget: gap = a + b·(ln N − mean) + c·(ln(D/N) − mean), so a is the recipe's mean "
              f"matched gap at the centre of its points; errors clustered by ({', '.join(m['clustered_by'])}) (a seed fixes "
              f"both the initialisation and the data order; CR1, t with G − 1 dof). The family-wise intervals are "
-             f"{fw['rule']} over {fw['m']} coefficients ({fw['level']:.0%} for all together); each verdict is read "
+             f"{fw['rule']} over {fw['m']} coefficients ({fw['level']:.0%} for all together); each direction is read "
              f"from them. Loss in {unit}. No cost model enters here: the IsoFLOP sections below add one.", "",
-             "| recipe | points (clusters) | matched gap a | 95% CI | family-wise CI | per e-fold of D/N, c (family-wise CI) | verdict |",
+             "| recipe | points (clusters) | matched gap a | 95% CI | family-wise CI | per e-fold of D/N, c (family-wise CI) | direction |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     def ci(x):
         return "–" if x is None else f"{x[0]:+.3f} to {x[1]:+.3f}"
@@ -244,18 +244,18 @@ def answer_section(f: dict) -> str:
 
 def matched_line(f: dict) -> str | None:
     """One sentence: each recipe's mean gap to the reference at matched tokens, grouped by its family-wise
-    verdict, each group with the span of its intervals (REPORT's matched section has each interval)."""
+    direction (findings' `verdict` key), each group with the span of its intervals (REPORT's matched section has each interval)."""
     m = f.get("matched")
     if not m:
         return None
     measured = sorted((r for r in m["recipes"] if r["mean"] is not None), key=lambda r: r["mean"])
     said = []
-    for verdict in ("lower than the reference", "cannot tell", "higher than the reference"):
-        group = [r for r in measured if r["verdict"] == verdict]
+    for direction in ("lower than the reference", "cannot tell", "higher than the reference"):
+        group = [r for r in measured if r["verdict"] == direction]
         if group:
             lo = min(r["mean_familywise_ci"][0] for r in group)
             hi = max(r["mean_familywise_ci"][1] for r in group)
-            said.append(f"{verdict.replace('the reference', m['reference'])} ({lo:+.3f} to {hi:+.3f}): "
+            said.append(f"{direction.replace('the reference', m['reference'])} ({lo:+.3f} to {hi:+.3f}): "
                         + ", ".join(f"{r['recipe']} {r['mean']:+.3f}" for r in group))
     return (f"At matched tokens (the numerics alone: same size, tokens and seed as {m['reference']}; "
             f"{sum(r['n'] for r in measured)} paired points clustered by (N, seed); mean gap in {f['loss_unit']}, the "
@@ -317,17 +317,27 @@ def bits_answer(f: dict) -> str:
     return "\n".join(lines)
 
 
+# the IsoFLOP section's sentence where no budget has profiles to compare (README's GPU pilot line says it too)
+NO_BUDGETS = ("No budget is reached by three or more sizes of two recipes: no IsoFLOP profile can be fitted, so the "
+              "data cannot tell which precision is best.")
+
+
+def runs_sentence(f: dict) -> str:
+    """How many runs the IsoFLOP findings rest on, their seeds per cell and the loss unit (the IsoFLOP
+    section's and README's)."""
+    return (f"{f['runs']} runs; seeds per (size, recipe, tokens) cell: {_range_text(f['seeds_per_cell'])}; "
+            f"loss in {f['loss_unit']}.")
+
+
 def findings_section(f: dict) -> str:
     """Per budget: each recipe's IsoFLOP minimum with its CI, runs and P(best); the verdict sentence."""
     unit = f["loss_unit"]
-    lines = [f"Compute in 16-bit FLOP units, cost model *{f['cost_model']}*. Loss in {unit}. "
-             f"{f['runs']} runs; seeds per (size, recipe, tokens) cell: {_range_text(f['seeds_per_cell'])}. "
+    lines = [f"Compute in 16-bit FLOP units, cost model *{f['cost_model']}*. {runs_sentence(f)} "
              "A recipe's bits P are its forward GEMM operands' element width, as the law sees them; what the cost "
              "model charges for one of its FLOPs, in 16-bit FLOPs, is a separate column: every verdict below holds "
              "for this cost model only."]
     if not f["budgets"]:
-        return "\n".join(lines + ["", "No budget is reached by three or more sizes of two recipes: "
-                                   "no IsoFLOP profile can be fitted, so the data cannot tell which precision is best."])
+        return "\n".join(lines + ["", NO_BUDGETS])
     for b in f["budgets"]:
         lines += ["", f"**C = {fmt(b['budget'])}.** " + verdict_sentence(b, unit), "",
                   "| recipe | bits P | charged per FLOP | runs (sizes) | IsoFLOP minimum | 95% CI | at N | P(best) |",
@@ -363,22 +373,49 @@ def _shape_effects_table(b: dict, unit: str) -> list[str]:
     return lines
 
 
+def granularity_headline(g: dict, unit: str) -> str:
+    """The granularity section's first sentence (README's line): per format, the schemes whose loss is lower
+    (or higher) than per-tensor scaling's beyond the simultaneous intervals, with the size of the difference."""
+    head = f"Each scheme minus per-tensor scaling, paired by seed ({g['runs']} runs"
+    if g.get("sigma") is None:
+        return head + "): no scheme has two seeds, so every comparison is *cannot tell*."
+    said = []
+    for fmt_name in sorted({r["format"] for r in g["rows"]}, reverse=True):
+        rows = [r for r in g["rows"] if r["format"] == fmt_name]
+        parts = [f"{d} with {', '.join(_scheme(r) for r in rows if r['verdict'] == d)} (by "
+                 f"{_values_span(sorted(abs(r['diff']) for r in rows if r['verdict'] == d), '.2f')})"
+                 for d in ("lower", "higher") if any(r["verdict"] == d for r in rows)]  # `verdict`: the direction
+        said.append(f"{fmt_name} {'; '.join(parts) if parts else 'cannot tell'}")
+    return head + f"; {g['level']:.0%} simultaneous over {g['comparisons']} comparisons, {unit}): " + "; ".join(said) + "."
+
+
+def _scheme(row: dict) -> str:
+    name = "per tensor" if row["granularity"] == "tensor" else row["granularity"]
+    return f"{name} ({row['scaling']})" if row["scaling"] != "current" else name
+
+
+def _values_span(values: Sequence[Any], spec: str = "g") -> str:
+    lo, hi = min(values), max(values)
+    return format(lo, spec) if format(lo, spec) == format(hi, spec) else f"{format(lo, spec)}–{format(hi, spec)}"
+
+
 def granularity_section(g: dict, unit: str) -> str:
     """The granularity sweep (findings.scheme_effects): each scheme against per-tensor current scaling."""
-    lines = [f"Each scaling scheme against per-tensor, current scaling in the same format, final validation loss "
+    lines = [granularity_headline(g, unit), "",
+             f"Each scaling scheme against per-tensor, current scaling in the same format, final validation loss "
              f"paired by seed ({g['runs']} runs, {g['comparisons']} comparisons)."]
     if g["sigma"] is None:
-        lines[0] += (" No scheme has two seeds, so there is no noise estimate and no difference can be told from "
-                     "seed noise: every verdict is *cannot tell*.")
+        lines[-1] += (" No scheme has two seeds, so there is no noise estimate and no difference can be told from "
+                      "seed noise: every comparison is *cannot tell*.")
     else:
         own = [r["recipe"] for r in g["rows"] if r.get("own_noise")]
         apart = f" (apart from {', '.join(own)}, whose paired scatter is far above the rest's by an F test: each keeps its own)"
-        lines[0] += (f" Scatter of the paired differences, pooled over the comparisons: {g['sigma']:.3f} {unit} on "
+        lines[-1] += (f" Scatter of the paired differences, pooled over the comparisons: {g['sigma']:.3f} {unit} on "
                      f"{g['dof']} dof{apart if own else ''}; intervals are simultaneous {g['level']:.0%} over all "
                      f"{g['comparisons']} comparisons (Bonferroni).")
-        counts = {v: sum(r["verdict"] == v for r in g["rows"]) for v in ("lower", "higher", "cannot tell")}
-        lines[0] += f" Lower than per tensor: {counts['lower']}; higher: {counts['higher']}; cannot tell: {counts['cannot tell']}."
-    lines += ["", "| format | scheme | seeds | loss | per-tensor loss | difference | CI | verdict |",
+        counts = {d: sum(r["verdict"] == d for r in g["rows"]) for d in ("lower", "higher", "cannot tell")}
+        lines[-1] += f" Lower than per tensor: {counts['lower']}; higher: {counts['higher']}; cannot tell: {counts['cannot tell']}."
+    lines += ["", "| format | scheme | seeds | loss | per-tensor loss | difference | CI | direction |",
               "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in sorted(g["rows"], key=lambda r: (r["format"], r["diff"])):
         ci = f"{r['ci'][0]:+.3f} to {r['ci'][1]:+.3f}" if r["ci"] else "–"
@@ -390,19 +427,23 @@ def granularity_section(g: dict, unit: str) -> str:
     return "\n".join(lines)
 
 
+def outliers_headline(o: dict, unit: str) -> str:
+    """The outlier section's first sentence (README's line): Smooth-SwiGLU on minus off, with its CI and
+    direction, or why there is none."""
+    if not o["n"]:
+        return f"{o['runs']} runs, but no pair with Smooth-SwiGLU on and off that both finished: nothing to compare."
+    if o["ci"] is None:
+        return (f"Smooth-SwiGLU on minus off, final validation loss ({o['runs']} runs): {o['diff']:+.3f} {unit} from "
+                "one pair, with no noise estimate: cannot tell.")
+    say = {"lower": "lower with Smooth-SwiGLU", "higher": "higher with Smooth-SwiGLU", "cannot tell": "cannot tell"}
+    return (f"Smooth-SwiGLU on minus off, final validation loss paired by recipe, learning rate and seed ({o['runs']} "
+            f"runs): {o['diff']:+.3f} {unit} ({o['level']:.0%} CI {o['ci'][0]:+.3f} to {o['ci'][1]:+.3f}, n = {o['n']} "
+            f"pairs): {say[o['verdict']]}.")
+
+
 def outliers_section(o: dict, unit: str) -> str:
     """The outlier sweep (findings.smooth_swiglu_effect): Smooth-SwiGLU on minus off."""
-    if not o["n"]:
-        text = f"{o['runs']} runs, but no pair with Smooth-SwiGLU on and off that both finished: nothing to compare."
-    elif o["ci"] is None:
-        text = (f"Smooth-SwiGLU on minus off, final validation loss: {o['diff']:+.3f} {unit} from one pair, "
-                "with no noise estimate: cannot tell.")
-    else:
-        say = {"lower": "lower with Smooth-SwiGLU", "higher": "higher with Smooth-SwiGLU", "cannot tell": "cannot tell"}
-        text = (f"Smooth-SwiGLU on minus off, final validation loss paired by recipe, learning rate and seed: "
-                f"{o['diff']:+.3f} {unit} ({o['level']:.0%} CI {o['ci'][0]:+.3f} to {o['ci'][1]:+.3f}, n = {o['n']} "
-                f"pairs): {say[o['verdict']]}.")
-    lines = [text, "", "| recipe | learning rate | seed | loss, off | loss, on | on − off |", "| --- | --- | --- | --- | --- | --- |"]
+    lines = [outliers_headline(o, unit), "", "| recipe | learning rate | seed | loss, off | loss, on | on − off |", "| --- | --- | --- | --- | --- | --- |"]
     lines += [f"| {p['recipe']} | {p['lr']:g} | {p['seed']} | {p['off']:.4g} | {p['on']:.4g} | {p['on'] - p['off']:+.3f} |"
               for p in o["pairs"]]
     return "\n".join(lines + _not_ok_lines(o["not_ok"], "Smooth-SwiGLU"))
@@ -419,14 +460,22 @@ def _range_text(r: Sequence[int]) -> str:
     return f"{r[0]}" if r[0] == r[1] else f"{r[0]}-{r[1]}"
 
 
+def corpora_sentence(corpora: dict[str, dict[str, int]]) -> str:
+    """A budget's runs on more than one corpus, in one sentence (the IsoFLOP section's and README's): how
+    many runs on each, and the recipes with no run on the corpus most runs trained on."""
+    names = list(corpora)
+    main = max(names, key=lambda c: sum(corpora[c].values()))
+    off = sorted(r for c in names if c != main for r in corpora[c] if not corpora[main].get(r))
+    return (f"Not one corpus: these runs trained on {len(names)} ({', '.join(f'{c}: {sum(corpora[c].values())} runs' for c in names)})"
+            + (f"; no run on {main}: {', '.join(sorted(set(off)))}" if off else "") + ".")
+
+
 def _corpora_lines(corpora: dict[str, dict[str, int]]) -> list[str]:
     """Where a budget's runs trained on more than one corpus: which recipe on which, since a comparison
     of runs on different data is not like with like (the data's effect is confounded with the recipe's)."""
     if len(corpora) < 2:
         return []
-    names = list(corpora)
-    return ["", f"Not one corpus: these runs trained on {len(names)} ({', '.join(f'{c}: {sum(corpora[c].values())} runs' for c in names)}). "
-                "A corpus is what the training installation holds (`pysrc`: its venv's packages and checkout path), "
+    return ["", corpora_sentence(corpora) + " A corpus is what the training installation holds (`pysrc`: its venv's packages and checkout path), "
                 "so a comparison of recipes whose runs trained on different corpora is not like with like: every "
                 "verdict above between such recipes confounds the data with the precision.", ""] + _mix_table(corpora)
 
@@ -451,13 +500,37 @@ def _mix_table(mix: dict[str, dict[str, int]]) -> list[str]:
 
 
 def verdict_sentence(b: dict, unit: str) -> str:
+    """A budget's verdict under its cost model (budget_headline: the winner or why none, each recipe's gap to
+    the reference), then the noise the bootstrap drew from."""
+    return budget_headline(b, unit) + _noise_text(b, unit)
+
+
+def budget_headline(b: dict, unit: str) -> str:
+    """A budget's verdict in one sentence (the winner and its lead, or why there is none), then each
+    recipe's IsoFLOP minimum minus the reference's with its 95% CI where the analysis paired them (README's
+    line for the GPU pilot's budgets)."""
     if b["winner"]:
         w = next(e for e in b["recipes"] if e["recipe"] == b["winner"])
-        return (f"{b['winner']} has the lowest IsoFLOP minimum, {b['diff']:.3f} {unit} below {b['runner_up']} "
+        text = (f"{b['winner']} has the lowest IsoFLOP minimum, {b['diff']:.3f} {unit} below {b['runner_up']} "
                 f"(95% CI of the difference {b['diff_ci'][0]:.3f}–{b['diff_ci'][1]:.3f}; {w['runs']} runs; "
-                f"P(best) = {w['p_best']:.2f}).{_noise_text(b, unit)}")
-    reason = b["reason"][0].upper() + b["reason"][1:]
-    return f"No winner. {reason}.{_noise_text(b, unit)}"
+                f"P(best) = {w['p_best']:.2f}).")
+    elif b["reason"].startswith("cannot tell: "):
+        text = f"No winner, cannot tell: {b['reason'].removeprefix('cannot tell: ')}."
+    else:
+        text = f"No winner: {b['reason']}."
+    return text + gaps_sentence(b)
+
+
+def gaps_sentence(b: dict) -> str:
+    """' Minimum minus <reference>'s (95% CI): <recipe> <gap> [lo, hi]; ...' over a budget's recipes with a
+    paired gap to the reference, lowest first, a minimum at the edge of its sizes marked; '' without any."""
+    reference = next((e["recipe"] for e in b["recipes"] if e.get("gap") is None and e.get("loss") is not None), None)
+    gaps = sorted((e for e in b["recipes"] if e.get("gap") is not None and e.get("gap_ci")), key=lambda e: e["gap"])
+    if not reference or not gaps:
+        return ""
+    return (f" Minimum minus {reference}'s (95% CI): "
+            + "; ".join(f"{e['recipe']} {e['gap']:+.3f} [{e['gap_ci'][0]:+.3f}, {e['gap_ci'][1]:+.3f}]"
+                        + ("" if e.get("inside", True) else " (edge)") for e in gaps) + ".")
 
 
 def _noise_text(b: dict, unit: str) -> str:

@@ -24,7 +24,7 @@ from scaling.study.analysis import findings as findings_lib
 from scaling.study.analysis.fit import FitResult
 from scaling.study.analysis.prediction import predict as predict_lib
 from scaling.study.analysis.pstar import profile as profile_lib
-from scaling.study.report.law_prose import fitted_law, heldout_error, prediction_sections, pstar_section
+from scaling.study.report.law_prose import fitted_law, heldout_error, law_headline, prediction_sections, pstar_section
 from scaling.study.report.prose import (answer_section, chips_section, corpus_of, findings_section, fmt,
     granularity_section, law_errors, limitations, matched_section, outliers_section, what_was_run)
 from scaling._io import atomic_write_text
@@ -129,22 +129,10 @@ def write_report(results_df: pd.DataFrame, fit_result: Any, out_dir: str | Path,
         if isinstance(f, plots.Skipped) and echo is not None:
             echo(f"Figure {f.number} ({f.title}) skipped: {f.reason}")
     schema.write(out_dir / "findings.json", facts)  # with schema_version, checked as readers check it
-    built_in = {"answer": ["## The answer: which precision to train in", "", answer_section(facts), ""],
-                "matched": (["## At matched tokens: what the formats do", "", matched_section(facts), ""]
-                            if facts.get("matched") else []),
-                "findings": [f"## IsoFLOP profiles under the `{str(facts['cost_model']).split(':')[0]}` cost model", "",
-                             findings_section(facts), ""],
-                "chips": (["## On each chip: every recipe at the tokens its cost buys", "", chips_section(facts), ""]
-                          if facts.get("cost_models") else []),
-                "prediction": prediction_sections(facts),
-                "pstar": ["## P*: the law's loss at the formats chips run, and its optimum", "", pstar_section(facts), ""],
-                "granularity": (["## Scaling granularity and scale timing", "",
-                                 granularity_section(facts["granularity"], facts["loss_unit"]), ""]
-                                if facts["granularity"] else []),
-                "outliers": (["## Outliers: Smooth-SwiGLU", "", outliers_section(facts["outliers"], facts["loss_unit"]), ""]
-                             if facts["outliers"] else []),
+    built_in = {**findings_sections(facts),
                 "what_was_run": ["## What was run", "", what_was_run(results_df, ok, corpus_of(results_df)), ""],
-                "law": law_sections, "figures": _figure_sections(figures, out_dir),
+                "law": law_sections[:2] + (law_sections_head(facts) if fit_result is not None and not ok.empty else []) + law_sections[2:],
+                "figures": _figure_sections(figures, out_dir),
                 "cluster": _cluster_sections(fit_result, table),
                 "limitations": (["## Limitations", "", limitations(fitted, fit_result, [], heldout, facts.get("budgets", ()),
                                                                 facts.get("prediction")), ""]
@@ -158,6 +146,32 @@ def write_report(results_df: pd.DataFrame, fit_result: Any, out_dir: str | Path,
     path = out_dir / "REPORT.md"
     atomic_write_text(path, "\n".join(text))
     return path
+
+
+def findings_sections(facts: dict) -> dict[str, list[str]]:
+    """REPORT's built-in sections written from findings.json's dict alone (the answer, the matched gaps,
+    the IsoFLOP profiles, the chips, the held-out prediction, P*, granularity, outliers), as lines by
+    BUILT_IN name. README's block (paper_figures/readme.py) takes its sentences from the same functions."""
+    unit = facts["loss_unit"]
+    return {"answer": ["## The answer: which precision to train in", "", answer_section(facts), ""],
+            "matched": (["## At matched tokens: what the formats do", "", matched_section(facts), ""]
+                        if facts.get("matched") else []),
+            "findings": [f"## IsoFLOP profiles under the `{str(facts['cost_model']).split(':')[0]}` cost model", "",
+                         findings_section(facts), ""],
+            "chips": (["## On each chip: every recipe at the tokens its cost buys", "", chips_section(facts), ""]
+                      if facts.get("cost_models") else []),
+            "prediction": prediction_sections(facts),
+            "pstar": ["## P*: the law's loss at the formats chips run, and its optimum", "", pstar_section(facts), ""],
+            "granularity": (["## Scaling granularity and scale timing", "", granularity_section(facts["granularity"], unit), ""]
+                            if facts.get("granularity") else []),
+            "outliers": (["## Outliers: Smooth-SwiGLU", "", outliers_section(facts["outliers"], unit), ""]
+                         if facts.get("outliers") else [])}
+
+
+def law_sections_head(facts: dict) -> list[str]:
+    """The Fitted law section's first paragraph from findings' `law` (law_prose.law_headline), or none."""
+    headline = law_headline(facts.get("law"))
+    return [headline, ""] if headline else []
 
 
 def report_facts(results_df: pd.DataFrame, ok: pd.DataFrame, fitted: pd.DataFrame, fit_result: Any,
