@@ -40,6 +40,7 @@ Pure numpy/pandas/scipy (no JAX).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 import warnings
 from typing import Any, Mapping, Sequence
@@ -108,15 +109,31 @@ def fit_reference(data: Data, weights: np.ndarray) -> tuple[np.ndarray, np.ndarr
     k, S = len(weights), len(data.sizes)
     onehot = np.eye(S)[data.ref_size]  # (n, S)
     present = (w @ onehot) > 0  # (k, S)
+    rows = [data.ref_size == i for i in range(S)]
+    w_loss = w * data.ref_loss
+
+    def total(a: np.ndarray) -> np.ndarray:
+        """a summed over its last axis one term after another, in row order (np.cumsum's order, not
+        np.sum's pairwise one): the order in which einsum summed the design's products before."""
+        return np.cumsum(a, axis=-1)[..., -1] if a.shape[-1] else np.zeros(a.shape[:-1])
 
     def solve(beta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Per draw at its beta: coefficients (k, S+1) and weighted SSE (k,)."""
-        x = np.concatenate([np.broadcast_to(onehot, (k, *onehot.shape)),
-                            np.exp(-beta[:, None] * data.ref_log_d[None, :])[..., None]], axis=2)  # (k, n, S+1)
-        xtx = np.einsum("kn,kni,knj->kij", w, x, x)
+        """Per draw at its beta: coefficients (k, S+1) and weighted SSE (k,). The design x (n, S+1) is a
+        one-hot of each row's size and e = D^-beta, so X'WX and X'Wy are sums of w, w·e, w·e·e, w·y and
+        w·e·y over each size's rows (the products einsum formed, summed in the same order: the same bits)."""
+        e = np.exp(-beta[:, None] * data.ref_log_d[None, :])  # (k, n)
+        we = w * e
+        xtx = np.zeros((k, S + 1, S + 1))
+        xty = np.zeros((k, S + 1))
+        for i, at in enumerate(rows):
+            xtx[:, i, i] = total(w[:, at])
+            xtx[:, i, S] = xtx[:, S, i] = total(we[:, at])
+            xty[:, i] = total(w_loss[:, at])
+        xtx[:, S, S] = total(we * e)
+        xty[:, S] = total(we * data.ref_loss)
         xtx[:, np.arange(S), np.arange(S)] += ~present  # an absent size: its u is 0 here, NaN below
-        coef = np.linalg.solve(xtx, np.einsum("kn,kni,n->ki", w, x, data.ref_loss)[..., None])[..., 0]
-        resid = data.ref_loss[None, :] - np.einsum("kni,ki->kn", x, coef)
+        coef = np.linalg.solve(xtx, xty[..., None])[..., 0]
+        resid = data.ref_loss[None, :] - (coef[:, data.ref_size] + e * coef[:, S:])
         return coef, (w * resid ** 2).sum(axis=1)
 
     sse = np.stack([solve(np.full(k, b))[1] for b in BETA_GRID], axis=1)  # (k, grid)
@@ -158,18 +175,37 @@ class GapModel:
         return np.einsum("kij,kj->ki", np.linalg.pinv(xtx), np.einsum("kn,ni,n->ki", w, x, g["gap"]))
 
     def inside(self, log_n: float, log_dn: float) -> bool:
-        return _inside(self.hull, np.array([log_n, log_dn]))
+        return _in_region(self._region, np.array([log_n, log_dn]))
+
+    @functools.cached_property
+    def _region(self) -> tuple[np.ndarray, Any]:
+        """_hull_region of its points, triangulated once (every chip and budget asks the same hull)."""
+        return _hull_region(self.hull)
 
 
 def _inside(points: np.ndarray, q: np.ndarray) -> bool:
     """Is q within the convex hull of points (2-D), or within HULL_TOL of it where the hull is a segment
     or a point (every point at one N, or ln N and ln D/N collinear: one budget)?"""
+    return _in_region(_hull_region(points), q)
+
+
+def _hull_region(points: np.ndarray) -> tuple[np.ndarray, Any]:
+    """The distinct points (to 9 decimals) and their Delaunay triangulation (None where they are fewer than
+    three or collinear)."""
     pts = np.unique(np.round(points, 9), axis=0)
     if len(pts) >= 3:
         try:
-            return bool(spatial.Delaunay(pts).find_simplex(q) >= 0)
+            return pts, spatial.Delaunay(pts)
         except spatial.QhullError:
             pass  # collinear: a segment
+    return pts, None
+
+
+def _in_region(region: tuple[np.ndarray, Any], q: np.ndarray) -> bool:
+    """_inside, on a _hull_region."""
+    pts, triangulation = region
+    if triangulation is not None:
+        return bool(triangulation.find_simplex(q) >= 0)
     centre = pts.mean(axis=0)
     axis = np.linalg.svd(pts - centre)[2][0] if len(pts) > 1 else np.array([1.0, 0.0])
     along = (pts - centre) @ axis
