@@ -133,8 +133,7 @@ def _recipe_ranking(fit, args: argparse.Namespace, cost, check: dict, header: st
                           f"{'no term at all' if axis is None else axis}, not bits, so it has no P* and ranks the "
                           "measured recipes at their own " + ("efficiency" if axis == "recipe" else "errors"))
     trained = load(args.results)
-    ranked = recipe_optima(ok_rows(trained), fit, args.compute, cost, compute_lib.get(args.cost_model),
-                           ci_samples=args.ci_samples or None, bootstrap=args.ci_samples > 0)
+    ranked = recipe_optima(ok_rows(trained), fit, args.compute, cost, compute_lib.get(args.cost_model))
     if not ranked:
         raise ConfigError("--results", args.results, f"runs of the recipes law {fit.law} was fitted on, with their "
                           f"{'quantisation errors' if axis == 'quantisation error' else 'recipe'} columns")
@@ -152,7 +151,8 @@ def _recipe_ranking(fit, args: argparse.Namespace, cost, check: dict, header: st
     import pandas as pd
 
     table = pd.DataFrame([{"recipe": r["recipe"], "bits": f"{r['bits']:.3g}", "N": r["N"], "D": r["D"], "loss": r["loss"],
-                           "P(best)": "-" if r["p_best"] is None else f"{r['p_best']:.2f}"} for r in ranked])
+                           "within the law's error of the lowest": {None: "-", True: "yes", False: "no"}[r["within_law_error_of_best"]]}
+                          for r in ranked])
     print(_table(table, list(table.columns)))
     for line in describe(check):
         print(line)

@@ -43,7 +43,7 @@ def test_a_per_recipe_law_ranks_the_measured_recipes_by_their_efficiency(tmp_pat
     assert json.loads(capsys.readouterr().out)["recipes"][0]["recipe"] == "mxfp4"
     assert cli.main(["optimal", str(eff), "--compute", "1e12", "--results", str(QUICK)]) == 0
     text = capsys.readouterr().out
-    assert "no P*: law kumar_eff reads precision as recipe, not bits" in text and "P(best)" in text
+    assert "no P*: law kumar_eff reads precision as recipe, not bits" in text and "within the law's error of the lowest" in text and "P(best)" not in text
 
 
 def test_without_results_a_law_without_a_bits_axis_is_one_line_error(tmp_path, capsys):
@@ -83,4 +83,4 @@ def test_the_report_reads_a_per_recipe_law_as_a_choice_among_its_recipes(tmp_pat
     assert all(e["recipes"][0]["recipe"] == "fp8" for e in out["P_star"])
     text = law_prose.pstar_section(out)
     assert "prices precision by a fitted efficiency per recipe, not bits, so it has no continuous P*" in text
-    assert "Read at each measured recipe's own fitted efficiency, it prefers fp8" in text
+    assert "Read at each measured recipe's own fitted efficiency, its lowest loss is fp8's" in text

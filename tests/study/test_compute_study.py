@@ -614,7 +614,7 @@ def test_a_quantisation_error_law_ranks_the_measured_recipes_at_their_own_errors
         assert {r["recipe"]: r["bits"] for r in ranked}["mxfp4"] < {r["recipe"]: r["bits"] for r in ranked}["fp8"] < 16
         assert entry["interval"][0] <= ranked[0]["bits"] <= entry["interval"][1]
         text = law_prose.pstar_section({"P_star": [entry], "law": {"name": "capacity"}})
-        assert f"it prefers {winner}" in text and "no continuous P*" in text
+        assert f"its lowest loss is {winner}'s" in text and "no continuous P*" in text
 
 
 def test_p_star_never_overrules_the_isoflop_measurement():

@@ -41,17 +41,19 @@ def test_the_selection_paragraph_names_the_held_out_budget_the_within_noise_set_
 
 def test_a_law_without_a_bits_axis_names_recipes_not_an_interval():
     entry = {"compute": 1e12, "P": None, "P_ci": None, "no_bits_axis": "capacity",
-             "recipes": [{"recipe": "mxfp6", "bits": 6.25, "N": 1e5, "D": 1e6, "loss": 1.60, "best": True, "p_best": 0.7,
-                          "bits_ci": [6.25, 8.0]},
-                         {"recipe": "fp8", "bits": 8.0, "N": 1e5, "D": 1e6, "loss": 1.61, "best": False, "p_best": 0.3,
-                          "bits_ci": []},
-                         {"recipe": "mxfp4", "bits": 4.25, "N": 1e5, "D": 1e6, "loss": 1.70, "best": False, "p_best": 0.0,
-                          "bits_ci": []}],
+             "recipes": [{"recipe": "mxfp6", "bits": 6.25, "N": 1e5, "D": 1e6, "loss": 1.60, "best": True,
+                          "within_law_error_of_best": True},
+                         {"recipe": "fp8", "bits": 8.0, "N": 1e5, "D": 1e6, "loss": 1.61, "best": False,
+                          "within_law_error_of_best": True},
+                         {"recipe": "mxfp4", "bits": 4.25, "N": 1e5, "D": 1e6, "loss": 1.70, "best": False,
+                          "within_law_error_of_best": False}],
              "measured": [{"recipe": "fp8", "bits": 8.0, "P": 8.0, "p_best": 0.6}], "interval": [6.25, 8.0],
              "published": {n: "cannot tell" for n in findings_lib.PUBLISHED}}
     text = law_prose.pstar_section({"P_star": [entry], "law": {"name": "capacity"}})
     assert "mxfp6 (6.25 bits), fp8 (8 bits); a choice among measured recipes, not an interval of P*" in text
-    assert "mxfp4 (4.25 bits)" not in text  # never the law's best: not on the menu
+    assert "mxfp4 (4.25 bits)" not in text  # neither the law's lowest nor within its error: not on the menu
+    # no share of resamples (the law's parameter noise) claims a best: the law's error decides
+    assert "within the law's error of it: fp8" in text and "bootstrap resamples" not in text
     for name, (a, b) in findings_lib.PUBLISHED.items():
         inside = [r for r, bits in (("mxfp6", 6.25), ("fp8", 8.0)) if a <= bits <= b]
         assert f"{name}'s {a:g}–{b:g} bits contains {', '.join(inside) or 'none of them'}" in text

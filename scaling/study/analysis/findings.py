@@ -193,7 +193,7 @@ def findings(df: pd.DataFrame, fit: FitResult | None, *, cost: str = "bits", bud
         if _has_bits(fit.law):
             entry = _pstar_over_bits(fit, c, specs, chosen_cost, ci_samples, measured.get(float(c), []))
         else:
-            entry = _pstar_over_recipes(main, fit, c, specs, chosen_cost, cost_model, ci_samples,
+            entry = _pstar_over_recipes(main, fit, c, specs, chosen_cost, cost_model,
                                         measured.get(float(c), []))
         entry["measured_bits"] = [m["bits"] for m in entry["measured"]]
         try:
@@ -270,8 +270,7 @@ def _pstar_over_bits(fit: FitResult, compute: float, specs: list[tuple[str, Any]
 
 
 def _pstar_over_recipes(main: pd.DataFrame, fit: FitResult, compute: float, specs: list[tuple[str, Any]],
-                        chosen_cost: optimal.Cost, cost_model: compute_lib.CostModel, ci_samples: int,
-                        measured: list[dict]) -> dict[str, Any]:
+                        chosen_cost: optimal.Cost, cost_model: compute_lib.CostModel, measured: list[dict]) -> dict[str, Any]:
     """P* at `compute` for a law without a bits axis (e.g. capacity: precision as measured quantisation
     error, with no map from a hypothetical P to it). The law still ranks the measured recipes (each at
     its own quantisation errors and cost) under every cost model; a continuous P* comes only from the
@@ -279,11 +278,11 @@ def _pstar_over_recipes(main: pd.DataFrame, fit: FitResult, compute: float, spec
     costs = optimal.cost_models(fit)
     bits_specs = [(label, alt) for label, alt in specs[1:] if _has_bits(alt.law)]
     entry = {"compute": float(compute), "P": None, "P_ci": None, "no_bits_axis": fit.law,
-             "recipes": recipe_optima(main, fit, compute, chosen_cost, cost_model, ci_samples),
+             "recipes": recipe_optima(main, fit, compute, chosen_cost, cost_model),
              "measured": measured}
     table = []
     for cst in costs:
-        top = (recipe_optima(main, fit, compute, cst, cost_model, bootstrap=False) or [None])[0]
+        top = (recipe_optima(main, fit, compute, cst, cost_model) or [None])[0]
         if top:
             table.append({"spec": f"{fit.law} (chosen; best recipe {top['recipe']})", "cost_model": cst.name,
                           "P": top["bits"], "N": top["N"], "D": top["D"], "loss": top["loss"]})
@@ -292,7 +291,7 @@ def _pstar_over_recipes(main: pd.DataFrame, fit: FitResult, compute: float, spec
     ps = [r["P"] for r in table if "P" in r]
     if ps:
         entry.update(P_range=[float(min(ps)), float(max(ps))], specifications=table)
-    bits = [e["bits"] for e in entry["recipes"] if e["best"]] + [b for e in entry["recipes"] for b in e["bits_ci"]]
+    bits = [e["bits"] for e in entry["recipes"] if e["best"] or e.get("within_law_error_of_best")]
     entry["law_interval"] = [min([*bits, *ps]), max([*bits, *ps])] if bits or ps else None
     if entry["law_interval"]:
         entry["published_law"] = against_published(entry["law_interval"])
@@ -314,16 +313,18 @@ def measured_choice(analysis: dict, level: float = LEVEL) -> list[dict]:
             for e in sorted(keep, key=lambda e: -e["p_best"])]
 
 
-def recipe_optima(df: pd.DataFrame, fit: FitResult, compute: float, cost: optimal.Cost, cost_model: compute_lib.CostModel,
-                  ci_samples: int | None = None, bootstrap: bool = True) -> list[dict]:
+def recipe_optima(df: pd.DataFrame, fit: FitResult, compute: float, cost: optimal.Cost,
+                  cost_model: compute_lib.CostModel) -> list[dict]:
     """A law without a bits axis read at `compute` for each measured recipe: a law on quantisation
-    errors (capacity) at the recipe's median qerr_w/a/g over the runs, a law with a fitted efficiency
-    per recipe (kumar_eff) at the recipe's own efficiency; the recipe's mean effective bits as the
+    errors (capacity) at the recipe's median qerr_w/a/g over the runs, a law with a fitted efficiency or
+    gap per recipe (kumar_eff, recipe_gap) at the recipe's own; the recipe's mean effective bits as the
     cost's P (every quantised FLOP at that width: an approximation for recipes that quantise only some
-    roles); the compute-optimal N, D and loss under the law, sorted best first. With bootstrap samples:
-    p_best (share of resamples in which the recipe is the law's best) and bits_ci (the best recipe's
-    bits over the resamples, on the best recipe's row only; `bootstrap=False` skips the resamples).
-    Recipes with no quantisation error recorded, or that a per-recipe law was not fitted on, are left out."""
+    roles); the compute-optimal N, D and loss under the law, sorted best first. Each row says whether its
+    loss is within the law's error of the lowest (within_law_error_of_best: above it by less than the
+    law's held-out error, a fraction of the loss, times the lowest loss; None where the fit has no
+    held-out error): the law's own resamples hold its parameter noise only, far below its error, so a
+    share of resamples in which a recipe is best would claim what the law cannot tell. Recipes with no
+    quantisation error recorded, or that a per-recipe law was not fitted on, are left out."""
     law = fit.law_form
     df = laws.with_derived_columns(df, law.error_columns)
     cols = [c for c in law.error_columns if c in df.columns]
@@ -333,26 +334,18 @@ def recipe_optima(df: pd.DataFrame, fit: FitResult, compute: float, cost: optima
     if law.per_recipe:
         runs = runs[runs["recipe"].astype(str).isin(law.recipes)]
     per = runs.groupby("recipe").agg(**{c: (c, "median") for c in cols}, bits=("bits_eff", "mean"))
-
-    def rank(params: dict | None) -> list[dict]:
-        rows = []
-        for recipe, r in per.iterrows():
-            context = {c: float(r[c]) for c in cols} | ({"recipe": str(recipe)} if law.per_recipe else {})
-            best = optimal.optimal_precision(fit, compute, [float(r["bits"])], cost=cost, params=params,
-                                             context=context)
-            rows.append({"recipe": str(recipe), "bits": float(r["bits"]), "N": best["N"], "D": best["D"],
-                         "loss": best["loss"]})
-        return sorted(rows, key=lambda e: e["loss"])
-
-    table = rank(None)
-    samples = getattr(fit, "samples", pd.DataFrame()) if bootstrap else pd.DataFrame()
-    samples = samples.iloc[:ci_samples] if ci_samples else samples
-    winners = [rank(row)[0] for row in samples.to_dict("records")] if len(samples) >= 2 else []
+    table = []
+    for recipe, r in per.iterrows():
+        context = {c: float(r[c]) for c in cols} | ({"recipe": str(recipe)} if law.per_recipe else {})
+        best = optimal.optimal_precision(fit, compute, [float(r["bits"])], cost=cost, context=context)
+        table.append({"recipe": str(recipe), "bits": float(r["bits"]), "N": best["N"], "D": best["D"],
+                      "loss": best["loss"]})
+    table.sort(key=lambda e: e["loss"])
+    error = (fit.heldout or {}).get("mare")
     for i, e in enumerate(table):
         e["best"] = i == 0
-        e["p_best"] = sum(w["recipe"] == e["recipe"] for w in winners) / len(winners) if winners else None
-        e["bits_ci"] = ([float(np.percentile([w["bits"] for w in winners], q)) for q in (2.5, 97.5)]
-                        if winners and i == 0 else [])
+        e["within_law_error_of_best"] = (None if error is None else
+                                         bool(e["loss"] - table[0]["loss"] < float(error) * table[0]["loss"]))
     return table
 
 

@@ -121,6 +121,17 @@ _SPLIT_WORDS = {"compute": "the largest compute N·D", "budget": "the largest co
                 "D/N": "the most tokens per parameter"}
 
 
+def _noise_words(selection: dict) -> str:
+    """How a selection's band of laws within noise was drawn: the one-standard-error rule (the best law's
+    own SE), or, in a selection written before it, a paired difference within k SEs."""
+    by = selection.get("clustered_by", "run")
+    if "one-standard-error" in selection.get("rule", ""):
+        se = selection.get("noise_se", 1)
+        return (f"a score within {se:g} standard error{'s' if se != 1 else ''} of the best, the best law's own SE "
+                f"clustered by {by}")
+    return f"{selection.get('noise_se', 2):g} standard errors clustered by {by}"
+
+
 def _splits_selection_text(selection: dict) -> str:
     """selection_text for a selection scored on several held-out splits (selection.SPLITS) with a
     precision test and nested-law tests (selection._choose)."""
@@ -163,8 +174,8 @@ def _splits_selection_text(selection: dict) -> str:
                      + (f"({t['reason']})." if t.get("reason") else
                         f"(t = {fmt(t.get('statistic'))}, p = {fmt(t.get('p_value'))})."))
     close = [c["name"] for c in selection["candidates"] if c.get("within_noise") and c["name"] != chosen]
-    clustered = f"{selection.get('noise_se', 2):g} standard errors clustered by {selection.get('clustered_by', 'run')}"
-    choice = (f"Chosen: `{chosen}`. Within noise of it ({clustered}): " + ", ".join(f"`{n}`" for n in close)
+    clustered = _noise_words(selection)
+    choice = (f"Chosen: `{chosen}`. Also within noise ({clustered}): " + ", ".join(f"`{n}`" for n in close)
                + (" on held-out MAE alone; the tests above, which pair each gap across laws, decide between nested laws."
                   if selection.get("nested_tests") else
                   "; on held-out MAE alone these data do not rank them (the only paired test is the precision test above)."
@@ -318,12 +329,12 @@ def pstar_section(f: dict) -> str:
             ranked = e.get("recipes") or []
             if ranked:
                 top = ranked[0]
-                share = f", best in {top['p_best']:.0%} of bootstrap resamples" if top.get("p_best") is not None else ""
-                ci = (f"; the best recipe's effective bits over the resamples span {top['bits_ci'][0]:.3g}–"
-                      f"{top['bits_ci'][1]:.3g}" if top.get("bits_ci") and top["bits_ci"][0] != top["bits_ci"][1] else "")
-                text += (f". Read at each measured recipe's own {by}, it prefers {top['recipe']} "
-                         f"({top['bits']:.3g} effective bits{share}; N = {fmt(top['N'])}, D = {fmt(top['D'])}), then "
-                         + ", ".join(f"{r['recipe']} (+{r['loss'] - top['loss']:.3g} nats)" for r in ranked[1:4]) + ci)
+                close = [r["recipe"] for r in ranked[1:] if r.get("within_law_error_of_best")]
+                within = (f"; within the law's error of it: {', '.join(close)}" if close else
+                          "; no other recipe within the law's error of it" if "within_law_error_of_best" in top else "")
+                text += (f". Read at each measured recipe's own {by}, its lowest loss is {top['recipe']}'s "
+                         f"({top['bits']:.3g} effective bits; N = {fmt(top['N'])}, D = {fmt(top['D'])}), then "
+                         + ", ".join(f"{r['recipe']} (+{r['loss'] - top['loss']:.3g} nats)" for r in ranked[1:4]) + within)
             text += _measured_text(e, ranked[0]["recipe"] if ranked else None)
             drawn = bool((e.get("profile") or {}).get("rows"))  # from a within-noise law with a bits axis
             lines += [profile_text(e["profile"]), ""] if drawn else []
@@ -475,7 +486,7 @@ def _menu_text(e: dict, law: str) -> str:
     from the within-noise laws with a bits axis, if any."""
     named: dict[str, float] = {}
     for r in e.get("recipes") or []:
-        if r.get("best") or (r.get("p_best") or 0) > 0:
+        if r.get("best") or r.get("within_law_error_of_best"):
             named[r["recipe"]] = float(r["bits"])
     for m in e.get("measured") or []:
         named.setdefault(m["recipe"], float(m["bits"]))
@@ -483,8 +494,8 @@ def _menu_text(e: dict, law: str) -> str:
         return "No measured recipe can be named best"
     menu = sorted(named.items(), key=lambda kv: kv[1])
     listed = ", ".join(f"{r} ({b:.3g} bits)" for r, b in menu)
-    text = (f"The best measured recipe{'s' if len(menu) > 1 else ''} (the law's choice in any bootstrap resample and "
-            f"those the measurement cannot rule out): {listed}; a choice among measured recipes, not an interval of P*")
+    text = (f"The best measured recipe{'s' if len(menu) > 1 else ''} (the law's lowest, those within the law's error "
+            f"of it and those the measurement cannot rule out): {listed}; a choice among measured recipes, not an interval of P*")
     bits_specs = [r["P"] for r in e.get("specifications") or [] if "P" in r and not r["spec"].startswith(law)]
     if bits_specs:
         lo, hi = min(bits_specs), max(bits_specs)
