@@ -2,8 +2,9 @@
 P*, the purpose sweeps, the fitted law, the figures and the limits, in that order (BUILT_IN), with a
 study's own sections (Section) where it places them.
 
-The sentences are scaling.study.report.prose's (the measurements) and scaling.study.report.law_prose's (the fitted
-law); this module computes the facts, orders the sections and writes the files. Figures are made by
+The sentences are scaling.study.report.prose's (the measurements), scaling.study.report.law_prose's (the fitted
+law) and scaling.study.report.prediction_prose's (the registered prediction and the backtests); this module
+computes the facts, orders the sections and writes the files. Figures are made by
 `scaling.study.report.plots.make_figures` into the same directory and embedded by relative path; figures whose
 inputs are absent are listed with the reason. Both files are written atomically.
 """
@@ -24,7 +25,8 @@ from scaling.study.analysis import findings as findings_lib
 from scaling.study.analysis.fit import FitResult
 from scaling.study.analysis.prediction import predict as predict_lib
 from scaling.study.analysis.pstar import profile as profile_lib
-from scaling.study.report.law_prose import fitted_law, heldout_error, law_headline, prediction_sections, pstar_section
+from scaling.study.report.law_prose import fitted_law, heldout_error, law_headline, pstar_section
+from scaling.study.report.prediction_prose import prediction_sections
 from scaling.study.report.prose import (answer_section, chips_section, corpus_of, findings_section, fmt,
     granularity_section, law_errors, limitations, matched_section, outliers_section, what_was_run)
 from scaling._io import atomic_write_text
