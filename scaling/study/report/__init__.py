@@ -7,7 +7,8 @@ from scaling._lazy import exports
 
 _WRITER = ("Context", "Section", "write_report", "report_facts", "matched_facts", "cost_facts", "prediction_facts",
            "load_fit", "load_sections", "INTRODUCTION", "BUILT_IN")
-_NAMES = {**{m: m for m in ("writer", "plots", "law_plots", "figure_base", "prose", "law_prose", "prediction_prose", "schema")},
+_NAMES = {**{m: m for m in ("writer", "plots", "law_plots", "figure_base", "prose", "purpose_prose", "law_prose",
+                           "prediction_prose", "schema")},
           **{name: "writer" for name in _WRITER}}
 __all__ = list(_NAMES)
 __getattr__ = exports(__name__, _NAMES)

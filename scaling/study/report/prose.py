@@ -1,15 +1,17 @@
 """REPORT.md's sentences about what was measured, and the formatting every section shares.
 
 Every sentence that states a finding is computed from the numbers passed in: what was run, the
-matched-token gaps, the IsoFLOP findings, the purpose sweeps (granularity, outliers), the chips'
-verdicts, and the limitations paragraph from the data's own spans (sizes, tokens, points per parameter,
-precisions measured). The fitted law's text (how it was chosen, its P*, its predictions and backtests)
-is scaling.study.report.law_prose's, which imports the helpers here (`fmt`, `_markdown`); this module never
-imports it. scaling.study.report orders the sections, adds a study's own and writes the file; a study's
+matched-token gaps, the IsoFLOP findings, the chips' verdicts, and the limitations paragraph from the
+data's own spans (sizes, tokens, points per parameter, precisions measured). The fitted law's text (how it
+was chosen, its P*) is scaling.study.report.law_prose's and the prediction's and backtests' is
+scaling.study.report.prediction_prose's; both import the helpers here (`fmt`, `_markdown`) and this module
+never imports them. The purpose sweeps' text (granularity, outliers) is scaling.study.report.purpose_prose's,
+re-exported here. scaling.study.report orders the sections, adds a study's own and writes the file; a study's
 own sections use `fmt`, `verdict_sentence` and `findings_section` as the built-in ones do.
 
-About 500 lines, one function per section (and its small helpers): the measurements' wording stays in
-one place, so a sentence and the ones it must agree with are read and changed together.
+One function per section (and its small helpers): the main study's wording stays in one place, so a
+sentence and the ones it must agree with (the answer, the IsoFLOP verdicts, the limitations) are read and
+changed together.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from scaling.study.report import plots
 from scaling.study.analysis import findings as findings_lib
 from scaling.study.analysis.fit import FitResult
 from scaling.study.sweeps.design_checks import HIGH_BITS, QUANTISED_PARTS, UNQUANTISED_DOMINATES
+from scaling.study.report.purpose_prose import (  # noqa: F401  (the names callers read here)
+    granularity_headline, granularity_section, outliers_headline, outliers_section)
 
 # Chinchilla's compute-optimal ratio (Hoffmann et al. 2022), for the limitations paragraph.
 CHINCHILLA_TOKENS_PER_PARAM = 20.0
@@ -371,89 +375,6 @@ def _shape_effects_table(b: dict, unit: str) -> list[str]:
     for e in sorted(b["shape_effects"], key=lambda e: e["N"]):
         lines.append(f"| {e['shape']} | {fmt(e['N'])} | {e['effect']:+.3f} | {len(e['recipes'])} |")
     return lines
-
-
-def granularity_headline(g: dict, unit: str) -> str:
-    """The granularity section's first sentence (README's line): per format, the schemes whose loss is lower
-    (or higher) than per-tensor scaling's beyond the simultaneous intervals, with the size of the difference."""
-    head = f"Each scheme minus per-tensor scaling, paired by seed ({g['runs']} runs"
-    if g.get("sigma") is None:
-        return head + "): no scheme has two seeds, so every comparison is *cannot tell*."
-    said = []
-    for fmt_name in sorted({r["format"] for r in g["rows"]}, reverse=True):
-        rows = [r for r in g["rows"] if r["format"] == fmt_name]
-        parts = [f"{d} with {', '.join(_scheme(r) for r in rows if r['verdict'] == d)} (by "
-                 f"{_values_span(sorted(abs(r['diff']) for r in rows if r['verdict'] == d), '.2f')})"
-                 for d in ("lower", "higher") if any(r["verdict"] == d for r in rows)]  # `verdict`: the direction
-        said.append(f"{fmt_name} {'; '.join(parts) if parts else 'cannot tell'}")
-    return head + f"; {g['level']:.0%} simultaneous over {g['comparisons']} comparisons, {unit}): " + "; ".join(said) + "."
-
-
-def _scheme(row: dict) -> str:
-    name = "per tensor" if row["granularity"] == "tensor" else row["granularity"]
-    return f"{name} ({row['scaling']})" if row["scaling"] != "current" else name
-
-
-def _values_span(values: Sequence[Any], spec: str = "g") -> str:
-    lo, hi = min(values), max(values)
-    return format(lo, spec) if format(lo, spec) == format(hi, spec) else f"{format(lo, spec)}–{format(hi, spec)}"
-
-
-def granularity_section(g: dict, unit: str) -> str:
-    """The granularity sweep (findings.scheme_effects): each scheme against per-tensor current scaling."""
-    lines = [granularity_headline(g, unit), "",
-             f"Each scaling scheme against per-tensor, current scaling in the same format, final validation loss "
-             f"paired by seed ({g['runs']} runs, {g['comparisons']} comparisons)."]
-    if g["sigma"] is None:
-        lines[-1] += (" No scheme has two seeds, so there is no noise estimate and no difference can be told from "
-                      "seed noise: every comparison is *cannot tell*.")
-    else:
-        own = [r["recipe"] for r in g["rows"] if r.get("own_noise")]
-        apart = f" (apart from {', '.join(own)}, whose paired scatter is far above the rest's by an F test: each keeps its own)"
-        lines[-1] += (f" Scatter of the paired differences, pooled over the comparisons: {g['sigma']:.3f} {unit} on "
-                     f"{g['dof']} dof{apart if own else ''}; intervals are simultaneous {g['level']:.0%} over all "
-                     f"{g['comparisons']} comparisons (Bonferroni).")
-        counts = {d: sum(r["verdict"] == d for r in g["rows"]) for d in ("lower", "higher", "cannot tell")}
-        lines[-1] += f" Lower than per tensor: {counts['lower']}; higher: {counts['higher']}; cannot tell: {counts['cannot tell']}."
-    lines += ["", "| format | scheme | seeds | loss | per-tensor loss | difference | CI | direction |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for r in sorted(g["rows"], key=lambda r: (r["format"], r["diff"])):
-        ci = f"{r['ci'][0]:+.3f} to {r['ci'][1]:+.3f}" if r["ci"] else "–"
-        if r.get("own_noise") and r["n"] <= 2:  # its own scatter from one degree of freedom: t's tail is the interval
-            ci = f"cannot be estimated (its own scatter, {r['n'] - 1} dof)"
-        lines.append(f"| {r['format']} | {r['recipe']} | {r['n']} | {r['loss']:.4g} | {r['loss_ref']:.4g} | "
-                     f"{r['diff']:+.3f} | {ci} | {r['verdict']} |")
-    lines += _not_ok_lines(g["not_ok"], "recipe")
-    return "\n".join(lines)
-
-
-def outliers_headline(o: dict, unit: str) -> str:
-    """The outlier section's first sentence (README's line): Smooth-SwiGLU on minus off, with its CI and
-    direction, or why there is none."""
-    if not o["n"]:
-        return f"{o['runs']} runs, but no pair with Smooth-SwiGLU on and off that both finished: nothing to compare."
-    if o["ci"] is None:
-        return (f"Smooth-SwiGLU on minus off, final validation loss ({o['runs']} runs): {o['diff']:+.3f} {unit} from "
-                "one pair, with no noise estimate: cannot tell.")
-    say = {"lower": "lower with Smooth-SwiGLU", "higher": "higher with Smooth-SwiGLU", "cannot tell": "cannot tell"}
-    return (f"Smooth-SwiGLU on minus off, final validation loss paired by recipe, learning rate and seed ({o['runs']} "
-            f"runs): {o['diff']:+.3f} {unit} ({o['level']:.0%} CI {o['ci'][0]:+.3f} to {o['ci'][1]:+.3f}, n = {o['n']} "
-            f"pairs): {say[o['verdict']]}.")
-
-
-def outliers_section(o: dict, unit: str) -> str:
-    """The outlier sweep (findings.smooth_swiglu_effect): Smooth-SwiGLU on minus off."""
-    lines = [outliers_headline(o, unit), "", "| recipe | learning rate | seed | loss, off | loss, on | on − off |", "| --- | --- | --- | --- | --- | --- |"]
-    lines += [f"| {p['recipe']} | {p['lr']:g} | {p['seed']} | {p['off']:.4g} | {p['on']:.4g} | {p['on'] - p['off']:+.3f} |"
-              for p in o["pairs"]]
-    return "\n".join(lines + _not_ok_lines(o["not_ok"], "Smooth-SwiGLU"))
-
-
-def _not_ok_lines(not_ok: dict, what: str) -> list[str]:
-    if not not_ok:
-        return ["", "Every run finished ok."]
-    return ["", "Runs that did not finish ok (not compared): " + "; ".join(
-        f"{what} {k}: " + ", ".join(f"{n} {s}" for s, n in v.items()) for k, v in not_ok.items()) + "."]
 
 
 def _range_text(r: Sequence[int]) -> str:

@@ -3,10 +3,11 @@ P*, the purpose sweeps, the fitted law, the figures and the limits, in that orde
 study's own sections (Section) where it places them.
 
 The sentences are scaling.study.report.prose's (the measurements), scaling.study.report.law_prose's (the fitted
-law) and scaling.study.report.prediction_prose's (the registered prediction and the backtests); this module
-computes the facts, orders the sections and writes the files. Figures are made by
-`scaling.study.report.plots.make_figures` into the same directory and embedded by relative path; figures whose
-inputs are absent are listed with the reason. Both files are written atomically.
+law), scaling.study.report.prediction_prose's (the registered prediction and the backtests) and
+scaling.study.report.purpose_prose's (the granularity and outlier sweeps); this module computes the facts,
+orders the sections and writes the files. Figures are made by `scaling.study.report.plots.make_figures` into
+the same directory and embedded by relative path; figures whose inputs are absent are listed with the reason.
+Both files are written atomically.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from scaling.study.analysis.pstar import profile as profile_lib
 from scaling.study.report.law_prose import fitted_law, heldout_error, law_headline, pstar_section
 from scaling.study.report.prediction_prose import prediction_sections
 from scaling.study.report.prose import (answer_section, chips_section, corpus_of, findings_section, fmt,
-    granularity_section, law_errors, limitations, matched_section, outliers_section, what_was_run)
+    law_errors, limitations, matched_section, what_was_run)
+from scaling.study.report.purpose_prose import granularity_section, outliers_section
 from scaling._io import atomic_write_text
 from scaling.errors import ConfigError, user_code
 
