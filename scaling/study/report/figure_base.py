@@ -3,8 +3,8 @@ precision labels and colours, each recipe's one style (`recipe_style`) and label
 helpers, and `_save`, the one place a figure is written.
 
 scaling.study.report.plots draws the figures of measured data and lists all nine (`make_figures`);
-scaling.study.report.law_plots draws those of a fitted law. Imports flow one way: figure_base <- law_plots <-
-plots. A test that stops figures being written patches `figure_base._save`, which every figure's
+scaling.study.report.law_plots draws those of a fitted law and scaling.study.report.chip_plots the per-chip
+answer. Imports flow one way: figure_base <- law_plots, chip_plots <- plots. A test that stops figures being written patches `figure_base._save`, which every figure's
 `_figure` calls.
 """
 
@@ -218,6 +218,11 @@ def recipe_handles(recipes: Sequence[str], study: Iterable[str], bits: dict | No
         handles.append(matplotlib.lines.Line2D([], [], color=colour, marker=marker, ls=ls, mec="k", mew=0.5,
                                                label=recipe_label(r, (bits or {}).get(r)), **kwargs))
     return handles
+
+
+def _legend_inches(entries: int, ncol: int = 4) -> float:
+    """The height a legend of `entries` recipes in `ncol` columns at fontsize 8 takes under the panels."""
+    return 0.2 * math.ceil(entries / ncol) + 0.15
 
 
 def _save(fig: plt.Figure, stem: Path) -> tuple[Path, Path]:

@@ -16,25 +16,25 @@ does not parse) raises `ConfigError`.
   6 amax_distributions  per-tensor amax vs per-block amax quantiles over training, per role
   7 outliers            largest activation magnitude and loss with and without Smooth-SwiGLU
   9 residuals           (law_plots) observed - fitted loss per recipe against N: where the law is biased
- 10 chip_verdicts       each recipe's best loss on each chip at each budget, with its family-wise
-                        interval (findings' cost_models: scaling.study.analysis.chips)
+ 10 chip_verdicts       (chip_plots) each recipe's best loss on each chip at each budget, with its
+                        family-wise interval (findings' cost_models: scaling.study.analysis.chips)
 
 There is no figure 8: training time on GPU clusters is a table, REPORT's cluster section
 (law_plots.cluster_time_table, written by law_plots.table_markdown); the other numbers are kept.
 Every figure that draws recipes styles one alike (figure_base.recipe_style, from the study's recipe
 list) and labels it by what it quantises (figure_base.recipe_label).
 
-This module holds the figures of measured data (1, 4-7, 10), the input checks and `make_figures`, the
-list of them all; the figures drawn from a fitted law (2, 3, 9) and their fit adapters are in
-scaling.study.report.law_plots, and what both share (the Figure/Skipped records, titles, labels, palette,
-axis helpers and saving) in scaling.study.report.figure_base. The names callers read from this module
-before that split are re-exported here (`__all__`). Analysis lives in scaling.study.analysis; these
+This module holds the figures of the results and curves (1, 4-7), the input checks and `make_figures`,
+the list of them all; the figures drawn from a fitted law (2, 3, 9) and their fit adapters are in
+scaling.study.report.law_plots, the per-chip answer drawn from findings' verdicts (10) in
+scaling.study.report.chip_plots, and what they share (the Figure/Skipped records, titles, labels, palette,
+legends, axis helpers and saving) in scaling.study.report.figure_base. The names callers read from this
+module before those splits are re-exported here (`__all__`). Analysis lives in scaling.study.analysis; these
 modules only draw what it computes.
 """
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -56,12 +56,13 @@ from scaling.study.sweeps import curves as curves_lib  # noqa: E402
 from scaling.errors import ConfigError  # noqa: E402
 from scaling.study.analysis.isoflop import study_part  # noqa: E402
 from scaling.study.analysis.findings import final_rows  # noqa: E402  (each figure reads its own study part)
-from scaling.study.report.figure_base import (STEMS, TITLES, Figure, Skipped, _figure, _fmt, _log_n_axis, loss_label,  # noqa: E402
-    palette_for, precision_label, precision_order, recipe_handles, recipe_label, recipe_order, recipe_palette,
-    recipe_style, role_bits, with_precision)
+from scaling.study.report.figure_base import (STEMS, TITLES, Figure, Skipped, _figure, _fmt, _legend_inches,  # noqa: E402
+    _log_n_axis, loss_label, palette_for, precision_label, precision_order, recipe_handles, recipe_label, recipe_order,
+    recipe_palette, recipe_style, role_bits, with_precision)
 from scaling.study.analysis.fit import FitResult  # noqa: E402
 from scaling.study.report.law_plots import (CLUSTER_COMPUTE, cluster_time_table, fitted_sizes,  # noqa: E402
     fitted_vs_observed, heldout_mask, heldout_predictions, iso_loss, param_samples, residuals, table_markdown)
+from scaling.study.report.chip_plots import chip_verdicts  # noqa: E402
 
 __all__ = [
     # the measured-data figures, their inputs and the list of all nine
@@ -157,11 +158,6 @@ def isoflop_profiles(points: Sequence[tuple[dict, pd.DataFrame]], stem: str | Pa
     else:
         fig.tight_layout()
     return _figure(1, Path(stem), fig, "; ".join(captions) + ".")
-
-
-def _legend_inches(entries: int, ncol: int = 4) -> float:
-    """The height a legend of `entries` recipes in `ncol` columns at fontsize 8 takes under the panels."""
-    return 0.2 * math.ceil(entries / ncol) + 0.15
 
 
 def _shape_effects_panel(ax: Any, entries: Sequence[dict], unit: str) -> None:
@@ -392,108 +388,6 @@ def outliers(curves: pd.DataFrame, stem: str | Path, unit: str = "nats/token") -
 def final_loss_by(curves: pd.DataFrame, column: str) -> pd.Series:
     last = curves.sort_values("step").groupby("run_id").tail(1)
     return last.groupby(column)["loss"].mean()
-
-
-# ---------------------------------------------------------------------------------------------
-# 10: the answer per chip
-# ---------------------------------------------------------------------------------------------
-
-
-CHIP_NAMES = {"bits": "bits (idealised)"}
-
-
-def _chip_name(chip: str) -> str:
-    return CHIP_NAMES.get(chip, chip.upper())
-
-
-def chip_verdicts(cost_models: dict, stem: str | Path, unit: str = "nats/token", recipes: Sequence[str] | None = None,
-                  bits: dict | None = None) -> Figure:
-    """Figure 10: findings' `cost_models` (scaling.study.analysis.chips.chip_verdicts) drawn: one panel per
-    budget, one group per chip, in it each recipe's best loss on that chip with loss ± z·se, z the family-wise
-    z the verdicts use. Filled markers: the recipes the verdict cannot tell from the best (its `tied`, or the
-    winner alone); hollow: those it puts behind. An interval wider than the panel's is cut at its edge with
-    an arrow (the caption names it). recipes/bits: as isoflop_profiles'."""
-    chips = [c for c in cost_models.get("chips", {}) if c == "bits"] + \
-        [c for c in cost_models.get("chips", {}) if c != "bits"]
-    budgets = sorted({b["budget_reference"] for c in chips for b in cost_models["chips"][c]["budgets"]})
-    if not chips or not budgets:
-        raise ConfigError("findings cost_models", "no chip with a budget", "chips with per-budget verdicts")
-    z = float((cost_models.get("familywise") or {}).get("z") or 1.959964)
-    drawn = recipe_order({r["recipe"] for c in chips for b in cost_models["chips"][c]["budgets"] for r in b["recipes"]})
-    study = list(recipes) if recipes is not None else drawn
-    fig, axes = plt.subplots(len(budgets), 1, figsize=(max(8.0, 1.5 * len(chips) + 2), 3.3 * len(budgets) + 0.8),
-                             squeeze=False)
-    width = 0.8 / max(1, len(drawn))
-    captions, cut = [], {}
-    for ax, budget in zip(axes[:, 0], budgets):
-        cells = {c: next((b for b in cost_models["chips"][c]["budgets"] if b["budget_reference"] == budget), None)
-                 for c in chips}
-        # the panel's range: every estimate, and the intervals no wider than 3x the panel's median interval
-        halves = [z * r["loss_se"] for b in cells.values() if b for r in b["recipes"] if r.get("loss_se") is not None]
-        limit = 3 * float(np.median(halves)) if halves else 0.0
-        ends = [v for b in cells.values() if b for r in b["recipes"]
-                for v in ([r["loss"]] + ([r["loss"] - z * r["loss_se"], r["loss"] + z * r["loss_se"]]
-                                        if r.get("loss_se") is not None and z * r["loss_se"] <= limit else []))]
-        lo, hi = min(ends), max(ends)
-        pad = 0.05 * (hi - lo or 0.1)
-        lo, hi = lo - pad, hi + pad
-        ticks = []
-        for x, chip in enumerate(chips):
-            cell = cells[chip]
-            if cell is None:
-                ticks.append(f"{_chip_name(chip)}\nnot priced")
-                continue
-            tied = set(cell.get("tied") or ([cell["winner"]] if cell.get("winner") else []))
-            for r in cell["recipes"]:
-                j = drawn.index(r["recipe"])
-                at = x - 0.4 + width * (j + 0.5)
-                colour, marker, _ = recipe_style(r["recipe"], study)
-                se = r.get("loss_se")
-                if se is not None and np.isfinite(se):
-                    a, b = r["loss"] - z * se, r["loss"] + z * se
-                    clipped = a < lo or b > hi
-                    ax.plot([at, at], [max(a, lo), min(b, hi)], color=colour, lw=0.8 if clipped else 1.2,
-                            ls=":" if clipped else "-", zorder=2)
-                    for end, edge, arrow in ((a, lo, "v"), (b, hi, "^")):
-                        if (end < edge) if arrow == "v" else (end > edge):
-                            ax.plot([at], [edge], marker=arrow, color=colour, ms=5, zorder=3, clip_on=False)
-                    if clipped:
-                        cut.setdefault((r["recipe"], budget), []).append((chip, z * se))
-                ax.scatter([at], [r["loss"]], marker=marker, s=34, zorder=4, linewidths=1.0,
-                           facecolor=colour if r["recipe"] in tied else "white", edgecolor=colour if r["recipe"] not in tied else "k")
-            verdict = cell["winner"] if cell.get("winner") else (f"{len(tied)} tied" if tied else "no verdict")
-            ticks.append(f"{_chip_name(chip)}\n{verdict}")
-        for x in range(1, len(chips)):
-            ax.axvline(x - 0.5, color="0.85", lw=0.8, zorder=0)
-        ax.set_xticks(range(len(chips)), ticks, fontsize=8)
-        ax.set_xlim(-0.5, len(chips) - 0.5)
-        ax.set_ylim(lo, hi)
-        ax.set_ylabel(f"best loss ({unit})", fontsize=9)
-        ax.set_title(f"C = {_fmt(budget)} (16-bit FLOP units on the reference recipe)", fontsize=9)
-        winners = {c: cells[c]["winner"] for c in chips if cells[c] and cells[c].get("winner")}
-        captions.append(f"at C = {_fmt(budget)}: " + (", ".join(f"{w} on {_chip_name(c)}" for c, w in winners.items())
-                                                      if winners else "no chip has a single winner"))
-    level = cost_models.get("level") or 0.95
-    fig.suptitle(f"{TITLES[10]}\nbars: loss ± {z:.2f}·se (family-wise {level:.0%}); filled: cannot be told from the "
-                 "best; hollow: behind it", fontsize=10)
-    fig.legend(handles=recipe_handles(drawn, study, bits, lw=0), loc="lower center", ncol=min(4, len(drawn)),
-               fontsize=8, frameon=False)
-    fig.tight_layout(rect=(0, _legend_inches(len(drawn)) / fig.get_figheight(), 1, 1))
-    caption = (f"each recipe's best loss on each chip (its loss surface at the tokens the chip's cost buys, plus its "
-               f"matched-token gap, minimised over N), with loss ± {z:.2f}·se, the family-wise z the verdicts use. "
-               "Filled markers are the recipes the verdict cannot tell from the best, read from the interval of "
-               "each recipe's difference to the best (REPORT, 'On each chip'), which can be narrower than these: "
-               "recipes share the reference surface. " + "; ".join(captions) + ".")
-    if cut:
-        parts = []
-        for (recipe, budget), where in cut.items():
-            halves = sorted(h for _, h in where)
-            span = f"{halves[0]:.2g}" if f"{halves[0]:.2g}" == f"{halves[-1]:.2g}" else f"{halves[0]:.2g}-{halves[-1]:.2g}"
-            on = "every chip" if len(where) == len(chips) else ", ".join(_chip_name(c) for c, _ in where)
-            parts.append(f"{recipe} at C = {_fmt(budget)} (± {span}, on {on})")
-        caption += " Intervals wider than three times a panel's median are cut at its edge (arrows, dotted): " \
-            + "; ".join(parts) + "."
-    return _figure(10, Path(stem), fig, caption)
 
 
 # ---------------------------------------------------------------------------------------------
