@@ -1,8 +1,9 @@
 """The held-out evidence law selection (scaling.study.analysis.selection) chooses on: which rows each
 held-out split leaves out, the precision gaps (loss minus the matching high-precision reference run's
-loss) it scores, and the clustered statistics of held-out errors (means and their variances with the
-rows of a cluster correlated, the paired held-out likelihood test). None of it depends on a law: the
-splits are a property of the data, and selection fits and compares the laws on them.
+loss) it scores, the clustered statistics of held-out errors (means and their variances with the
+rows of a cluster correlated, the paired held-out likelihood test) and their cluster resamples (_resample,
+on which selection's stability repeats the choice). None of it depends on a law: the splits are a
+property of the data, and selection fits and compares the laws on them.
 
 Strict splits (heldout_splits): each split is a threshold on one key (a row's compute, N or D/N); every
 row at or beyond it is held out of the fit, whatever run it belongs to, the reference's rows and cooldown
@@ -79,6 +80,16 @@ def reference_mask(df: pd.DataFrame, reference: str | None = None) -> np.ndarray
     if not any(c in df.columns for c in fit.REFERENCE_ORDER):
         raise ConfigError("reference", None, "a recipe name (the data has no precision column P to find the highest-precision recipe)")
     return fit.highest_precision_mask(df)
+
+
+def _describe_reference(df: pd.DataFrame, ref: np.ndarray) -> dict[str, Any]:
+    out: dict[str, Any] = {"n_rows": int(ref.sum())}
+    if "recipe" in df.columns:
+        out["recipes"] = sorted(df.loc[ref, "recipe"].astype(str).unique())
+    for c in fit.REFERENCE_ORDER:
+        if c in df.columns:
+            out[c] = float(pd.to_numeric(df.loc[ref, c]).max())
+    return out
 
 
 def _match_ids(df: pd.DataFrame) -> np.ndarray:
@@ -292,4 +303,21 @@ def likelihood_test(big: Mapping[str, tuple], small: Mapping[str, tuple], cluste
     elif var > 0:
         t = mean / np.sqrt(var)
         out.update(statistic=float(t), p_value=float(stats.t.sf(t, g - 1)))
+    return out
+
+
+def _resample(errors: Mapping[str, dict], cells: np.ndarray, draw: np.ndarray, n: int) -> dict[str, dict]:
+    """The held-out errors of a cluster resample: the rows of each drawn cell, the j-th draw's rows at
+    positions j·n + pos (a cell drawn twice counts as two clusters)."""
+    out: dict[str, dict] = {name: {} for name in errors}
+    for by in {by for errs in errors.values() for by in errs}:
+        pos = next(errs[by][0] for errs in errors.values() if by in errs)
+        rows = [(j, np.flatnonzero(cells[pos] == c)) for j, c in enumerate(draw)]
+        take = np.concatenate([r for _, r in rows])
+        if len(take) == 0:
+            continue  # no drawn cell has a row in this split
+        new_pos = np.concatenate([j * n + pos[r] for j, r in rows])
+        for name, errs in errors.items():
+            if by in errs:
+                out[name][by] = (new_pos, errs[by][1][take])
     return out

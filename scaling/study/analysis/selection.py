@@ -4,8 +4,9 @@ splits: the largest compute budget, the largest size, and the largest tokens per
 matters for choosing a precision is the gap, not the loss level every law fits about equally well. The
 fitting itself is scaling.study.analysis.fit.
 
-The held-out evidence (the strict splits, the gaps they score, the clustered statistics and the
-likelihood test) is scaling.study.analysis.heldout; its names stay importable from here.
+The held-out evidence (the strict splits, the gaps they score, the clustered statistics, the
+likelihood test and the cluster resamples of the held-out errors) is scaling.study.analysis.heldout; its
+names stay importable from here.
 
 The choice (_choose), on the held-out errors computed once per candidate:
 (1) score: the mean over the splits of each law's held-out gap MAE. (2) Within noise, fewest params
@@ -46,9 +47,9 @@ from scaling.study.analysis import fit, laws
 from scaling.study.analysis.isoflop import LEVEL  # also the per-recipe residual intervals' level
 from scaling.study.analysis.fit import FitResult
 from scaling.study.analysis.heldout import (  # noqa: F401  (the names callers import from here)
-    MIN_TEST_CLUSTERS, SELECTION_SPLITS, SPLITS, TOP_SHARE, Split, _describe_split, _gaps, _match_ids, _run_ids,
-    _short, _strict_split, clustered_mean_and_var, gaps_to_reference_rows, heldout_split, heldout_splits,
-    likelihood_test, pooled_mean_and_var, reference_mask)
+    MIN_TEST_CLUSTERS, SELECTION_SPLITS, SPLITS, TOP_SHARE, Split, _describe_reference, _describe_split, _gaps,
+    _match_ids, _resample, _run_ids, _short, _strict_split, clustered_mean_and_var, gaps_to_reference_rows,
+    heldout_split, heldout_splits, likelihood_test, pooled_mean_and_var, reference_mask)
 from scaling.errors import ConfigError
 
 # within_noise: a law whose score is at most the best score plus this many of the best law's standard
@@ -509,23 +510,6 @@ CHOICE_RULE = ("score = mean over the held-out splits (largest compute budget, l
                "degenerate fits scored, never chosen while a sound one exists")
 
 
-def _resample(errors: Mapping[str, dict], cells: np.ndarray, draw: np.ndarray, n: int) -> dict[str, dict]:
-    """The held-out errors of a cluster resample: the rows of each drawn cell, the j-th draw's rows at
-    positions j·n + pos (a cell drawn twice counts as two clusters)."""
-    out: dict[str, dict] = {name: {} for name in errors}
-    for by in {by for errs in errors.values() for by in errs}:
-        pos = next(errs[by][0] for errs in errors.values() if by in errs)
-        rows = [(j, np.flatnonzero(cells[pos] == c)) for j, c in enumerate(draw)]
-        take = np.concatenate([r for _, r in rows])
-        if len(take) == 0:
-            continue  # no drawn cell has a row in this split
-        new_pos = np.concatenate([j * n + pos[r] for j, r in rows])
-        for name, errs in errors.items():
-            if by in errs:
-                out[name][by] = (new_pos, errs[by][1][take])
-    return out
-
-
 def stability(entries: list[dict[str, Any]], errors: Mapping[str, dict], clusters: np.ndarray, cells: np.ndarray,
               resamples: int = STABILITY_RESAMPLES, seed: int = 0) -> dict[str, float] | None:
     """How often each scored law is chosen when the (N, seed) cells (`cells`, one per row of the table) of
@@ -548,16 +532,6 @@ def stability(entries: list[dict[str, Any]], errors: Mapping[str, dict], cluster
         if chosen is not None:
             wins[chosen] = wins.get(chosen, 0) + 1
     return {name: count / resamples for name, count in sorted(wins.items(), key=lambda kv: -kv[1])}
-
-
-def _describe_reference(df: pd.DataFrame, ref: np.ndarray) -> dict[str, Any]:
-    out: dict[str, Any] = {"n_rows": int(ref.sum())}
-    if "recipe" in df.columns:
-        out["recipes"] = sorted(df.loc[ref, "recipe"].astype(str).unique())
-    for c in fit.REFERENCE_ORDER:
-        if c in df.columns:
-            out[c] = float(pd.to_numeric(df.loc[ref, c]).max())
-    return out
 
 
 def _json_safe(obj: Any) -> Any:
