@@ -7,9 +7,9 @@ are fitted on the results of the same sweep, the prediction written as JSON for 
 
 `scaling predict --rows TABLE.csv --results RESULTS.csv [--law NAME] -o OUT.csv`: predict any runs
 (scaling.study.analysis.prediction.table.predict_table): each row (N, D, recipe; the recipe must have runs in the
-results; a `budget` column is not needed) gets the loss and interval of the predictor that won the
-results' own backtests on CRPS (calibrate.choose: the law's bootstrap, the law shifted by the latest
-backtest's mean miss, or the calibrated one), its gap to the reference recipe's row at the same (N, D)
+results; a `budget` column is not needed) gets the loss and interval of the predictor the results' own
+backtests choose on CRPS (calibrate.choose: the calibrated one, unless the law's bootstrap or the law
+shifted by the latest backtest's mean miss beats it on CRPS beyond chance), its gap to the reference recipe's row at the same (N, D)
 and P(best) among those rows; OUT.json beside it holds the law, the choice and the calibration.
 
 `scaling predict --backtest --results RESULTS.csv [--law NAME] -o OUT.json`: score the predictors on the
@@ -139,9 +139,12 @@ def _choice_line(choice: dict) -> str:
     """Which predictor won the backtests on CRPS, and by how much, in one line."""
     if not choice["n"]:
         return f"predictor: {choice['winner']} ({choice['rule']})"
-    return (f"predictor: {choice['winner']}, CRPS {choice['crps'][choice['winner']]:.4f} against "
-            f"{choice['runner_up']} {choice['crps'][choice['runner_up']]:.4f} ({choice['relative']:.0%} lower) over "
-            f"{choice['n']} backtest(s) ({choice['rule']})")
+    win, other = choice["winner"], choice["runner_up"]
+    said = (f"{choice['relative']:.0%} lower" if (choice["relative"] or 0) >= 0 else
+            f"higher, kept: {other}'s lower CRPS on {choice['sign_test'][other]['wins']} of {choice['n']} is within "
+            f"chance, sign test p = {choice['sign_test'][other]['p']:.2g}")
+    return (f"predictor: {win}, mean CRPS {choice['crps'][win]:.4f} against {other} {choice['crps'][other]:.4f} "
+            f"({said}) over {choice['n']} backtest(s) ({choice['rule']})")
 
 
 def _rows(args: argparse.Namespace) -> int:

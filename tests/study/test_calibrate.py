@@ -106,7 +106,11 @@ def test_every_backtest_is_scored_and_one_with_nothing_inside_says_so_in_words()
         assert p["old"]["available"] and set(p["scores"]) <= set(calibrate.PREDICTORS)
         assert p["winner"] == min(p["scores"], key=lambda n: p["scores"][n]["crps"])
     choice = result["choice"]
-    assert choice["winner"] in calibrate.PREDICTORS and choice["n"] >= 1 and choice["margin"] >= 0
+    assert choice["winner"] in calibrate.PREDICTORS and choice["n"] >= 1
+    assert choice["margin"] == pytest.approx(choice["crps"][choice["runner_up"]] - choice["crps"][choice["winner"]])
+    # a lower mean CRPS than the winner's only where the calibrated predictor is kept, no baseline beating it beyond chance
+    assert choice["margin"] >= 0 or (choice["winner"] == calibrate.DEFAULT
+                                     and not choice["sign_test"][choice["runner_up"]]["passed"])
     # one budget of three sizes: no backtest either way, one line that says so
     small = df[(df["budget"] == BUDGETS[0]) & df["N"].isin(sorted(df["N"].unique())[:3])]
     with pytest.raises(ConfigError, match="a backtest can split"):
@@ -206,3 +210,74 @@ def test_results_with_no_backtest_give_the_laws_own_interval_and_say_why():
     with pytest.raises(ConfigError, match="predictor: got 'calibrated'"):
         table_lib.predict_table(one, pd.DataFrame({"N": [2e7], "D": [1e9], "recipe": ["fp8"]}), LAW, bootstrap=0,
                                 fit_kwargs=FIT_KWARGS, draws=500, predictor="calibrated")
+
+
+def _scored(kind: str, at: float, crps: dict[str, float]) -> dict:
+    """A scored backtest as choose reads it: its kind, where it lies, each predictor's scores."""
+    where = {"fit_budget": at, "target_budget": 10 * at} if kind == "budget" else {"threshold": at}
+    return {"kind": kind, "label": f"{kind} {at:g}", **where,
+            "scores": {p: {"crps": c, "interval_score": 4 * c, "coverage": {"0.95": 0.9}} for p, c in crps.items()}}
+
+
+def test_a_baseline_replaces_the_calibrated_predictor_only_where_it_wins_beyond_chance():
+    """choose: the bootstrap with the lower CRPS on both of a table's two backtests (one per kind) does not
+    replace the calibrated predictor (2 of 2 is a coin toss, p = 0.25; was: the lowest mean CRPS over them
+    won); the shifted law better on all of seven does (p = 1/128 < 0.05 / 2), on six of seven it does not
+    (p = 1/16), and with no backtest scored the calibrated predictor stands, saying why."""
+    two = [_scored("budget", 1e17, {"bootstrap": 0.010, "shifted": 0.013, "calibrated": 0.012}),
+           _scored("size", 1e8, {"bootstrap": 0.008, "shifted": 0.011, "calibrated": 0.009})]
+    found = calibrate.choose(two)
+    assert found["winner"] == "calibrated" and found["n"] == 2 and found["runner_up"] == "bootstrap"
+    assert found["sign_test"]["bootstrap"] == {"wins": 2, "n": 2, "p": 0.25, "passed": False}
+    assert found["relative"] < 0 and found["crps"]["bootstrap"] < found["crps"]["calibrated"]
+    from scaling.cli.predict import _choice_line  # `scaling predict` says why the higher mean CRPS is kept
+
+    assert "(higher, kept: bootstrap's lower CRPS on 2 of 2 is within chance, sign test p = 0.25)" in _choice_line(found)
+    seven = [_scored("size", 1e6 * 2 ** k, {"bootstrap": 0.02, "shifted": 0.009 + 0.001 * k, "calibrated": 0.010 + 0.001 * k})
+             for k in range(7)]
+    found = calibrate.choose(seven)
+    assert found["winner"] == "shifted" and found["sign_test"]["shifted"]["p"] == pytest.approx(1 / 128)
+    assert found["runner_up"] == "calibrated" and found["margin"] == pytest.approx(0.001) and found["relative"] > 0
+    seven[3]["scores"]["shifted"]["crps"] = 0.5  # one backtest the shifted law loses
+    seven[3]["scores"]["calibrated"]["crps"] = 0.0
+    found = calibrate.choose(seven)
+    assert found["winner"] == "calibrated" and found["sign_test"]["shifted"]["wins"] == 6
+    assert found["sign_test"]["shifted"]["p"] == pytest.approx(8 / 128) and not found["sign_test"]["shifted"]["passed"]
+    assert calibrate.choose([])["winner"] == "calibrated" and "not scored" in calibrate.choose([])["rule"]
+    assert calibrate.sign_test(0, 0) == 1.0 and calibrate.sign_test(3, 3) == pytest.approx(1 / 8)
+
+
+def _miss(threshold: float, shared: float, delta: float, n: int = 6) -> dict:
+    """A size backtest's misses as calibration reads them: one recipe, row scatter 0.01 over n rows."""
+    return {"kind": "size", "label": f"N >= {threshold:g}", "threshold": threshold, "fit_budget": None,
+            "shared": shared, "delta": delta, "n": n, "mean_error": shared, "per_recipe": {"bf16": 0.0},
+            "recipe_bias": {"bf16": 0.0}, "row_ss": 1e-4 * (n - 1), "row_dof": n - 1}
+
+
+def test_with_backtests_of_one_kind_the_spread_is_the_misses_of_all_of_them_not_the_latest_alone():
+    """One kind of backtest (a grid without budgets): the shift per decade is the latest backtest's miss, and
+    its spread the root mean square of every backtest's miss per decade less the rows' noise, plus what that
+    noise puts into the latest miss. Two tables whose latest misses differ thirteenfold but whose misses per
+    decade have the same mean square get the same spread (was: |latest miss| counted twice, so the width
+    followed one noisy number)."""
+    sigma_e2 = lambda b: 1e-4 / b["n"] / b["delta"] ** 2
+    per_decade, deltas, thresholds = (0.04, 0.025, 0.003), (0.4, 0.3, 0.2), (2e6, 3e6, 4e6)
+    tables = [[_miss(t, m * d, d) for t, m, d in zip(thresholds, order, deltas)]
+              for order in (per_decade, per_decade[::-1])]  # the same misses per decade, latest 0.003 or 0.04
+    found = []
+    for every in tables:
+        c = calibrate.calibration(every, prefer="size")
+        latest = every[-1]
+        tau2 = np.mean([(b["shared"] ** 2 - 1e-4 / b["n"]) / b["delta"] ** 2 for b in every])
+        assert c["k"] == 1 and c["backtests"] == [latest["label"]]
+        assert c["shift"] == pytest.approx(latest["shared"] / latest["delta"])
+        assert c["tau"] == pytest.approx(np.sqrt(tau2))
+        assert c["shared_scale"] == pytest.approx(np.sqrt(tau2 + sigma_e2(latest)))
+        assert any("all 3 of them" in n for n in c["notes"])
+        found.append(c)
+    assert (found[0]["shift"], found[1]["shift"]) == pytest.approx((0.003, 0.04))
+    assert found[0]["shared_scale"] == pytest.approx(found[1]["shared_scale"])
+    # one backtest alone: the spread is its miss per decade or, where that is below, its noise; never both
+    only = tables[1][-1]
+    c = calibrate.calibration([only], prefer="size")
+    assert c["shared_scale"] == pytest.approx(max(abs(c["shift"]), np.sqrt(sigma_e2(only))))

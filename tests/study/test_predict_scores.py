@@ -120,10 +120,12 @@ def test_the_calibrated_predictor_covers_at_95_and_beats_both_baselines_on_crps(
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(reason="not met yet (issue 71): the calibrated 50% intervals are too wide at the centre (67% "
-                          "covered on held-out sizes), and the nested choice on these small tables often picks the "
-                          "bootstrap, whose intervals miss the shift", strict=False)
 def test_the_chosen_predictor_covers_at_50_and_95_and_is_no_worse_than_either_baseline(scored):
+    """Issue 71's bar, the choice included: the calibrated predictor's 50% intervals cover 40-60% (were 67% on
+    held-out sizes: its spread rested on one miss per decade, too wide at the centre for its tails), and the
+    predictor chosen on the backtests inside each fitted table alone covers 90-98% at 95% and 40-60% at 50%
+    with CRPS no worse than either baseline (the choice on one or two backtests often took the bootstrap,
+    whose intervals miss the shift: a baseline now replaces the calibrated predictor only beyond chance)."""
     kind, s = scored
     chosen, cal = s["chosen"], s["calibrated"]
     assert 0.40 <= cal["coverage"]["0.5"][0] <= 0.60, (kind, cal)

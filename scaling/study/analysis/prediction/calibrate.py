@@ -11,13 +11,25 @@ only on backtests inside its own fitted data:
 - `shifted`: that, moved by the latest earlier backtest's mean miss (its interval unwidened);
 - `calibrated`: the law + each recipe's in-sample misfit weighted by how far it persisted in the earlier
   backtests + a shift beta·delta, where delta is the row's distance from the fitted data (decades, the
-  length of (compute, N, D/N) beyond it) and beta the earlier backtests' shared misses regressed on their
-  distances through 0; its spread: the law's resamples, a shared normal of scale tau·delta (tau the
-  scatter of those misses per decade about beta, inflated by sqrt(1 + 1/k) for beta's own error; with
-  one backtest, |beta|), a per-recipe t and a per-row normal from the backtests' own scatter.
+  length of (compute, N, D/N) beyond it) and beta the shared misses of the latest backtest of each kind
+  regressed on their distances through 0; its spread: the law's resamples, a shared normal of scale
+  tau·delta (tau the scatter of those misses per decade about beta, inflated by sqrt(1 + 1/k) for beta's
+  own error), a per-recipe t and a per-row normal from the backtests' own scatter. With backtests of one
+  kind only, one miss cannot tell the spread from the centre, so tau is as large as the misses per decade
+  of every backtest of that kind (their root mean square less the rows' noise) and beta's error is what
+  the rows' noise puts into its one miss (`_shift_terms`): the spread from one miss alone made the width
+  a ratio of one noisy number, too wide at the centre for its tails.
 
-`choose` names the predictor with the lowest mean CRPS over the backtests that scored all three (each
-backtest one vote) and by how much; `predict_table` (`scaling predict --rows`) predicts with it.
+The choice (`choose`; `predict_table`, `scaling predict --rows`, predicts with it): `calibrated` is the
+designed predictor (it corrects the bias that backtests show instead of absorbing it as width) and the
+other two are its baselines, so a baseline replaces it only where the backtests show it better beyond
+chance: lower CRPS on so many of the backtests that scored all three (each one vote) that a one-sided
+sign test rejects "no better than `calibrated`" at CHOICE_ALPHA, split over the two baselines, and the
+lower mean CRPS over them. Why not the lowest mean CRPS: a table offers few backtests (one or two
+latest ones per kind), and which predictor wins one of them is close to a coin toss, while what each
+predictor does wrong at a longer reach (the bootstrap's interval never holds the shift) shows only at
+that reach; with fewer than six votes no baseline can pass, and `calibrated` stands.
+
 Gaps to a reference recipe are drawn from the backtests' own gap misses, where the shared shift cancels.
 Errors are measured - predicted, in nats.
 """
@@ -41,7 +53,8 @@ from scaling.study.analysis.prediction import backtest as bt_lib
 
 DRAWS = 4000  # predictive draws per predictor (the law's resamples cycled)
 PREDICTORS = ("bootstrap", "shifted", "calibrated")
-DEFAULT = "calibrated"  # used where no backtest nests inside another to score the predictors
+DEFAULT = "calibrated"  # kept unless another predictor wins the backtests beyond chance (choose)
+CHOICE_ALPHA = 0.05  # the sign test's level (choose), split over the challengers
 METHOD = ("three predictors scored by CRPS on backtests along compute and N: the law's bootstrap; the law shifted "
           "by the latest earlier backtest's mean miss; the law + a shift per decade of distance from the fitted "
           "data (compute, N, D/N) with a spread per decade, both from earlier backtests")
@@ -74,10 +87,10 @@ def calibration(backtests: Sequence[Mapping[str, Any]], skipped: Sequence[tuple[
     latest = next((b for b in done if b["kind"] == prefer), done[0])
     out["latest"], out["latest_shift"] = latest["label"], latest["mean_error"]
     out.update(_recipe_terms(done))
-    out.update(_shift_terms(done, out["sigma_row"] or 0.0))
+    out.update(_shift_terms(done, out["sigma_row"] or 0.0, offered))
     if k == 1:
-        out["notes"].append("one backtest: the shift per decade rests on one miss, so its spread is taken as "
-                            "large as the shift itself")
+        out["notes"].append("backtests of one kind: the shift per decade rests on the latest one's miss, so its "
+                            f"spread is taken as large as the shifts per decade of all {len(offered)} of them")
     if out["sigma_row"] is None:
         out["notes"].append("no backtest row beyond one per recipe: the row scatter cannot be estimated")
     out.update(_gap_terms(done, out["recipe_weight"]))
@@ -92,19 +105,32 @@ def _order(b: Mapping[str, Any]) -> tuple:
     return (b["fit_budget"], -b["target_budget"]) if b["kind"] == "budget" else (b["threshold"],)
 
 
-def _shift_terms(done: Sequence[Mapping[str, Any]], sigma_row: float) -> dict[str, Any]:
+def _shift_terms(done: Sequence[Mapping[str, Any]], sigma_row: float,
+                 offered: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
     """The shift per decade beta (the backtests' shared misses m_i regressed on their distances d_i through
     0), the spread of the per-decade misses about it, tau (their scatter less what the rows' noise alone
-    gives, sigma_row^2 / n_i, floored at 0; with one backtest |beta|), and the shared term's scale per
-    decade for a new row, sqrt(tau^2 + var(beta)): the spread plus beta's own error."""
+    gives, sigma_row^2 / n_i, floored at 0), and the shared term's scale per decade for a new row,
+    sqrt(tau^2 + var(beta)): the spread plus beta's own error.
+
+    With one backtest (one kind) the spread cannot be told from the centre, so it is taken as large as
+    the shifts themselves: tau^2 the mean squared miss per decade over every backtest `offered` (each
+    threshold or pair, not the latest alone), less each one's row noise, floored at 0; var(beta) what the
+    rows' noise puts into the one miss, sigma_row^2 / (n d^2). Taking tau = |beta| of the latest miss alone
+    made the width a ratio of one noisy number (too wide where that miss happened large, too narrow where
+    it happened small: the predictive too wide at its centre for its tails), and adding tau^2 to var(beta)
+    as well counted that spread twice."""
     m, d = np.array([b["shared"] for b in done]), np.array([b["delta"] for b in done])
     noise = sigma_row ** 2 / np.array([b["n"] for b in done], float)
     beta = float(m @ d / (d @ d))
     if len(done) >= 2:
         tau2 = max(0.0, float(np.sum(((m - beta * d) ** 2 - noise) / d ** 2)) / (len(done) - 1))
+        var_beta = float(np.sum(d ** 2 * (tau2 * d ** 2 + noise))) / float(d @ d) ** 2
     else:
-        tau2 = beta ** 2
-    var_beta = float(np.sum(d ** 2 * (tau2 * d ** 2 + noise))) / float(d @ d) ** 2
+        every = list(offered) or list(done)
+        mo, do = np.array([b["shared"] for b in every]), np.array([b["delta"] for b in every])
+        no = sigma_row ** 2 / np.array([b["n"] for b in every], float)
+        tau2 = max(0.0, float(np.mean((mo ** 2 - no) / do ** 2)))
+        var_beta = float(noise[0] / d[0] ** 2)
     return {"shift": beta, "tau": math.sqrt(tau2), "shared_scale": math.sqrt(tau2 + var_beta)}
 
 
@@ -306,28 +332,50 @@ def _fits_below(rows: pd.DataFrame, spec: Split, fits: Fits) -> bool:
         return False
 
 
-def choose(backtests: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """The predictor with the lowest mean CRPS over the latest backtest of each kind where all three were
-    scored (each one vote), the runner-up and the margin (nats and share); DEFAULT, saying so, where none was."""
-    full = [b for b in backtests if set(PREDICTORS) <= set(b.get("scores", {}))]
-    # the latest of each kind, as the calibration reads: the backtests most like the prediction at hand
-    scored = [max(mine, key=_order) for kind in ("budget", "size") if (mine := [b for b in full if b["kind"] == kind])]
+def choose(backtests: Sequence[Mapping[str, Any]], alpha: float = CHOICE_ALPHA) -> dict[str, Any]:
+    """The predictor `predict_table` uses (module doc, "The choice"): DEFAULT unless another predictor has
+    the lower CRPS on so many of the backtests that scored all three (each one vote) that a one-sided sign
+    test rejects "no better than DEFAULT" at `alpha` (Bonferroni over the challengers) and has the lower
+    mean CRPS too; then the lowest mean CRPS of those that do. Keys: winner, n, backtests, crps (mean per
+    predictor), runner_up (the best other by mean CRPS) and margin, relative (its CRPS less the winner's,
+    nats and share: negative where DEFAULT is kept with the higher mean), wins (backtests each predictor
+    scored best of all three), sign_test {challenger: {wins, n, p, passed}} (wins against DEFAULT alone),
+    summary, rule."""
+    scored = [b for b in backtests if set(PREDICTORS) <= set(b.get("scores", {}))]
+    scored.sort(key=lambda b: (b["kind"] != "budget", _order(b)))
     if not scored:
         return {"winner": DEFAULT, "n": 0, "crps": {}, "runner_up": None, "margin": None, "relative": None,
-                "wins": {}, "rule": "not scored: no backtest has an earlier one inside its fitted data, so the "
-                                    f"{DEFAULT} predictor is used as designed"}
-    crps = {n: float(np.mean([b["scores"][n]["crps"] for b in scored])) for n in PREDICTORS}
-    order = sorted(crps, key=crps.get)
-    wins = {n: sum(min(b["scores"], key=lambda m: b["scores"][m]["crps"]) == n for b in scored) for n in PREDICTORS}
-    summary = {n: {"crps": crps[n],
-                   "interval_score": float(np.mean([b["scores"][n]["interval_score"] for b in scored])),
-                   "coverage": {lv: float(np.mean([b["scores"][n]["coverage"][lv] for b in scored]))
-                                for lv in scored[0]["scores"][n]["coverage"]}} for n in PREDICTORS}
-    return {"winner": order[0], "n": len(scored), "backtests": [b["label"] for b in scored], "crps": crps,
-            "runner_up": order[1], "margin": crps[order[1]] - crps[order[0]],
-            "relative": (crps[order[1]] - crps[order[0]]) / crps[order[1]] if crps[order[1]] > 0 else None,
-            "wins": wins, "summary": summary,
-            "rule": "lowest mean CRPS over the latest backtest of each kind that scored all three predictors"}
+                "wins": {}, "sign_test": {}, "rule": "not scored: no backtest has an earlier one inside its fitted "
+                                                     f"data, so the {DEFAULT} predictor is used as designed"}
+    n = len(scored)
+    crps = {p: float(np.mean([b["scores"][p]["crps"] for b in scored])) for p in PREDICTORS}
+    challengers = [p for p in PREDICTORS if p != DEFAULT]
+    tests = {}
+    for p in challengers:
+        w = sum(b["scores"][p]["crps"] < b["scores"][DEFAULT]["crps"] for b in scored)
+        pv = sign_test(w, n)
+        tests[p] = {"wins": int(w), "n": n, "p": pv, "passed": pv <= alpha / len(challengers) and crps[p] < crps[DEFAULT]}
+    passed = [p for p in challengers if tests[p]["passed"]]
+    winner = min(passed, key=crps.get) if passed else DEFAULT
+    runner_up = min((p for p in PREDICTORS if p != winner), key=crps.get)
+    wins = {p: sum(min(b["scores"], key=lambda m: b["scores"][m]["crps"]) == p for b in scored) for p in PREDICTORS}
+    summary = {p: {"crps": crps[p],
+                   "interval_score": float(np.mean([b["scores"][p]["interval_score"] for b in scored])),
+                   "coverage": {lv: float(np.mean([b["scores"][p]["coverage"][lv] for b in scored]))
+                                for lv in scored[0]["scores"][p]["coverage"]}} for p in PREDICTORS}
+    margin = crps[runner_up] - crps[winner]
+    return {"winner": winner, "n": n, "backtests": [b["label"] for b in scored], "crps": crps,
+            "runner_up": runner_up, "margin": margin,
+            "relative": margin / crps[runner_up] if crps[runner_up] > 0 else None,
+            "wins": wins, "sign_test": tests, "summary": summary,
+            "rule": (f"{DEFAULT} unless another predictor has the lower CRPS on enough of the backtests that scored "
+                     f"all three for a one-sided sign test at {alpha:g} (Bonferroni over {len(challengers)}), and the "
+                     "lower mean CRPS")}
+
+
+def sign_test(wins: int, n: int) -> float:
+    """One-sided sign test: P(at least `wins` of `n` fair coin flips) (1.0 when n is 0)."""
+    return float(sum(math.comb(n, k) for k in range(wins, n + 1)) / 2 ** n) if n else 1.0
 
 
 # ----------------------------------------------------------------------------- every backtest

@@ -1,7 +1,8 @@
-"""Any rows (N, D, recipe) predicted by the predictor that won the results' own backtests
+"""Any rows (N, D, recipe) predicted by the predictor the results' own backtests choose
 (`scaling predict --rows`): the law fitted on every ok row, every backtest the results offer scored
-(calibrate.score_backtest), the winner chosen on CRPS (calibrate.choose), and each row's interval, gap
-to the reference recipe and P(best) from the winner's draws calibrated on all of those backtests."""
+(calibrate.score_backtest), the predictor chosen on CRPS (calibrate.choose: the calibrated one unless a
+baseline beats it beyond chance), and each row's interval, gap to the reference recipe and P(best) from
+its draws calibrated on all of those backtests."""
 
 from __future__ import annotations
 
