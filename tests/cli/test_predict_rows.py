@@ -220,10 +220,24 @@ def test_fit_on_results_where_no_run_landed_says_so(files, capsys):
                    "run's failure.json says why)"]
 
 
+def quick_fits(monkeypatch, **fit_kwargs) -> None:
+    """`scaling predict --rows` with a small fit schedule (fit_law's init, iters, polish) for every one of its
+    backtests' fits: the CLI's path whole, at a few starts each (a per-recipe law's default grid and five
+    float64 polishes cost ~15 s a fit, and the backtests make ~20)."""
+    from functools import partial
+
+    from scaling.study.analysis.prediction import table as table_lib
+
+    monkeypatch.setattr(table_lib, "predict_table", partial(table_lib.predict_table, fit_kwargs=fit_kwargs))
+
+
 @pytest.mark.slow
-def test_a_per_recipe_law_predicts_through_predict_rows(files, capsys):
+def test_a_per_recipe_law_predicts_through_predict_rows(files, capsys, monkeypatch):
     """`scaling predict --law kumar_eff` refused every recipe ('a recipe law kumar_eff was fitted on ()'):
-    the draws looked the law up by name, not the fitted form that carries its recipes."""
+    the draws looked the law up by name, not the fitted form that carries its recipes. A small start grid
+    (quick_fits): what is checked is the fitted form's path through the backtests and draws, not the fit."""
+    quick_fits(monkeypatch, init={"E": [1.5, 2.0], "A": [100.0, 1000.0], "B": [500.0, 5000.0]}, polish=1,
+               iters=(20, 60))
     out = files / "eff.csv"
     assert cli.main(["predict", "--rows", str(files / "rows.csv"), "--results", str(files / "results.csv"),
                      "--law", "kumar_eff", "--bootstrap", "4", "-o", str(out)]) == 0, capsys.readouterr().err

@@ -185,11 +185,18 @@ def _budgets(seed: int) -> pd.DataFrame:
 
 
 @pytest.mark.slow
-def test_recipe_gap_predicts_through_scaling_predict_rows(tmp_path, capsys):
+def test_recipe_gap_predicts_through_scaling_predict_rows(tmp_path, capsys, monkeypatch):
     """`scaling predict --rows ... --law recipe_gap[...]`: every recipe predicted (the fitted form carries its
     recipes), the two 4-bit recipes apart in the right order, an unfitted recipe refused in one line. The
-    exponents are held at the truth's (a variant, as `scaling fit --fix`) to keep the backtests' many fits
-    to a quarter of the starts; the path through predict and calibrate is the free law's."""
+    exponents are held at the truth's (a variant, as `scaling fit --fix`) and the backtests' many fits start
+    from INIT with one polish (predict_table's fit_kwargs, set under the CLI), as the module's other fits
+    do; the path through predict and calibrate is the free law's."""
+    from functools import partial
+
+    from scaling.study.analysis.prediction import table as table_lib
+
+    monkeypatch.setattr(table_lib, "predict_table", partial(table_lib.predict_table,
+                                                            fit_kwargs={"init": INIT, "polish": 1}))
     _budgets(3).to_csv(tmp_path / "results.csv", index=False)
     pd.DataFrame({"N": [2e7] * 3, "D": [1e9] * 3, "recipe": ["bf16", "fp4-w", "fp4-a"]}).to_csv(tmp_path / "rows.csv", index=False)
     out = tmp_path / "out.csv"

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -133,13 +131,15 @@ def test_score_sets_each_gap_to_the_reference_against_its_measured_ci(found):
 
 
 @pytest.mark.slow
-def test_the_cli_refuses_a_design_whose_runs_have_landed_and_never_overwrites(tmp_path):
+def test_the_cli_refuses_a_design_whose_runs_have_landed_and_never_overwrites(tmp_path, capsys):
+    """In process (`scaling.cli.main`, as `python -m scaling.cli` runs it): both refusals come before any fit."""
+    from scaling import cli
+
     held = _held_out(tmp_path, 2e11)  # one budget of the quick study's, as a design of its own: other run ids
     out = tmp_path / "p.json"
     out.write_text("{}")
-    proc = subprocess.run([sys.executable, "-m", "scaling.cli", "predict", str(held), "--results",
-                           str(ROOT / "results" / "quick.csv"), "-o", str(out)], capture_output=True, text=True)
-    assert proc.returncode == 2 and "never replaced" in proc.stderr and out.read_text() == "{}"
+    code = cli.main(["predict", str(held), "--results", str(ROOT / "results" / "quick.csv"), "-o", str(out)])
+    assert code == 2 and "never replaced" in capsys.readouterr().err and out.read_text() == "{}"
     # a design whose runs are in the results: refused, nothing written
     summary = tmp_path / "quick.csv"
     rows = pd.read_csv(ROOT / "results" / "quick.csv")
@@ -147,10 +147,10 @@ def test_the_cli_refuses_a_design_whose_runs_have_landed_and_never_overwrites(tm
     rows = pd.concat([rows, rows.iloc[:1].assign(run_id=specs[0].run_id)])
     rows.to_csv(summary, index=False)
     out = tmp_path / "q.json"
-    proc = subprocess.run([sys.executable, "-m", "scaling.cli", "predict", str(held), "--results", str(summary),
-                           "-o", str(out)], capture_output=True, text=True)
-    assert proc.returncode == 2 and "1 of" in proc.stderr and "before its data" in proc.stderr and not out.exists()
-    assert len(proc.stderr.strip().splitlines()) == 1
+    code = cli.main(["predict", str(held), "--results", str(summary), "-o", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and "1 of" in err and "before its data" in err and not out.exists()
+    assert len(err.strip().splitlines()) == 1
 
 
 @pytest.mark.slow

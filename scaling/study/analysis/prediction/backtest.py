@@ -191,7 +191,7 @@ class Model:
         law = self.fit.law_form  # a per-recipe law (kumar_eff) carries the recipes it was fitted on
         x = fit_lib._columns(law, frame, require_rows=False)
         centre = np.asarray(law.predict(self.fit.params, x, np), float)
-        samples = self.fit.samples.to_dict("records") or [dict(self.fit.params)]
+        samples = (self.fit.samples.to_dict("records") if self.fit.bootstrap else []) or [dict(self.fit.params)]
         with np.errstate(all="ignore"):
             draws = np.array([np.asarray(law.predict(p, x, np), float) for p in samples])
         draws = draws[np.isfinite(draws).all(axis=1)]
@@ -253,25 +253,38 @@ def fit_model(rows: pd.DataFrame, law: str | None, *, candidates: Sequence[str] 
 
 
 class Fits:
-    """Fitted models cached by the rows they were fitted on (a backtest recurs inside larger ones); the
-    bootstrap is run only where a predictor's draws are scored (`bootstrap=True`), once per fit."""
+    """Fitted models cached by the rows they were fitted on (a backtest recurs inside larger ones; so does
+    a law that cannot be fitted on them: its ConfigError is raised again), and each backtest's misses
+    (`runs`, by rows, split and reference); the bootstrap is run only where a predictor's draws are
+    scored (`bootstrap=True`), once per fit."""
 
     def __init__(self, law, candidates, bootstrap, seed, fit_kwargs):
         self.law, self.candidates, self.n_boot, self.seed, self.fit_kwargs = law, candidates, bootstrap, seed, fit_kwargs
         self.cache: dict[tuple, list] = {}
+        self.runs: dict[tuple, dict] = {}  # run's backtests by (rows, split, reference)
 
     def __call__(self, rows: pd.DataFrame, bootstrap: bool = True) -> Model:
-        key = tuple(sorted(map(str, rows["row_key"])))
+        key = _rows_key(rows)
         plain = rows.drop(columns="row_key").reset_index(drop=True)
         if key not in self.cache:
-            model = fit_model(plain, self.law, candidates=self.candidates, bootstrap=0, seed=self.seed,
-                              fit_kwargs=self.fit_kwargs)
+            try:
+                model = fit_model(plain, self.law, candidates=self.candidates, bootstrap=0, seed=self.seed,
+                                  fit_kwargs=self.fit_kwargs)
+            except ConfigError as e:
+                self.cache[key] = [e, False]
+                raise
             self.cache[key] = [model, False]
         entry = self.cache[key]
+        if isinstance(entry[0], ConfigError):
+            raise entry[0]
         if bootstrap and self.n_boot and not entry[1]:
             fit_lib.bootstrap_fit(plain, entry[0].fit, self.n_boot, seed=self.seed, loss_column="val_loss")
             entry[1] = True
         return entry[0]
+
+
+def _rows_key(rows: pd.DataFrame) -> tuple:
+    return tuple(sorted(map(str, rows["row_key"])))
 
 
 def keyed(rows: pd.DataFrame) -> pd.DataFrame:
@@ -299,21 +312,32 @@ def decompose(errors: np.ndarray, recipes: np.ndarray) -> dict[str, Any]:
 
 
 def gap_pairs(frame: pd.DataFrame, reference: str | None, keys: Sequence[str] = ("N", "D")) -> list[tuple[int, int]]:
-    """(row, reference row) positions: every non-reference row with a reference row at the same keys."""
+    """(row, reference row) positions: every non-reference row with a reference row at the same keys (the
+    first such reference row), groups in order of first appearance, rows in order within each."""
     if reference is None:
         return []
-    frame = frame.reset_index(drop=True)
-    groups = frame.groupby([frame[k] for k in keys], sort=False).indices
-    out = []
-    for idx in groups.values():
-        refs = [i for i in idx if frame.at[i, "recipe"] == reference]
-        out += [(int(i), int(refs[0])) for i in idx if refs and frame.at[i, "recipe"] != reference]
-    return out
+    if not len(frame):
+        return []
+    values = np.stack([pd.to_numeric(frame[k], errors="coerce").to_numpy(float) for k in keys], axis=1)
+    _, first_row, codes = np.unique(values, axis=0, return_index=True, return_inverse=True)
+    codes = np.argsort(np.argsort(first_row))[codes.ravel()]  # groups numbered in order of first appearance
+    valid = ~np.isnan(values).any(axis=1)  # a row with a missing key joins no group
+    is_ref = (frame["recipe"].to_numpy() == reference) & valid
+    first: dict[int, int] = {}
+    for i in np.flatnonzero(is_ref):
+        first.setdefault(int(codes[i]), int(i))
+    order = np.argsort(codes, kind="stable")
+    return [(int(i), first[int(codes[i])]) for i in order if valid[i] and not is_ref[i] and int(codes[i]) in first]
 
 
 def run(rows: pd.DataFrame, spec: Split, fits: Fits, reference: str | None, bootstrap: bool = True) -> dict[str, Any]:
     """One backtest on `rows` (keyed): what was fitted and predicted, the misses and their decomposition,
     the target rows' distances, and the matched gaps' misses; '_' holds the arrays the scoring reads."""
+    key = (_rows_key(rows), spec, reference)
+    if key in fits.runs:  # the same backtest recurs inside larger ones: its misses do not change
+        done = fits.runs[key]
+        fits(done["_"]["fitted_rows"], bootstrap)  # bootstraps the cached fit where now asked to
+        return {**done}
     fit_mask, target_mask = masks(rows, spec)
     fitted_rows, target = rows[fit_mask], rows[target_mask]
     model = fits(fitted_rows, bootstrap)
@@ -339,9 +363,10 @@ def run(rows: pd.DataFrame, spec: Split, fits: Fits, reference: str | None, boot
                                                                "row_sd": None, "row_ss": 0.0, "row_dof": 0})
     bias = model.bias.reindex(sorted(set(recipes))).fillna(0.0)
     out["recipe_bias"] = {r: float(v) for r, v in (bias - bias.mean()).items()}
-    internal = {"model": model, "frame": frame, "measured": measured, "spec": spec}
+    internal = {"model": model, "frame": frame, "measured": measured, "spec": spec, "fitted_rows": fitted_rows}
     internal.update(_gaps(rows, target, internal, reference, spec))
     out.update(_gap_misses(internal))
+    fits.runs[key] = {**out, "_": internal}
     return {**out, "_": internal}
 
 
