@@ -10,7 +10,7 @@ data whose truth is known, over enough replications that coverage is a rate, not
 
 Each replication is one backtest_pair / backtest_size with `nested` on, so `chosen` is the predictor
 `scaling predict --rows` would have used with the fitted data alone. REPLICATIONS datasets each; the
-numbers are printed by `python tests/study/test_predict_scores.py` (about 2 min per truth on one core). Coverage is pooled over the rows
+numbers are printed by `python tests/study/test_predict_scores.py` (about a minute of CPU for both truths). Coverage is pooled over the rows
 of all replications; its binomial interval (rows of one replication share the shift, so the interval
 is optimistic) is printed with -s. The fits skip the bootstrap (its compilation alone costs ~10 s), so
 the `bootstrap` predictor is the law plus its in-sample RMS residual."""
