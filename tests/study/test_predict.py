@@ -168,7 +168,7 @@ def test_load_refuses_what_is_not_a_prediction(tmp_path, found):
 def test_report_shows_the_prediction_then_predicted_against_measured(found):
     unit = "nats per byte"
     before = law_prose.prediction_section(report.prediction_facts({**found, "laws": found["laws"]}, {"budgets": []}), unit)
-    assert "Not measured yet" in before and before.count("\n| ") == 2 + 3  # header, rule, three recipes
+    assert "; not measured yet." in before and before.count("\n| ") == 2 + 3  # header, rule, three recipes
     measured = {"budget": HELD, "winner": None, "reason": "cannot tell: stand-in", "recipes": [
         {"recipe": e["recipe"], "loss": e["loss_pi"][1] + 1 if e["recipe"] == "fp8" else e["loss"], "ci": [0, 1],
          "N_opt": e["N_opt"], "inside": True} for e in found["recipes"]]}
@@ -304,3 +304,12 @@ def test_host_shift_pairs_each_run_across_hosts_and_averages_its_points_before_t
     assert f"put it at {s['mean']:+.3f} nats/byte (95% CI {s['ci'][0]:+.3f} to {s['ci'][1]:+.3f})" in readme._scored(
         {**p, "score": {"n": 3, "inside": 3, "mean_error": -0.04, "mean_abs_error": 0.04, "measured_reason": "x"},
          "level": 0.95, "reason": "y"}, "nats/byte")
+
+
+def test_the_report_says_why_the_calibrated_predictor_is_kept_with_a_higher_mean_crps():
+    from scaling.study.report import prediction_prose
+    kept = {"winner": "calibrated", "runner_up": "shifted", "n": 5, "relative": -0.36,
+            "sign_test": {"shifted": {"wins": 3, "n": 5, "p": 0.5, "passed": False}}}
+    text = prediction_prose._margin_words(kept)
+    assert "-36%" not in text and "lower CRPS on 3 of 5 backtests is within chance, sign test p = 0.5" in text
+    assert prediction_prose._margin_words({**kept, "relative": 0.19}) == "19% lower"

@@ -67,7 +67,7 @@ def backtests_section(f: dict) -> str:
         notes.append(f"The predictor `scaling predict` uses: **{choice['winner']}**, {choice['rule']} "
                      f"({choice['n']} backtest{'s' if choice['n'] != 1 else ''}: {', '.join(choice['backtests'])}): "
                      f"mean CRPS {choice['crps'][choice['winner']]:.4f} against {choice['runner_up']}'s "
-                     f"{choice['crps'][choice['runner_up']]:.4f} ({choice['relative']:.0%} lower), and "
+                     f"{choice['crps'][choice['runner_up']]:.4f} ({_margin_words(choice)}), and "
                      + ", ".join(f"{n} {c:.4f}" for n, c in choice["crps"].items() if n not in (choice["winner"], choice["runner_up"]))
                      + ".")
     elif choice:
@@ -82,6 +82,17 @@ def backtests_section(f: dict) -> str:
     if b.get("skipped"):
         notes.append("Not backtested: " + "; ".join(f"{s['label']} ({s['reason']})" for s in b["skipped"]) + ".")
     return "\n\n".join(["\n".join(lines)] + notes)
+
+
+def _margin_words(choice: dict) -> str:
+    """How the chosen predictor's mean CRPS compares with the runner-up's: "x% lower", or, where the default
+    is kept with the higher mean because the runner-up's wins are within chance, that and the sign test."""
+    if (choice.get("relative") or 0) >= 0:
+        return f"{choice['relative']:.0%} lower"
+    other = choice["runner_up"]
+    test = (choice.get("sign_test") or {}).get(other) or {}
+    return (f"higher; kept because {other}'s lower CRPS on {test.get('wins')} of {choice['n']} backtests is within "
+            f"chance, sign test p = {test.get('p', float('nan')):.2g}")
 
 
 def prediction_headline(p: dict, unit: str) -> str:
