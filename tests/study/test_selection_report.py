@@ -58,6 +58,11 @@ def test_a_law_without_a_bits_axis_names_recipes_not_an_interval():
         inside = [r for r, bits in (("mxfp6", 6.25), ("fp8", 8.0)) if a <= bits <= b]
         assert f"{name}'s {a:g}–{b:g} bits contains {', '.join(inside) or 'none of them'}" in text
     assert "Taking these together" not in text
+    # a per-recipe law is read by what it fits per recipe: recipe_gap a gap, kumar_eff an efficiency
+    gap = law_prose.pstar_section({"P_star": [{**entry, "no_bits_axis": "recipe_gap"}], "law": {"name": "recipe_gap"}})
+    assert "prices precision by a fitted gap per recipe" in gap and "own fitted gap, its lowest loss" in gap
+    eff = law_prose.pstar_section({"P_star": [{**entry, "no_bits_axis": "kumar_eff"}], "law": {"name": "kumar_eff"}})
+    assert "prices precision by a fitted efficiency per recipe" in eff
 
 
 def test_without_budgets_the_paragraph_says_the_largest_size_was_held_out_and_why():

@@ -119,6 +119,14 @@ class Law:
         return "quantisation error" if self.error_columns else "recipe" if self.per_recipe else None
 
     @property
+    def per_recipe_term(self) -> str | None:
+        """What a per-recipe law fits per recipe: "gap" (additive, 0 for the reference: recipe_gap) or
+        "efficiency" (a multiplier, 1 for the reference: kumar_eff); None for other laws."""
+        if not self.per_recipe:
+            return None
+        return "gap" if self.per_recipe_reference and not any(self.per_recipe_reference.values()) else "efficiency"
+
+    @property
     def no_bits_reason(self) -> str | None:
         """Why the law has no loss at a hypothetical bit width (so no P* and no profile), or None where it does."""
         if self.bits_axis:
@@ -127,8 +135,7 @@ class Law:
             return (f"the {self.name} law prices precision by measured quantisation error, not bits, so it has no "
                     "loss at a format it was not measured at")
         if self.per_recipe:
-            what = "gap" if self.per_recipe_reference and not any(self.per_recipe_reference.values()) else "efficiency"
-            return (f"the {self.name} law prices precision by a fitted {what} per recipe, not bits, so it has no "
+            return (f"the {self.name} law prices precision by a fitted {self.per_recipe_term} per recipe, not bits, so it has no "
                     "loss at a format it was not fitted on")
         return f"the {self.name} law has no precision term"
 

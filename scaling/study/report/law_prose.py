@@ -326,9 +326,9 @@ def pstar_section(f: dict) -> str:
             continue
         if e.get("no_bits_axis"):
             form = laws.get(law)
-            by = "fitted efficiency" if form.per_recipe else "quantisation errors"
+            by = f"fitted {form.per_recipe_term}" if form.per_recipe else "quantisation errors"
             text = (f"- C = {fmt(e['compute'])}: the chosen `{law}` law prices precision by "
-                    + ("a fitted efficiency per recipe" if form.per_recipe else "measured quantisation error")
+                    + (f"a fitted {form.per_recipe_term} per recipe" if form.per_recipe else "measured quantisation error")
                     + ", not bits, so it has no continuous P*")
             ranked = e.get("recipes") or []
             if ranked:
