@@ -73,7 +73,7 @@ import sysconfig
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, TypeVar
 
 import numpy as np
 
@@ -94,6 +94,7 @@ _CHUNK = 1 << 24  # elements per chunk when scanning an array that may not fit i
 _ENCODE_BATCH_BYTES = 1 << 20  # text per encode_batch call: ~70 files for its threads; 8 MiB batches took 400 MB
 _BYTE_LENGTHS = np.ones(BYTE_VOCAB, dtype=np.int64)
 _BYTE_LENGTHS.setflags(write=False)
+_Read = TypeVar("_Read")  # what a cache directory is read as (a Corpus, the synthetic chain's tokens)
 
 
 @dataclass(frozen=True)
@@ -313,7 +314,7 @@ def use_compilation_cache() -> None:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
 
 
-def _cached(cache: Path, build: Callable[[Path], None], read: Callable[[Path, bool], Corpus]) -> Corpus:
+def _cached(cache: Path, build: Callable[[Path], None], read: Callable[[Path, bool], _Read]) -> _Read:
     """`read(cache, mmap=True)`, building the directory first if it is missing: `build(tmp)` fills a
     temporary sibling (meta.json last), renamed into place, so readers see a whole directory or none."""
     if not (cache / "meta.json").is_file():
@@ -471,7 +472,19 @@ def synthetic_corpus(seed: int = 0, n_tokens: int = SYNTHETIC_TOKENS) -> Corpus:
     weights = rng.dirichlet(np.ones(SYNTHETIC_SUCCESSORS), size=BYTE_VOCAB)
     draws = rng.random(n_tokens)
     cdf = np.cumsum(weights, axis=1)
-    tokens = np.empty(n_tokens, dtype=np.uint8)
+    tokens = _cached_chain(successors, cdf, draws)
+    counts = np.bincount(tokens, minlength=BYTE_VOCAB) / n_tokens
+    entropy = float(-(counts[:, None] * weights * np.log(weights)).sum())
+    fingerprint = hashlib.sha256(b"synthetic" + tokens.tobytes()).hexdigest()
+    train, val = tokens[:-SYNTHETIC_VAL_TOKENS], tokens[-SYNTHETIC_VAL_TOKENS:]
+    return Corpus("synthetic", train, val, BYTE_VOCAB, fingerprint, n_tokens, entropy_rate=entropy,
+                  token_bytes=_BYTE_LENGTHS)
+
+
+def _markov_chain(successors: np.ndarray, cdf: np.ndarray, draws: np.ndarray) -> np.ndarray:
+    """The chain's bytes from state 0: at each draw u, the first successor whose cumulative weight is
+    not below u (the last one if u is above all but it)."""
+    tokens = np.empty(len(draws), dtype=np.uint8)
     state = 0
     succ, cdf_rows = successors.tolist(), cdf.tolist()
     for i, u in enumerate(draws.tolist()):
@@ -481,12 +494,34 @@ def synthetic_corpus(seed: int = 0, n_tokens: int = SYNTHETIC_TOKENS) -> Corpus:
             j += 1
         state = succ[state][j]
         tokens[i] = state
-    counts = np.bincount(tokens, minlength=BYTE_VOCAB) / n_tokens
-    entropy = float(-(counts[:, None] * weights * np.log(weights)).sum())
-    fingerprint = hashlib.sha256(b"synthetic" + tokens.tobytes()).hexdigest()
-    train, val = tokens[:-SYNTHETIC_VAL_TOKENS], tokens[-SYNTHETIC_VAL_TOKENS:]
-    return Corpus("synthetic", train, val, BYTE_VOCAB, fingerprint, n_tokens, entropy_rate=entropy,
-                  token_bytes=_BYTE_LENGTHS)
+    return tokens
+
+
+def _cached_chain(successors: np.ndarray, cdf: np.ndarray, draws: np.ndarray) -> np.ndarray:
+    """_markov_chain, kept under cache_dir() keyed by everything it reads (the successors, their
+    cumulative weights, every draw): its step-by-step loop took about a second in every process that
+    loads the synthetic corpus (each run of a sweep, each CLI call), reading the cache a millisecond.
+    A cached file whose bytes no longer hash to what was written is recomputed, not trusted."""
+    key = hashlib.sha256(b"synthetic-chain-v1" + successors.astype(np.int64).tobytes() + cdf.tobytes()
+                         + draws.tobytes()).hexdigest()[:16]
+
+    def build(tmp: Path) -> None:
+        tokens = _markov_chain(successors, cdf, draws)
+        np.save(tmp / "tokens.npy", tokens)
+        (tmp / "meta.json").write_text(json.dumps({"sha256": hashlib.sha256(tokens.tobytes()).hexdigest()}))
+
+    def read(directory: Path, mmap: bool) -> np.ndarray:
+        try:
+            tokens = np.load(directory / "tokens.npy")
+            expected = json.loads((directory / "meta.json").read_text())["sha256"]
+        except (OSError, ValueError, KeyError):
+            return _markov_chain(successors, cdf, draws)
+        if (tokens.dtype != np.uint8 or tokens.shape != draws.shape
+                or hashlib.sha256(tokens.tobytes()).hexdigest() != expected):
+            return _markov_chain(successors, cdf, draws)
+        return tokens
+
+    return _cached(cache_dir() / f"synthetic-{key}", build, read)
 
 
 # ---------------------------------------------------------------- batches

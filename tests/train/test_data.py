@@ -241,6 +241,25 @@ def test_synthetic_chain_has_eight_successors_and_its_entropy_rate():
     assert corpus.val.size == data.SYNTHETIC_VAL_TOKENS
 
 
+def test_the_synthetic_chain_is_cached_across_processes_and_a_damaged_cache_is_recomputed():
+    """The chain's bytes are kept under the cache (every process of a sweep loads them): a cached load,
+    and one whose cached bytes were damaged, give the chain computed step by step."""
+    rng = np.random.default_rng(7)
+    successors = np.stack([rng.choice(256, data.SYNTHETIC_SUCCESSORS, replace=False) for _ in range(256)])
+    cdf = np.cumsum(rng.dirichlet(np.ones(data.SYNTHETIC_SUCCESSORS), size=256), axis=1)
+    draws = rng.random(5000)
+    direct = data._markov_chain(successors, cdf, draws)
+    assert np.array_equal(data._cached_chain(successors, cdf, draws), direct)  # built and kept
+    (cached,) = data.cache_dir().glob("synthetic-*/tokens.npy")
+    assert np.array_equal(np.load(cached), direct)
+    assert np.array_equal(data._cached_chain(successors, cdf, draws), direct)  # read back
+    np.save(cached, (direct + 1).astype(np.uint8))  # damaged: not what was written
+    assert np.array_equal(data._cached_chain(successors, cdf, draws), direct)
+    # other draws are another chain, cached apart
+    assert np.array_equal(data._cached_chain(successors, cdf, draws[::-1]), data._markov_chain(successors, cdf, draws[::-1]))
+    assert len(list(data.cache_dir().glob("synthetic-*/tokens.npy"))) == 2
+
+
 def test_batches_are_a_pure_function_of_seed_and_step():
     tokens = np.arange(100_000, dtype=np.int64)  # each window must be a run of consecutive ids
     in_order = [data.batch(tokens, 3, step, 8, 16) for step in range(10)]
