@@ -16,6 +16,7 @@ scaling.study.report.figure_base and returns a `Figure`, as the measured-data fi
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from pathlib import Path
 from typing import Any, Sequence
@@ -305,13 +306,7 @@ def cluster_time_table(fit: FitResult | None = None, compute: float = CLUSTER_CO
     compute-optimal (N, D) per precision at `compute` as dense shapes (plan.DENSE_RECIPE) at the
     hardware format for P bits: only where its exponents are plausible and split compute as the published
     laws do (fit.literature_exponents), else an optimum at this budget is not credible."""
-    rows, not_planned = [], []
-    for name, (model_name, flops) in REFERENCE_RUNS.items():
-        model, recipe = plan.load_model(model_name), plan.CLUSTER_RECIPES[model_name]
-        for precision in ("bf16", "fp8"):
-            days = {k: plan.plan_run(flops, k, gpu, step=plan.cluster_step(model, gpu, k, precision, recipe)).days for k in gpus}
-            rows.append({"run": name, "P (bits)": None, "hardware": precision, "N": None, "D": None, "FLOPs": flops,
-                         **{f"days @ {k:,} GPUs": d for k, d in days.items()}})
+    rows, not_planned = [dict(row) for row in _reference_rows(tuple(gpus), gpu)], []
     if fit is not None and laws.get(fit.law).bits_axis and literature_exponents(fit):
         best = optimum(fit, compute, [32.0, 16.0, 8.0, 6.0, 4.0])
         for point in best["per_precision"].sort_values("P", ascending=False).to_dict("records"):
@@ -327,6 +322,21 @@ def cluster_time_table(fit: FitResult | None = None, compute: float = CLUSTER_CO
     table.attrs["gpu"] = plan.get_gpu(gpu).name
     table.attrs["not_planned"] = not_planned
     return table
+
+
+@functools.lru_cache(maxsize=8)
+def _reference_rows(gpus: tuple[int, ...], gpu: str) -> tuple[dict[str, Any], ...]:
+    """cluster_time_table's rows of the reference runs (BF16 and FP8 under their written-down layouts): the
+    same for every fit, so planned once per process (each cluster_step tries a dozen layouts: about a
+    second of CPU for the table, which every report writes). Callers copy the rows they change."""
+    rows = []
+    for name, (model_name, flops) in REFERENCE_RUNS.items():
+        model, recipe = plan.load_model(model_name), plan.CLUSTER_RECIPES[model_name]
+        for precision in ("bf16", "fp8"):
+            days = {k: plan.plan_run(flops, k, gpu, step=plan.cluster_step(model, gpu, k, precision, recipe)).days for k in gpus}
+            rows.append({"run": name, "P (bits)": None, "hardware": precision, "N": None, "D": None, "FLOPs": flops,
+                         **{f"days @ {k:,} GPUs": d for k, d in days.items()}})
+    return tuple(rows)
 
 
 def _cell(v: Any) -> str:
