@@ -25,9 +25,15 @@ def scaling_cli(*args, env=None, **kw):
 
 
 @pytest.fixture(scope="module")
-def smoke_results(tmp_path_factory):
-    out = tmp_path_factory.mktemp("sweep")
-    proc = scaling_cli("sweep", SMOKE, "--out", out, "--no-progress")
+def smoke_results(once_per_run):
+    """The smoke sweep, swept once per pytest run (its tests read it; each xdist worker they land on used
+    to sweep it again)."""
+    def sweep_it(out):
+        proc = scaling_cli("sweep", SMOKE, "--out", out, "--no-progress")
+        return {"args": proc.args, "returncode": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr}
+
+    out, made = once_per_run("smoke-sweep", sweep_it)
+    proc = subprocess.CompletedProcess(**made)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return out, proc
 

@@ -13,7 +13,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -97,14 +96,18 @@ def compare_runs(root: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def child():
+def child(once_per_run):
     """The comparisons, in a child process with XLA:CPU's YNNPACK fusions off (XLA_FLAGS are read
-    once, when the backend starts)."""
+    once, when the backend starts); once per pytest run, whichever xdist workers this module's tests land on."""
     env = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} {NO_YNN_FUSIONS}".strip()}
-    with tempfile.TemporaryDirectory() as root:
-        proc = subprocess.run([sys.executable, __file__, root], capture_output=True, text=True, env=env)
-    assert proc.returncode == 0, proc.stderr[-5000:]
-    return json.loads(proc.stdout.splitlines()[-1])
+
+    def compare_in_a_child(root):
+        proc = subprocess.run([sys.executable, __file__, str(root)], capture_output=True, text=True, env=env)
+        return {"returncode": proc.returncode, "stderr": proc.stderr[-5000:], "stdout": proc.stdout}
+
+    _, proc = once_per_run("packed-child", compare_in_a_child)
+    assert proc["returncode"] == 0, proc["stderr"]
+    return json.loads(proc["stdout"].splitlines()[-1])
 
 
 def test_each_member_of_a_packed_program_has_its_single_runs_state_and_losses_bit_for_bit(child):
