@@ -60,14 +60,16 @@ import functools
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
-import pandas as pd
 
 from scaling.plan import hardware
 from scaling.train import architectures, ladder
 from scaling.errors import ConfigError
+
+if TYPE_CHECKING:  # pandas loads in backfill: a run's process (scaling.train.member) never needs it
+    import pandas as pd
 
 # The JAX-side modules (formats, precision, quant) are imported inside the functions that quantise
 # or parse recipes: results, fit and `scaling plan --fit` read this module without loading JAX.
@@ -638,6 +640,8 @@ def backfill(df: pd.DataFrame, *, batch_size: int = 16) -> pd.DataFrame:
     """Add `columns` to a results table written before runs recorded them, from each row's `size`,
     `recipe` (a preset or a recipe file in experiments/recipes) and `flops_per_token` (which fixes
     seq_len); rows already carrying them are kept. batch_size only enters per-channel wgrad scales."""
+    import pandas as pd
+
     from scaling.numerics import precision
 
     if df.empty or ("flops_fprop" in df.columns and df["flops_fprop"].notna().all()):
