@@ -91,10 +91,16 @@ def with_cost(df: pd.DataFrame, cost: compute_lib.CostModel) -> pd.DataFrame:
     return df.assign(C=cost.compute(df), bits_eff=cost.effective_bits(df))
 
 
+# what points_at reads of a run's rows
+_POINT_COLUMNS = ("run_id", "recipe", "seed", "N", "D", "P", "C", "bits_eff", "val_loss", "budget", "budget_cost",
+                  "d_model", "n_layers")
+
+
 def points_at(df: pd.DataFrame, budget: float, cost: compute_lib.CostModel) -> pd.DataFrame:
     """Each run's loss at exactly compute `budget`: one row per run that reaches it (see module doc).
     Columns: run_id, recipe, seed, N, D, P, bits_eff, loss, interpolated, shape (shape_label)."""
     df = with_cost(ok_rows(df), cost)
+    df = df[[c for c in _POINT_COLUMNS if c in df.columns]]  # the groupby copies every column of every run
     rows = []
     for run_id, run in df.groupby("run_id", sort=False):
         run = run.sort_values("D")
