@@ -130,3 +130,24 @@ def test_planner_never_imports_jax(package):
         "print(sorted(m for m in ('jax', 'numpy', 'scipy', 'pandas') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip().splitlines()[-1] == "[]"
+
+
+# The sizes: a module over 600 lines or a function over 80 says why it is one piece.
+MODULE_LINES, FUNCTION_LINES = 600, 80
+
+
+def test_a_long_module_says_why_it_is_one_module():
+    long = [m for m, p in _modules().items() if len(p.read_text().splitlines()) > MODULE_LINES]
+    unexplained = [m for m in long if "One module" not in (ast.get_docstring(ast.parse(_modules()[m].read_text())) or "")]
+    assert not unexplained, f"over {MODULE_LINES} lines with no 'One module: <reason>' in the docstring: {unexplained}"
+
+
+def test_a_long_function_says_why_it_is_one_function():
+    unexplained = []
+    for m, p in _modules().items():
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > FUNCTION_LINES and "One function" not in (ast.get_docstring(node) or ""):
+                    unexplained.append(f"{m}.{node.name} ({lines} lines)")
+    assert not unexplained, f"over {FUNCTION_LINES} lines with no 'One function: <reason>': {unexplained}"

@@ -22,7 +22,7 @@ units", one BF16 FLOP = 1, but the units differ):
     nominal  6·N·D·P/16 (Kumar et al.; attention and head not counted).
 
 Comparable budgets. A budget is *reference-equivalent*: the compute the reference recipe
-(`isoflop.high_precision_recipe`, bf16 in the committed study) spends under `bits`. Under each other
+(`isoflop.high_precision_recipe`, bf16 where a study trains it) spends under `bits`. Under each other
 model it becomes C_model = C · k_model, k_model = the reference's cost per token under that model / under
 `bits` (the geometric mean over the reference's rows where it varies with N: only under `nominal`). For a
 BF16 reference k = 1 exactly under bits and every chip, so the budgets are numerically the same.

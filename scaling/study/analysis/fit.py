@@ -476,9 +476,9 @@ COLLAPSED_CI = 1e-4  # a CI narrower than this fraction of its value: the resamp
 # A CI narrower than this fraction of the narrowest the fitted data allow (`_narrowest_ci`): the resamples
 # stalled on a direction the data barely constrain. The bound is a floor the data cannot beat even with
 # every other param known and every point as sensitive as the most sensitive corner of their range, so
-# an honest CI sits above it, or near it (the committed quick fit's A: 0.1 of it, its term alive only at
-# the smallest N); a stalled one sits orders of magnitude below (a floor of 0.0024 in a loss of ~2,
-# resampled to [0.002411, 0.002412]: about 1e-5 of it).
+# an honest CI sits above it, or near it (a term alive only at the smallest N can come within a
+# factor of ten); a stalled one sits orders of magnitude below (a floor resampled to the same value to
+# five digits is about 1e-5 of it).
 BELOW_DATA_RESOLUTION = 1e-2
 
 

@@ -396,8 +396,8 @@ def recipe_gap(p, x, xp):
     neither kumar_eff (its eD term shrinks with D) nor capacity (N only) can say. gamma_D and gamma_N are
     shared by the recipes (one shape, a level each) and signed, so the fit, not the form, says which way
     the gap goes with data and size (a Quartet-style data-efficiency loss shrinks with D, Chen's grows).
-    k_r is signed too: a recipe may match or beat the reference within noise (int8-fwd, mxfp6 on the
-    committed study), and a positive k would pin those at its bound 0, which a fit's degeneracy check
+    k_r is signed too: a recipe may match or beat the reference within noise (an 8-bit forward-only
+    recipe can), and a positive k would pin those at its bound 0, which a fit's degeneracy check
     reads as a vanished term. Roles, kept layers and backward algorithms act through their own k_r: recipes
     of equal bits get different gaps. No bits axis (no continuous P*); it refuses a recipe it was not
     fitted on. 1 param per recipe + 2 beyond Chinchilla. E + gap sits in one log-term (the gap may be

@@ -23,8 +23,8 @@ import pandas as pd
 from scaling.errors import ConfigError
 from scaling.study.sweeps import curves, results
 
-# per run in the committed curves: the reference study's 421 runs at 40 points are 1.4 MiB (85 made
-# 2.3 MiB), a curve's shape on a log-step axis is kept, and eval steps always are
+# per run in the committed curves: a few hundred runs at 40 points stay near a megabyte (85 points
+# about double it), a curve's shape on a log-step axis is kept, and eval steps always are
 CURVE_POINTS = 40
 FINAL = ("ok", "diverged")  # runs.finished's statuses: landed for good, never trained again
 

@@ -30,8 +30,8 @@ from scaling.study.analysis.fit import FitResult, degenerate_reason
 
 # A bootstrap resample of n runs holds about (1 - 1/e)·n distinct ones; a law's P* and its CI need each
 # resampled fit to keep as many residual degrees of freedom as free parameters, so that many distinct
-# runs, twice the free parameters. Below it the CI cannot cover a rerun (the quick preset's 12 runs for
-# kumar's 6 parameters: a seed-1 rerun put P* at 32 bits against the committed 5.5, interval 2-10).
+# runs, twice the free parameters. Below it the CI cannot cover a rerun (12 runs for kumar's 6
+# parameters: a rerun with another seed can put P* outside the first run's interval).
 DISTINCT_RUNS_PER_PARAM = 2.0
 
 # columns that hold a precision in bits: the optimum sets each to its P (optimal.precision_columns)
