@@ -1,6 +1,7 @@
 """Fitting: the Chinchilla reproduction, parameter recovery, agreement with the plain scipy loop,
 bootstrap, validation helpers, JSON round trip, bad inputs, the `scaling fit` CLI."""
 
+import dataclasses
 import itertools
 import json
 import math
@@ -270,6 +271,37 @@ def test_json_round_trip(tmp_path):
     stored = json.loads(path.read_text())
     assert stored["data"]["n_points"] == 250 and stored["data"]["columns"]["N"]["max"] == 1e9
     assert stored["optimizer"]["huber_delta"] == 1e-3 and stored["optimizer"]["n_starts"] == 64
+
+
+@pytest.mark.slow
+def test_a_fit_asked_for_again_is_a_copy_of_the_first_and_any_change_of_input_refits(monkeypatch):
+    """fit_law keeps its results by their inputs (the same fit is asked for by selection, the chosen fit and
+    the report): a repeat returns the first answer bit for bit without solving again, as a copy the caller
+    may change; another table value, argument or registered law solves again."""
+    monkeypatch.setattr(fit, "_FITTED", type(fit._FITTED)())
+    solved, real = [], fit._fit
+    monkeypatch.setattr(fit, "_fit", lambda *a, **k: solved.append(k) or real(*a, **k))
+    df = chinchilla_data()
+    first = fit.fit_law(df, "chinchilla", init=SMALL_CHINCHILLA_INIT, polish=1)
+    first.params["E"] = -1.0  # the caller's copy: the kept result does not change
+    again = fit.fit_law(df.copy(), "chinchilla", init=SMALL_CHINCHILLA_INIT, polish=1)
+    assert len(solved) == 1 and again.params["E"] > 0
+    uncached = real(df, "chinchilla", **{**FIT_DEFAULTS, "init": SMALL_CHINCHILLA_INIT, "polish": 1})
+    assert again.params == uncached.params and again.objective == uncached.objective
+    np.testing.assert_array_equal(again.residuals, uncached.residuals)
+    edited = df.copy()
+    edited.loc[0, "loss"] *= 1.0 + 1e-12
+    fit.fit_law(edited, "chinchilla", init=SMALL_CHINCHILLA_INIT, polish=1)  # one value, in the last bits
+    fit.fit_law(df, "chinchilla", init=SMALL_CHINCHILLA_INIT, polish=2)
+    monkeypatch.setattr(laws, "_REGISTRY", dict(laws._REGISTRY))
+    laws._REGISTRY["chinchilla"] = dataclasses.replace(laws.get("chinchilla"))  # re-registered under the same name
+    fit.fit_law(df, "chinchilla", init=SMALL_CHINCHILLA_INIT, polish=1)
+    assert len(solved) == 4
+
+
+SMALL_CHINCHILLA_INIT = {"E": [1.0, 2.0], "A": [100.0, 1e3], "B": [1e3, 1e4], "alpha": [0.3], "beta": [0.3]}
+FIT_DEFAULTS = dict(fixed=None, init=None, loss_column="loss", delta=fit.HUBER_DELTA, iters=(30, 100), keep=0.1,
+                    polish=5, bootstrap=0, seed=0, level=0.95)
 
 
 def test_selection_key_round_trips():

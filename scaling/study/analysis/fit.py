@@ -28,7 +28,10 @@ held-out checks all work on the same `_Problem` and `FitResult`.
 
 from __future__ import annotations
 
+import collections
+import copy
 import functools
+import hashlib
 import itertools
 import json
 from dataclasses import dataclass, field
@@ -618,7 +621,28 @@ def _share(df: pd.DataFrame) -> dict[str, Any]:
 
 # ----------------------------------------------------------------------------- fitting
 
-def fit_law(df: pd.DataFrame, law: str = "kumar", *, fixed: Mapping[str, float] | None = None,
+# fit_law's results by their inputs, newest last: in one process the same fit is asked for more than once
+# (law selection fits every candidate on all rows, then the chosen fit and the report's specification fits
+# ask again; tests write several reports from one table). A pure function of its inputs, so a repeat is a
+# copy of the first answer, bit for bit.
+_FITTED: collections.OrderedDict[tuple, tuple[laws.Law, FitResult]] = collections.OrderedDict()
+FITTED_KEPT = 32
+
+
+def _fit_key(df: pd.DataFrame, law: str | laws.Law, args: tuple) -> tuple | None:
+    """What a fit is a function of: the table's contents (values, index, column names and dtypes), the
+    registered law (by identity: a test may register another under the same name) and the arguments.
+    None where a column cannot be hashed (a fit then runs uncached)."""
+    try:
+        rows = pd.util.hash_pandas_object(df, index=True).to_numpy().tobytes()
+        columns = tuple((str(c), str(t)) for c, t in df.dtypes.items())
+        form = laws.get(law) if isinstance(law, str) else law
+        return (hashlib.sha256(rows).hexdigest(), columns, form.name, id(form), json.dumps(args, sort_keys=True, default=repr))
+    except (TypeError, ValueError, ConfigError):
+        return None
+
+
+def fit_law(df: pd.DataFrame, law: str | laws.Law = "kumar", *, fixed: Mapping[str, float] | None = None,
             init: Mapping[str, Sequence[float]] | None = None, loss_column: str = "loss",
             delta: float = HUBER_DELTA, iters: tuple[int, int] = (30, 100), keep: float = 0.1,
             polish: int = 5, bootstrap: int = 0, seed: int = 0, level: float = 0.95) -> FitResult:
@@ -630,7 +654,28 @@ def fit_law(df: pd.DataFrame, law: str = "kumar", *, fixed: Mapping[str, float] 
     `keep` fraction iters[1] more, then the `polish` best distinct results are refined by scipy
     L-BFGS-B in float64 with exact gradients; the lowest float64 objective wins.
     bootstrap: if > 0, also resample (see `bootstrap`) and fill .ci / .bootstrap.
+    A fit asked for again with the same inputs in the same process is a copy of the first (`_FITTED`).
     """
+    args = (None if fixed is None else dict(fixed), None if init is None else {k: list(v) for k, v in init.items()},
+            loss_column, delta, list(iters), keep, polish, bootstrap, seed, level)
+    key = _fit_key(df, law, args)
+    if key is not None and key in _FITTED:
+        _FITTED.move_to_end(key)
+        return copy.deepcopy(_FITTED[key][1])
+    result = _fit(df, law, fixed=fixed, init=init, loss_column=loss_column, delta=delta, iters=iters, keep=keep,
+                  polish=polish, bootstrap=bootstrap, seed=seed, level=level)
+    if key is not None:
+        form = laws.get(law) if isinstance(law, str) else law
+        _FITTED[key] = (form, copy.deepcopy(result))  # the law kept alive: its id in the key is not reused
+        while len(_FITTED) > FITTED_KEPT:
+            _FITTED.popitem(last=False)
+    return result
+
+
+def _fit(df: pd.DataFrame, law: str | laws.Law, *, fixed: Mapping[str, float] | None, init: Mapping[str, Sequence[float]] | None,
+         loss_column: str, delta: float, iters: tuple[int, int], keep: float, polish: int, bootstrap: int, seed: int,
+         level: float) -> FitResult:
+    """fit_law, uncached."""
     problem = _prepare(df, law, fixed, loss_column)
     starts = _grid(problem, init)
     n = len(problem.log_loss)
