@@ -186,6 +186,16 @@ def test_quartet_forward_quantiser_matches_a_numpy_reference():
 # ------------------------------------------------------------------ fresh random draws
 
 
+def _forget_cached_traces_that_draw():
+    """Evict the traces of the package's jitted functions that call formats.random_bits (a step's
+    transforms.random_signs calls are traced afresh with the step): the next trace calls the spy.
+    Not jax.clear_caches(): that drops every program this process compiled (each test after it,
+    and each model built here, compiled its small eager programs again: ~5 s of CPU per call). A
+    jitted caller missed here keeps its unspied trace: its draws go uncounted and the counts fail."""
+    for jitted in (formats.round_to_grid, quant._quantize):
+        jitted.clear_cache()
+
+
 @pytest.mark.parametrize("base,rounded", [("quartet", 2), ("quartet-full", 4), ("mxfp4-rht", 4)])
 def test_random_draws_differ_between_steps_layers_and_gemms(monkeypatch, base, rounded):
     """Every stochastic rounding and every 'fresh' sign vector of a train step draws from its own
@@ -202,7 +212,7 @@ def test_random_draws_differ_between_steps_layers_and_gemms(monkeypatch, base, r
 
     monkeypatch.setattr(formats, "random_bits", spy("rounding", formats.random_bits))
     monkeypatch.setattr(transforms, "random_signs", spy("signs", transforms.random_signs))
-    jax.clear_caches()
+    _forget_cached_traces_that_draw()
     cfg = ladder.ModelConfig(d_model=32, n_layers=2, n_heads=2, d_ff=64, vocab=64, seq_len=16)
     recipe = precision.get({"base": base, "hadamard": {"fprop": 32, "dgrad": 32, "wgrad": 32}})
     m = model.Transformer(cfg, recipe, rngs=nnx.Rngs(0))
@@ -212,7 +222,7 @@ def test_random_draws_differ_between_steps_layers_and_gemms(monkeypatch, base, r
     for i in range(2):
         jax.block_until_ready(step(state, jax.random.fold_in(jax.random.key(7), i)))
     jax.effects_barrier()
-    jax.clear_caches()
+    _forget_cached_traces_that_draw()  # no spied trace outlives the test
     per_step_layer = 4  # projections: qkv, out, up_gate, down
     rounding = [k for kind, k in seen if kind == "rounding"]
     signs = [k for kind, k in seen if kind == "signs"]
