@@ -51,8 +51,10 @@ def test_rotating_both_operands_keeps_the_product():
                             "hadamard": {"fprop": 16, "dgrad": 32, "wgrad": 16}})
     f = lambda a, b: jnp.sum(jnp.sin(layers.qdot(a, b, recipe, key=jax.random.key(1))))
     ref = lambda a, b: jnp.sum(jnp.sin(dot(a, b)))
-    np.testing.assert_allclose(f(a, b), ref(a, b), rtol=1e-5)
-    for got, want in zip(jax.grad(f, (0, 1))(a, b), jax.grad(ref, (0, 1))(a, b)):
+    # jitted: one program each instead of an eager dispatch (and compile) per operation
+    (f_ab, grads), (ref_ab, ref_grads) = (jax.jit(jax.value_and_grad(g, (0, 1)))(a, b) for g in (f, ref))
+    np.testing.assert_allclose(f_ab, ref_ab, rtol=1e-5)
+    for got, want in zip(grads, ref_grads):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
@@ -64,8 +66,8 @@ def test_stochastic_rounding_after_the_rotation_stays_unbiased():
     rotated = transforms.rotate(a, 1, signs)
     n = 1000
     sr = QuantSpec("fp4_e2m1", "mx", rounding="stochastic", scale_rounding="ceil")
-    draws = jax.vmap(lambda k: transforms.unrotate(quant.fake_quant(rotated, sr, key=k), 1, signs, 64))(
-        jax.random.split(jax.random.key(12), n))
+    draws = jax.jit(jax.vmap(lambda k: transforms.unrotate(quant.fake_quant(rotated, sr, key=k), 1, signs, 64)))(
+        jax.random.split(jax.random.key(12), n))  # jitted: one program, not an eager compile per operation
     mean, sd = np.asarray(jnp.mean(draws, 0)), np.asarray(jnp.std(draws, 0))
     z = (mean - np.asarray(a)) / (sd / np.sqrt(n) + 1e-12)
     assert np.max(np.abs(z)) < 5.0  # 512 elements: |z| > 5 has probability ~3e-4 in all
@@ -79,14 +81,15 @@ def test_square_block_scales_quantise_w_and_its_transpose_alike(granularity, blo
     w = jax.random.normal(jax.random.key(13), (72, 40)) * jnp.exp(jax.random.normal(jax.random.key(14), (72, 1)))
     spec = QuantSpec("fp4_e2m1", granularity, square_blocks=True)
     assert spec.block == block
-    fprop = quant.fake_quant(w, dict_replace(spec, axis=0))  # W along K (fprop)
-    dgrad = quant.fake_quant(w, dict_replace(spec, axis=1))  # W along N (dgrad)
-    transposed = quant.fake_quant(w.T, spec)
+    fake_quant = jax.jit(quant.fake_quant, static_argnums=1)  # one program a call, not a compile per operation
+    fprop = fake_quant(w, dict_replace(spec, axis=0))  # W along K (fprop)
+    dgrad = fake_quant(w, dict_replace(spec, axis=1))  # W along N (dgrad)
+    transposed = fake_quant(w.T, spec)
     np.testing.assert_array_equal(fprop, dgrad)
     np.testing.assert_array_equal(np.asarray(transposed).T, np.asarray(fprop))
     # 1-D blocks do not have that property
     one_d = QuantSpec("fp4_e2m1", granularity)
-    assert not np.array_equal(quant.fake_quant(w, dict_replace(one_d, axis=0)), quant.fake_quant(w, dict_replace(one_d, axis=1)))
+    assert not np.array_equal(fake_quant(w, dict_replace(one_d, axis=0)), fake_quant(w, dict_replace(one_d, axis=1)))
     q = quant.quantize(w, spec)
     assert q.scale.shape == (-(-72 // block), -(-40 // block))
 
@@ -137,6 +140,14 @@ def _operand(seed, shape):
     return np.asarray(jax.random.normal(k1, shape) * jnp.exp(2 * jax.random.normal(k2, (shape[0], 1))), np.float32)
 
 
+@functools.partial(jax.jit, static_argnums=(1, 3))
+def _dequantised(t, role, fmt, axis):
+    """quant.dequantize of gemm.quantise_operand(t, role, fmt, axis): one jitted program per role, shape
+    and axis (eagerly, each operation of the quantiser dispatched and compiled a program of its own)."""
+    got = gemm.quantise_operand(t, role, fmt, axis)
+    return quant.dequantize(got.q, got.spec)
+
+
 def test_nvfp4_nvidia_quantisers_match_a_numpy_reference():
     r = precision.get("nvfp4-nvidia")
     st = r.structure()
@@ -144,26 +155,28 @@ def test_nvfp4_nvidia_quantisers_match_a_numpy_reference():
     fmt = precision.format_vector("fp4_e2m1")
     # weights: 16×16 tiles, the same along either axis
     for axis in (0, 1):
-        got = gemm.quantise_operand(w, st.weight, fmt, axis)
-        np.testing.assert_array_equal(quant.dequantize(got.q, got.spec), _nvfp4_reference(w, 16, 16))
+        np.testing.assert_array_equal(_dequantised(w, st.weight, fmt, axis), _nvfp4_reference(w, 16, 16))
     # activations along K: 1×16
-    got = gemm.quantise_operand(x, st.activation, fmt, 1)
-    np.testing.assert_array_equal(quant.dequantize(got.q, got.spec), _nvfp4_reference(x, 1, 16))
+    np.testing.assert_array_equal(_dequantised(x, st.activation, fmt, 1), _nvfp4_reference(x, 1, 16))
     # wgrad: the rotated X (16-blocks along M, the preset's fixed signs) in 16×1 blocks along M
     signs = transforms.signs_for(r.hadamard.wgrad, jax.random.key(99))  # 'fixed': the key is not used
     np.testing.assert_array_equal(signs, transforms.random_signs(jax.random.key(0), 16))
-    xr = np.asarray(transforms.rotate(x, 0, signs))
+    xr = np.asarray(jax.jit(transforms.rotate, static_argnums=1)(x, 0, signs))
     np.testing.assert_allclose(xr, (x.reshape(2, 16, 64).transpose(0, 2, 1) @ np.asarray(transforms.rotation(signs))
                                     ).transpose(0, 2, 1).reshape(32, 64), rtol=1e-5, atol=1e-5 * np.abs(x).max())
-    got = gemm.quantise_operand(xr, st.activation, fmt, 0)
-    np.testing.assert_array_equal(quant.dequantize(got.q, got.spec), _nvfp4_reference(xr.T, 1, 16).T)
+    np.testing.assert_array_equal(_dequantised(xr, st.activation, fmt, 0), _nvfp4_reference(xr.T, 1, 16).T)
     # gradients: stochastic, onto one of the two neighbours of the reference's grid
     g = _operand(17, (32, 48))
-    got = gemm.quantise_operand(g, st.grad, fmt, 1, key=jax.random.key(3))
-    assert got.spec.rounding == "stochastic"
+    key = jax.random.key(3)
+    assert gemm._spec(st.grad, 1, key).rounding == "stochastic"  # the spec quantise_operand takes with a key
+
+    @jax.jit
+    def stochastic(g, key):
+        got = gemm.quantise_operand(g, st.grad, fmt, 1, key=key)
+        return got.q.values, quant.expand_scale(got.q.scale, got.spec, g.shape)
+
+    v, s = map(np.asarray, stochastic(g, key))
     near = _nvfp4_reference(g, 1, 16)
-    s = np.asarray(quant.expand_scale(got.q.scale, got.spec, g.shape))
-    v = np.asarray(got.q.values)
     assert np.all(np.abs(v - g / s) <= np.abs(near / s - g / s) + 2.0)  # neighbours on E2M1 (steps <= 2)
     assert not np.array_equal(v * s, near)
 
@@ -172,12 +185,10 @@ def test_quartet_forward_quantiser_matches_a_numpy_reference():
     st = precision.get("quartet").structure()
     fmt = precision.format_vector("fp4_e2m1")
     x = _operand(18, (16, 96))
-    got = gemm.quantise_operand(x, st.activation, fmt, 1)
-    np.testing.assert_array_equal(quant.dequantize(got.q, got.spec), _quest_mx_reference(x))
+    np.testing.assert_array_equal(_dequantised(x, st.activation, fmt, 1), _quest_mx_reference(x))
     # the weight, along K = axis 0
     w = _operand(19, (96, 8))
-    got = gemm.quantise_operand(w, st.weight, fmt, 0)
-    np.testing.assert_array_equal(quant.dequantize(got.q, got.spec), _quest_mx_reference(w.T).T)
+    np.testing.assert_array_equal(_dequantised(w, st.weight, fmt, 0), _quest_mx_reference(w.T).T)
     # QuEST clips: some elements of a heavy-tailed block saturate where the amax scale would not
     spec = dict_replace(st.activation.spec, axis=1)
     assert float(quant.telemetry(x, quant.quantize(x, spec), spec)["frac_saturated"]) > 0
@@ -278,7 +289,8 @@ def test_quartet_full_backward_is_the_masked_gradient_of_the_quantised_forward()
     recipe = precision.get({"base": "quartet-full", "grad": {"format": "fp32", "granularity": "none"}})
     x, w = _operand(20, (48, 64)), _operand(21, (64, 40)) * 0.1
     c = np.asarray(jax.random.normal(jax.random.key(22), (48, 40)), np.float32)
-    dx, dw = jax.grad(lambda x, w: jnp.sum(layers.qdot(x, w, recipe, key=jax.random.key(1)) * c), (0, 1))(x, w)
+    # jitted: one program instead of an eager dispatch (and compile) per operation
+    dx, dw = jax.jit(jax.grad(lambda x, w: jnp.sum(layers.qdot(x, w, recipe, key=jax.random.key(1)) * c), (0, 1)))(x, w)
     signs = transforms.signs_for(recipe.hadamard.fprop, None)
     r = np.asarray(transforms.rotation(signs), np.float64)
     blockdiag = np.kron(np.eye(2), r)  # K = 64: two 32-blocks
@@ -292,7 +304,7 @@ def test_quartet_full_backward_is_the_masked_gradient_of_the_quantised_forward()
     np.testing.assert_allclose(dw, want_dw, rtol=2e-5, atol=2e-5 * np.abs(want_dw).max())
     # without the mask it is the plain straight-through gradient (and differs)
     plain = precision.get({"base": "quartet-full", "clip_mask": False, "grad": {"format": "fp32", "granularity": "none"}})
-    dx_plain = jax.grad(lambda x: jnp.sum(layers.qdot(x, w, plain, key=jax.random.key(1)) * c))(x)
+    dx_plain = jax.jit(jax.grad(lambda x: jnp.sum(layers.qdot(x, w, plain, key=jax.random.key(1)) * c)))(x)
     np.testing.assert_allclose(dx_plain, (c @ wq.T) @ blockdiag.T, rtol=2e-5, atol=2e-5 * np.abs(want_dx).max())
     assert not np.allclose(dx_plain, want_dx, atol=1e-3 * np.abs(want_dx).max())
 
@@ -310,8 +322,9 @@ def test_quartet_full_stochastic_backward_is_unbiased_for_the_masked_gradient():
     keys = jax.random.split(jax.random.key(26), n)
     for name, mask, unbiased in (("quartet-full", True, True), ("quartet", False, False)):
         exact = precision.get({"base": "quartet-full", "clip_mask": mask, **fp32_grads})
-        want = jax.grad(loss(exact), (0, 1))(x, w, jax.random.key(0))
-        draws = jax.vmap(lambda k: jax.grad(loss(precision.get(name)), (0, 1))(x, w, k))(keys)
+        # jitted: one program each instead of an eager dispatch (and compile) per operation
+        want = jax.jit(jax.grad(loss(exact), (0, 1)))(x, w, jax.random.key(0))
+        draws = jax.jit(jax.vmap(lambda k: jax.grad(loss(precision.get(name)), (0, 1))(x, w, k)))(keys)
         for d, t in zip(draws, want):
             mean, se = np.asarray(jnp.mean(d, 0)), np.asarray(jnp.std(d, 0)) / np.sqrt(n) + 1e-12
             z = np.abs(mean - np.asarray(t)) / se
@@ -340,11 +353,13 @@ def test_mxfp4_rht_is_a_bf16_forward_with_an_unbiased_mxfp4_backward():
     x, w = _operand(27, (32, 64)), _operand(28, (64, 32)) * 0.1
     c = np.asarray(jax.random.normal(jax.random.key(29), (32, 32)), np.float32)
     bf = lambda v: np.asarray(v, np.float32).astype(ml_dtypes.bfloat16).astype(np.float64)
-    np.testing.assert_allclose(layers.qdot(x, w, r, key=jax.random.key(0)), bf(x) @ bf(w), rtol=1e-5, atol=1e-5)
+    # jitted: one program each instead of an eager dispatch (and compile) per operation
+    y = jax.jit(lambda x, w: layers.qdot(x, w, r, key=jax.random.key(0)))(x, w)
+    np.testing.assert_allclose(y, bf(x) @ bf(w), rtol=1e-5, atol=1e-5)
     want = (c @ bf(w).T, bf(x).T @ c)
     loss = lambda x, w, k: jnp.sum(layers.qdot(x, w, r, key=k) * c)
     n = 400
-    draws = jax.vmap(lambda k: jax.grad(loss, (0, 1))(x, w, k))(jax.random.split(jax.random.key(30), n))
+    draws = jax.jit(jax.vmap(lambda k: jax.grad(loss, (0, 1))(x, w, k)))(jax.random.split(jax.random.key(30), n))
     for d, t in zip(draws, want):
         mean, se = np.asarray(jnp.mean(d, 0)), np.asarray(jnp.std(d, 0)) / np.sqrt(n) + 1e-12
         assert np.max(np.abs(mean - t) / se) < 5.0
