@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -211,16 +212,22 @@ def test_training_telemetry_samples_the_rows_of_long_operands():
     x, _, _ = _operands(m=1024, k=64)
     spec = quant.QuantSpec("fp8_e4m3", "block", block=32, axis=1)
     s, fmt = precision.role_structure(spec), precision.format_vector("fp8_e4m3")
-    got = np.asarray(gemm.quantise_operand(x, s, fmt, 1, measure=True).telemetry)
-    q = quant.quantize(x, spec)
-    scale = quant.expand_scale(q.scale, spec, x.shape)
-    want = quant.telemetry_vector(x[::4], q.values[::4] * scale[::4], scale[::4], q.amax, 448.0, 1)
-    np.testing.assert_allclose(got, np.asarray(want), rtol=1e-6)
+    # each side jitted (one program, not an eager dispatch and compile per operation), apart
+    measured = jax.jit(lambda t, axis: gemm.quantise_operand(t, s, fmt, axis, measure=True).telemetry, static_argnums=1)
+    got = np.asarray(measured(x, 1))
+
+    @jax.jit
+    def sampled_reference(x):
+        q = quant.quantize(x, spec)
+        scale = quant.expand_scale(q.scale, spec, x.shape)
+        return quant.telemetry_vector(x[::4], q.values[::4] * scale[::4], scale[::4], q.amax, 448.0, 1)
+
+    np.testing.assert_allclose(got, np.asarray(sampled_reference(x)), rtol=1e-6)
     assert got[0] == float(jnp.abs(x).max())
     w = x.T  # K x M along axis 0: every row
     spec0 = dataclasses.replace(spec, axis=0)
-    got_w = np.asarray(gemm.quantise_operand(w, s, fmt, 0, measure=True).telemetry)
-    want_w = quant.telemetry(w, quant.quantize(w, spec0), spec0)
+    got_w = np.asarray(measured(w, 0))
+    want_w = jax.jit(lambda w: quant.telemetry(w, quant.quantize(w, spec0), spec0))(w)
     np.testing.assert_allclose(got_w, [want_w[f] for f in quant.TELEMETRY_FIELDS], rtol=1e-6)
 
 
@@ -411,7 +418,8 @@ def test_the_backward_keeps_one_copy_of_each_operand_in_bfloat16_where_exact(nam
     state = gemm.qdot_state(recipe, structure)
     m, k, n = 96, 64, 80
     x, w, _ = _operands(m, k, n)
-    _, pullback = jax.vjp(lambda a, b: gemm.qdot_apply(a, b, structure, state), x, w)
-    big = [leaf for leaf in jax.tree.leaves(pullback) if getattr(leaf, "size", 0) >= min(m, n) * k]
+    # the pullback's residuals as the jitted step keeps them, abstract (shapes and dtypes, nothing computed)
+    pullback = jax.eval_shape(lambda x, w: jax.vjp(lambda a, b: gemm.qdot_apply(a, b, structure, state), x, w)[1], x, w)
+    big = [leaf for leaf in jax.tree.leaves(pullback) if math.prod(leaf.shape) >= min(m, n) * k]
     assert sorted(leaf.shape for leaf in big) == [(k, n), (m, k)]
-    assert sum(leaf.nbytes for leaf in big) == kept_bytes * (m * k + k * n)
+    assert sum(math.prod(leaf.shape) * leaf.dtype.itemsize for leaf in big) == kept_bytes * (m * k + k * n)
