@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import jax
@@ -110,10 +111,17 @@ def test_smooth_swiglu_tames_an_outlier_channel():
     assert errors[True] < 0.5 * errors[False]
 
 
+# Two layers (telemetry stacked by layer) and one jitted grad step for the tests below: the fp8 step of
+# test_grad_step_api is the one test_the_projections_are_the_numerics_layer_... runs (~8 s of CPU to
+# compile, once for both in a test process).
+TWO_LAYERS = dataclasses.replace(TINY, n_layers=2)
+_grad_step = nnx.jit(model.grad_step)
+
+
 def test_grad_step_api():
-    m = model.Transformer(TINY, "fp8", rngs=nnx.Rngs(0))
+    m = model.Transformer(TWO_LAYERS, "fp8", rngs=nnx.Rngs(0))
     tokens = _tokens()
-    loss, grads, tel = nnx.jit(model.grad_step)(m, tokens, jax.random.key(0))
+    loss, grads, tel = _grad_step(m, tokens, jax.random.key(0))
     # grads: exactly the nnx.Param leaves, ready for nnx.Optimizer(model, tx, wrt=nnx.Param)
     params = nnx.state(m, nnx.Param)
     assert jax.tree.structure(grads) == jax.tree.structure(params)
@@ -124,10 +132,10 @@ def test_grad_step_api():
         # per-block amaxes bracket within the per-tensor amax
         assert 0 <= float(blocks["min"]) <= float(blocks["p50"]) <= float(blocks["max"]) <= float(tel[role]["amax"]) * (1 + 1e-6)
         assert 15 < float(tel[role]["snr_db"]) < 40  # E4M3/E5M2: ~31 / ~25 dB
-    assert tel["act_max"].shape == tel["swiglu_max"].shape == (TINY.n_layers,)
+    assert tel["act_max"].shape == tel["swiglu_max"].shape == (TWO_LAYERS.n_layers,)
     # the fp32 recipe's grad_step is plain autodiff of loss_fn
     m32 = model.Transformer(TINY, "fp32", rngs=nnx.Rngs(0))
-    loss32, grads32, tel32 = nnx.jit(model.grad_step)(m32, tokens, jax.random.key(0))
+    loss32, grads32, tel32 = _grad_step(m32, tokens, jax.random.key(0))
     l_ref, g_ref = _loss_and_grads(m32, tokens)
     assert float(loss32) == float(l_ref)
     for a, b in zip(jax.tree.leaves(grads32), jax.tree.leaves(nnx.state(g_ref, nnx.Param))):
@@ -143,11 +151,11 @@ def test_the_projections_are_the_numerics_layer_and_report_its_telemetry():
 
     assert (model.QDense, model.FormatVector, model.AmaxHistory, model.GradSink) == (
         layers.QDense, layers.FormatVector, layers.AmaxHistory, layers.GradSink)
-    cfg = dataclasses.replace(TINY, n_layers=2)
+    cfg = TWO_LAYERS
     m = model.Transformer(cfg, "fp8", rngs=nnx.Rngs(0))
     dense = sorted("/".join(map(str, path)) for path, node in nnx.iter_graph(m) if isinstance(node, layers.QDense))
     assert dense == ["blocks/attn/out", "blocks/attn/qkv", "blocks/mlp/down", "blocks/mlp/up_gate", "head"]
-    _, _, tel = nnx.jit(model.grad_step)(m, _tokens(cfg), jax.random.key(0))
+    _, _, tel = _grad_step(m, _tokens(cfg), jax.random.key(0))
     by_layer = telemetry_by_layer(m)
     assert sorted(by_layer) == dense[:-1]  # the head is kept in high precision (high_precision_embed)
     for role in ("weight", "activation", "grad"):
@@ -179,13 +187,15 @@ def test_blocks_kept_in_high_precision_run_the_kept_recipe():
     cfg = dataclasses.replace(TINY, n_layers=4)
     tokens = _tokens(cfg)[:, :-1]
 
-    @nnx.jit  # one compile per model instead of one per operation
-    def forward(m):
-        return m(tokens, update_state=False)
+    # one compile per model instead of one per operation; the telemetry only where it is read (the
+    # first model's): the others' programs compile without it (their logits are the same either way)
+    @functools.partial(nnx.jit, static_argnames="measure")
+    def forward(m, measure=False):
+        return m(tokens, update_state=False, measure=measure)
 
     recipe = precision.get({"base": "nvfp4", "high_precision_first": 1, "high_precision_last": 2})
     m = model.Transformer(cfg, recipe, rngs=nnx.Rngs(0))
-    logits, aux = forward(m)
+    logits, aux = forward(m, measure=True)
     kept = precision.get("bf16")
 
     @jax.jit
