@@ -242,7 +242,7 @@ TINY = ladder.ModelConfig(d_model=32, n_layers=1, n_heads=2, d_ff=64, vocab=64, 
 # test_grad_step_reports_block_amax_per_role reads, and the fp8-delayed step of
 # test_delayed_scaling_histories_evolve the one test_telemetry_is_skipped_at_run_time_... runs (a
 # TINY step compiles for ~9 s of CPU: each shared one is compiled once per test process, not per test).
-# _TRACES[backend] counts the traces of that backend's step.
+# _TRACES[backend] lists the recipe structure of each trace of that backend's step.
 _STEPS: dict = {}
 _TRACES: dict = {}
 
@@ -256,7 +256,7 @@ def _step(backend=None):
 
         @nnx.jit
         def step(m, tokens, key, measure):
-            traces.append(1)
+            traces.append(m.structure)
             return model.grad_step(m, tokens, key, measure)
 
         _STEPS[backend] = step
@@ -266,13 +266,14 @@ def _step(backend=None):
 @pytest.mark.slow
 def test_formats_share_one_compiled_step():
     step, traces = _step(), _TRACES[jax.default_backend()]
-    before = len(traces)
     tokens = jax.random.randint(jax.random.key(0), (2, TINY.seq_len + 1), 0, TINY.vocab)
-    losses = {}
+    losses, structures = {}, set()
     for name in ("fp8", "fp6", "int8", "e3m4"):
         m = model.Transformer(TINY, name, rngs=nnx.Rngs(0))
+        structures.add(m.structure)
         losses[name] = float(step(m, tokens, jax.random.key(1), jnp.asarray(True))[0])
-    assert len(traces) - before <= 1  # one trace for the four (none where an earlier test traced fp8's step)
+    # one trace for the four: one structure, traced once (here, or where an earlier test ran fp8's step)
+    assert len(structures) == 1 and traces.count(m.structure) == 1
     # the format is really applied at run time: each recipe gives a different loss
     assert len(set(losses.values())) == 4
 
@@ -327,15 +328,13 @@ def test_telemetry_is_skipped_at_run_time_without_changing_the_step(name, backen
     assert ("cond[" in jaxpr) == (backend == "cpu")
     tokens = jax.random.randint(jax.random.key(0), (2, TINY.seq_len + 1), 0, TINY.vocab)
     step = _step(backend)  # traced while jax.default_backend() says `backend`
-    traces = _TRACES[backend]
-    before = len(traces)
     out = {}
     for measure in (True, False):
         m = model.Transformer(TINY, name, rngs=nnx.Rngs(0))
         loss, grads, tel = step(m, tokens, jax.random.key(1), jnp.asarray(measure))
         sink_history = jax.tree.map(lambda v: v[..., gemm.TELEMETRY_SIZE:], nnx.state(m, model.GradSink))
         out[measure] = (loss, grads, nnx.state(m, model.AmaxHistory), sink_history, tel)
-    assert len(traces) - before <= 1  # both calls ran one program (traced here or by an earlier test)
+    assert _TRACES[backend].count(m.structure) == 1  # both calls ran one program (traced here or earlier)
     on, off = out[True], out[False]
     np.testing.assert_array_equal(on[0], off[0])
     for a, b in zip(on[1:4], off[1:4]):
