@@ -53,54 +53,82 @@ class Split:
 
 # ----------------------------------------------------------------------------- which rows
 
+def _labels(rows: pd.DataFrame) -> np.ndarray:
+    """Each row's budget label as a float (NaN where the table has none or it is not a number)."""
+    if "budget" not in rows.columns:
+        return np.full(len(rows), np.nan)
+    col = rows["budget"]
+    return col.to_numpy(float) if col.dtype == np.float64 else pd.to_numeric(col, errors="coerce").to_numpy(float)
+
+
+def _run_codes(rows: pd.DataFrame) -> np.ndarray:
+    """Each row's run as an integer code (-1 where the run id is missing)."""
+    return pd.factorize(rows["run_id"])[0]
+
+
 def effective_budget(rows: pd.DataFrame) -> np.ndarray:
     """Each row's budget: its label, or for an unlabelled row the smallest labelled budget its run reaches
     at or after the row's tokens (NaN where none)."""
-    rows = rows.reset_index(drop=True)
-    label = pd.to_numeric(rows.get("budget", pd.Series(np.nan, index=rows.index)), errors="coerce").to_numpy(float)
+    return _effective(rows, _labels(rows))
+
+
+def _effective(rows: pd.DataFrame, label: np.ndarray, codes: np.ndarray | None = None) -> np.ndarray:
+    """effective_budget from the rows' labels (_labels) and, where known, their run codes (_run_codes)."""
     label = np.where(label > 0, label, np.nan)
     out = label.copy()
     unlabelled = ~np.isfinite(label)
     if not unlabelled.any() or not np.isfinite(label).any():
         return out
     d = pd.to_numeric(rows["D"], errors="coerce").to_numpy(float)
-    runs = rows["run_id"].to_numpy()
-    wanted = np.flatnonzero(rows["run_id"].isin(set(runs[unlabelled])).to_numpy())
-    for _, idx in rows.iloc[wanted].groupby("run_id", sort=False).indices.items():
-        idx = wanted[idx]
-        lab = idx[np.isfinite(label[idx])]
-        for i in idx[~np.isfinite(label[idx])]:
-            later = lab[d[lab] >= d[i] * (1 - _TOL)]
-            if len(later):
-                out[i] = float(np.min(label[later]))
+    codes = _run_codes(rows) if codes is None else codes
+    todo = np.flatnonzero(unlabelled & (codes >= 0))  # a row without a run id belongs to no run
+    # each run's labelled rows by tokens (a NaN D is never at or after a row's tokens), the smallest label
+    # at or after each of them (the minimum over the rest of its run)
+    lab = np.flatnonzero(np.isfinite(label) & ~np.isnan(d) & np.isin(codes, codes[todo]))
+    lab = lab[np.lexsort((d[lab], codes[lab]))]
+    starts = np.searchsorted(codes[lab], codes[todo], side="left")
+    ends = np.searchsorted(codes[lab], codes[todo], side="right")
+    after = np.empty(len(lab))
+    bounds = np.unique(np.concatenate([np.searchsorted(codes[lab], np.unique(codes[lab])), [len(lab)]]))
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        after[lo:hi] = np.minimum.accumulate(label[lab[lo:hi]][::-1])[::-1]
+    for i, lo, hi in zip(todo, starts, ends):
+        k = lo + np.searchsorted(d[lab[lo:hi]], d[i] * (1 - _TOL), side="left")
+        if k < hi:
+            out[i] = float(after[k])
     return out
 
 
 def budgets(rows: pd.DataFrame) -> list[float]:
     """The labelled budgets of a table, ascending."""
-    b = pd.to_numeric(rows.get("budget", pd.Series(dtype=float)), errors="coerce")
-    return sorted({float(v) for v in b.dropna() if v > 0})
+    label = _labels(rows)
+    return [float(v) for v in np.unique(label[label > 0])]
 
 
 def split(rows: pd.DataFrame, fit_budget: float, target_budget: float) -> tuple[np.ndarray, np.ndarray]:
     """(fit mask, target mask) along compute: rows at or below fit_budget of runs with no row labelled
     target_budget, and the rows labelled target_budget."""
-    rows = rows.reset_index(drop=True)
-    eff = effective_budget(rows)
-    label = pd.to_numeric(rows.get("budget", pd.Series(np.nan, index=rows.index)), errors="coerce").to_numpy(float)
-    target = np.isclose(label, target_budget, rtol=_TOL)
-    held = rows["run_id"].isin(set(rows.loc[target, "run_id"])).to_numpy()
-    fit = (eff <= fit_budget * (1 + _TOL)) & ~held
+    fit, target, _, _ = _budget_split(rows, fit_budget, target_budget)
     return fit, target
+
+
+def _budget_split(rows: pd.DataFrame, fit_budget: float, target_budget: float) -> tuple[np.ndarray, ...]:
+    """split's (fit mask, target mask), the rows of the target rows' runs (`held`) and effective_budget."""
+    label, codes = _labels(rows), _run_codes(rows)
+    eff = _effective(rows, label, codes)
+    target = np.isclose(label, target_budget, rtol=_TOL)
+    held = np.isin(codes, codes[target])  # codes: a row without a run id is held where a target row has none
+    fit = (eff <= fit_budget * (1 + _TOL)) & ~held
+    return fit, target, held, eff
 
 
 def size_split(rows: pd.DataFrame, threshold: float) -> tuple[np.ndarray, np.ndarray]:
     """(fit mask, target mask) along N: rows with N < threshold, rows with N >= threshold. In a table with
     budget labels, only rows that count at a budget (effective_budget) take part: an evaluation past its
     run's last budget is a gap's reference, not a size's measurement."""
-    rows = rows.reset_index(drop=True)
     n = rows["N"].to_numpy(float)
-    part = np.isfinite(effective_budget(rows)) if budgets(rows) else np.ones(len(rows), bool)
+    label = _labels(rows)
+    part = np.isfinite(_effective(rows, label)) if (label > 0).any() else np.ones(len(rows), bool)
     beyond = n >= threshold * (1 - _TOL)
     return part & ~beyond, part & beyond
 
@@ -148,11 +176,10 @@ def unbacktestable(rows: pd.DataFrame, fit_budget: float, target_budget: float) 
 def inner_rows(rows: pd.DataFrame, spec: Split) -> pd.DataFrame:
     """The rows a backtest may learn from: its fitted rows, plus (along compute) the reference's
     evaluations past its last budget on runs it does not score (never fitted; a gap's matched reference)."""
-    fit, target = masks(rows, spec)
     if spec.kind == "size":
-        return rows[fit].reset_index(drop=True)
-    held = rows["run_id"].isin(set(rows.loc[target, "run_id"])).to_numpy()
-    return rows[fit | (~held & np.isnan(effective_budget(rows)))].reset_index(drop=True)
+        return rows[size_split(rows, spec.a)[0]].reset_index(drop=True)
+    fit, _, held, eff = _budget_split(rows, spec.a, spec.b)
+    return rows[fit | (~held & np.isnan(eff))].reset_index(drop=True)
 
 
 # ----------------------------------------------------------------------------- a fitted law, its draws
@@ -175,15 +202,22 @@ class Model:
 
     def frame(self, table: pd.DataFrame) -> pd.DataFrame:
         """table (N, D, recipe) with the law's other columns filled from the recipe's runs."""
-        missing = sorted(set(table["recipe"].astype(str)) - set(self.columns.index))
-        if missing:
+        recipe = table["recipe"].astype(str)
+        at = {r: k for k, r in enumerate(self.columns.index)}
+        pos = np.array([at.get(r, -1) for r in recipe.to_numpy()], int)
+        if (pos < 0).any():
+            missing = sorted(set(recipe.to_numpy()[pos < 0]))
             raise ConfigError("recipe", missing[0], f"a recipe with runs in the fitted results "
                               f"({', '.join(map(str, self.columns.index))})")
-        out = table[["N", "D", "recipe"]].copy()
-        out["recipe"] = out["recipe"].astype(str)
+        data = {"N": table["N"].array, "D": table["D"].array, "recipe": recipe.array}
         for c in self.columns.columns:
-            out[c] = out["recipe"].map(self.columns[c]).to_numpy(float)
-        return out
+            data[c] = self.columns[c].to_numpy(float)[pos]
+        return pd.DataFrame(data, index=table.index)
+
+    def centre(self, frame: pd.DataFrame) -> np.ndarray:
+        """The fit's prediction at each row of `frame` (draws' centre, without the bias)."""
+        law = self.fit.law_form  # a per-recipe law (kumar_eff) carries the recipes it was fitted on
+        return np.asarray(law.predict(self.fit.params, fit_lib._columns(law, frame, require_rows=False), np), float)
 
     def draws(self, frame: pd.DataFrame, weight: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
         """(centre (rows,), draws (resamples, rows)): the fit's prediction and each resample's, each row
@@ -191,13 +225,14 @@ class Model:
         law = self.fit.law_form  # a per-recipe law (kumar_eff) carries the recipes it was fitted on
         x = fit_lib._columns(law, frame, require_rows=False)
         centre = np.asarray(law.predict(self.fit.params, x, np), float)
-        samples = (self.fit.samples.to_dict("records") if self.fit.bootstrap else []) or [dict(self.fit.params)]
-        with np.errstate(all="ignore"):
-            draws = np.array([np.asarray(law.predict(p, x, np), float) for p in samples])
-        draws = draws[np.isfinite(draws).all(axis=1)]
-        draws = draws if len(draws) else centre[None]
+        samples = self.fit.samples.to_dict("records") if self.fit.bootstrap else []
+        if samples:
+            with np.errstate(all="ignore"):
+                draws = np.array([np.asarray(law.predict(p, x, np), float) for p in samples])
+            draws = draws[np.isfinite(draws).all(axis=1)]
+        draws = draws if samples and len(draws) else centre[None].copy()  # no resample: the fit's own (finite or not)
         if weight:
-            shift = weight * frame["recipe"].map(self.bias).fillna(0.0).to_numpy(float)
+            shift = weight * _lookup(self.bias, frame["recipe"].to_numpy(), 0.0)
             centre, draws = centre + shift, draws + shift[None, :]
         return centre, draws
 
@@ -206,7 +241,7 @@ class Model:
         runs, against the top fitted budget), in N (against the largest fitted N) and in D/N (outside the
         fitted range); 0 inside."""
         n, d = frame["N"].to_numpy(float), frame["D"].to_numpy(float)
-        c = 6.0 * n * d * frame["recipe"].map(self.ratio).to_numpy(float)
+        c = 6.0 * n * d * _lookup(self.ratio, frame["recipe"].to_numpy(), np.nan)
         dn = np.log10(d / n)
         return np.stack([np.maximum(0.0, np.log10(c / self.top)), np.maximum(0.0, np.log10(n / self.n_max)),
                          np.maximum(0.0, np.maximum(dn - self.dn_range[1], self.dn_range[0] - dn))], axis=1)
@@ -214,6 +249,14 @@ class Model:
     def distance(self, frame: pd.DataFrame) -> np.ndarray:
         """Each row's distance from the fitted data: the length of `distances` (decades)."""
         return np.sqrt(np.sum(self.distances(frame) ** 2, axis=1))
+
+
+def _lookup(values: pd.Series, keys: np.ndarray, missing: float) -> np.ndarray:
+    """values.map over keys as floats (values' index unique), `missing` where a key is absent or its value
+    is NaN (values.map(...).fillna(missing))."""
+    table = dict(zip(values.index, values.to_numpy(float)))
+    out = np.array([table.get(k, np.nan) for k in keys], float)
+    return np.where(np.isnan(out), missing, out)
 
 
 def fit_model(rows: pd.DataFrame, law: str | None, *, candidates: Sequence[str] | None = None, bootstrap: int = 30,
@@ -265,8 +308,9 @@ class Fits:
 
     def __call__(self, rows: pd.DataFrame, bootstrap: bool = True) -> Model:
         key = _rows_key(rows)
-        plain = rows.drop(columns="row_key").reset_index(drop=True)
+        plain = None  # the rows as fitted, made only where a fit or a bootstrap is run
         if key not in self.cache:
+            plain = rows.drop(columns="row_key").reset_index(drop=True)
             try:
                 model = fit_model(plain, self.law, candidates=self.candidates, bootstrap=0, seed=self.seed,
                                   fit_kwargs=self.fit_kwargs)
@@ -278,6 +322,7 @@ class Fits:
         if isinstance(entry[0], ConfigError):
             raise entry[0]
         if bootstrap and self.n_boot and not entry[1]:
+            plain = rows.drop(columns="row_key").reset_index(drop=True) if plain is None else plain
             fit_lib.bootstrap_fit(plain, entry[0].fit, self.n_boot, seed=self.seed, loss_column="val_loss")
             entry[1] = True
         return entry[0]
@@ -319,15 +364,22 @@ def gap_pairs(frame: pd.DataFrame, reference: str | None, keys: Sequence[str] = 
     if not len(frame):
         return []
     values = np.stack([pd.to_numeric(frame[k], errors="coerce").to_numpy(float) for k in keys], axis=1)
+    return _pairs(values, frame["recipe"].to_numpy(), reference)
+
+
+def _pairs(values: np.ndarray, recipes: np.ndarray, reference: str) -> list[tuple[int, int]]:
+    """gap_pairs on the rows' key values (rows, keys) and recipes."""
     _, first_row, codes = np.unique(values, axis=0, return_index=True, return_inverse=True)
     codes = np.argsort(np.argsort(first_row))[codes.ravel()]  # groups numbered in order of first appearance
     valid = ~np.isnan(values).any(axis=1)  # a row with a missing key joins no group
-    is_ref = (frame["recipe"].to_numpy() == reference) & valid
-    first: dict[int, int] = {}
-    for i in np.flatnonzero(is_ref):
-        first.setdefault(int(codes[i]), int(i))
+    is_ref = (recipes == reference) & valid
+    refs = np.flatnonzero(is_ref)
+    groups, at = np.unique(codes[refs], return_index=True)
+    first = np.full(len(first_row), -1)
+    first[groups] = refs[at]  # each group's first reference row
     order = np.argsort(codes, kind="stable")
-    return [(int(i), first[int(codes[i])]) for i in order if valid[i] and not is_ref[i] and int(codes[i]) in first]
+    order = order[valid[order] & ~is_ref[order] & (first[codes[order]] >= 0)]
+    return list(zip(order.tolist(), first[codes[order]].tolist()))
 
 
 def run(rows: pd.DataFrame, spec: Split, fits: Fits, reference: str | None, bootstrap: bool = True) -> dict[str, Any]:
@@ -338,14 +390,20 @@ def run(rows: pd.DataFrame, spec: Split, fits: Fits, reference: str | None, boot
         done = fits.runs[key]
         fits(done["_"]["fitted_rows"], bootstrap)  # bootstraps the cached fit where now asked to
         return {**done}
-    fit_mask, target_mask = masks(rows, spec)
-    fitted_rows, target = rows[fit_mask], rows[target_mask]
+    codes = _run_codes(rows)
+    if spec.kind == "budget":
+        fit_mask, target_mask, held, _ = _budget_split(rows, spec.a, spec.b)
+    else:
+        (fit_mask, target_mask), held = size_split(rows, spec.a), None
+    fitted_rows = rows[fit_mask]
     model = fits(fitted_rows, bootstrap)
-    known = target["recipe"].astype(str).isin(set(model.columns.index)).to_numpy()
-    unpredicted = sorted(set(target.loc[~known, "recipe"].astype(str)))
-    target = target[known].reset_index(drop=True)
+    recipe = rows["recipe"].astype(str).to_numpy()
+    fitted = set(model.columns.index)
+    known = np.array([r in fitted for r in recipe], bool)
+    unpredicted = sorted(set(recipe[target_mask & ~known]))
+    target = rows[target_mask & known].reset_index(drop=True)
     frame = model.frame(target)
-    centre, _ = model.draws(frame)
+    centre = model.centre(frame)
     measured = target["val_loss"].to_numpy(float)
     errors = measured - centre
     recipes = frame["recipe"].to_numpy()
@@ -354,8 +412,8 @@ def run(rows: pd.DataFrame, spec: Split, fits: Fits, reference: str | None, boot
            "target_budget": spec.b, "threshold": spec.a if spec.kind == "size" else None,
            "distance": float(math.log10(spec.b / spec.a)) if spec.kind == "budget" else None,
            "delta": float(np.mean(delta)) if len(delta) else None, "law": model.fit.law,
-           "fit_rows": int(len(fitted_rows)), "fit_runs": int(fitted_rows["run_id"].nunique()),
-           "target_rows": int(target_mask.sum()), "target_runs": int(rows.loc[target_mask, "run_id"].nunique()),
+           "fit_rows": int(len(fitted_rows)), "fit_runs": _count_runs(codes[fit_mask]),
+           "target_rows": int(target_mask.sum()), "target_runs": _count_runs(codes[target_mask]),
            "n": int(len(target)), "unpredicted": unpredicted,
            "mean_error": float(np.mean(errors)) if len(errors) else None,
            "mean_abs_error": float(np.mean(np.abs(errors))) if len(errors) else None}
@@ -364,47 +422,64 @@ def run(rows: pd.DataFrame, spec: Split, fits: Fits, reference: str | None, boot
     bias = model.bias.reindex(sorted(set(recipes))).fillna(0.0)
     out["recipe_bias"] = {r: float(v) for r, v in (bias - bias.mean()).items()}
     internal = {"model": model, "frame": frame, "measured": measured, "spec": spec, "fitted_rows": fitted_rows}
-    internal.update(_gaps(rows, target, internal, reference, spec))
-    out.update(_gap_misses(internal))
+    extra = None if held is None else held & ~target_mask & (recipe == reference)
+    internal.update(_gaps(rows, target, internal, reference, extra))
+    out.update(_gap_misses(internal, centre))
     fits.runs[key] = {**out, "_": internal}
     return {**out, "_": internal}
 
 
+def _count_runs(codes: np.ndarray) -> int:
+    """How many distinct runs these rows' run codes name (a missing run id not counted: nunique)."""
+    return int(len(np.unique(codes[codes >= 0])))
+
+
 def _gaps(rows: pd.DataFrame, target: pd.DataFrame, inner: Mapping[str, Any], reference: str | None,
-          spec: Split) -> dict[str, Any]:
-    """The scoring frame: the target rows (levels), then (along compute) the target runs' reference rows at
-    the same (N, D, seed) that are not target rows themselves (unlabelled evaluations: they enter the gaps
-    alone), and the gap pairs at matched (N, D, seed)."""
+          extra: np.ndarray | None) -> dict[str, Any]:
+    """The scoring frame: the target rows (levels), then (along compute; `extra` the mask over `rows`) the
+    target runs' reference rows at the same (N, D, seed) that are not target rows themselves (unlabelled
+    evaluations: they enter the gaps alone), and the gap pairs at matched (N, D, seed)."""
     model, frame, measured = inner["model"], inner["frame"], inner["measured"]
-    seed = target.get("seed", pd.Series(0, index=target.index)).reset_index(drop=True)
     if reference is None or reference not in model.columns.index:
         return {"frame": frame, "measured": measured, "pairs": [], "n_levels": len(frame)}
-    if spec.kind == "size":
+    seed = _seeds(target)
+    if extra is None or not extra.any():  # along N, or no such reference row: the target rows alone
         return {"frame": frame, "measured": measured, "n_levels": len(frame),
-                "pairs": gap_pairs(frame.assign(seed=seed.to_numpy()), reference, ("N", "D", "seed"))}
-    target_mask = masks(rows, spec)[1]
-    extra = rows[rows["run_id"].isin(set(rows.loc[target_mask, "run_id"])) & ~target_mask
-                 & (rows["recipe"].astype(str) == reference)]
-    both = pd.concat([frame, model.frame(extra.reset_index(drop=True))], ignore_index=True)
-    seeds = pd.concat([seed, extra.get("seed", pd.Series(0, index=extra.index)).reset_index(drop=True)], ignore_index=True)
-    pairs = [(i, j) for i, j in gap_pairs(both.assign(seed=seeds.to_numpy()), reference, ("N", "D", "seed"))
-             if i < len(frame)]
+                "pairs": _pairs(_keys(frame, seed), frame["recipe"].to_numpy(), reference) if len(frame) else []}
+    extra = rows[extra].reset_index(drop=True)
+    both = pd.concat([frame, model.frame(extra)], ignore_index=True)
+    seeds = np.concatenate([seed, _seeds(extra)])
+    pairs = [(i, j) for i, j in _pairs(_keys(both, seeds), both["recipe"].to_numpy(), reference) if i < len(frame)]
     return {"frame": both, "measured": np.concatenate([measured, extra["val_loss"].to_numpy(float)]), "pairs": pairs,
             "n_levels": len(frame)}
 
 
-def _gap_misses(internal: dict[str, Any]) -> dict[str, Any]:
-    """The matched gaps' misses (their decomposition) and, into `internal`, the arrays the calibration reads."""
+def _seeds(rows: pd.DataFrame) -> np.ndarray:
+    """Each row's seed as a number (0 where the table has no seed column; NaN where it is not a number)."""
+    if "seed" not in rows.columns:
+        return np.zeros(len(rows))
+    return pd.to_numeric(rows["seed"], errors="coerce").to_numpy(float)
+
+
+def _keys(frame: pd.DataFrame, seed: np.ndarray) -> np.ndarray:
+    """(rows, 3): the rows' N, D and seed, the keys a gap is matched on."""
+    return np.stack([pd.to_numeric(frame[k], errors="coerce").to_numpy(float) for k in ("N", "D")] + [seed], axis=1)
+
+
+def _gap_misses(internal: dict[str, Any], centre: np.ndarray) -> dict[str, Any]:
+    """The matched gaps' misses (their decomposition) and, into `internal`, the arrays the calibration reads;
+    `centre`: the law's prediction at the target rows (the levels)."""
     pairs, model = internal["pairs"], internal["model"]
     if not pairs:
         return {"gap_n": 0, "gap_mean_error": None, "gap_recipe_mean": {}, "gap_row_sd": None, "gap_row_ss": 0.0,
                 "gap_row_dof": 0}
     i, j = np.array(pairs).T
-    centre, _ = model.draws(internal["frame"])
+    if len(internal["frame"]) > internal["n_levels"]:  # reference rows beyond the levels: the law at every row
+        centre = model.centre(internal["frame"])
     measured = internal["measured"]
     gap_errors = (measured[i] - measured[j]) - (centre[i] - centre[j])
     recipes = internal["frame"]["recipe"].to_numpy()
-    bias = pd.Series(recipes).map(model.bias).fillna(0.0).to_numpy(float)
+    bias = _lookup(model.bias, recipes, 0.0)
     internal.update(gap_errors=gap_errors, gap_recipes=recipes[i], gap_bias=bias[i] - bias[j])
     gap = decompose(gap_errors, recipes[i])
     return {"gap_n": len(pairs), "gap_mean_error": float(np.mean(gap_errors)), "gap_recipe_mean": gap["recipe_mean"],

@@ -236,9 +236,10 @@ def gap_draws(model: Model, frame: pd.DataFrame, pairs: Sequence[tuple[int, int]
 # ----------------------------------------------------------------------------- scoring one backtest
 
 def _coverage_keys(draws: np.ndarray, measured: np.ndarray, pairs: list[tuple[int, int]], level: float,
-                   n_levels: int, gaps: np.ndarray) -> dict[str, Any]:
-    """At `level`: the level intervals' coverage (the first n_levels rows) and the gap intervals' (pairs)."""
-    lo, hi = scores.interval(draws[:, :n_levels], level)
+                   n_levels: int, gaps: np.ndarray, found: Mapping[float, tuple] | None = None) -> dict[str, Any]:
+    """At `level`: the level intervals' coverage (the first n_levels rows) and the gap intervals' (pairs).
+    `found`: scores.intervals of the level draws where the caller has them."""
+    lo, hi = scores.interval(draws[:, :n_levels], level) if found is None else found[level]
     inside = (lo <= measured[:n_levels]) & (measured[:n_levels] <= hi)
     out = {"coverage": float(inside.mean()) if len(inside) else None, "inside": int(inside.sum()), "n": int(len(inside)),
            "mean_width": float(np.mean(hi - lo)) if len(inside) else None,
@@ -304,9 +305,10 @@ def score_backtest(rows: pd.DataFrame, spec: Split, fits: Fits, reference: str |
         centre, d = predictive(model, frame, calib, name, n=draws, seed=seed + k)
         gaps = gap_draws(model, frame, pairs, calib if name == "calibrated" else None, d, seed=seed + 3)
         errors = measured[:n_levels] - centre[:n_levels]
+        found = scores.intervals(d[:, :n_levels], tuple(dict.fromkeys((level, scores.INTERVAL_LEVEL, *scores.LEVELS))))
         entries[name] = {"available": True, "reason": None,
-                         **_coverage_keys(d, measured, pairs, level, n_levels, gaps),
-                         "scores": scores.score(d[:, :n_levels], measured[:n_levels]),
+                         **_coverage_keys(d, measured, pairs, level, n_levels, gaps, found),
+                         "scores": scores.score(d[:, :n_levels], measured[:n_levels], found=found),
                          "mean_error": float(np.mean(errors)), "mean_abs_error": float(np.mean(np.abs(errors)))}
     out["old"] = {**entries["bootstrap"], "sigma": model.sigma_in}
     out["shifted"] = {**entries["shifted"], "shift": calib["latest_shift"], "from": calib["latest"]}

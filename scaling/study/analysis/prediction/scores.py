@@ -35,10 +35,18 @@ def _check(draws: np.ndarray, measured: np.ndarray) -> tuple[np.ndarray, np.ndar
 
 def interval(draws: np.ndarray, level: float) -> tuple[np.ndarray, np.ndarray]:
     """(lo, hi) per point: the central `level` interval of its draws."""
-    if not 0 < level < 1:
-        raise ConfigError("level", level, "a number strictly between 0 and 1")
-    lo, hi = np.quantile(np.asarray(draws, float), [(1 - level) / 2, (1 + level) / 2], axis=0)
-    return lo, hi
+    return intervals(draws, (level,))[level]
+
+
+def intervals(draws: np.ndarray, levels: Sequence[float]) -> dict[float, tuple[np.ndarray, np.ndarray]]:
+    """interval at each of `levels` ({level: (lo, hi)}), the draws partitioned once for all of them (each
+    quantile is the same number whichever others are asked with it)."""
+    for level in levels:
+        if not 0 < level < 1:
+            raise ConfigError("level", level, "a number strictly between 0 and 1")
+    qs = [q for level in levels for q in ((1 - level) / 2, (1 + level) / 2)]
+    found = np.quantile(np.asarray(draws, float), qs, axis=0)
+    return {level: (found[2 * k], found[2 * k + 1]) for k, level in enumerate(levels)}
 
 
 def crps(draws: np.ndarray, measured: np.ndarray) -> np.ndarray:
@@ -65,21 +73,25 @@ def interval_score(lo: np.ndarray, hi: np.ndarray, measured: np.ndarray, alpha: 
 def coverage(draws: np.ndarray, measured: np.ndarray, levels: Sequence[float] = LEVELS) -> dict[str, float]:
     """The share of points inside their central interval at each level, keyed by the level ('0.95')."""
     draws, measured = _check(draws, measured)
-    out = {}
-    for level in levels:
-        lo, hi = interval(draws, level)
-        out[f"{level:g}"] = float(np.mean((lo <= measured) & (measured <= hi)))
-    return out
+    return _coverage(intervals(draws, levels), measured, levels)
+
+
+def _coverage(found: dict[float, tuple[np.ndarray, np.ndarray]], measured: np.ndarray,
+              levels: Sequence[float]) -> dict[str, float]:
+    return {f"{level:g}": float(np.mean((found[level][0] <= measured) & (measured <= found[level][1])))
+            for level in levels}
 
 
 def score(draws: np.ndarray, measured: np.ndarray, levels: Sequence[float] = LEVELS,
-          level: float = INTERVAL_LEVEL) -> dict[str, Any]:
+          level: float = INTERVAL_LEVEL, found: dict[float, tuple[np.ndarray, np.ndarray]] | None = None) -> dict[str, Any]:
     """Every score of one predictor on a set of points: n, coverage at `levels`, mean CRPS, the mean
     interval score and mean width of the central `level` interval, and the mean error of the draws'
-    median (measured - predicted)."""
+    median (measured - predicted). `found`: intervals(draws, ...) at `level` and `levels` where the
+    caller has them."""
     draws, measured = _check(draws, measured)
-    lo, hi = interval(draws, level)
-    return {"n": int(len(measured)), "coverage": coverage(draws, measured, levels),
+    found = intervals(draws, (level, *levels)) if found is None else found
+    lo, hi = found[level]
+    return {"n": int(len(measured)), "coverage": _coverage(found, measured, levels),
             "crps": float(np.mean(crps(draws, measured))),
             "interval_score": float(np.mean(interval_score(lo, hi, measured, 1 - level))),
             "width": float(np.mean(hi - lo)), "level": level,
