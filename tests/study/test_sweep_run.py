@@ -24,16 +24,21 @@ def scaling_cli(*args, env=None, **kw):
                           text=True, cwd=ROOT, env=env, **kw)
 
 
-def dry_run(capsys, *args):
-    """`scaling sweep ... --dry-run` in this process (it trains and writes nothing): the same main as
-    the command's, without a process that imports JAX and pandas again (~2 s of CPU a call)."""
+def sweep_here(capsys, *args):
+    """`scaling sweep ...` in this process: the same main as the command's, without a process that
+    imports JAX and pandas again (~2 s of CPU a call). With --workers 0 its runs train here too."""
     from scaling import cli
 
-    args = ["sweep", *map(str, args), "--dry-run"]
+    args = ["sweep", *map(str, args)]
     capsys.readouterr()
     returncode = cli.main(args)
     out, err = capsys.readouterr()
     return subprocess.CompletedProcess(args, returncode, out, err)
+
+
+def dry_run(capsys, *args):
+    """`scaling sweep ... --dry-run` in this process (it trains and writes nothing)."""
+    return sweep_here(capsys, *args, "--dry-run")
 
 
 @pytest.fixture(scope="module")
@@ -79,10 +84,10 @@ def test_take_off_in_two_lanes_flies_every_shape_and_a_lane_that_dies_fails_its_
     assert Path(re.search(r"log: (\S+)\)", out["reason"]).group(1)).is_file()
 
 
-def test_second_run_skips_finished_runs(smoke_results):
+def test_second_run_skips_finished_runs(smoke_results, capsys):
     out, _ = smoke_results
     before = {p: p.stat().st_mtime_ns for p in (out / "smoke_sweep").glob("*/summary.json")}
-    proc = scaling_cli("sweep", SMOKE, "--out", out, "--no-progress")
+    proc = sweep_here(capsys, SMOKE, "--out", out, "--no-progress")
     assert proc.returncode == 0, proc.stderr
     assert "3 landed, 0 to run" in proc.stdout
     assert {p: p.stat().st_mtime_ns for p in (out / "smoke_sweep").glob("*/summary.json")} == before
@@ -199,9 +204,9 @@ def test_hung_and_crashed_runs_land_with_failure_records(tmp_path):
     (["--pack", "2", "--executor", "ray"], "--pack"),  # packs train in the local executor's children
     (["--pack", "2", "--workers", "0"], "--pack"),
 ])
-def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, args, key):
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
-    proc = scaling_cli("sweep", SMOKE, "--out", tmp_path / "out", *args, env=env)
+def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, capsys, monkeypatch, args, key):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    proc = sweep_here(capsys, SMOKE, "--out", tmp_path / "out", *args)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: {key}") and "allowed" in lines[0]
@@ -287,7 +292,9 @@ def test_reproduce_runs_an_isoflop_study_reuses_landed_runs_and_reports_only_the
         from scaling.study.report import plots
 
         first.setattr(plots, "make_figures", lambda *args, **kwargs: [])
-        reproduce.reproduce("repro", out, bootstrap=4, progress=False, echo=print)
+        # the runs train in this process (--workers 0): not what is tested here, and a child process
+        # per run would import JAX and trace its step again
+        reproduce.reproduce("repro", out, bootstrap=4, progress=False, echo=print, workers=0)
     assert "repro: 6 runs, 0 already landed" in capsys.readouterr().out
 
     # a run an older grid left in the same sweep folder: not part of the preset, so not of the study
@@ -307,7 +314,7 @@ def test_reproduce_runs_an_isoflop_study_reuses_landed_runs_and_reports_only_the
         "recipes": [recipe("fp32", 3.1), recipe("fp8", 3.2)]}))
 
     fitted_at = (out / "fits" / "repro.json").stat().st_mtime_ns
-    report = reproduce.reproduce("repro", out, bootstrap=4, progress=False, echo=print)
+    report = reproduce.reproduce("repro", out, bootstrap=4, progress=False, echo=print, workers=0)
     echoed = capsys.readouterr().out
     assert "repro: 6 runs, 6 already landed" in echoed  # nothing retrained
     assert "reused from fits/repro.json (made from the same 18 rows" in echoed  # nor refitted
@@ -370,7 +377,7 @@ def test_the_sweep_keeps_a_summary_and_a_machine_without_the_run_directories_reu
     summary[summary.run_id != dropped].to_csv(fresh / "smoke_sweep.csv", index=False)
     proc = dry_run(capsys, SMOKE, "--out", fresh)
     assert proc.returncode == 0 and "2 landed, 1 to run" in proc.stdout, proc.stdout + proc.stderr
-    proc = scaling_cli("sweep", SMOKE, "--out", fresh, "--no-progress")
+    proc = sweep_here(capsys, SMOKE, "--out", fresh, "--no-progress", "--workers", "0")  # its run trains here
     assert proc.returncode == 0 and "ok 1" in proc.stdout, proc.stdout + proc.stderr
     assert [p.name for p in (fresh / "smoke_sweep").iterdir() if p.is_dir()] == [dropped]  # only it trained
     after = pd.read_csv(fresh / "smoke_sweep.csv")
@@ -402,11 +409,11 @@ def test_a_pinned_corpus_retrains_runs_landed_on_other_data_and_stops_on_the_wro
     wrong = ["--set", "data.fingerprint=" + "f" * 12]
     proc = dry_run(capsys, SMOKE, "--out", fresh, *wrong)
     assert proc.returncode == 0 and "warning: training here would stop: data.fingerprint" in proc.stdout
-    proc = scaling_cli("sweep", SMOKE, "--out", fresh, *wrong, "--no-progress")
+    proc = sweep_here(capsys, SMOKE, "--out", fresh, *wrong, "--no-progress")
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [proc.stderr.strip()], proc.stderr
     assert f"resolves to here, {real}" in proc.stderr and not (fresh / "smoke_sweep").exists()
     # the right one: only the run on other data trains again, and its rows are replaced
-    proc = scaling_cli("sweep", SMOKE, "--out", fresh, *pinned, "--no-progress")
+    proc = sweep_here(capsys, SMOKE, "--out", fresh, *pinned, "--no-progress", "--workers", "0")  # its run trains here
     assert proc.returncode == 0 and "ok 1" in proc.stdout, proc.stdout + proc.stderr
     assert [p.name for p in (fresh / "smoke_sweep").iterdir() if p.is_dir()] == [moved]
     after = pd.read_csv(fresh / "smoke_sweep.csv")

@@ -425,8 +425,12 @@ def _watch(specs: list[RunSpec], out_root: str | Path, locks: list[runs.Lock], h
                                 stdout=log, stderr=subprocess.STDOUT, env=worker_env(pin), start_new_session=True)
         _STOP.started(proc)
         try:
-            while proc.poll() is None:
-                time.sleep(poll_s)
+            while True:
+                try:
+                    proc.wait(timeout=poll_s)  # returns as the child exits
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
                 heartbeat = max([started] + [_mtime(d / "metrics.jsonl") for d in out_dirs])
                 if time.time() - heartbeat > hang_timeout:
                     proc.kill()
