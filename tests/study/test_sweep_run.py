@@ -108,7 +108,7 @@ def test_ray_executor_on_a_local_ray_instance(tmp_path, smoke_results):
     assert (ray_df.val_loss == local.val_loss).all()
 
 
-def test_sigkill_mid_sweep_then_rerun_resumes(tmp_path):
+def test_sigkill_mid_sweep_then_rerun_resumes(tmp_path, capsys):
     experiment = tmp_path / "long.toml"  # two seeds at fp32: one take-off probe, and steps that trace quickest
     experiment.write_text(SMOKE.read_text().replace("tokens = 10_240", "tokens = 40_960")
                           .replace("checkpoint_every = 10", "checkpoint_every = 20")
@@ -137,7 +137,7 @@ def test_sigkill_mid_sweep_then_rerun_resumes(tmp_path):
     time.sleep(1.0)
     assert (interrupted / "metrics.jsonl").stat().st_size == size, "run kept going after its sweep died"
 
-    rerun = scaling_cli("sweep", experiment, "--out", tmp_path / "out", "--no-progress")
+    rerun = sweep_here(capsys, experiment, "--out", tmp_path / "out", "--no-progress", "--workers", "0")  # trains here
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr
     for run_dir, text in landed_before.items():
         assert (run_dir / "summary.json").read_text() == text  # finished runs are not re-run
