@@ -61,6 +61,13 @@ def _labels(rows: pd.DataFrame) -> np.ndarray:
     return col.to_numpy(float) if col.dtype == np.float64 else pd.to_numeric(col, errors="coerce").to_numpy(float)
 
 
+def _recipes(rows: pd.DataFrame) -> np.ndarray:
+    """rows["recipe"].astype(str).to_numpy() (a column of strings already is one)."""
+    col = rows["recipe"]
+    plain = isinstance(col.dtype, pd.StringDtype) and col.dtype.na_value is np.nan  # pandas' default str
+    return col.to_numpy() if plain else col.astype(str).to_numpy()
+
+
 def _run_codes(rows: pd.DataFrame) -> np.ndarray:
     """Each row's run as an integer code (-1 where the run id is missing)."""
     return pd.factorize(rows["run_id"])[0]
@@ -112,9 +119,11 @@ def split(rows: pd.DataFrame, fit_budget: float, target_budget: float) -> tuple[
     return fit, target
 
 
-def _budget_split(rows: pd.DataFrame, fit_budget: float, target_budget: float) -> tuple[np.ndarray, ...]:
-    """split's (fit mask, target mask), the rows of the target rows' runs (`held`) and effective_budget."""
-    label, codes = _labels(rows), _run_codes(rows)
+def _budget_split(rows: pd.DataFrame, fit_budget: float, target_budget: float,
+                  codes: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
+    """split's (fit mask, target mask), the rows of the target rows' runs (`held`) and effective_budget;
+    `codes`: the rows' _run_codes where the caller has them."""
+    label, codes = _labels(rows), _run_codes(rows) if codes is None else codes
     eff = _effective(rows, label, codes)
     target = np.isclose(label, target_budget, rtol=_TOL)
     held = np.isin(codes, codes[target])  # codes: a row without a run id is held where a target row has none
@@ -307,10 +316,17 @@ class Fits:
         self.runs: dict[tuple, dict] = {}  # run's backtests by (rows, split, reference)
 
     def __call__(self, rows: pd.DataFrame, bootstrap: bool = True) -> Model:
-        key = _rows_key(rows)
-        plain = None  # the rows as fitted, made only where a fit or a bootstrap is run
+        return self._get(_rows_key(rows), lambda: rows, bootstrap)
+
+    def of(self, rows: pd.DataFrame, mask: np.ndarray, bootstrap: bool = True) -> Model:
+        """self(rows[mask]), the rows taken only where a fit or a bootstrap reads them."""
+        return self._get(tuple(sorted(map(str, rows["row_key"].to_numpy()[mask].tolist()))), lambda: rows[mask],
+                         bootstrap)
+
+    def _get(self, key: tuple, taken, bootstrap: bool) -> Model:
+        plain = None  # the rows as fitted (`taken()` without the key), made only where a fit or a bootstrap is run
         if key not in self.cache:
-            plain = rows.drop(columns="row_key").reset_index(drop=True)
+            plain = taken().drop(columns="row_key").reset_index(drop=True)
             try:
                 model = fit_model(plain, self.law, candidates=self.candidates, bootstrap=0, seed=self.seed,
                                   fit_kwargs=self.fit_kwargs)
@@ -322,14 +338,14 @@ class Fits:
         if isinstance(entry[0], ConfigError):
             raise entry[0]
         if bootstrap and self.n_boot and not entry[1]:
-            plain = rows.drop(columns="row_key").reset_index(drop=True) if plain is None else plain
+            plain = taken().drop(columns="row_key").reset_index(drop=True) if plain is None else plain
             fit_lib.bootstrap_fit(plain, entry[0].fit, self.n_boot, seed=self.seed, loss_column="val_loss")
             entry[1] = True
         return entry[0]
 
 
 def _rows_key(rows: pd.DataFrame) -> tuple:
-    return tuple(sorted(map(str, rows["row_key"])))
+    return tuple(sorted(map(str, rows["row_key"].tolist())))
 
 
 def keyed(rows: pd.DataFrame) -> pd.DataFrame:
@@ -388,16 +404,15 @@ def run(rows: pd.DataFrame, spec: Split, fits: Fits, reference: str | None, boot
     key = (_rows_key(rows), spec, reference)
     if key in fits.runs:  # the same backtest recurs inside larger ones: its misses do not change
         done = fits.runs[key]
-        fits(done["_"]["fitted_rows"], bootstrap)  # bootstraps the cached fit where now asked to
+        fits.of(done["_"]["rows"], done["_"]["fit_mask"], bootstrap)  # bootstraps the cached fit where now asked to
         return {**done}
     codes = _run_codes(rows)
     if spec.kind == "budget":
-        fit_mask, target_mask, held, _ = _budget_split(rows, spec.a, spec.b)
+        fit_mask, target_mask, held, _ = _budget_split(rows, spec.a, spec.b, codes)
     else:
         (fit_mask, target_mask), held = size_split(rows, spec.a), None
-    fitted_rows = rows[fit_mask]
-    model = fits(fitted_rows, bootstrap)
-    recipe = rows["recipe"].astype(str).to_numpy()
+    model = fits.of(rows, fit_mask, bootstrap)
+    recipe = _recipes(rows)
     fitted = set(model.columns.index)
     known = np.array([r in fitted for r in recipe], bool)
     unpredicted = sorted(set(recipe[target_mask & ~known]))
@@ -412,7 +427,7 @@ def run(rows: pd.DataFrame, spec: Split, fits: Fits, reference: str | None, boot
            "target_budget": spec.b, "threshold": spec.a if spec.kind == "size" else None,
            "distance": float(math.log10(spec.b / spec.a)) if spec.kind == "budget" else None,
            "delta": float(np.mean(delta)) if len(delta) else None, "law": model.fit.law,
-           "fit_rows": int(len(fitted_rows)), "fit_runs": _count_runs(codes[fit_mask]),
+           "fit_rows": int(fit_mask.sum()), "fit_runs": _count_runs(codes[fit_mask]),
            "target_rows": int(target_mask.sum()), "target_runs": _count_runs(codes[target_mask]),
            "n": int(len(target)), "unpredicted": unpredicted,
            "mean_error": float(np.mean(errors)) if len(errors) else None,
@@ -421,7 +436,7 @@ def run(rows: pd.DataFrame, spec: Split, fits: Fits, reference: str | None, boot
                                                                "row_sd": None, "row_ss": 0.0, "row_dof": 0})
     bias = model.bias.reindex(sorted(set(recipes))).fillna(0.0)
     out["recipe_bias"] = {r: float(v) for r, v in (bias - bias.mean()).items()}
-    internal = {"model": model, "frame": frame, "measured": measured, "spec": spec, "fitted_rows": fitted_rows}
+    internal = {"model": model, "frame": frame, "measured": measured, "spec": spec, "rows": rows, "fit_mask": fit_mask}
     extra = None if held is None else held & ~target_mask & (recipe == reference)
     internal.update(_gaps(rows, target, internal, reference, extra))
     out.update(_gap_misses(internal, centre))

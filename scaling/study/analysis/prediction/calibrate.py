@@ -292,7 +292,9 @@ def score_backtest(rows: pd.DataFrame, spec: Split, fits: Fits, reference: str |
     procedure, choice included, judged on data it never saw."""
     out = bt_lib.run(rows, spec, fits, reference)
     internal = out["_"]
-    found, skipped = inner(rows, spec, fits, reference)
+    seen = bt_lib.inner_rows(rows, spec)
+    inside = bt_lib.splits(seen)
+    found, skipped = bt_lib.run_all(seen, inside, fits, reference, bootstrap=False)  # inner(rows, spec, ...)
     calib = calibration(found, skipped, prefer=spec.kind)
     frame, measured, n_levels = internal["frame"], internal["measured"], internal["n_levels"]
     model, pairs = internal["model"], internal["pairs"]
@@ -316,8 +318,7 @@ def score_backtest(rows: pd.DataFrame, spec: Split, fits: Fits, reference: str |
     out["scores"] = {n: e["scores"] for n, e in entries.items() if e["available"]}
     out["winner"] = min(out["scores"], key=lambda n: out["scores"][n]["crps"])
     if nested:
-        seen = bt_lib.inner_rows(rows, spec)
-        scored = [score_backtest(seen, s, fits, reference, level, draws, seed) for s in bt_lib.splits(seen)
+        scored = [score_backtest(seen, s, fits, reference, level, draws, seed) for s in inside
                   if bt_lib.why_not(seen, s) is None and _fits_below(seen, s, fits)]
         choice = choose(scored)
         name = choice["winner"] if choice["winner"] in out["scores"] else "bootstrap"
@@ -328,7 +329,7 @@ def score_backtest(rows: pd.DataFrame, spec: Split, fits: Fits, reference: str |
 def _fits_below(rows: pd.DataFrame, spec: Split, fits: Fits) -> bool:
     """Whether the law can be fitted on a backtest's fitted rows (a nested choice skips one it cannot)."""
     try:
-        fits(rows[bt_lib.masks(rows, spec)[0]], bootstrap=False)
+        fits.of(rows, bt_lib.masks(rows, spec)[0], bootstrap=False)
         return True
     except ConfigError:
         return False
