@@ -15,7 +15,7 @@ import pytest
 from flax import nnx
 
 from scaling.numerics import gemm, layers, precision, quant
-from scaling.train import ladder, model
+from scaling.train import data, ladder, model
 
 
 def _operands(m=48, k=80, n=40, seed=0):
@@ -252,6 +252,8 @@ def _step(backend=None):
     (None: the backend the tests run on); the caller patches jax.default_backend for another."""
     backend = backend or jax.default_backend()
     if backend not in _STEPS:
+        # as the trainer keeps its steps (step.compiled): a warm cache loads each program, not compiles it
+        data.use_compilation_cache()
         traces = _TRACES[backend] = []
 
         @nnx.jit
