@@ -49,7 +49,8 @@ def _run(folder, *extra, rows="rows.csv", out="out.csv"):
 
 
 @pytest.mark.slow
-def test_rows_are_written_with_their_interval_gap_and_p_best(files, capsys):
+def test_rows_are_written_with_their_interval_gap_and_p_best(files, capsys, monkeypatch):
+    quick_fits(monkeypatch, **QUICK)
     assert _run(files, "--law", LAW, "--bootstrap", "3") == 0
     out = pd.read_csv(files / "out.csv")
     assert list(out[["recipe"]].itertuples(index=False, name=None)) == [("bf16",), ("fp8",), ("fp4",), ("fp6",)]
@@ -95,11 +96,12 @@ def test_the_modes_are_not_mixed(files, capsys):
     assert not (files / "bad.csv").exists()
 
 
-def test_backtest_scores_every_pair_of_budgets_and_writes_one_json(files, capsys):
+def test_backtest_scores_every_pair_of_budgets_and_writes_one_json(files, capsys, monkeypatch):
     """`scaling predict --backtest`: every pair of the results' budgets, the top one calibrated on the one
     backtest inside its fitted budgets, the lowest pairs saying why they cannot be; the study's report reads it."""
     import reference_study
 
+    quick_fits(monkeypatch, **QUICK)
     from scaling.study.report import law_prose
 
     out = files / "results_backtests.json"
@@ -221,14 +223,21 @@ def test_fit_on_results_where_no_run_landed_says_so(files, capsys):
 
 
 def quick_fits(monkeypatch, **fit_kwargs) -> None:
-    """`scaling predict --rows` with a small fit schedule (fit_law's init, iters, polish) for every one of its
-    backtests' fits: the CLI's path whole, at a few starts each (a per-recipe law's default grid and five
-    float64 polishes cost ~15 s a fit, and the backtests make ~20)."""
+    """`scaling predict --rows` and `--backtest` with a small fit schedule (fit_law's init, iters, polish) for
+    every one of their backtests' fits: the CLI's path whole, at a few starts each (a per-recipe law's default
+    grid and five float64 polishes cost ~15 s a fit, and the backtests make ~20)."""
     from functools import partial
 
-    from scaling.study.analysis.prediction import table as table_lib
+    from scaling.study.analysis.prediction import calibrate, table as table_lib
 
     monkeypatch.setattr(table_lib, "predict_table", partial(table_lib.predict_table, fit_kwargs=fit_kwargs))
+    monkeypatch.setattr(calibrate, "backtest_all", partial(calibrate.backtest_all, fit_kwargs=fit_kwargs))
+
+
+# The fixed-exponent law's three free params from eight starts and one polish: what the CLI tests check is the
+# path (rows, backtests, calibration, the JSON and the report), not the fit; the planted offsets and shift are
+# tens of times the noise.
+QUICK = dict(init={"E": [1.5, 2.0], "A": [100.0, 1000.0], "B": [500.0, 5000.0]}, polish=1, iters=(20, 60))
 
 
 @pytest.mark.slow
@@ -236,8 +245,7 @@ def test_a_per_recipe_law_predicts_through_predict_rows(files, capsys, monkeypat
     """`scaling predict --law kumar_eff` refused every recipe ('a recipe law kumar_eff was fitted on ()'):
     the draws looked the law up by name, not the fitted form that carries its recipes. A small start grid
     (quick_fits): what is checked is the fitted form's path through the backtests and draws, not the fit."""
-    quick_fits(monkeypatch, init={"E": [1.5, 2.0], "A": [100.0, 1000.0], "B": [500.0, 5000.0]}, polish=1,
-               iters=(20, 60))
+    quick_fits(monkeypatch, **QUICK)
     out = files / "eff.csv"
     assert cli.main(["predict", "--rows", str(files / "rows.csv"), "--results", str(files / "results.csv"),
                      "--law", "kumar_eff", "--bootstrap", "4", "-o", str(out)]) == 0, capsys.readouterr().err
@@ -247,9 +255,10 @@ def test_a_per_recipe_law_predicts_through_predict_rows(files, capsys, monkeypat
     assert at.loc["fp4", "loss"] > at.loc["fp8", "loss"] > at.loc["bf16", "loss"]
 
 
-def test_rows_are_predicted_from_a_grid_of_runs_without_budgets(files, capsys):
+def test_rows_are_predicted_from_a_grid_of_runs_without_budgets(files, capsys, monkeypatch):
     """`scaling predict --rows` refused results without a `budget` column (a grid of runs is not an IsoFLOP
     design): it predicts from the law fitted on them, calibrated along N alone, and says so."""
+    quick_fits(monkeypatch, **QUICK)
     synthetic(2).drop(columns=["budget"]).to_csv(files / "grid.csv", index=False)
     out = files / "grid_out.csv"
     assert cli.main(["predict", "--rows", str(files / "rows.csv"), "--results", str(files / "grid.csv"), "--law", LAW,
