@@ -45,8 +45,20 @@ def line(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def found(rows, line):
-    return predict.predict(rows, line, HELD, bootstrap=4, candidates=LAWS)
+def predictions(rows, line, once_per_run):
+    """The prediction from both laws and from kumar alone (JSON, as `scaling predict` writes them), made once
+    per pytest run in one process: their fits are most of this module's time (kumar's alone are the first's
+    again), and xdist may send the module's tests to both workers."""
+    def make(_):
+        return {"laws": predict.predict(rows, line, HELD, bootstrap=4, candidates=LAWS),
+                "kumar": predict.predict(rows, line, HELD, bootstrap=4, candidates=["kumar"])}
+
+    return once_per_run("predict-quick-heldout", make)[1]
+
+
+@pytest.fixture(scope="module")
+def found(predictions):
+    return predictions["laws"]
 
 
 def test_the_design_line_lands_on_the_budget_even_for_the_reference_that_trains_on(line, tmp_path):
@@ -82,8 +94,8 @@ def test_a_prediction_names_every_recipe_with_an_interval_and_says_cannot_tell_w
 
 
 @pytest.mark.slow
-def test_the_interval_widens_with_the_law_form_and_the_noise(rows, line):
-    one = predict.predict(rows, line, HELD, bootstrap=4, candidates=["kumar"])
+def test_the_interval_widens_with_the_law_form_and_the_noise(predictions):
+    one = predictions["kumar"]  # predict(rows, line, HELD, bootstrap=4, candidates=["kumar"])
     width = lambda f: np.mean([e["loss_pi"][1] - e["loss_pi"][0] for e in f["recipes"]])
     noise = 2 * predict._z(0.95) * math.hypot(one["sigma_measurement"], one["sigma_lack_of_fit"])
     assert width(one) == pytest.approx(noise, rel=0.6)  # one law, few resamples: mostly the noise terms

@@ -104,8 +104,11 @@ def summary(found: list[dict]) -> dict[str, dict]:
 
 
 @pytest.fixture(scope="module", params=["shift", "size"])
-def scored(request):
-    return request.param, summary(_replicate(request.param))
+def scored(request, once_per_run):
+    """(kind, summary), each truth's replications made once per pytest run (as JSON: the intervals are lists)
+    however many xdist workers its tests land on."""
+    kind = request.param
+    return kind, once_per_run(f"predict-scores-{kind}", lambda _: summary(_replicate(kind)))[1]
 
 
 @pytest.mark.slow
