@@ -16,14 +16,15 @@ from flax import nnx
 
 from scaling.numerics import gemm, layers, precision, quant
 from scaling.train import data, ladder, model
+from _draws import normal  # jax.random.normal's numbers, one compiled draw for every shape
 
 
 def _operands(m=48, k=80, n=40, seed=0):
     kx, kw, kg = jax.random.split(jax.random.key(seed), 3)
     # heavy-tailed magnitudes so blocks get different scales and small values underflow
-    x = jax.random.normal(kx, (m, k)) * jnp.exp(jax.random.normal(kx, (m, k)))
-    w = 0.05 * jax.random.normal(kw, (k, n))
-    dy = 1e-3 * jax.random.normal(kg, (m, n)) * jnp.exp(jax.random.normal(kg, (m, n)))
+    x = normal(kx, (m, k)) * jnp.exp(normal(kx, (m, k)))
+    w = 0.05 * normal(kw, (k, n))
+    dy = 1e-3 * normal(kg, (m, n)) * jnp.exp(normal(kg, (m, n)))
     return x, w, dy
 
 

@@ -19,6 +19,7 @@ from flax import nnx
 
 from scaling.errors import ConfigError
 from scaling.numerics import QDense, precision, qdot, quant, value_and_grad
+from _draws import normal  # jax.random.normal's numbers, one compiled draw for every shape
 
 pytestmark = pytest.mark.slow  # every test here compiles or trains several models
 
@@ -55,8 +56,8 @@ def _close(a, b, rel=2e-6):
 
 def _operands(m=32, k=64, n=48, seed=0):
     kx, kg = jax.random.split(jax.random.key(seed))
-    x = jax.random.normal(kx, (m, k)) * jnp.exp(jax.random.normal(kx, (m, k)))  # heavy tails: blocks differ
-    dy = 1e-3 * jax.random.normal(kg, (m, n))
+    x = normal(kx, (m, k)) * jnp.exp(normal(kx, (m, k)))  # heavy tails: blocks differ
+    dy = 1e-3 * normal(kg, (m, n))
     return x, dy
 
 
@@ -82,7 +83,7 @@ def test_the_example_trains_its_own_model_under_mxfp4(trained):
 def test_a_trained_layers_forward_is_the_recipes_quantisation(trained):
     layer = trained[0].model.head
     recipe = precision.get("mxfp4")
-    x = jax.random.normal(jax.random.key(3), (32, layer.in_features))
+    x = normal(jax.random.key(3), (32, layer.in_features))
     w = layer.kernel[...]
     y = nnx.jit(lambda m, x: m(x, update_state=False))(layer, x)
     reference = jnp.dot(_fq(x, recipe.activation, 1), _fq(w, recipe.weight, 0),

@@ -16,10 +16,17 @@ from scaling.errors import ConfigError
 from scaling.numerics import formats, gemm, layers, precision, quant, transforms
 from scaling.numerics.quant import QuantSpec
 from scaling.train import ladder, model
+from _draws import normal  # jax.random.normal's numbers, one compiled draw for every shape
 
 pytestmark = pytest.mark.slow  # every test here compiles or trains several models
 
 E2M1 = ml_dtypes.float4_e2m1fn
+
+
+def test_draws_are_jax_randoms_bit_for_bit():
+    """The operands of the numerics tests (_draws.normal) are jax.random.normal's, whatever the shape."""
+    for seed, shape in ((5, (40, 53)), (11, (8, 1)), (2, (256, 320))):
+        np.testing.assert_array_equal(normal(jax.random.key(seed), shape), jax.random.normal(jax.random.key(seed), shape))
 
 
 @pytest.mark.parametrize("b", [16, 32])
@@ -27,7 +34,7 @@ def test_rotation_is_orthogonal_and_its_inverse_exact_within_float32(b):
     signs = transforms.random_signs(jax.random.key(4), b)
     r = np.asarray(transforms.rotation(signs), np.float64)
     np.testing.assert_allclose(r @ r.T, np.eye(b), atol=4e-7)
-    x = jax.random.normal(jax.random.key(5), (40, 3 * b + 5)) * 100.0  # a ragged last block is zero-padded
+    x = normal(jax.random.key(5), (40, 3 * b + 5)) * 100.0  # a ragged last block is zero-padded
     y = transforms.rotate(x, 1, signs)
     assert y.shape == (40, 4 * b)
     np.testing.assert_allclose(np.linalg.norm(y, axis=1), np.linalg.norm(x, axis=1), rtol=2e-6)
@@ -39,8 +46,8 @@ def test_rotation_is_orthogonal_and_its_inverse_exact_within_float32(b):
 
 def test_rotating_both_operands_keeps_the_product():
     signs = transforms.random_signs(jax.random.key(6), 16)
-    a = jax.random.normal(jax.random.key(7), (24, 80))
-    b = jax.random.normal(jax.random.key(8), (80, 12))
+    a = normal(jax.random.key(7), (24, 80))
+    b = normal(jax.random.key(8), (80, 12))
     dot = functools.partial(jnp.dot, precision=jax.lax.Precision.HIGHEST)  # FP32, not a GPU's TF32
     got = dot(transforms.rotate(a, 1, signs), transforms.rotate(b, 0, signs))
     np.testing.assert_allclose(got, dot(a, b), rtol=1e-5, atol=2e-5)
@@ -62,7 +69,7 @@ def test_stochastic_rounding_after_the_rotation_stays_unbiased():
     # E[Q(A·R)]·Rᵀ = A for stochastic MXFP4: the mean of n draws of the dequantised, un-rotated
     # operand approaches A with standard error σ/√n per element; a biased rounding (nearest) misses
     signs = transforms.random_signs(jax.random.key(9), 32)
-    a = jax.random.normal(jax.random.key(10), (8, 64)) * jnp.exp(jax.random.normal(jax.random.key(11), (8, 1)))
+    a = normal(jax.random.key(10), (8, 64)) * jnp.exp(normal(jax.random.key(11), (8, 1)))
     rotated = transforms.rotate(a, 1, signs)
     n = 1000
     sr = QuantSpec("fp4_e2m1", "mx", rounding="stochastic", scale_rounding="ceil")
@@ -78,7 +85,7 @@ def test_stochastic_rounding_after_the_rotation_stays_unbiased():
 
 @pytest.mark.parametrize("granularity,block", [("nvfp4", 16), ("mx", 32)])
 def test_square_block_scales_quantise_w_and_its_transpose_alike(granularity, block):
-    w = jax.random.normal(jax.random.key(13), (72, 40)) * jnp.exp(jax.random.normal(jax.random.key(14), (72, 1)))
+    w = normal(jax.random.key(13), (72, 40)) * jnp.exp(normal(jax.random.key(14), (72, 1)))
     spec = QuantSpec("fp4_e2m1", granularity, square_blocks=True)
     assert spec.block == block
     fake_quant = jax.jit(quant.fake_quant, static_argnums=1)  # one program a call, not a compile per operation
@@ -137,7 +144,7 @@ def _quest_mx_reference(x):
 
 def _operand(seed, shape):
     k1, k2 = jax.random.split(jax.random.key(seed))
-    return np.asarray(jax.random.normal(k1, shape) * jnp.exp(2 * jax.random.normal(k2, (shape[0], 1))), np.float32)
+    return np.asarray(normal(k1, shape) * jnp.exp(2 * normal(k2, (shape[0], 1))), np.float32)
 
 
 @functools.partial(jax.jit, static_argnums=(1, 3))
@@ -288,7 +295,7 @@ def test_quartet_full_backward_is_the_masked_gradient_of_the_quantised_forward()
     dX = (dY · Q(Rᵀ·W)ᵀ ⊙ kept(X·R)) · Rᵀ and dW = R · (Q(X·R)ᵀ · dY ⊙ kept(Rᵀ·W))."""
     recipe = precision.get({"base": "quartet-full", "grad": {"format": "fp32", "granularity": "none"}})
     x, w = _operand(20, (48, 64)), _operand(21, (64, 40)) * 0.1
-    c = np.asarray(jax.random.normal(jax.random.key(22), (48, 40)), np.float32)
+    c = np.asarray(normal(jax.random.key(22), (48, 40)), np.float32)
     # jitted: one program instead of an eager dispatch (and compile) per operation
     dx, dw = jax.jit(jax.grad(lambda x, w: jnp.sum(layers.qdot(x, w, recipe, key=jax.random.key(1)) * c), (0, 1)))(x, w)
     signs = transforms.signs_for(recipe.hadamard.fprop, None)
@@ -315,7 +322,7 @@ def test_quartet_full_stochastic_backward_is_unbiased_for_the_masked_gradient():
     every element); `quartet`, whose backward quantises W and X afresh with QuEST's clipping scale
     and rounds them to nearest, is off its own target (the same, unmasked)."""
     x, w = _operand(23, (32, 64)), _operand(24, (64, 32)) * 0.1
-    c = np.asarray(jax.random.normal(jax.random.key(25), (32, 32)), np.float32)
+    c = np.asarray(normal(jax.random.key(25), (32, 32)), np.float32)
     fp32_grads = {"grad": {"format": "fp32", "granularity": "none"}}
     loss = lambda recipe: (lambda x, w, k: jnp.sum(layers.qdot(x, w, recipe, key=k) * c))
     n = 400
@@ -351,7 +358,7 @@ def test_mxfp4_rht_is_a_bf16_forward_with_an_unbiased_mxfp4_backward():
     r = precision.get("mxfp4-rht")
     assert (r.bits, r.bits_g) == (16, 4)
     x, w = _operand(27, (32, 64)), _operand(28, (64, 32)) * 0.1
-    c = np.asarray(jax.random.normal(jax.random.key(29), (32, 32)), np.float32)
+    c = np.asarray(normal(jax.random.key(29), (32, 32)), np.float32)
     bf = lambda v: np.asarray(v, np.float32).astype(ml_dtypes.bfloat16).astype(np.float64)
     # jitted: one program each instead of an eager dispatch (and compile) per operation
     y = jax.jit(lambda x, w: layers.qdot(x, w, r, key=jax.random.key(0)))(x, w)
