@@ -19,6 +19,14 @@ from scaling.train import data, ladder, model
 from _draws import normal  # jax.random.normal's numbers, one compiled draw for every shape
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _compilation_cache():
+    """As the trainer keeps its steps (step.compiled): the programs here that compile for a second or
+    more (the TINY grad steps, the quantised GEMMs' vjps) go to JAX's persistent cache, and load from
+    it once it is warm."""
+    data.use_compilation_cache()
+
+
 def _operands(m=48, k=80, n=40, seed=0):
     kx, kw, kg = jax.random.split(jax.random.key(seed), 3)
     # heavy-tailed magnitudes so blocks get different scales and small values underflow
@@ -253,8 +261,6 @@ def _step(backend=None):
     (None: the backend the tests run on); the caller patches jax.default_backend for another."""
     backend = backend or jax.default_backend()
     if backend not in _STEPS:
-        # as the trainer keeps its steps (step.compiled): a warm cache loads each program, not compiles it
-        data.use_compilation_cache()
         traces = _TRACES[backend] = []
 
         @nnx.jit
