@@ -19,6 +19,16 @@ if "numpy" in sys.modules:  # too late for this process: say so rather than run 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "paper_figures"))
 
 
+def pytest_configure(config):
+    """Every program a test compiles is kept in the persistent compilation cache and loaded by the
+    next test run, whatever its compile time, as a sweep's runs keep theirs (the trainer alone keeps
+    those of a second or more): most of what the suite compiles are quantisers and gradients of
+    tenths of a second each, and the fast subset spent a third of its CPU compiling them again."""
+    from scaling.study.sweeps import sweep
+
+    sweep.use_compilation_cache()
+
+
 @pytest.fixture(scope="session")
 def once_per_run(tmp_path_factory):
     """`once(name, produce)` -> (directory, result): `produce(directory)` (returning something JSON can
