@@ -15,16 +15,8 @@ import pytest
 from flax import nnx
 
 from scaling.numerics import gemm, layers, precision, quant
-from scaling.train import data, ladder, model
+from scaling.train import ladder, model
 from _draws import normal  # jax.random.normal's numbers, one compiled draw for every shape
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _compilation_cache():
-    """As the trainer keeps its steps (step.compiled): the programs here that compile for a second or
-    more (the TINY grad steps, the quantised GEMMs' vjps) go to JAX's persistent cache, and load from
-    it once it is warm."""
-    data.use_compilation_cache()
 
 
 def _operands(m=48, k=80, n=40, seed=0):
@@ -353,7 +345,6 @@ def test_telemetry_is_skipped_at_run_time_without_changing_the_step(name, backen
     for role in ("weight", "activation", "grad"):
         assert np.isfinite(float(on[4][role]["amax"])) and np.isfinite(float(on[4][role]["snr_db"]))
         assert all(np.isnan(float(v)) for v in jax.tree.leaves(off[4][role])), role
-
 
 
 def test_the_gemm_path_follows_the_hardware_unless_the_recipe_says(monkeypatch):

@@ -19,17 +19,9 @@ from flax import nnx
 
 from scaling.errors import ConfigError
 from scaling.numerics import QDense, precision, qdot, quant, value_and_grad
-from scaling.train import data
 from _draws import normal  # jax.random.normal's numbers, one compiled draw for every shape
 
 pytestmark = pytest.mark.slow  # every test here compiles or trains several models
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _compilation_cache():
-    """As the trainer keeps its steps (step.compiled): the programs here that compile for a second or
-    more go to JAX's persistent cache, and load from it once it is warm."""
-    data.use_compilation_cache()
 
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "own_model.py"

@@ -15,17 +15,10 @@ from flax import nnx
 from scaling.errors import ConfigError
 from scaling.numerics import formats, gemm, layers, precision, quant, transforms
 from scaling.numerics.quant import QuantSpec
-from scaling.train import data, ladder, model
+from scaling.train import ladder, model
 from _draws import normal  # jax.random.normal's numbers, one compiled draw for every shape
 
 pytestmark = pytest.mark.slow  # every test here compiles or trains several models
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _compilation_cache():
-    """As the trainer keeps its steps (step.compiled): the programs here that compile for a second or
-    more go to JAX's persistent cache, and load from it once it is warm."""
-    data.use_compilation_cache()
 
 
 E2M1 = ml_dtypes.float4_e2m1fn
