@@ -223,17 +223,21 @@ class Model:
             data[c] = self.columns[c].to_numpy(float)[pos]
         return pd.DataFrame(data, index=table.index)
 
-    def centre(self, frame: pd.DataFrame) -> np.ndarray:
-        """The fit's prediction at each row of `frame` (draws' centre, without the bias)."""
-        law = self.fit.law_form  # a per-recipe law (kumar_eff) carries the recipes it was fitted on
-        return np.asarray(law.predict(self.fit.params, fit_lib._columns(law, frame, require_rows=False), np), float)
+    def _columns(self, frame: pd.DataFrame) -> dict:
+        # a per-recipe law (kumar_eff) carries the recipes it was fitted on
+        return fit_lib._columns(self.fit.law_form, frame, require_rows=False)
+
+    def centre(self, frame: pd.DataFrame, x: dict | None = None) -> np.ndarray:
+        """The fit's prediction at each row of `frame` (draws' centre, without the bias); `x`: its
+        columns (_columns) where the caller has them."""
+        x = self._columns(frame) if x is None else x
+        return np.asarray(self.fit.law_form.predict(self.fit.params, x, np), float)
 
     def draws(self, frame: pd.DataFrame, weight: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
         """(centre (rows,), draws (resamples, rows)): the fit's prediction and each resample's, each row
         plus `weight` times its recipe's `bias`."""
-        law = self.fit.law_form  # a per-recipe law (kumar_eff) carries the recipes it was fitted on
-        x = fit_lib._columns(law, frame, require_rows=False)
-        centre = np.asarray(law.predict(self.fit.params, x, np), float)
+        law, x = self.fit.law_form, self._columns(frame)
+        centre = self.centre(frame, x)
         samples = self.fit.samples.to_dict("records") if self.fit.bootstrap else []
         if samples:
             with np.errstate(all="ignore"):

@@ -276,12 +276,6 @@ def _rank_score(gaps: np.ndarray, pairs: list[tuple[int, int]], measured: np.nda
             "rank_called": called, "rank_called_right": right}
 
 
-def inner(rows: pd.DataFrame, spec: Split, fits: Fits, reference: str | None) -> tuple[list[dict], list]:
-    """The backtests inside a backtest's fitted data (both kinds), unbootstrapped: its calibration."""
-    seen = bt_lib.inner_rows(rows, spec)
-    return bt_lib.run_all(seen, bt_lib.splits(seen), fits, reference, bootstrap=False)
-
-
 def score_backtest(rows: pd.DataFrame, spec: Split, fits: Fits, reference: str | None, level: float = LEVEL,
                    draws: int = DRAWS, seed: int = 0, nested: bool = False) -> dict[str, Any]:
     """One backtest with every predictor scored on it, each calibrated on the backtests inside its fitted
@@ -292,9 +286,10 @@ def score_backtest(rows: pd.DataFrame, spec: Split, fits: Fits, reference: str |
     procedure, choice included, judged on data it never saw."""
     out = bt_lib.run(rows, spec, fits, reference)
     internal = out["_"]
+    # the backtests inside its fitted data (both kinds), unbootstrapped: its calibration
     seen = bt_lib.inner_rows(rows, spec)
     inside = bt_lib.splits(seen)
-    found, skipped = bt_lib.run_all(seen, inside, fits, reference, bootstrap=False)  # inner(rows, spec, ...)
+    found, skipped = bt_lib.run_all(seen, inside, fits, reference, bootstrap=False)
     calib = calibration(found, skipped, prefer=spec.kind)
     frame, measured, n_levels = internal["frame"], internal["measured"], internal["n_levels"]
     model, pairs = internal["model"], internal["pairs"]
